@@ -1,0 +1,57 @@
+"""The names of audited acts and their outcomes, shared by every writer of the log."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Action(StrEnum):
+    """A security-relevant act recorded in the audit log."""
+
+    # tenancy and identity
+    TENANCY_REQUESTED = "tenancy_requested"
+    TENANT_APPROVED = "tenant_approved"
+    TENANT_REJECTED = "tenant_rejected"
+    TENANT_SUSPENDED = "tenant_suspended"
+    TENANT_RESUMED = "tenant_resumed"
+    CERTIFICATE_ISSUED = "certificate_issued"
+    CERTIFICATE_REVOKED = "certificate_revoked"
+    QUOTA_CHANGED = "quota_changed"
+    # authentication and authorization refusals
+    AUTH_FAILED = "auth_failed"
+    AUTHZ_DENIED = "authz_denied"
+    # jobs
+    JOB_SUBMITTED = "job_submitted"
+    JOB_STARTED = "job_started"
+    JOB_CANCEL_REQUESTED = "job_cancel_requested"
+    JOB_CANCELLED = "job_cancelled"
+    JOB_FINISHED = "job_finished"
+    # checkpoints
+    CHECKPOINT_WRITTEN = "checkpoint_written"
+    CHECKPOINT_READ = "checkpoint_read"
+    CHECKPOINT_DOWNLOADED = "checkpoint_downloaded"
+    # data keys
+    KEY_CREATED = "key_created"
+    KEY_ROTATED = "key_rotated"
+    KEY_UNWRAPPED = "key_unwrapped"
+    # training integrity
+    GRADIENT_ANOMALY_DETECTED = "gradient_anomaly_detected"
+    PEER_QUARANTINED = "peer_quarantined"
+    # platform
+    SERVER_STARTED = "server_started"
+    SERVER_STOPPED = "server_stopped"
+    AUDIT_KEY_ROTATED = "audit_key_rotated"
+    AUDIT_LOG_RECOVERED = "audit_log_recovered"
+
+
+class Outcome(StrEnum):
+    """How an audited act ended; writers may also use other lowercase words."""
+
+    OK = "ok"
+    DENIED = "denied"
+    REFUSED = "refused"
+    FAILED = "failed"
+
+
+DENIAL_ACTIONS = frozenset({Action.AUTH_FAILED, Action.AUTHZ_DENIED})
+ANOMALY_ACTIONS = frozenset({Action.GRADIENT_ANOMALY_DETECTED, Action.PEER_QUARANTINED})

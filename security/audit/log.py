@@ -1,0 +1,348 @@
+"""Creating an audit log and appending to it.
+
+Durability: with ``Durability.EACH_RECORD`` (the default) every record is
+written with one ``write`` and ``fdatasync``ed before :meth:`AuditLog.append`
+returns, so an acknowledged record survives a crash. ``Durability.AT_CHECKPOINT``
+leaves records in the OS page cache until the next checkpoint (a crash can
+lose the unsigned tail); it exists for bulk loads and measurements.
+Checkpoints are fsynced after the records they cover, and are written on
+opening (covering whatever a crash left unsigned), every
+``checkpoint_every_records`` records, within ``checkpoint_every_seconds`` of
+the first unsigned record, at key rotation and at :meth:`AuditLog.close`.
+
+A crash can leave a torn last line. :meth:`AuditLog.open` moves those bytes
+into ``quarantine/`` and appends an ``audit_log_recovered`` record naming
+them, so the loss is on the signed record rather than silently dropped.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import re
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from .actions import Action, Outcome
+from .checkpoint import FIRST_PREV, Checkpoint, line_hash
+from .details import screen_details
+from .errors import AuditLogBusy, AuditLogClosed, AuditLogCorrupt, AuditLogExists
+from .fsutil import fsync_directory, write_all, write_atomically, write_new_file
+from .layout import AuditLayout, LogIdentity
+from .record import AuditRecord, body_hash, canonical, format_time, genesis_hash
+from .segments import LogLine, read_file, split_lines
+
+_log = logging.getLogger(__name__)
+_WORD = re.compile(r"[a-z][a-z0-9_]*")
+SYSTEM_ACTOR = "cantata:audit"
+
+
+class Durability(StrEnum):
+    """When appended records reach stable storage."""
+
+    EACH_RECORD = "each_record"
+    AT_CHECKPOINT = "at_checkpoint"
+
+
+def init_audit(directory: Path) -> str:
+    """Create an audit log in ``directory`` with its first Ed25519 key; return the key id.
+
+    Writes the keys, the genesis checkpoint (sequence 0, signed), and last
+    ``log.json``, whose presence marks a complete log.
+    """
+    layout = AuditLayout(Path(directory))
+    if layout.identity_path.exists():
+        raise AuditLogExists(f"an audit log already exists at {layout.root}")
+    layout.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    layout.segments_dir.mkdir(mode=0o700, exist_ok=True)
+    layout.keys.path.mkdir(mode=0o700, exist_ok=True)
+    kid, private_key = layout.keys.create_key()
+    layout.keys.set_active(kid)
+    identity = LogIdentity(log_id=secrets.token_hex(16), root_key_id=kid, created=datetime.now(UTC))
+    genesis = Checkpoint.sign(private_key, index=0, seq=0, chain_hash=genesis_hash(identity.log_id),
+                              time=identity.created, log_id=identity.log_id, prev=FIRST_PREV, within=0)
+    layout.checkpoints_path.unlink(missing_ok=True)
+    write_new_file(layout.checkpoints_path, genesis.to_line() + b"\n", mode=0o600)
+    write_atomically(layout.identity_path, identity.to_bytes())
+    return kid
+
+
+@dataclass(frozen=True)
+class _Tail:
+    """Where a log file's intact content ends, and any torn bytes after it."""
+
+    last: LogLine | None
+    torn: LogLine | None
+
+
+def _read_tail(number: int, data: bytes) -> _Tail:
+    last = torn = None
+    for line in split_lines(number, data, final=True):
+        if line.torn:
+            torn = line
+        else:
+            last = line
+    return _Tail(last, torn)
+
+
+class AuditLog:
+    """An open, append-only audit log; one writer process at a time. Thread-safe."""
+
+    def __init__(self, layout: AuditLayout, identity: LogIdentity, lock_fd: int, *, every_records: int,
+                 every_seconds: float, segment_max_bytes: int, durability: Durability):
+        self.layout = layout
+        self.identity = identity
+        self._lock_fd = lock_fd
+        self._every_records = every_records
+        self._every_seconds = every_seconds
+        self._segment_max_bytes = segment_max_bytes
+        self._durability = durability
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._closed = False
+        self._key_id = layout.keys.active_id()
+        self._private_key = layout.keys.private_key(self._key_id)
+        self._recovered: list[dict[str, object]] = []
+        self._load_checkpoint_tail()
+        self._load_segment_tail()
+        self._checkpoint_fd = os.open(layout.checkpoints_path, os.O_WRONLY | os.O_APPEND)
+        self._segment_fd = os.open(layout.segment_path(self._segment_number),
+                                   os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._first_unsigned_at: float | None = None
+        try:
+            self._checkpoint_locked()
+            for details in self._recovered:
+                self._append_locked(SYSTEM_ACTOR, Action.AUDIT_LOG_RECOVERED, "", "", Outcome.OK, details, "")
+        except BaseException:
+            os.close(self._segment_fd)
+            os.close(self._checkpoint_fd)
+            raise
+        self._timer = threading.Thread(target=self._run_timer, name="audit-checkpoints", daemon=True)
+        self._timer.start()
+
+    @classmethod
+    def open(cls, directory: Path, *, checkpoint_every_records: int = 1000, checkpoint_every_seconds: float = 60.0,
+             segment_max_bytes: int = 8 << 20, durability: Durability = Durability.EACH_RECORD) -> AuditLog:
+        """Open the log in ``directory`` for appending, recovering from a crash if one left a torn tail."""
+        if checkpoint_every_records < 1 or checkpoint_every_seconds <= 0 or segment_max_bytes < 1024:
+            raise ValueError("checkpoint intervals must be positive and segments at least 1 KiB")
+        layout = AuditLayout(Path(directory))
+        identity = LogIdentity.read(layout)
+        lock_fd = os.open(layout.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock_fd)
+            raise AuditLogBusy(f"the audit log at {layout.root} is open in another process") from None
+        try:
+            return cls(layout, identity, lock_fd, every_records=checkpoint_every_records,
+                       every_seconds=checkpoint_every_seconds, segment_max_bytes=segment_max_bytes,
+                       durability=Durability(durability))
+        except BaseException:
+            os.close(lock_fd)
+            raise
+
+    @property
+    def last_seq(self) -> int:
+        """Sequence number of the last record appended (0 for none)."""
+        return self._seq
+
+    def append(self, actor: str, action: Action | str, *, resource: str = "", tenant: str = "",
+               outcome: Outcome | str = Outcome.OK, details: dict | None = None, peer: str = "") -> AuditRecord:
+        """Record one act and return the stored record.
+
+        ``details`` is screened: a field named like secret material (``key``,
+        ``password``, ``token``...) raises :class:`SecretMaterialError`, a
+        ``ValueError``.
+        """
+        if not isinstance(actor, str) or not actor:
+            raise ValueError("an audit record needs a non-empty actor")
+        for name, word in (("action", action), ("outcome", outcome)):
+            if not isinstance(word, str) or not _WORD.fullmatch(word):
+                raise ValueError(f"{name} must be a lowercase word like 'job_submitted', got {word!r}")
+        for name, text in (("resource", resource), ("tenant", tenant), ("peer", peer)):
+            if not isinstance(text, str):
+                raise ValueError(f"{name} must be a string, got {type(text).__name__}")
+        clean = screen_details(details)
+        with self._lock:
+            self._check_open()
+            return self._append_locked(actor, str(action), resource, tenant, str(outcome), clean, peer)
+
+    def checkpoint(self) -> None:
+        """Sign a checkpoint now, covering every record appended so far."""
+        with self._lock:
+            self._check_open()
+            self._checkpoint_locked()
+
+    def rotate_key(self, *, actor: str = SYSTEM_ACTOR) -> str:
+        """Switch to a fresh signing key and return its id.
+
+        The outgoing key signs a checkpoint naming the new key, so a verifier
+        that trusts the first key trusts every later one; the outgoing private
+        key is then deleted, so history already signed cannot be re-signed.
+        """
+        with self._lock:
+            self._check_open()
+            old_id = self._key_id
+            new_id, new_key = self.layout.keys.create_key()
+            self._checkpoint_locked(next_key=new_key.public_key())
+            self.layout.keys.set_active(new_id)
+            self._key_id, self._private_key = new_id, new_key
+            self.layout.keys.destroy_private_key(old_id)
+            self._append_locked(actor, Action.AUDIT_KEY_ROTATED, f"audit-key:{new_id}", "", Outcome.OK,
+                                {"old_key_id": old_id, "new_key_id": new_id}, "")
+            self._checkpoint_locked()
+            return new_id
+
+    def close(self) -> None:
+        """Write a final signed checkpoint and release the log. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._checkpoint_locked()
+            self._closed = True
+            self._stop.set()
+            os.close(self._segment_fd)
+            os.close(self._checkpoint_fd)
+            os.close(self._lock_fd)
+        self._timer.join()
+
+    def __enter__(self) -> AuditLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- internals (callers hold self._lock) --
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise AuditLogClosed(f"the audit log at {self.layout.root} is closed")
+
+    def _append_locked(self, actor: str, action: str, resource: str, tenant: str, outcome: str,
+                       details: dict, peer: str) -> AuditRecord:
+        now = datetime.now(UTC)
+        body = {"seq": self._seq + 1, "time": format_time(now), "log": self.identity.log_id, "actor": actor,
+                "action": action, "resource": resource, "tenant": tenant, "outcome": outcome, "peer": peer,
+                "details": details, "prev": self._head}
+        chain_hash = body_hash(body)
+        line = canonical({**body, "hash": chain_hash}) + b"\n"
+        if self._segment_size and self._segment_size + len(line) > self._segment_max_bytes:
+            self._start_segment(self._segment_number + 1)
+        write_all(self._segment_fd, line)
+        if self._durability is Durability.EACH_RECORD:
+            os.fdatasync(self._segment_fd)
+        self._seq, self._head = self._seq + 1, chain_hash
+        self._segment_size += len(line)
+        if self._first_unsigned_at is None:
+            self._first_unsigned_at = time.monotonic()
+        if (self._seq - self._checkpoint_seq >= self._every_records
+                or time.monotonic() - self._first_unsigned_at >= self._every_seconds):
+            self._checkpoint_locked()
+        return AuditRecord(seq=self._seq, time=now, log_id=self.identity.log_id, actor=actor, action=action,
+                           resource=resource, tenant=tenant, outcome=outcome, peer=peer, details=details,
+                           prev=body["prev"], hash=chain_hash)
+
+    def _start_segment(self, number: int) -> None:
+        os.fsync(self._segment_fd)
+        os.close(self._segment_fd)
+        self._segment_fd = os.open(self.layout.segment_path(number), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        fsync_directory(self.layout.segments_dir)
+        self._segment_number, self._segment_size = number, 0
+
+    def _checkpoint_locked(self, next_key: Ed25519PublicKey | None = None) -> None:
+        if self._durability is Durability.AT_CHECKPOINT:
+            os.fsync(self._segment_fd)
+        checkpoint = Checkpoint.sign(self._private_key, index=self._checkpoint_index + 1, seq=self._seq,
+                                     chain_hash=self._head, time=datetime.now(UTC), log_id=self.identity.log_id,
+                                     prev=self._checkpoint_prev, within=self._every_records, next_key=next_key)
+        line = checkpoint.to_line()
+        write_all(self._checkpoint_fd, line + b"\n")
+        os.fsync(self._checkpoint_fd)
+        self._checkpoint_index, self._checkpoint_prev = checkpoint.index, line_hash(line)
+        self._checkpoint_seq, self._first_unsigned_at = checkpoint.seq, None
+
+    def _run_timer(self) -> None:
+        wait = self._every_seconds
+        while not self._stop.wait(wait):
+            with self._lock:
+                if self._closed:
+                    return
+                wait = self._every_seconds
+                if self._first_unsigned_at is not None:
+                    remaining = self._first_unsigned_at + self._every_seconds - time.monotonic()
+                    if remaining > 0:
+                        wait = remaining
+                        continue
+                    try:
+                        self._checkpoint_locked()
+                    except OSError:
+                        _log.exception("audit checkpoint failed; retrying in %.0f s", wait)
+
+    def _quarantine(self, path: Path, torn: LogLine) -> None:
+        """Move torn trailing bytes of ``path`` into ``quarantine/`` and note them for the recovery record."""
+        self.layout.quarantine_dir.mkdir(mode=0o700, exist_ok=True)
+        digest = hashlib.sha256(torn.raw).hexdigest()
+        evidence = self.layout.quarantine_dir / f"{path.name}.{torn.offset}.{digest[:16]}.torn"
+        if not evidence.exists():
+            write_new_file(evidence, torn.raw, mode=0o600)
+        os.truncate(path, torn.offset)
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _log.warning("audit log: quarantined %d torn bytes of %s at offset %d", len(torn.raw), path, torn.offset)
+        self._recovered.append({"file": str(path.relative_to(self.layout.root)), "offset": torn.offset,
+                                "length": len(torn.raw), "sha256": digest,
+                                "quarantined_as": str(evidence.relative_to(self.layout.root))})
+
+    def _load_checkpoint_tail(self) -> None:
+        path = self.layout.checkpoints_path
+        tail = _read_tail(0, read_file(path))
+        if tail.torn is not None:
+            self._quarantine(path, tail.torn)
+        if tail.last is None or tail.last.stored is None:
+            raise AuditLogCorrupt(f"{path}: the last checkpoint is unreadable; run `cantata audit verify`")
+        last = Checkpoint.from_stored(tail.last.stored)
+        if last.log_id != self.identity.log_id:
+            raise AuditLogCorrupt(f"{path}: the last checkpoint belongs to another log; run `cantata audit verify`")
+        self._checkpoint_index, self._checkpoint_seq = last.index, last.seq
+        self._checkpoint_prev = line_hash(tail.last.raw)
+
+    def _load_segment_tail(self) -> None:
+        """Find the last record (quarantining a torn tail) and check it against the last checkpoint."""
+        self._seq, self._head = 0, genesis_hash(self.identity.log_id)
+        segments = self.layout.segments()
+        self._segment_number, self._segment_size = (segments[-1][0] if segments else 1), 0
+        for position, (number, path) in enumerate(reversed(segments)):
+            tail = _read_tail(number, read_file(path))
+            if tail.torn is not None and position == 0:
+                self._quarantine(path, tail.torn)
+            if position == 0:
+                self._segment_size = tail.torn.offset if tail.torn is not None else path.stat().st_size
+            if tail.last is not None:
+                self._adopt_last_record(path, tail.last)
+                break
+        if self._seq < self._checkpoint_seq:
+            raise AuditLogCorrupt(f"{self.layout.root}: the log ends at record {self._seq} but checkpoint "
+                                  f"#{self._checkpoint_index} signed records up to {self._checkpoint_seq}; "
+                                  "records were removed; run `cantata audit verify`")
+
+    def _adopt_last_record(self, path: Path, line: LogLine) -> None:
+        stored = dict(line.stored or {})
+        stored_hash = stored.pop("hash", None)
+        seq = stored.get("seq")
+        if line.stored is None or not isinstance(seq, int) or body_hash(stored) != stored_hash:
+            raise AuditLogCorrupt(f"{path} line {line.line_no}: the last record does not match its hash; "
+                                  "run `cantata audit verify`")
+        self._seq, self._head = seq, stored_hash

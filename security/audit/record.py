@@ -1,0 +1,117 @@
+"""Audit records: their canonical encoding and the hash chain that links them.
+
+A record is stored as one line of canonical JSON (sorted keys, no spaces,
+ASCII only). Its ``hash`` is SHA-256 over ``0x00 || canonical(record without
+hash)`` (the RFC 9162 leaf prefix), and the body carries ``prev``, the hash
+of the record before it; the first record's ``prev`` is the log's genesis
+hash, derived from the log id, so the whole chain is bound to one log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from .errors import AuditLogCorrupt
+
+LEAF_PREFIX = b"\x00"
+GENESIS_DOMAIN = b"cantata-audit-genesis/1\x00"
+RECORD_FIELDS = ("seq", "time", "log", "actor", "action", "resource", "tenant", "outcome", "peer", "details", "prev")
+
+
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def canonical(value: object) -> bytes:
+    """The one byte encoding of a JSON value that hashes and signatures cover."""
+    return _CANONICAL.encode(value).encode()
+
+
+def body_hash(body: Mapping[str, object]) -> str:
+    """Hex SHA-256 chain hash of a record body (every field but ``hash``)."""
+    return hashlib.sha256(LEAF_PREFIX + canonical(body)).hexdigest()
+
+
+def canonical_line_hash(line: bytes, stored_hash: str) -> str:
+    """The chain hash of a record from its canonical stored line (without the newline).
+
+    Equal to :func:`body_hash` of the parsed body, without re-encoding it: in
+    canonical JSON the top-level ``"hash"`` field is the last one that is not
+    a scalar's value, and quotes inside strings are escaped, so cutting the
+    rightmost ``,"hash":"..."`` leaves exactly ``canonical(body)``. Only valid
+    for a line already checked to be canonical.
+    """
+    head, _, tail = line.rpartition(b',"hash":' + canonical(stored_hash))
+    return hashlib.sha256(LEAF_PREFIX + head + tail).hexdigest()
+
+
+def genesis_hash(log_id: str) -> str:
+    """The ``prev`` of a log's first record."""
+    return hashlib.sha256(GENESIS_DOMAIN + log_id.encode()).hexdigest()
+
+
+def format_time(moment: datetime) -> str:
+    """UTC time with microseconds, as stored: ``2026-12-02T12:58:24.123456Z``."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(text: str) -> datetime:
+    """Inverse of :func:`format_time`; naive input is taken as UTC."""
+    moment = datetime.fromisoformat(text)
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    """One audited act, with its place in the hash chain."""
+
+    seq: int
+    time: datetime
+    log_id: str
+    actor: str
+    action: str
+    resource: str
+    tenant: str
+    outcome: str
+    peer: str
+    details: Mapping[str, object] = field(default_factory=dict)
+    prev: str = ""
+    hash: str = ""
+
+    def body(self) -> dict[str, object]:
+        """The stored fields the chain hash covers."""
+        return {"seq": self.seq, "time": format_time(self.time), "log": self.log_id, "actor": self.actor,
+                "action": self.action, "resource": self.resource, "tenant": self.tenant,
+                "outcome": self.outcome, "peer": self.peer, "details": dict(self.details), "prev": self.prev}
+
+    def to_line(self) -> bytes:
+        """The record's line in a segment file, newline included."""
+        return canonical({**self.body(), "hash": self.hash}) + b"\n"
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready view for reports and tools."""
+        return {**self.body(), "hash": self.hash}
+
+    @classmethod
+    def from_stored(cls, stored: Mapping[str, object]) -> AuditRecord:
+        """Build a record from a parsed segment line; raises :class:`AuditLogCorrupt` on a malformed one."""
+        try:
+            seq, details = stored["seq"], stored["details"]
+            texts = {name: stored[name] for name in RECORD_FIELDS if name not in ("seq", "details")}
+            texts["hash"] = stored["hash"]
+        except KeyError as missing:
+            raise AuditLogCorrupt(f"record lacks field {missing}") from None
+        if not isinstance(seq, int) or isinstance(seq, bool) or not isinstance(details, dict):
+            raise AuditLogCorrupt("record has a malformed seq or details field")
+        if not all(isinstance(value, str) for value in texts.values()):
+            raise AuditLogCorrupt("record has a non-string field")
+        try:
+            moment = parse_time(texts["time"])
+        except ValueError:
+            raise AuditLogCorrupt(f"record has a malformed time {texts['time']!r}") from None
+        return cls(seq=seq, time=moment, log_id=texts["log"], actor=texts["actor"], action=texts["action"],
+                   resource=texts["resource"], tenant=texts["tenant"], outcome=texts["outcome"],
+                   peer=texts["peer"], details=details, prev=texts["prev"], hash=texts["hash"])
