@@ -1,0 +1,293 @@
+"""Canzona benchmark: plan quality on Qwen3 shapes, and the distributed Muon step on gloo.
+
+Part 1 (pure computation): NS-FLOPs max/mean, per-rank slice max/mean and
+padded collective volume of the start-point plan, layer-wise ping-pong,
+alpha in {0, 0.5, 1} and the ideal LPT packing, for Qwen3-0.6B/8B/32B at
+D in {4, 8, 32, 64} with 400M-element buckets.
+
+Part 2 (gloo, one thread per process, Qwen3 shapes scaled down by 8): the
+optimizer step of (i) redundant DDP compute, (ii) Moonlight (reduce-scatter,
+all-gather of the full gradient, redundant compute), (iii) layer-wise
+ping-pong ownership, (iv) alpha-balanced DP-Canzona, and (v) TP with a
+synchronous all-gather baseline vs the micro-group pipeline. Compute is
+per-rank thread CPU time, so it stays meaningful when processes share cores.
+
+    .venv/bin/python benchmarks/bench_canzona.py            # all 36 layers of Qwen3-8B/8
+    .venv/bin/python benchmarks/bench_canzona.py --quick    # 4 layers, 1 timed step
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from cantata.trainer.optim.buckets import build_buckets
+from cantata.trainer.optim.cost import newton_schulz_flops
+from cantata.trainer.optim.dp import DataParallelMuon
+from cantata.trainer.optim.muon import MuonConfig, muon_update_
+from cantata.trainer.optim.partition import (
+    alpha_balanced_plan,
+    alpha_targets_plan,
+    ideal_lpt_loads,
+    layerwise_pingpong_plan,
+    max_over_mean,
+    start_point_plan,
+)
+from cantata.trainer.optim.profiling import StepStats, ring_bytes
+from cantata.trainer.optim.qwen3 import qwen3_matrix_shapes
+from cantata.trainer.optim.tp import ShardedMatrix, TensorParallelMuon
+
+RESULTS = Path(__file__).parent / "results"
+PLAN_BUCKET = 400_000_000
+SCALE_DOWN = 8
+# Elements scale by SCALE_DOWN**2, so buckets shrink alike to keep the bucket count of the full model.
+STEP_BUCKET = PLAN_BUCKET // SCALE_DOWN**2
+LR, WEIGHT_DECAY = 0.02, 0.1
+COLUMN_PARALLEL = (0, 0, 0, 1, 0, 0, 1)  # shard dim of q, k, v, o, gate, up, down
+
+
+def plan_quality() -> list[dict]:
+    rows = []
+    for model in ("0.6B", "8B", "32B"):
+        shapes = qwen3_matrix_shapes(model)
+        numels = [r * c for r, c in shapes]
+        costs = [newton_schulz_flops(s) for s in shapes]
+        buckets = build_buckets(numels, PLAN_BUCKET)
+        for world in (4, 8, 32, 64):
+            plans = {
+                "start-point": start_point_plan(buckets, world),
+                "layer-wise": layerwise_pingpong_plan(buckets, world),
+            }
+            for alpha in (0.0, 0.5, 1.0):
+                plans[f"alpha={alpha:g}"] = alpha_balanced_plan(buckets, costs, world, alpha)
+                plans[f"alpha={alpha:g} (before start-point check)"] = alpha_targets_plan(buckets, costs, world, alpha)
+            row = {"model": model, "D": world, "buckets": len(buckets), "plans": {}}
+            for name, plan in plans.items():
+                row["plans"][name] = {
+                    "compute_max_over_mean": max_over_mean(plan.rank_costs(costs)),
+                    "slice_max_over_mean": max_over_mean(plan.rank_elements()),
+                    "padded_volume_over_total": plan.padded_elements() / sum(numels),
+                }
+            row["plans"]["ideal LPT"] = {"compute_max_over_mean": max_over_mean(ideal_lpt_loads(costs, world))}
+            rows.append(row)
+    return rows
+
+
+def _grads(shapes, rank: int) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(1 + rank)
+    return [torch.randn(s, generator=generator) for s in shapes]
+
+
+def _params(shapes) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return [torch.randn(s, generator=generator) * 0.02 for s in shapes]
+
+
+def _redundant_ddp(params, momenta, config, world) -> StepStats:
+    stats = StepStats()
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    dist.all_reduce(flat)
+    flat.div_(world)
+    stats.wire_bytes += 2 * ring_bytes(-(-flat.numel() // world), world, 4)
+    offset = 0
+    for param, momentum in zip(params, momenta):
+        grad = flat[offset : offset + param.numel()].view_as(param)
+        offset += param.numel()
+        with stats.computing():
+            muon_update_(param, grad, momentum, lr=LR, weight_decay=WEIGHT_DECAY, config=config)
+    return stats
+
+
+def _moonlight(params, momenta, config, world) -> StepStats:
+    stats = StepStats()
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    row = -(-flat.numel() // world)
+    padded = torch.nn.functional.pad(flat, (0, row * world - flat.numel()))
+    shard = flat.new_empty(row)
+    dist.reduce_scatter_single(shard, padded)
+    shard.div_(world)
+    dist.all_gather_single(padded, shard)
+    stats.wire_bytes += 2 * ring_bytes(row, world, 4)
+    offset = 0
+    for param, momentum in zip(params, momenta):
+        grad = padded[offset : offset + param.numel()].view_as(param)
+        offset += param.numel()
+        with stats.computing():
+            muon_update_(param, grad, momentum, lr=LR, weight_decay=WEIGHT_DECAY, config=config)
+    return stats
+
+
+def _timed(step, steps: int) -> dict:
+    """Run a warm-up step, then `steps` timed steps; summarize over ranks."""
+    step()
+    compute, wall, wire = 0.0, 0.0, 0
+    for _ in range(steps):
+        dist.barrier()
+        start = time.perf_counter()
+        stats = step()
+        dist.barrier()
+        wall += time.perf_counter() - start
+        compute += stats.compute_seconds
+        wire += stats.wire_bytes
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (compute / steps, wall / steps, wire // steps))
+    computes = [g[0] for g in gathered]
+    return {
+        "compute_max_s": max(computes),
+        "compute_mean_s": sum(computes) / len(computes),
+        "compute_per_rank_s": computes,
+        "wall_s": max(g[1] for g in gathered),
+        "wire_bytes_max": max(g[2] for g in gathered),
+    }
+
+
+def _step_worker(rank: int, world: int, init_file: str, out_file: str, layers: int, steps: int) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    config = MuonConfig()
+    shapes = qwen3_matrix_shapes("8B", scale_down=SCALE_DOWN, layers=layers)
+    grads = _grads(shapes, rank)
+    results = {}
+
+    params = _params(shapes)
+    for p, g in zip(params, grads):
+        p.grad = g
+    momenta = [torch.zeros_like(p) for p in params]
+    results["(i) redundant (DDP)"] = _timed(lambda: _redundant_ddp(params, momenta, config, world), steps)
+    results["(ii) Moonlight"] = _timed(lambda: _moonlight(params, momenta, config, world), steps)
+    del momenta
+
+    numels = [r * c for r, c in shapes]
+    costs = [newton_schulz_flops(s) for s in shapes]
+    buckets = build_buckets(numels, STEP_BUCKET)
+    dp_plans = {
+        "(iii) layer-wise ping-pong": layerwise_pingpong_plan(buckets, world),
+        "start-point (ZeRO-1 geometry)": start_point_plan(buckets, world),
+        "(iv) alpha=1 Canzona": alpha_balanced_plan(buckets, costs, world, 1.0),
+        "(iv) alpha=0.5 Canzona": alpha_balanced_plan(buckets, costs, world, 0.5),
+    }
+    named = [(f"m{i}", p) for i, p in enumerate(params)]
+    for label, plan in dp_plans.items():
+        engine = DataParallelMuon(named, process_group=dist.group.WORLD, config=config, plan=plan)
+        results[label] = _timed(lambda: engine.step(lr=LR, weight_decay=WEIGHT_DECAY), steps)
+        del engine
+
+    matrices = []
+    for i, (shape, grad) in enumerate(zip(shapes, grads)):
+        dim = COLUMN_PARALLEL[i % len(COLUMN_PARALLEL)]
+        shard = params[i].chunk(world, dim=dim)[rank].clone()
+        shard.grad = grad.chunk(world, dim=dim)[rank].clone()
+        matrices.append(ShardedMatrix(f"m{i}", shard, dim, shape))
+    del params, grads
+    tp = TensorParallelMuon(matrices, process_group=dist.group.WORLD, config=config)
+    results["(v) TP sync all-gather"] = _timed(lambda: tp.step_synchronous(lr=LR, weight_decay=WEIGHT_DECAY), steps)
+    tp.replicated_momentum.clear()
+    results["(v) TP micro-group pipeline"] = _timed(lambda: tp.step(lr=LR, weight_decay=WEIGHT_DECAY), steps)
+    results["(v) TP micro-group pipeline"]["micro_groups"] = len(tp.groups)
+    if rank == 0:
+        Path(out_file).write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+def optimizer_step(world: int, layers: int, steps: int) -> dict:
+    with tempfile.TemporaryDirectory() as scratch:
+        out_file = Path(scratch) / "result.json"
+        mp.spawn(
+            _step_worker, args=(world, str(Path(scratch) / "init"), str(out_file), layers, steps), nprocs=world
+        )
+        results = json.loads(out_file.read_text())
+    redundant = results["(i) redundant (DDP)"]
+    ideal = redundant["compute_mean_s"] / world
+    canzona = results["(iv) alpha=1 Canzona"]
+    return {
+        "D": world,
+        "variants": results,
+        "ideal_compute_s": ideal,
+        "alpha1_critical_path_over_ideal": canzona["compute_max_s"] / ideal,
+        "alpha1_speedup_over_redundant": redundant["compute_max_s"] / canzona["compute_max_s"],
+        "target_speedup": 0.8 * world,
+    }
+
+
+def plot(plans: list[dict], steps: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    names = ["start-point", "layer-wise", "alpha=0", "alpha=0.5", "alpha=1", "ideal LPT"]
+    labels = [f"{r['model']} D={r['D']}" for r in plans if r["model"] != "0.6B"]
+    chosen = [r for r in plans if r["model"] != "0.6B"]
+    width = 0.8 / len(names)
+    for k, name in enumerate(names):
+        values = [r["plans"][name]["compute_max_over_mean"] for r in chosen]
+        left.bar([i + k * width for i in range(len(chosen))], values, width, label=name)
+    left.set_xticks([i + 0.4 for i in range(len(chosen))], labels, rotation=45, ha="right")
+    left.set_yscale("log")
+    left.set_ylabel("NS-FLOPs max/mean (log)")
+    left.set_title("Plan quality, Qwen3, 400M-element buckets")
+    left.legend(fontsize=7)
+    variants = list(steps[0]["variants"])
+    width = 0.8 / len(steps)
+    for k, run in enumerate(steps):
+        values = [run["variants"][v]["compute_max_s"] for v in variants]
+        right.bar([i + k * width for i in range(len(variants))], values, width, label=f"D={run['D']} max compute")
+        right.axhline(run["ideal_compute_s"], linestyle="--", color=f"C{k}", label=f"D={run['D']} ideal total/D")
+    right.set_xticks([i + 0.4 for i in range(len(variants))], variants, rotation=35, ha="right", fontsize=7)
+    right.set_ylabel("critical-path compute per step (s, CPU)")
+    right.set_title("Optimizer step on gloo, Qwen3-8B/8")
+    right.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="4 layers and 1 timed step instead of 36 layers and 2")
+    parser.add_argument("--layers", type=int, help="override the number of Qwen3-8B/8 layers")
+    args = parser.parse_args()
+    layers = args.layers or (4 if args.quick else 36)
+    steps = 1 if args.quick else 2
+    plans = plan_quality()
+    runs = [optimizer_step(world, layers, steps) for world in (2, 4)]
+    report = {
+        "plan_quality": {"bucket_elements": PLAN_BUCKET, "rows": plans},
+        "optimizer_step": {
+            "model": f"Qwen3-8B scaled down by {SCALE_DOWN}",
+            "layers": layers,
+            "full_model_layers": 36,
+            "quick": layers != 36,
+            "timed_steps": steps,
+            "bucket_elements": STEP_BUCKET,
+            "backend": "gloo, CPU, one thread per process",
+            "compute_clock": "thread CPU time",
+            "runs": runs,
+        },
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "bench_canzona.json").write_text(json.dumps(report, indent=2))
+    plot(plans, runs, RESULTS / "bench_canzona.png")
+    for run in runs:
+        print(f"D={run['D']}  ideal total/D = {run['ideal_compute_s']:.3f}s")
+        for name, v in run["variants"].items():
+            print(
+                f"  {name:32s} compute max {v['compute_max_s']:.3f}s mean {v['compute_mean_s']:.3f}s "
+                f"wall {v['wall_s']:.3f}s wire {v['wire_bytes_max'] / 2**20:.1f} MiB"
+            )
+        print(
+            f"  alpha=1 critical path / ideal = {run['alpha1_critical_path_over_ideal']:.3f}; "
+            f"speedup over redundant = {run['alpha1_speedup_over_redundant']:.2f}x "
+            f"(target {run['target_speedup']:.1f}x)"
+        )
+
+
+if __name__ == "__main__":
+    main()

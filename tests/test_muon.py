@@ -1,0 +1,170 @@
+"""Single-process Muon: agreement with torch.optim.Muon, routing, the training-loop optimizer."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from cantata.trainer.optim import Muon, MuonConfig, build_optimizer
+from cantata.trainer.optim.dp import DataParallelMuon
+from cantata.trainer.optim.muon import newton_schulz, rms_matched_lr
+from cantata.trainer.optim.routing import route_parameters
+
+SHAPES = [(16, 24), (40, 8), (12, 12)]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    torch.set_num_threads(1)
+
+
+def random_grads(step: int) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(step)
+    return [torch.randn(shape, generator=generator) for shape in SHAPES]
+
+
+def initial_params() -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(99)
+    return [torch.randn(shape, generator=generator).requires_grad_() for shape in SHAPES]
+
+
+def run(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], steps: int = 20) -> list[torch.Tensor]:
+    for step in range(steps):
+        for param, grad in zip(params, random_grads(step)):
+            param.grad = grad
+        optimizer.step()
+    return [p.detach() for p in params]
+
+
+def relative_error(actual: list[torch.Tensor], expected: list[torch.Tensor]) -> float:
+    return max(((a - e).norm() / e.norm()).item() for a, e in zip(actual, expected))
+
+
+def test_matches_torch_muon_with_adamw_rms_matching_over_20_steps():
+    expected_params = initial_params()
+    expected = run(torch.optim.Muon(expected_params, lr=0.02, adjust_lr_fn="match_rms_adamw"), expected_params)
+    ours_params = initial_params()
+    ours = run(Muon(ours_params, lr=0.02, config=MuonConfig(ns_dtype=torch.bfloat16)), ours_params)
+    assert relative_error(ours, expected) <= 1e-5
+    assert relative_error(ours, [p.detach() for p in initial_params()]) > 1e-2
+
+
+def test_fp32_newton_schulz_orthogonalizes():
+    for shape in [(64, 32), (32, 64), (48, 48)]:
+        matrix = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+        singular_values = torch.linalg.svdvals(newton_schulz(matrix, MuonConfig()))
+        assert singular_values.min() > 0.6 and singular_values.max() < 1.2
+
+
+def test_update_scale_uses_full_shape():
+    assert rms_matched_lr(0.01, (512, 2048)) == pytest.approx(0.01 * 0.2 * math.sqrt(2048))
+
+
+def test_sharded_engine_on_one_process_equals_muon():
+    expected_params = initial_params()
+    expected = run(Muon(expected_params, lr=0.02), expected_params)
+    params = initial_params()
+    engine = DataParallelMuon([(f"p{i}", p) for i, p in enumerate(params)], bucket_elements=100)
+    for step in range(20):
+        for param, grad in zip(params, random_grads(step)):
+            param.grad = grad
+        engine.step(lr=0.02, weight_decay=0.1)
+    assert all(torch.equal(a.detach(), e) for a, e in zip(params, expected))
+
+
+def test_rejects_parameters_that_are_not_matrices():
+    with pytest.raises(ValueError, match="2-D"):
+        Muon([torch.zeros(3, requires_grad=True)])
+
+
+class Gpt(nn.Module):
+    def __init__(self, tied: bool) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(32, 8)
+        self.pos = nn.Embedding(4, 8)
+        self.attn = nn.Linear(8, 24)
+        self.mlp = nn.Linear(8, 16)
+        self.norm = nn.LayerNorm(8)
+        self.lm_head = nn.Linear(8, 32, bias=False)
+        if tied:
+            self.lm_head.weight = self.tok.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1]))
+        x = x + self.attn(x)[..., :8] + self.mlp(x)[..., :8]
+        return self.lm_head(self.norm(x))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_routing_sends_hidden_matrices_to_muon_and_the_rest_to_adamw(tied):
+    routing = route_parameters(Gpt(tied))
+    assert [name for name, _ in routing.muon] == ["attn.weight", "mlp.weight"]
+    expected_adamw = {"tok.weight", "pos.weight", "attn.bias", "mlp.bias", "norm.weight", "norm.bias"}
+    assert {name for name, _ in routing.adamw} == expected_adamw | (set() if tied else {"lm_head.weight"})
+
+
+def test_routing_patterns_override_the_rule():
+    routing = route_parameters(Gpt(tied=False), muon_patterns=("lm_head.*",), adamw_patterns=("mlp.*",))
+    assert [name for name, _ in routing.muon] == ["attn.weight", "lm_head.weight"]
+    assert "mlp.weight" in {name for name, _ in routing.adamw}
+    with pytest.raises(ValueError, match="not 2-D"):
+        route_parameters(Gpt(tied=False), muon_patterns=("norm.*",))
+
+
+def train(model: nn.Module, optimizer, steps: range) -> None:
+    for step in steps:
+        tokens = torch.randint(0, 32, (2, 5), generator=torch.Generator().manual_seed(step))
+        logits = model(tokens[:, :-1])
+        loss = nn.functional.cross_entropy(logits.reshape(-1, 32), tokens[:, 1:].reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def fresh_gpt() -> Gpt:
+    torch.manual_seed(0)
+    return Gpt(tied=False)
+
+
+@pytest.mark.parametrize("name", ["muon", "adamw"])
+def test_state_survives_weights_only_save_and_resumes_exactly(name):
+    straight = fresh_gpt()
+    train(straight, build_optimizer(straight, name, lr=0.01), range(8))
+    resumed = fresh_gpt()
+    first = build_optimizer(resumed, name, lr=0.01)
+    train(resumed, first, range(4))
+    buffer = io.BytesIO()
+    torch.save(first.state_dict(), buffer)
+    buffer.seek(0)
+    second = build_optimizer(resumed, name, lr=0.01)
+    second.load_state_dict(torch.load(buffer, weights_only=True))
+    train(resumed, second, range(4, 8))
+    for (n, a), (_, b) in zip(straight.named_parameters(), resumed.named_parameters()):
+        assert torch.equal(a, b), n
+
+
+def test_set_lr_zero_freezes_every_parameter():
+    model = fresh_gpt()
+    optimizer = build_optimizer(model, "muon", lr=0.01)
+    train(model, optimizer, range(2))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer.set_lr(0.0)
+    train(model, optimizer, range(2, 4))
+    assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
+
+
+def test_first_step_differs_only_on_muon_routed_matrices():
+    models = {name: fresh_gpt() for name in ("muon", "adamw")}
+    for name, model in models.items():
+        train(model, build_optimizer(model, name, lr=0.01), range(1))
+    assert not torch.allclose(models["muon"].attn.weight, models["adamw"].attn.weight)
+    assert torch.equal(models["muon"].tok.weight, models["adamw"].tok.weight)
+
+
+def test_unknown_optimizer_name_is_rejected():
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        build_optimizer(fresh_gpt(), "sgd", lr=0.1)

@@ -1,0 +1,184 @@
+"""The optimizer object the training loop drives: AdamW or Muon, single process or data parallel.
+
+With a process group the optimizer owns gradient synchronisation: "adamw"
+all-reduces (averages) every gradient like DDP; "muon" averages the AdamW-routed
+gradients the same way and runs DP-Canzona for the hidden matrices.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from .dp import DataParallelMuon
+from .muon import MuonConfig
+from .profiling import StepStats, ring_bytes
+from .routing import DEFAULT_ADAMW_PATTERNS, ParameterRouting, route_parameters
+
+STATE_FORMAT = "cantata.training-optimizer/1"
+OPTIMIZERS = ("adamw", "muon")
+
+
+class TrainingOptimizer:
+    """step() after loss.backward(); afterwards every rank holds identical parameters."""
+
+    def __init__(
+        self,
+        name: str,
+        routing: ParameterRouting,
+        *,
+        lr: float,
+        weight_decay: float,
+        process_group: dist.ProcessGroup | None,
+        alpha: float,
+        bucket_elements: int,
+        muon_config: MuonConfig,
+    ) -> None:
+        if name not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {name!r}; choose one of {OPTIMIZERS}")
+        self.name = name
+        self.group = process_group
+        self.world_size = dist.get_world_size(process_group) if process_group is not None else 1
+        self.rank = dist.get_rank(process_group) if process_group is not None else 0
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.steps = 0
+        self.last_stats = StepStats()
+        elementwise = list(routing.adamw) if name == "muon" else list(routing.muon + routing.adamw)
+        self._synced_params = [param for _, param in elementwise]
+        self.adamw = torch.optim.AdamW(_adamw_groups(elementwise, weight_decay), lr=lr)
+        self.muon = (
+            DataParallelMuon(
+                routing.muon,
+                process_group=process_group,
+                alpha=alpha,
+                bucket_elements=bucket_elements,
+                config=muon_config,
+            )
+            if name == "muon"
+            else None
+        )
+
+    @torch.no_grad()
+    def step(self) -> StepStats:
+        stats = StepStats()
+        if self.world_size > 1:
+            self._all_reduce_mean(self._synced_params, stats)
+        if self.muon is not None:
+            muon_stats = self.muon.step(lr=self.lr, weight_decay=self.weight_decay)
+            stats.compute_seconds += muon_stats.compute_seconds
+            stats.wire_bytes += muon_stats.wire_bytes
+            stats.updated_matrices += muon_stats.updated_matrices
+        self.adamw.step()
+        self.steps += 1
+        self.last_stats = stats
+        return stats
+
+    def zero_grad(self) -> None:
+        self.adamw.zero_grad(set_to_none=True)
+        if self.muon is not None:
+            for param in self.muon.params:
+                param.grad = None
+
+    def set_lr(self, lr: float) -> None:
+        if lr < 0:
+            raise ValueError(f"lr must be >= 0, got {lr}")
+        self.lr = lr
+        for group in self.adamw.param_groups:
+            group["lr"] = lr
+
+    def state_dict(self) -> dict:
+        """This rank's state (only tensors, numbers, strings, lists, dicts and None)."""
+        state = {
+            "format": STATE_FORMAT,
+            "name": self.name,
+            "world_size": self.world_size,
+            "rank": self.rank,
+            "step": self.steps,
+            "lr": self.lr,
+            "adamw": _plain(self.adamw.state_dict()),
+        }
+        if self.muon is not None:
+            state["muon"] = self.muon.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Load this rank's own shard, or a state merged by `merge_optimizer_shards` (any world size)."""
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"not a training-optimizer state (format {state.get('format')!r})")
+        if state["name"] != self.name:
+            raise ValueError(f"state is for optimizer {state['name']!r}, this is {self.name!r}")
+        if state["world_size"] != self.world_size and state["rank"] is not None:
+            raise ValueError(
+                f"shard of rank {state['rank']} of {state['world_size']} cannot load into {self.world_size} ranks; "
+                "merge every shard with merge_optimizer_shards first"
+            )
+        self.adamw.load_state_dict(state["adamw"])
+        if self.muon is not None:
+            self.muon.load_state_dict(state["muon"])
+        self.steps = state["step"]
+        self.set_lr(state["lr"])
+
+    def _all_reduce_mean(self, params: Sequence[Tensor], stats: StepStats) -> None:
+        if not params:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.group)
+        flat.div_(self.world_size)
+        stats.wire_bytes += 2 * ring_bytes(-(-flat.numel() // self.world_size), self.world_size, flat.element_size())
+        offset = 0
+        for param in params:
+            param.grad = flat[offset : offset + param.numel()].view_as(param).clone()
+            offset += param.numel()
+
+
+def build_optimizer(
+    model: nn.Module,
+    name: str,
+    *,
+    lr: float,
+    weight_decay: float = 0.1,
+    process_group: dist.ProcessGroup | None = None,
+    alpha: float = 1.0,
+    bucket_elements: int = 40_000_000,
+    muon_config: MuonConfig = MuonConfig(),
+    muon_patterns: tuple[str, ...] = (),
+    adamw_patterns: tuple[str, ...] = DEFAULT_ADAMW_PATTERNS,
+) -> TrainingOptimizer:
+    """AdamW or Muon (hidden matrices; AdamW for the rest) for `model`, data parallel over `process_group`.
+
+    Name patterns (fnmatch) override the routing rule; see `route_parameters`.
+    """
+    return TrainingOptimizer(
+        name,
+        route_parameters(model, muon_patterns=muon_patterns, adamw_patterns=adamw_patterns),
+        lr=lr,
+        weight_decay=weight_decay,
+        process_group=process_group,
+        alpha=alpha,
+        bucket_elements=bucket_elements,
+        muon_config=muon_config,
+    )
+
+
+def _adamw_groups(named_params: Sequence[tuple[str, Tensor]], weight_decay: float) -> list[dict]:
+    """Matrices (embeddings, head) decay; vectors (norms, biases) do not."""
+    decayed = [p for _, p in named_params if p.ndim >= 2]
+    plain = [p for _, p in named_params if p.ndim < 2]
+    return [
+        {"params": decayed, "weight_decay": weight_decay},
+        {"params": plain, "weight_decay": 0.0},
+    ]
+
+
+def _plain(value):
+    """Tuples become lists so the state loads with torch.load(weights_only=True) on any version."""
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
