@@ -1,0 +1,84 @@
+from cantata.proto.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TenantInfo(_message.Message):
+    __slots__ = ("name", "status", "csr_fingerprint", "quota", "running_jobs", "approved_by", "requested_at", "certificate_serial", "certificate_expires")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    CSR_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_JOBS_FIELD_NUMBER: _ClassVar[int]
+    APPROVED_BY_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_AT_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_SERIAL_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_EXPIRES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    status: str
+    csr_fingerprint: str
+    quota: _common_pb2.Quota
+    running_jobs: int
+    approved_by: str
+    requested_at: str
+    certificate_serial: str
+    certificate_expires: str
+    def __init__(self, name: _Optional[str] = ..., status: _Optional[str] = ..., csr_fingerprint: _Optional[str] = ..., quota: _Optional[_Union[_common_pb2.Quota, _Mapping]] = ..., running_jobs: _Optional[int] = ..., approved_by: _Optional[str] = ..., requested_at: _Optional[str] = ..., certificate_serial: _Optional[str] = ..., certificate_expires: _Optional[str] = ...) -> None: ...
+
+class ListTenantsRequest(_message.Message):
+    __slots__ = ("status",)
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    def __init__(self, status: _Optional[str] = ...) -> None: ...
+
+class ListTenantsReply(_message.Message):
+    __slots__ = ("tenants",)
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantInfo]
+    def __init__(self, tenants: _Optional[_Iterable[_Union[TenantInfo, _Mapping]]] = ...) -> None: ...
+
+class ApproveTenantRequest(_message.Message):
+    __slots__ = ("name", "csr_fingerprint", "quota")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CSR_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    csr_fingerprint: str
+    quota: _common_pb2.Quota
+    def __init__(self, name: _Optional[str] = ..., csr_fingerprint: _Optional[str] = ..., quota: _Optional[_Union[_common_pb2.Quota, _Mapping]] = ...) -> None: ...
+
+class TenantActionRequest(_message.Message):
+    __slots__ = ("name", "reason")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    reason: str
+    def __init__(self, name: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SetQuotaRequest(_message.Message):
+    __slots__ = ("name", "quota")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    quota: _common_pb2.Quota
+    def __init__(self, name: _Optional[str] = ..., quota: _Optional[_Union[_common_pb2.Quota, _Mapping]] = ...) -> None: ...
+
+class RevokeCertificateRequest(_message.Message):
+    __slots__ = ("serial", "reason")
+    SERIAL_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    serial: str
+    reason: str
+    def __init__(self, serial: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RevokeCertificateReply(_message.Message):
+    __slots__ = ("serial", "principal")
+    SERIAL_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    serial: str
+    principal: str
+    def __init__(self, serial: _Optional[str] = ..., principal: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,109 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JOB_STATE_UNSPECIFIED: _ClassVar[JobState]
+    QUEUED: _ClassVar[JobState]
+    STARTING: _ClassVar[JobState]
+    RUNNING: _ClassVar[JobState]
+    CANCELLING: _ClassVar[JobState]
+    SUCCEEDED: _ClassVar[JobState]
+    FAILED: _ClassVar[JobState]
+    CANCELLED: _ClassVar[JobState]
+JOB_STATE_UNSPECIFIED: JobState
+QUEUED: JobState
+STARTING: JobState
+RUNNING: JobState
+CANCELLING: JobState
+SUCCEEDED: JobState
+FAILED: JobState
+CANCELLED: JobState
+
+class Quota(_message.Message):
+    __slots__ = ("max_concurrent_jobs", "max_workers_per_job", "max_total_steps")
+    MAX_CONCURRENT_JOBS_FIELD_NUMBER: _ClassVar[int]
+    MAX_WORKERS_PER_JOB_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    max_concurrent_jobs: int
+    max_workers_per_job: int
+    max_total_steps: int
+    def __init__(self, max_concurrent_jobs: _Optional[int] = ..., max_workers_per_job: _Optional[int] = ..., max_total_steps: _Optional[int] = ...) -> None: ...
+
+class JobSpec(_message.Message):
+    __slots__ = ("name", "model", "dataset", "algorithm", "workers", "topology", "local_steps", "optimizer", "steps", "checkpoint_every", "checkpoint_store", "eval_every", "batch_size", "seq_len", "lr", "seed", "outer_lr", "outer_momentum", "gossip_step", "compression")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_EVERY_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_STORE_FIELD_NUMBER: _ClassVar[int]
+    EVAL_EVERY_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SEQ_LEN_FIELD_NUMBER: _ClassVar[int]
+    LR_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    OUTER_LR_FIELD_NUMBER: _ClassVar[int]
+    OUTER_MOMENTUM_FIELD_NUMBER: _ClassVar[int]
+    GOSSIP_STEP_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    model: str
+    dataset: str
+    algorithm: str
+    workers: int
+    topology: str
+    local_steps: int
+    optimizer: str
+    steps: int
+    checkpoint_every: int
+    checkpoint_store: str
+    eval_every: int
+    batch_size: int
+    seq_len: int
+    lr: float
+    seed: int
+    outer_lr: float
+    outer_momentum: float
+    gossip_step: float
+    compression: str
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., dataset: _Optional[str] = ..., algorithm: _Optional[str] = ..., workers: _Optional[int] = ..., topology: _Optional[str] = ..., local_steps: _Optional[int] = ..., optimizer: _Optional[str] = ..., steps: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., checkpoint_store: _Optional[str] = ..., eval_every: _Optional[int] = ..., batch_size: _Optional[int] = ..., seq_len: _Optional[int] = ..., lr: _Optional[float] = ..., seed: _Optional[int] = ..., outer_lr: _Optional[float] = ..., outer_momentum: _Optional[float] = ..., gossip_step: _Optional[float] = ..., compression: _Optional[str] = ...) -> None: ...
+
+class JobInfo(_message.Message):
+    __slots__ = ("id", "tenant", "spec", "state", "reason", "step", "loss", "val_loss", "created", "updated", "request_id")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    VAL_LOSS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    tenant: str
+    spec: JobSpec
+    state: JobState
+    reason: str
+    step: int
+    loss: float
+    val_loss: float
+    created: _timestamp_pb2.Timestamp
+    updated: _timestamp_pb2.Timestamp
+    request_id: str
+    def __init__(self, id: _Optional[str] = ..., tenant: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., val_loss: _Optional[float] = ..., created: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,119 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from cantata.proto.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EVENT_KIND_UNSPECIFIED: _ClassVar[EventKind]
+    STATE: _ClassVar[EventKind]
+    PROGRESS: _ClassVar[EventKind]
+    EVAL: _ClassVar[EventKind]
+    CHECKPOINT: _ClassVar[EventKind]
+    MESSAGE: _ClassVar[EventKind]
+EVENT_KIND_UNSPECIFIED: EventKind
+STATE: EventKind
+PROGRESS: EventKind
+EVAL: EventKind
+CHECKPOINT: EventKind
+MESSAGE: EventKind
+
+class SubmitJobRequest(_message.Message):
+    __slots__ = ("request_id", "spec")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    spec: _common_pb2.JobSpec
+    def __init__(self, request_id: _Optional[str] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ...) -> None: ...
+
+class GetJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListJobsReply(_message.Message):
+    __slots__ = ("jobs", "next_page_token")
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.JobInfo]
+    next_page_token: str
+    def __init__(self, jobs: _Optional[_Iterable[_Union[_common_pb2.JobInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class CancelJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class WatchJobRequest(_message.Message):
+    __slots__ = ("job_id", "cursor")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    cursor: int
+    def __init__(self, job_id: _Optional[str] = ..., cursor: _Optional[int] = ...) -> None: ...
+
+class JobEvent(_message.Message):
+    __slots__ = ("seq", "time", "kind", "state", "terminal", "step", "total_steps", "loss", "val_loss", "tokens_per_s", "message", "worker")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TERMINAL_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    VAL_LOSS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    time: _timestamp_pb2.Timestamp
+    kind: EventKind
+    state: _common_pb2.JobState
+    terminal: bool
+    step: int
+    total_steps: int
+    loss: float
+    val_loss: float
+    tokens_per_s: float
+    message: str
+    worker: int
+    def __init__(self, seq: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., kind: _Optional[_Union[EventKind, str]] = ..., state: _Optional[_Union[_common_pb2.JobState, str]] = ..., terminal: _Optional[bool] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., loss: _Optional[float] = ..., val_loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., message: _Optional[str] = ..., worker: _Optional[int] = ...) -> None: ...
+
+class ReadLogsRequest(_message.Message):
+    __slots__ = ("job_id", "offset", "follow")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    offset: int
+    follow: bool
+    def __init__(self, job_id: _Optional[str] = ..., offset: _Optional[int] = ..., follow: _Optional[bool] = ...) -> None: ...
+
+class LogLine(_message.Message):
+    __slots__ = ("offset", "worker", "line")
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    LINE_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    worker: int
+    line: str
+    def __init__(self, offset: _Optional[int] = ..., worker: _Optional[int] = ..., line: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,350 @@
+"""The ``cantata`` command line.
+
+Client commands (tenant, admin tenants, jobs, checkpoints) live here and talk
+to the server through the SDK. Commands that act on a server's own data
+directory (``server``, ``audit``) are contributed by installed plugins
+(entry-point group ``cantata.cli``), so the SDK does not import the server.
+Exit code 0 on success; non-zero with a one-line reason on failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import yaml
+
+from cantata.sdk import enroll
+from cantata.sdk.client import Client
+from cantata.sdk.errors import CantataError
+from cantata.sdk.job import Job
+from cantata.sdk.profiles import default_profile
+
+
+class CommandError(Exception):
+    """A failure to report as one line and a non-zero exit."""
+
+
+def _client(args) -> Client:
+    return Client.from_profile(args.profile)
+
+
+def _print(args, rows, text_lines) -> None:
+    if getattr(args, "json", False):
+        print(json.dumps(rows, indent=2, default=str))
+    else:
+        for line in text_lines:
+            print(line)
+
+
+# ---- tenant -------------------------------------------------------------
+def cmd_tenant_request(args) -> int:
+    ca_pem = Path(args.ca_file).read_bytes()
+    status = enroll.request_tenancy(args.name, args.server, ca_pem, args.enroll_server or "")
+    _print(args, asdict(status), [f"requested tenancy {status.name}: {status.status}",
+                                  f"CSR fingerprint: {status.fingerprint}",
+                                  "ask an admin to approve it with this fingerprint"])
+    return 0
+
+
+def cmd_tenant_status(args) -> int:
+    status = enroll.fetch_status(args.name)
+    lines = [f"tenant {status.name}: {status.status}"]
+    if status.certificate_installed:
+        lines.append(f"certificate installed in profile {status.name}")
+    _print(args, asdict(status), lines)
+    return 0
+
+
+def cmd_tenant_renew(args) -> int:
+    expires = enroll.renew_certificate(args.name)
+    _print(args, {"name": args.name, "expires": expires}, [f"renewed {args.name}: new key and certificate, "
+                                                             f"valid until {expires}"])
+    return 0
+
+
+# ---- admin tenants ------------------------------------------------------
+def _tenant_line(t) -> str:
+    cert = f"  cert {t.certificate_serial} until {t.certificate_expires[:10]}" if t.certificate_serial else ""
+    return (f"{t.name:<20} {t.status:<10} jobs {t.running_jobs}/{t.max_concurrent_jobs or '-'}  "
+            f"workers<={t.max_workers_per_job or '-'}  steps<={t.max_total_steps or '-'}  {t.fingerprint}{cert}")
+
+
+def cmd_admin_list(args) -> int:
+    with _client(args) as client:
+        tenants = client.tenants(args.status.upper() if args.status else "")
+    _print(args, [asdict(t) for t in tenants], [_tenant_line(t) for t in tenants] or ["no tenants"])
+    return 0
+
+
+def cmd_admin_approve(args) -> int:
+    with _client(args) as client:
+        t = client.approve_tenant(args.name, args.fingerprint, max_concurrent_jobs=args.max_jobs,
+                                  max_workers_per_job=args.max_workers, max_total_steps=args.max_steps)
+    _print(args, asdict(t), [f"approved {t.name}: " + _tenant_line(t)])
+    return 0
+
+
+def cmd_admin_set_quota(args) -> int:
+    with _client(args) as client:
+        t = client.set_quota(args.name, max_concurrent_jobs=args.max_jobs, max_workers_per_job=args.max_workers,
+                             max_total_steps=args.max_steps)
+    _print(args, asdict(t), [f"quota of {t.name}: " + _tenant_line(t)])
+    return 0
+
+
+def cmd_admin_revoke_cert(args) -> int:
+    with _client(args) as client:
+        principal = client.revoke_certificate(args.serial, args.reason)
+    _print(args, {"serial": args.serial, "principal": principal},
+           [f"revoked certificate {args.serial} of {principal}"])
+    return 0
+
+
+def _tenant_action(verb: str):
+    def run(args) -> int:
+        with _client(args) as client:
+            t = getattr(client, f"{verb}_tenant")(args.name, args.reason)
+        _print(args, asdict(t), [f"{t.name}: now {t.status}"])
+        return 0
+    return run
+
+
+# ---- jobs ---------------------------------------------------------------
+JOB_FLAGS = ("name", "model", "dataset", "algorithm", "workers", "topology", "local_steps", "optimizer", "steps",
+             "checkpoint_every", "checkpoint_store", "eval_every", "batch_size", "seq_len", "lr", "seed")
+
+
+def _job_from_args(args) -> Job:
+    data = {}
+    if args.file:
+        loaded = yaml.safe_load(Path(args.file).read_text())
+        if not isinstance(loaded, dict):
+            raise CommandError(f"{args.file}: expected a mapping of job fields")
+        data.update(loaded)
+    data.update({k: getattr(args, k) for k in JOB_FLAGS if getattr(args, k) is not None})
+    if "name" not in data:
+        raise CommandError("a job needs a name (--name or `name:` in the file)")
+    return Job.from_dict(data)
+
+
+def _job_line(j) -> str:
+    loss = f"val {j.val_loss:.4f}" if j.val_loss else (f"loss {j.loss:.4f}" if j.loss else "")
+    reason = f"  ({j.reason})" if j.reason else ""
+    return f"{j.id}  {j.name:<20} {j.state:<10} step {j.step}/{j.steps}  {loss}{reason}"
+
+
+def cmd_jobs_submit(args) -> int:
+    with _client(args) as client:
+        handle = client.submit(_job_from_args(args))
+        if not args.watch:
+            _print(args, {"id": handle.id}, [handle.id])
+            return 0
+        status = handle.wait(progress=not args.json)
+    _print(args, asdict(status), [_job_line(status)])
+    return 0 if status.state == "SUCCEEDED" else 1
+
+
+def cmd_jobs_list(args) -> int:
+    with _client(args) as client:
+        jobs = client.list()
+    _print(args, [asdict(j) for j in jobs], [_job_line(j) for j in jobs] or ["no jobs"])
+    return 0
+
+
+def cmd_jobs_status(args) -> int:
+    with _client(args) as client:
+        job = client.get(args.job_id)
+    _print(args, asdict(job), [_job_line(job)])
+    return 0
+
+
+def cmd_jobs_watch(args) -> int:
+    with _client(args) as client:
+        handle = client.job(args.job_id)
+        if args.json:
+            for event in handle.events():
+                print(json.dumps(asdict(event)), flush=True)
+            status = handle.status()
+        else:
+            status = handle.wait(progress=True)
+            print(_job_line(status))
+    return 0 if status.state == "SUCCEEDED" else 1
+
+
+def cmd_jobs_cancel(args) -> int:
+    with _client(args) as client:
+        job = client.cancel(args.job_id)
+    _print(args, asdict(job), [_job_line(job)])
+    return 0
+
+
+def cmd_jobs_logs(args) -> int:
+    with _client(args) as client:
+        for worker, line in client.logs(args.job_id, follow=args.follow):
+            print(f"[{worker}] {line}", flush=True)
+    return 0
+
+
+# ---- checkpoints --------------------------------------------------------
+def cmd_checkpoints_list(args) -> int:
+    with _client(args) as client:
+        ckpts = client.checkpoints(args.job_id)
+    _print(args, [asdict(c) for c in ckpts],
+           [f"step {c.step:>8}  {c.size_bytes:>12,} bytes  {c.created}" for c in ckpts] or ["no checkpoints"])
+    return 0
+
+
+def cmd_checkpoints_download(args) -> int:
+    with _client(args) as client:
+        path = client.download_checkpoint(args.job_id, args.step, args.out)
+    print(f"wrote {path}")
+    return 0
+
+
+# ---- audit --------------------------------------------------------------
+def cmd_audit_report_remote(args) -> int:
+    """``cantata audit report --profile P``: a verified report from the server."""
+    since = args.since.isoformat() if args.since else ""
+    until = args.until.isoformat() if args.until else ""
+    with _client(args) as client:
+        report = client.audit_report(tenant=args.tenant or "", since=since, until=until, fmt=args.format)
+    if args.out:
+        Path(args.out).write_text(report.content, encoding="utf-8")
+    else:
+        sys.stdout.write(report.content)
+    if not report.intact:
+        raise CommandError(report.verdict)
+    return 0
+
+
+# ---- parser -------------------------------------------------------------
+def _client_flags(parser: argparse.ArgumentParser, default: str | None, json_flag: bool = True) -> None:
+    value = default_profile(default or "")
+    parser.add_argument("--profile", default=value or None, required=not value,
+                        help=f"client profile (default: $CANTATA_PROFILE{' or ' + default if default else ''})")
+    if json_flag:
+        parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict]:
+    parser = argparse.ArgumentParser(prog="cantata", description="Cantata: secure multi-tenant training")
+    root = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    tenant = root.add_parser("tenant", help="enroll as a tenant").add_subparsers(dest="sub", required=True)
+    p = tenant.add_parser("request", help="make a key and CSR locally and request tenancy")
+    p.add_argument("name")
+    p.add_argument("--server", required=True, help="HOST:PORT of the control plane")
+    p.add_argument("--ca-file", required=True, help="the platform CA certificate (PEM)")
+    p.add_argument("--enroll-server", help="HOST:PORT taking enrollment requests (default: --server port + 1)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_tenant_request)
+    p = tenant.add_parser("status", help="check the request; install the certificate once approved")
+    p.add_argument("name")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_tenant_status)
+    p = tenant.add_parser("renew", help="replace the key and certificate before they expire")
+    p.add_argument("name")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_tenant_renew)
+
+    admin = root.add_parser("admin", help="platform administration").add_subparsers(dest="sub", required=True)
+    tenants = admin.add_parser("tenants", help="the tenant lifecycle").add_subparsers(dest="action", required=True)
+    p = tenants.add_parser("list", help="tenants with their status, quotas and usage")
+    p.add_argument("--status", help="only tenants with this status (pending, approved, suspended)")
+    _client_flags(p, "admin")
+    p.set_defaults(func=cmd_admin_list)
+    p = tenants.add_parser("approve", help="sign a pending request whose CSR fingerprint matches")
+    p.add_argument("name")
+    p.add_argument("--fingerprint", required=True, help="sha256:... as printed by `cantata tenant request`")
+    p.add_argument("--max-jobs", type=int, default=0, help="concurrent jobs (0: server default)")
+    p.add_argument("--max-workers", type=int, default=0, help="workers per job (0: server default)")
+    p.add_argument("--max-steps", type=int, default=0, help="steps per job (0: server default)")
+    _client_flags(p, "admin")
+    p.set_defaults(func=cmd_admin_approve)
+    p = tenants.add_parser("set-quota", help="change a tenant's limits (0 keeps a limit)")
+    p.add_argument("name")
+    p.add_argument("--max-jobs", type=int, default=0)
+    p.add_argument("--max-workers", type=int, default=0)
+    p.add_argument("--max-steps", type=int, default=0)
+    _client_flags(p, "admin")
+    p.set_defaults(func=cmd_admin_set_quota)
+    p = tenants.add_parser("revoke-cert", help="refuse one certificate (hex serial) from now on")
+    p.add_argument("serial")
+    p.add_argument("--reason", default="")
+    _client_flags(p, "admin")
+    p.set_defaults(func=cmd_admin_revoke_cert)
+    for verb in ("reject", "suspend", "resume"):
+        p = tenants.add_parser(verb, help=f"{verb} a tenant")
+        p.add_argument("name")
+        p.add_argument("--reason", default="")
+        _client_flags(p, "admin")
+        p.set_defaults(func=_tenant_action(verb))
+
+    jobs = root.add_parser("jobs", help="training jobs").add_subparsers(dest="sub", required=True)
+    p = jobs.add_parser("submit", help="submit a job from a YAML file and/or flags")
+    p.add_argument("file", nargs="?", help="YAML file of Job fields")
+    for name in JOB_FLAGS:
+        kind = float if name == "lr" else int if name in (
+            "workers", "local_steps", "steps", "checkpoint_every", "eval_every", "batch_size", "seq_len",
+            "seed") else str
+        p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind)
+    p.add_argument("--watch", action="store_true", help="follow the job with a progress bar until it ends")
+    _client_flags(p, None)
+    p.set_defaults(func=cmd_jobs_submit)
+    for verb, func, helptext in (("status", cmd_jobs_status, "one job's state"),
+                                 ("watch", cmd_jobs_watch, "follow a job live (progress bar)"),
+                                 ("cancel", cmd_jobs_cancel, "cancel a job")):
+        p = jobs.add_parser(verb, help=helptext)
+        p.add_argument("job_id")
+        _client_flags(p, None)
+        p.set_defaults(func=func)
+    p = jobs.add_parser("list", help="your jobs")
+    _client_flags(p, None)
+    p.set_defaults(func=cmd_jobs_list)
+    p = jobs.add_parser("logs", help="worker logs")
+    p.add_argument("job_id")
+    p.add_argument("--follow", "-f", action="store_true")
+    _client_flags(p, None, json_flag=False)
+    p.set_defaults(func=cmd_jobs_logs)
+
+    ckpts = root.add_parser("checkpoints", help="a job's checkpoints").add_subparsers(dest="sub", required=True)
+    p = ckpts.add_parser("list", help="list checkpoints")
+    p.add_argument("job_id")
+    _client_flags(p, None)
+    p.set_defaults(func=cmd_checkpoints_list)
+    p = ckpts.add_parser("download", help="download a checkpoint's model state")
+    p.add_argument("job_id")
+    p.add_argument("step", type=int)
+    p.add_argument("--out", required=True)
+    _client_flags(p, None, json_flag=False)
+    p.set_defaults(func=cmd_checkpoints_download)
+
+    groups = {"root": root, "admin": admin, "remote_audit_report": cmd_audit_report_remote}
+    for plugin in entry_points(group="cantata.cli"):
+        plugin.load()(groups)
+    return parser, groups
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, _ = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except CantataError as exc:
+        rid = f" [request {exc.request_id}]" if exc.request_id and exc.request_id not in exc.message else ""
+        print(f"cantata: error: {type(exc).__name__}: {exc.message}{rid}", file=sys.stderr)
+    except (CommandError, OSError, ValueError) as exc:
+        print(f"cantata: error: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("cantata: interrupted", file=sys.stderr)
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

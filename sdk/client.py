@@ -1,0 +1,335 @@
+"""``Client`` and ``JobHandle``: the tenant's and admin's typed view of the control plane."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from cantata.proto.v1 import (admin_pb2, admin_pb2_grpc, audit_pb2, audit_pb2_grpc, checkpoints_pb2,
+                              checkpoints_pb2_grpc, common_pb2, jobs_pb2, jobs_pb2_grpc)
+from cantata.sdk.errors import CantataError, InvalidJob, StreamInterrupted, Unavailable, from_rpc_error
+from cantata.sdk.job import Job
+from cantata.sdk.profiles import Profile
+
+TIMEOUT = 30.0
+STREAM_RETRIES = 5
+MAX_REQUEST_BYTES = 4 << 20
+TERMINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    id: str
+    name: str
+    tenant: str
+    state: str
+    reason: str
+    step: int
+    steps: int
+    loss: float
+    val_loss: float
+    algorithm: str
+    workers: int
+    created: str
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @classmethod
+    def from_proto(cls, info: common_pb2.JobInfo) -> JobStatus:
+        return cls(info.id, info.spec.name, info.tenant, common_pb2.JobState.Name(info.state), info.reason,
+                   info.step, info.spec.steps, info.loss, info.val_loss, info.spec.algorithm, info.spec.workers,
+                   info.created.ToJsonString())
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int
+    time: str
+    kind: str
+    state: str
+    terminal: bool
+    step: int
+    total_steps: int
+    loss: float
+    val_loss: float
+    tokens_per_s: float
+    message: str
+    worker: int
+
+    @classmethod
+    def from_proto(cls, e: jobs_pb2.JobEvent) -> Event:
+        return cls(e.seq, e.time.ToJsonString(), jobs_pb2.EventKind.Name(e.kind), common_pb2.JobState.Name(e.state),
+                   e.terminal, e.step, e.total_steps, e.loss, e.val_loss, e.tokens_per_s, e.message, e.worker)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    job_id: str
+    step: int
+    size_bytes: int
+    created: str
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    intact: bool
+    verdict: str
+    content: str
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str
+    status: str
+    fingerprint: str
+    max_concurrent_jobs: int
+    max_workers_per_job: int
+    max_total_steps: int
+    running_jobs: int
+    approved_by: str
+    certificate_serial: str
+    certificate_expires: str
+
+    @classmethod
+    def from_proto(cls, t: admin_pb2.TenantInfo) -> Tenant:
+        return cls(t.name, t.status, t.csr_fingerprint, t.quota.max_concurrent_jobs, t.quota.max_workers_per_job,
+                   t.quota.max_total_steps, t.running_jobs, t.approved_by, t.certificate_serial,
+                   t.certificate_expires)
+
+
+def _read(path_or_pem: str | os.PathLike | bytes) -> bytes:
+    return path_or_pem if isinstance(path_or_pem, bytes) else Path(path_or_pem).read_bytes()
+
+
+class Client:
+    """A connection to a Cantata server with one identity (a profile's certificate)."""
+
+    def __init__(self, address: str, *, ca, cert=None, key=None, timeout: float = TIMEOUT):
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=_read(ca),
+            private_key=_read(key) if key is not None else None,
+            certificate_chain=_read(cert) if cert is not None else None)
+        self.address = address
+        self.timeout = timeout
+        self._channel = grpc.secure_channel(address, creds, options=[
+            ("grpc.max_receive_message_length", 8 << 20)])
+        self._jobs = jobs_pb2_grpc.JobsStub(self._channel)
+        self._checkpoints = checkpoints_pb2_grpc.CheckpointsStub(self._channel)
+        self._admin = admin_pb2_grpc.AdminStub(self._channel)
+        self._audit = audit_pb2_grpc.AuditStub(self._channel)
+
+    @classmethod
+    def from_profile(cls, name: str, **kwargs) -> Client:
+        profile = Profile.named(name)
+        if not profile.exists:
+            raise FileNotFoundError(f"no profile {name!r} under {profile.folder.parent}")
+        if not profile.cert.exists():
+            raise FileNotFoundError(f"profile {name!r} has no certificate yet: run `cantata tenant status {name}`")
+        return cls(profile.server, ca=profile.ca, cert=profile.cert, key=profile.key, **kwargs)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _call(self, method, request):
+        try:
+            return method(request, timeout=self.timeout)
+        except grpc.RpcError as err:
+            raise from_rpc_error(err) from None
+
+    # ---- jobs ----------------------------------------------------------
+    def submit(self, job: Job) -> JobHandle:
+        """Submit ``job``. Retrying with the same ``job.request_id`` returns the same job."""
+        job.validate()
+        request = jobs_pb2.SubmitJobRequest(request_id=job.request_id, spec=job.to_proto())
+        if request.ByteSize() > MAX_REQUEST_BYTES:
+            raise InvalidJob(f"request of {request.ByteSize()} bytes exceeds {MAX_REQUEST_BYTES}", field="request")
+        for attempt in range(3):
+            try:
+                info = self._jobs.SubmitJob(request, timeout=self.timeout)
+                return JobHandle(self, info.id)
+            except grpc.RpcError as err:
+                error = from_rpc_error(err)
+                if not isinstance(error, Unavailable) or attempt == 2:
+                    raise error from None
+                time.sleep(0.5 * 2 ** attempt)  # idempotent: safe to retry
+        raise AssertionError("unreachable")
+
+    def get(self, job_id: str) -> JobStatus:
+        return JobStatus.from_proto(self._call(self._jobs.GetJob, jobs_pb2.GetJobRequest(job_id=job_id)))
+
+    def job(self, job_id: str) -> JobHandle:
+        return JobHandle(self, job_id)
+
+    def list(self) -> list[JobStatus]:
+        jobs, token = [], ""
+        while True:
+            reply = self._call(self._jobs.ListJobs, jobs_pb2.ListJobsRequest(page_size=200, page_token=token))
+            jobs += [JobStatus.from_proto(j) for j in reply.jobs]
+            token = reply.next_page_token
+            if not token:
+                return jobs
+
+    def cancel(self, job_id: str) -> JobStatus:
+        return JobStatus.from_proto(self._call(self._jobs.CancelJob, jobs_pb2.CancelJobRequest(job_id=job_id)))
+
+    def events(self, job_id: str, cursor: int = 0) -> Iterator[Event]:
+        """Every event after ``cursor``, live, ending with the terminal one.
+
+        A dropped stream is resumed from the last event seen (no gaps, no
+        duplicates); if it cannot be resumed, ``StreamInterrupted`` is raised:
+        a dropped stream never looks like a finished job.
+        """
+        failures = 0
+        while True:
+            try:
+                for raw in self._jobs.WatchJob(jobs_pb2.WatchJobRequest(job_id=job_id, cursor=cursor)):
+                    event = Event.from_proto(raw)
+                    cursor = event.seq
+                    failures = 0
+                    yield event
+                    if event.terminal:
+                        return
+            except grpc.RpcError as err:
+                error = from_rpc_error(err)
+                if not isinstance(error, Unavailable):
+                    raise error from None
+            failures += 1
+            if failures > STREAM_RETRIES:
+                raise StreamInterrupted(f"event stream of {job_id} dropped after event {cursor}")
+            time.sleep(min(0.2 * 2 ** failures, 5.0))
+
+    def logs(self, job_id: str, *, follow: bool = False) -> Iterator[tuple[int, str]]:
+        """(worker, line) pairs of the job's worker logs."""
+        try:
+            for line in self._jobs.ReadLogs(jobs_pb2.ReadLogsRequest(job_id=job_id, follow=follow)):
+                yield line.worker, line.line
+        except grpc.RpcError as err:
+            raise from_rpc_error(err) from None
+
+    # ---- checkpoints ---------------------------------------------------
+    def checkpoints(self, job_id: str) -> list[Checkpoint]:
+        reply = self._call(self._checkpoints.ListCheckpoints, checkpoints_pb2.ListCheckpointsRequest(job_id=job_id))
+        return [Checkpoint(c.job_id, c.step, c.size_bytes, c.created.ToJsonString()) for c in reply.checkpoints]
+
+    def download_checkpoint(self, job_id: str, step: int, path: str | os.PathLike) -> Path:
+        """Stream checkpoint ``step``'s model state to ``path``, verifying its digest."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".part")
+        digest = hashlib.sha256()
+        expected = ""
+        try:
+            with open(tmp, "wb") as f:
+                request = checkpoints_pb2.DownloadCheckpointRequest(job_id=job_id, step=step)
+                for chunk in self._checkpoints.DownloadCheckpoint(request, timeout=max(self.timeout, 600)):
+                    f.write(chunk.data)
+                    digest.update(chunk.data)
+                    expected = chunk.sha256 or expected
+        except grpc.RpcError as err:
+            tmp.unlink(missing_ok=True)
+            raise from_rpc_error(err) from None
+        if expected != digest.hexdigest():
+            tmp.unlink(missing_ok=True)
+            raise StreamInterrupted(f"download of {job_id}@{step} was incomplete or corrupted")
+        tmp.replace(path)
+        return path
+
+    # ---- audit ---------------------------------------------------------
+    def audit_report(self, *, tenant: str = "", since: str = "", until: str = "", fmt: str = "text") -> AuditReport:
+        """A verified audit report: a tenant gets its own records, an admin any tenant's or all."""
+        reply = self._call(self._audit.GetReport, audit_pb2.GetReportRequest(tenant=tenant, since=since,
+                                                                              until=until, format=fmt))
+        return AuditReport(reply.intact, reply.verdict, reply.content)
+
+    # ---- administration ------------------------------------------------
+    def tenants(self, status: str = "") -> list[Tenant]:
+        reply = self._call(self._admin.ListTenants, admin_pb2.ListTenantsRequest(status=status))
+        return [Tenant.from_proto(t) for t in reply.tenants]
+
+    def approve_tenant(self, name: str, fingerprint: str, *, max_concurrent_jobs: int = 0,
+                       max_workers_per_job: int = 0, max_total_steps: int = 0) -> Tenant:
+        quota = common_pb2.Quota(max_concurrent_jobs=max_concurrent_jobs, max_workers_per_job=max_workers_per_job,
+                                 max_total_steps=max_total_steps)
+        request = admin_pb2.ApproveTenantRequest(name=name, csr_fingerprint=fingerprint, quota=quota)
+        return Tenant.from_proto(self._call(self._admin.ApproveTenant, request))
+
+    def set_quota(self, name: str, *, max_concurrent_jobs: int = 0, max_workers_per_job: int = 0,
+                  max_total_steps: int = 0) -> Tenant:
+        """Change a tenant's limits; zero keeps a limit as it is."""
+        quota = common_pb2.Quota(max_concurrent_jobs=max_concurrent_jobs, max_workers_per_job=max_workers_per_job,
+                                 max_total_steps=max_total_steps)
+        return Tenant.from_proto(self._call(self._admin.SetQuota, admin_pb2.SetQuotaRequest(name=name, quota=quota)))
+
+    def revoke_certificate(self, serial: str, reason: str = "") -> str:
+        """Refuse one certificate from now on; returns the principal it named."""
+        reply = self._call(self._admin.RevokeCertificate, admin_pb2.RevokeCertificateRequest(serial=serial,
+                                                                                              reason=reason))
+        return reply.principal
+
+    def _tenant_action(self, method, name: str, reason: str) -> Tenant:
+        return Tenant.from_proto(self._call(method, admin_pb2.TenantActionRequest(name=name, reason=reason)))
+
+    def reject_tenant(self, name: str, reason: str = "") -> Tenant:
+        return self._tenant_action(self._admin.RejectTenant, name, reason)
+
+    def suspend_tenant(self, name: str, reason: str = "") -> Tenant:
+        return self._tenant_action(self._admin.SuspendTenant, name, reason)
+
+    def resume_tenant(self, name: str, reason: str = "") -> Tenant:
+        return self._tenant_action(self._admin.ResumeTenant, name, reason)
+
+
+class JobHandle:
+    """One submitted job."""
+
+    def __init__(self, client: Client, job_id: str):
+        self._client = client
+        self.id = job_id
+
+    def __repr__(self) -> str:
+        return f"JobHandle({self.id!r})"
+
+    def status(self) -> JobStatus:
+        return self._client.get(self.id)
+
+    def events(self, cursor: int = 0) -> Iterator[Event]:
+        return self._client.events(self.id, cursor)
+
+    def cancel(self) -> JobStatus:
+        return self._client.cancel(self.id)
+
+    def logs(self, *, follow: bool = False) -> Iterator[tuple[int, str]]:
+        return self._client.logs(self.id, follow=follow)
+
+    def wait(self, *, progress: bool = False, timeout: float | None = None) -> JobStatus:
+        """Follow the job's events to its end; with ``progress``, draw a progress bar."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        bar = None
+        if progress:
+            from cantata.sdk.progress import ProgressBar
+            bar = ProgressBar(self.id)
+        try:
+            for event in self.events():
+                if bar is not None:
+                    bar.update(event)
+                if event.terminal:
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    raise CantataError(f"timed out waiting for {self.id}")
+        finally:
+            if bar is not None:
+                bar.close()
+        return self.status()

@@ -1,0 +1,1 @@
+"""Security primitives: PKI, audit log, checkpoint encryption and keys, gradient-anomaly screening."""

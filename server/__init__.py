@@ -1,0 +1,1 @@
+"""The control plane: services, authentication and authorization, store, scheduler, worker launcher."""

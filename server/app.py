@@ -1,0 +1,156 @@
+"""The control-plane server: wires store, audit, scheduler and services into gRPC over TLS."""
+
+from __future__ import annotations
+
+import datetime as dt
+import signal
+import threading
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from cantata.proto.v1 import (admin_pb2_grpc, audit_pb2_grpc, checkpoints_pb2_grpc, jobs_pb2_grpc,
+                              tenancy_pb2_grpc, worker_pb2_grpc)
+from cantata.security.audit import Action, AuditLog
+from cantata.security.pki import CertificateAuthority
+from cantata.server.auth import AuthInterceptor, Gatekeeper
+from cantata.server.config import DataDir, ServerSettings
+from cantata.server.launcher import WorkerLauncher
+from cantata.server.scheduler import Scheduler
+from cantata.server.services.admin import AdminService
+from cantata.server.services.audit import AuditService
+from cantata.server.services.checkpoints import CheckpointsService
+from cantata.server.services.jobs import JobsService
+from cantata.server.services.tenancy import TenancyService
+from cantata.server.services.worker import WorkerService
+from cantata.server.store import NotFound, Store
+from cantata.server.tls import RotatingCredentials
+
+MAX_MESSAGE_BYTES = 4 << 20
+
+
+class ControlPlane:
+    """One server process: ``start()``, then ``stop()`` (also on SIGTERM/SIGINT)."""
+
+    def __init__(self, data_dir: Path, listen: str | None = None):
+        self.paths = DataDir(Path(data_dir))
+        self.settings: ServerSettings = self.paths.load_settings()
+        self.listen = listen or self.settings.listen
+        self.ca = CertificateAuthority.load(self.paths.ca_cert.read_bytes(), self.paths.ca_key.read_bytes())
+        self.store = Store(self.paths.database)
+        self.audit = AuditLog.open(self.paths.audit)
+        self.port: int | None = None
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        self._server: grpc.Server | None = None
+
+    def record(self, actor: str, action: str, **fields) -> None:
+        self.audit.append(actor, action, **fields)
+
+    def _record_certificate(self, cert, principal_uri: str) -> None:
+        self.store.record_certificate(cert.serial_number, principal_uri, cert.not_valid_after_utc)
+
+    def _tenant_status(self, name: str) -> str | None:
+        try:
+            return self.store.tenant(name).status
+        except NotFound:
+            return None
+
+    def _job_active(self, job_id: str) -> bool:
+        try:
+            return not self.store.job(job_id).terminal
+        except NotFound:
+            return False
+
+    def _suspend_jobs(self, tenant: str) -> None:
+        for job in self.store.jobs(tenant=tenant):
+            if not job.terminal:
+                self.scheduler.cancel(job.id, "tenant suspended")
+
+    def _open_checkpoint(self, record):
+        return open(Path(record.uri.removeprefix("file://")) / "model.pt", "rb")
+
+    def _checkpoint_dir(self, job) -> Path:
+        root = Path(job.spec.checkpoint_store.removeprefix("file://"))
+        return root / job.tenant / job.id
+
+    def _grpc_server(self, gatekeeper: Gatekeeper) -> grpc.Server:
+        return grpc.server(
+            futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="rpc"),
+            interceptors=[AuthInterceptor(gatekeeper, self.record)],
+            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+
+    def start(self) -> int:
+        """Bind, start the scheduler and serve; returns the bound port."""
+        gatekeeper = Gatekeeper(self.store.is_revoked, self._tenant_status, self._job_active)
+        server = self._grpc_server(gatekeeper)
+        files = (self.paths.server_cert, self.paths.server_key, self.paths.trust_bundle)
+        self.port = server.add_secure_port(
+            self.listen, RotatingCredentials(*files, require_client_auth=True).credentials())
+        if not self.port:
+            raise OSError(f"cannot listen on {self.listen}")
+        # gRPC Python cannot ask for an optional client certificate, so enrollment
+        # (the only call made before a tenant has one) gets its own listener.
+        enrollment = self._grpc_server(gatekeeper)
+        if not enrollment.add_secure_port(self.settings.enroll_listen,
+                                          RotatingCredentials(*files, require_client_auth=False).credentials()):
+            raise OSError(f"cannot listen on {self.settings.enroll_listen}")
+        host = self.listen.rpartition(":")[0]
+        connect_host = "127.0.0.1" if host in ("0.0.0.0", "", "[::]") else host
+
+        launcher = WorkerLauncher(self.paths.jobs, self.ca, f"{connect_host}:{self.port}",
+                                  dt.timedelta(hours=self.settings.worker_cert_hours))
+        self.scheduler = Scheduler(
+            self.store, launcher, slots=self.settings.max_workers_on_node, grace=self.settings.cancel_grace_seconds,
+            max_attempts=self.settings.max_job_attempts, checkpoint_dir=self._checkpoint_dir,
+            record_certificate=self._record_certificate, audit=self.record)
+        spec_defaults = {"default_store": self.paths.checkpoints.resolve().as_uri(),
+                         "roots": self.paths.allowed_roots(self.settings)}
+        tenancy = TenancyService(self.store, self.ca, self.settings.tenant_cert_days, self.record)
+        tenancy_pb2_grpc.add_TenancyServicer_to_server(tenancy, server)
+        tenancy_pb2_grpc.add_TenancyServicer_to_server(tenancy, enrollment)
+        admin_pb2_grpc.add_AdminServicer_to_server(
+            AdminService(self.store, self.ca, self.settings.default_quota, self.settings.tenant_cert_days,
+                         self.record, self._suspend_jobs), server)
+        jobs_pb2_grpc.add_JobsServicer_to_server(
+            JobsService(self.store, self.scheduler, launcher.log_path, spec_defaults, self.record), server)
+        checkpoints_pb2_grpc.add_CheckpointsServicer_to_server(
+            CheckpointsService(self.store, self._open_checkpoint, self.record), server)
+        worker_pb2_grpc.add_WorkerServicer_to_server(WorkerService(self.store, self.record), server)
+        audit_pb2_grpc.add_AuditServicer_to_server(AuditService(self.paths.audit, self.audit.checkpoint), server)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, enrollment)
+
+        server.start()
+        enrollment.start()
+        self._server, self._enrollment = server, enrollment
+        self.scheduler.start()
+        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self.record("server", Action.SERVER_STARTED,
+                    details={"listen": self.listen, "port": self.port, "enroll_listen": self.settings.enroll_listen})
+        return self.port
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Graceful stop: refuse new calls, stop jobs (requeued to resume), save state."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        if self._server is not None:
+            self.health.enter_graceful_shutdown()
+            self._enrollment.stop(grace)
+            self._server.stop(grace).wait()
+            self.scheduler.shutdown()
+        self.record("server", Action.SERVER_STOPPED)
+        self.audit.close()
+        self.store.close()
+        self._stopped.set()
+
+    def serve_forever(self) -> None:
+        """Run until SIGTERM or SIGINT, then stop gracefully."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: threading.Thread(target=self.stop, name="stop").start())
+        self._stopped.wait()

@@ -1,0 +1,112 @@
+"""The server's data directory: its layout and its ``server.json`` settings.
+
+    D/server.json        settings written by ``cantata server init``
+    D/ca.pem, D/ca.key   the platform CA (key mode 0600)
+    D/trust.pem          CA certificates accepted from clients (reloaded on change)
+    D/server.pem/.key    the server's TLS certificate
+    D/state.db           SQLite control-plane state
+    D/audit/             tamper-evident audit log and its signing keys
+    D/jobs/<job-id>/     per-job workspaces (worker configs, certificates, logs)
+    D/checkpoints/       the default local checkpoint store
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+CONFIG_NAME = "server.json"
+
+
+@dataclass
+class ServerSettings:
+    """What ``server init`` records and ``server start`` uses."""
+
+    listen: str = "127.0.0.1:7443"  # mutual TLS: every service
+    enroll_listen: str = ""  # server-authenticated TLS: enrollment only; default port + 1
+    max_workers_on_node: int = 8  # worker processes this node runs at once
+    default_quota: dict = field(default_factory=lambda: {
+        "max_concurrent_jobs": 4, "max_workers_per_job": 8, "max_total_steps": 100_000})
+    allowed_roots: list[str] = field(default_factory=list)  # extra file:// roots for stores and data
+    cancel_grace_seconds: float = 5.0
+    max_job_attempts: int = 3  # starts of one job, counting resumes after a server restart
+    worker_cert_hours: float = 72.0
+    tenant_cert_days: int = 30
+
+
+def enrollment_address(listen: str) -> str:
+    """The enrollment listener's address by convention: the main port + 1."""
+    host, _, port = listen.rpartition(":")
+    return f"{host}:{int(port) + 1}"
+
+
+@dataclass(frozen=True)
+class DataDir:
+    """Paths inside a server data directory."""
+
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / CONFIG_NAME
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.root / "ca.pem"
+
+    @property
+    def ca_key(self) -> Path:
+        return self.root / "ca.key"
+
+    @property
+    def trust_bundle(self) -> Path:
+        """CA certificates accepted from clients (the platform CA, plus any being rotated in)."""
+        return self.root / "trust.pem"
+
+    @property
+    def server_cert(self) -> Path:
+        return self.root / "server.pem"
+
+    @property
+    def server_key(self) -> Path:
+        return self.root / "server.key"
+
+    @property
+    def database(self) -> Path:
+        return self.root / "state.db"
+
+    @property
+    def audit(self) -> Path:
+        return self.root / "audit"
+
+    @property
+    def jobs(self) -> Path:
+        return self.root / "jobs"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    def exists(self) -> bool:
+        return self.config.exists()
+
+    def load_settings(self) -> ServerSettings:
+        if not self.config.exists():
+            raise FileNotFoundError(f"{self.root} is not a Cantata data directory (run `cantata server init`)")
+        return ServerSettings(**json.loads(self.config.read_text()))
+
+    def save_settings(self, settings: ServerSettings) -> None:
+        self.config.write_text(json.dumps(asdict(settings), indent=2) + "\n")
+
+    def allowed_roots(self, settings: ServerSettings) -> list[Path]:
+        """Where ``file://`` checkpoint stores and datasets may live."""
+        return [self.checkpoints.resolve(), *(Path(r).resolve() for r in settings.allowed_roots)]
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write a secret file readable by its owner only."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)
+    path.write_bytes(data)

@@ -1,0 +1,179 @@
+"""Start and stop a job's worker processes on this node.
+
+Each job gets a workspace ``D/jobs/<job-id>/`` holding, per worker, a
+certificate minted for that worker only, a 0600 config file, and a log. Workers
+run as ``python -m cantata.trainer.worker --config FILE`` in their own process
+group, so stopping a job reaches every process it started.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from google.protobuf import json_format
+
+from cantata.security.pki import CertificateAuthority, Principal
+from cantata.server.config import write_private
+from cantata.server.store import JobRecord
+
+
+@dataclass
+class WorkerExit:
+    job_id: str
+    worker: int
+    returncode: int
+
+
+@dataclass
+class _Running:
+    procs: dict[int, subprocess.Popen]
+    kill_at: float | None = None
+    exited: dict[int, int] = field(default_factory=dict)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def log_tail(path: Path, lines: int = 3) -> str:
+    """The last lines of a worker log, for failure reasons."""
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except FileNotFoundError:
+        return ""
+    return " | ".join(line.strip() for line in text[-lines:])
+
+
+def process_alive(pid: int, job_id: str) -> bool:
+    """True if ``pid`` is still a worker of ``job_id`` (guards against reused pids)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"cantata.trainer.worker" in cmdline and job_id.encode() in cmdline
+
+
+def kill_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class WorkerLauncher:
+    """Spawns, signals and reaps worker processes; knows nothing of job states."""
+
+    def __init__(self, jobs_dir: Path, ca: CertificateAuthority, server_address: str,
+                 worker_cert_lifetime: dt.timedelta):
+        self._jobs_dir = jobs_dir
+        self._ca = ca
+        self._server_address = server_address
+        self._cert_lifetime = worker_cert_lifetime
+        self._running: dict[str, _Running] = {}
+
+    def workspace(self, job_id: str) -> Path:
+        return self._jobs_dir / job_id
+
+    def log_path(self, job_id: str, worker: int) -> Path:
+        return self.workspace(job_id) / f"worker-{worker}.log"
+
+    def launch(self, job: JobRecord, *, checkpoint_dir: Path, on_certificate) -> dict[int, int]:
+        """Start every worker of ``job``; returns worker index -> pid."""
+        ws = self.workspace(job.id)
+        ws.mkdir(parents=True, exist_ok=True)
+        ws.chmod(0o700)
+        n = job.spec.workers
+        rendezvous = f"tcp://127.0.0.1:{free_port()}"
+        threads = max(1, (os.cpu_count() or 1) // n)
+        procs = {}
+        for i in range(n):
+            bundle = self._ca.issue_bundle(Principal.worker(job.id, i), lifetime=self._cert_lifetime,
+                                           dns_names=["localhost"], ips=["127.0.0.1"], server=True)
+            on_certificate(bundle.certificate, Principal.worker(job.id, i).uri)
+            (ws / "ca.pem").write_bytes(bundle.ca_pem)
+            (ws / f"worker-{i}.pem").write_bytes(bundle.cert_pem)
+            write_private(ws / f"worker-{i}.key", bundle.key_pem)
+            config = {
+                "job_id": job.id,
+                "tenant": job.tenant,
+                "worker": i,
+                "workers": n,
+                "attempt": job.attempts,
+                "server": self._server_address,
+                "ca": str(ws / "ca.pem"),
+                "cert": str(ws / f"worker-{i}.pem"),
+                "key": str(ws / f"worker-{i}.key"),
+                "rendezvous": rendezvous,
+                "checkpoint_dir": str(checkpoint_dir),
+                "threads": threads,
+                "spec": json_format.MessageToDict(job.spec, preserving_proto_field_name=True),
+            }
+            config_path = ws / f"worker-{i}.json"
+            write_private(config_path, json.dumps(config, indent=2).encode())
+            log = open(self.log_path(job.id, i), "ab")
+            env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+            procs[i] = subprocess.Popen(
+                [sys.executable, "-m", "cantata.trainer.worker", "--config", str(config_path), "--job", job.id],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=ws, env=env, start_new_session=True)
+            log.close()
+        self._running[job.id] = _Running(procs)
+        return {i: p.pid for i, p in procs.items()}
+
+    def running_workers(self) -> int:
+        return sum(len(r.procs) - len(r.exited) for r in self._running.values())
+
+    def is_running(self, job_id: str) -> bool:
+        return job_id in self._running
+
+    def terminate(self, job_id: str, grace: float) -> None:
+        """SIGTERM every worker of the job now; SIGKILL whatever is left after ``grace`` s."""
+        running = self._running.get(job_id)
+        if running is None or running.kill_at is not None:
+            return
+        running.kill_at = time.monotonic() + grace
+        for i, proc in running.procs.items():
+            if i not in running.exited:
+                kill_group(proc.pid, signal.SIGTERM)
+
+    def poll(self) -> tuple[list[WorkerExit], list[str]]:
+        """Reap exited workers. Returns (new exits, ids of jobs whose workers are all gone)."""
+        exits, finished = [], []
+        for job_id, running in list(self._running.items()):
+            for i, proc in running.procs.items():
+                if i in running.exited:
+                    continue
+                code = proc.poll()
+                if code is not None:
+                    running.exited[i] = code
+                    exits.append(WorkerExit(job_id, i, code))
+            if running.kill_at is not None and time.monotonic() >= running.kill_at:
+                for i, proc in running.procs.items():
+                    if i not in running.exited:
+                        kill_group(proc.pid, signal.SIGKILL)
+            if len(running.exited) == len(running.procs):
+                for proc in running.procs.values():
+                    kill_group(proc.pid, signal.SIGKILL)  # stray children of a worker
+                del self._running[job_id]
+                finished.append(job_id)
+        return exits, finished
+
+    def stop_all(self, grace: float) -> None:
+        """Stop every job's workers and wait until they are gone."""
+        for job_id in list(self._running):
+            self.terminate(job_id, grace)
+        deadline = time.monotonic() + grace + 5
+        while self._running and time.monotonic() < deadline:
+            self.poll()
+            time.sleep(0.05)

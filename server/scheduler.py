@@ -1,0 +1,149 @@
+"""Job lifecycle: place queued jobs on free worker slots and follow them to the end.
+
+Placement (which job runs next, on how many slots) is decided here; starting
+and signalling processes is the launcher's business. One background thread
+ticks every ``interval`` seconds: reap exited workers, settle finished jobs,
+then place queued ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from cantata.proto.v1 import common_pb2 as pb
+from cantata.security.audit import Action
+from cantata.server.launcher import WorkerLauncher, kill_group, log_tail, process_alive
+from cantata.server.store import ACTIVE, JobRecord, Store
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, store: Store, launcher: WorkerLauncher, *, slots: int, grace: float,
+                 max_attempts: int, checkpoint_dir: Callable[[JobRecord], object],
+                 record_certificate: Callable, audit: Callable[..., object], interval: float = 0.2):
+        self._store = store
+        self._launcher = launcher
+        self._slots = slots
+        self._grace = grace
+        self._max_attempts = max_attempts
+        self._checkpoint_dir = checkpoint_dir
+        self._record_certificate = record_certificate
+        self._audit = audit
+        self._interval = interval
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
+
+    # ---- lifecycle of the scheduler itself ----------------------------
+    def start(self) -> None:
+        self._recover()
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        """Stop placing, stop every running job, and requeue it to resume on restart."""
+        self._stop.set()
+        self._thread.join()
+        with self._lock:
+            self._launcher.stop_all(self._grace)
+            for job in self._store.jobs(states=ACTIVE):
+                self._settle_interrupted(job, "server stopped")
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self.tick()
+            except Exception:  # keep scheduling; the error is logged with its traceback
+                log.exception("scheduler tick failed")
+
+    def tick(self) -> None:
+        with self._lock:
+            exits, finished = self._launcher.poll()
+            for exit_ in exits:
+                if exit_.returncode != 0:
+                    self._on_worker_failed(exit_.job_id, exit_.worker, exit_.returncode)
+            for job_id in finished:
+                self._settle(job_id)
+            self._place()
+
+    # ---- decisions ----------------------------------------------------
+    def cancel(self, job_id: str, reason: str = "cancelled by tenant") -> None:
+        with self._lock:
+            job = self._store.job(job_id)
+            if job.state == pb.QUEUED:
+                self._store.transition(job_id, pb.CANCELLED, reason)
+                self._audit_job(job, Action.JOB_CANCELLED, reason=reason)
+            elif job.state in (pb.STARTING, pb.RUNNING):
+                self._store.transition(job_id, pb.CANCELLING, reason)
+                self._launcher.terminate(job_id, self._grace)
+                if not self._launcher.is_running(job_id):
+                    self._settle(job_id)
+
+    def _place(self) -> None:
+        free = self._slots - self._launcher.running_workers()
+        for job in self._store.jobs(states=frozenset({pb.QUEUED})):
+            if job.spec.workers > free:
+                break  # first come, first served: no overtaking by smaller jobs
+            if job.attempts >= self._max_attempts:
+                self._store.transition(job.id, pb.FAILED, f"gave up after {job.attempts} attempts")
+                continue
+            if not self._store.transition(job.id, pb.STARTING, "starting workers"):
+                continue
+            try:
+                pids = self._launcher.launch(self._store.job(job.id),
+                                             checkpoint_dir=self._checkpoint_dir(job),
+                                             on_certificate=self._record_certificate)
+            except Exception as exc:
+                log.exception("launch of %s failed", job.id)
+                self._store.transition(job.id, pb.FAILED, f"could not start workers: {exc}")
+                continue
+            self._store.set_workers(job.id, pids)
+            self._audit_job(job, Action.JOB_STARTED, workers=len(pids))
+            free -= job.spec.workers
+
+    def _on_worker_failed(self, job_id: str, worker: int, code: int) -> None:
+        job = self._store.job(job_id)
+        if job.state not in (pb.STARTING, pb.RUNNING):
+            return
+        reported = next((w.failure for w in self._store.workers(job_id) if w.idx == worker and w.failure), "")
+        detail = reported or log_tail(self._launcher.log_path(job_id, worker)) or "no output"
+        reason = f"worker {worker} exited with code {code}: {detail}"
+        if self._store.transition(job_id, pb.FAILED, reason):
+            self._audit_job(job, Action.JOB_FINISHED, state="FAILED", reason=reason)
+        self._launcher.terminate(job_id, self._grace)
+
+    def _settle(self, job_id: str) -> None:
+        """All workers of the job are gone: decide how it ended."""
+        job = self._store.job(job_id)
+        if job.state == pb.CANCELLING:
+            if self._store.transition(job_id, pb.CANCELLED, job.reason or "cancelled"):
+                self._audit_job(job, Action.JOB_CANCELLED, reason=job.reason)
+        elif job.state in (pb.STARTING, pb.RUNNING):
+            workers = self._store.workers(job_id)
+            if workers and all(w.finished for w in workers):
+                state, reason = pb.SUCCEEDED, ""
+            else:
+                state, reason = pb.FAILED, "workers exited without finishing"
+            if self._store.transition(job_id, state, reason):
+                self._audit_job(job, Action.JOB_FINISHED, state=pb.JobState.Name(state), reason=reason)
+
+    def _settle_interrupted(self, job: JobRecord, why: str) -> None:
+        if job.state == pb.CANCELLING:
+            self._store.transition(job.id, pb.CANCELLED, job.reason or "cancelled")
+        elif job.attempts >= self._max_attempts:
+            self._store.transition(job.id, pb.FAILED, f"{why}; gave up after {job.attempts} attempts")
+        else:
+            self._store.transition(job.id, pb.QUEUED, f"{why}; will resume from the last checkpoint")
+
+    def _recover(self) -> None:
+        """After a crash: kill orphaned workers, then requeue or end every active job."""
+        for job in self._store.jobs(states=ACTIVE):
+            for worker in self._store.workers(job.id):
+                if process_alive(worker.pid, job.id):
+                    kill_group(worker.pid, 9)
+            self._settle_interrupted(job, "server restarted")
+
+    def _audit_job(self, job: JobRecord, action: str, **details) -> None:
+        self._audit("server", action, resource=job.id, tenant=job.tenant, details=details)

@@ -1,0 +1,1 @@
+"""gRPC servicers of the control plane, one module per service."""

@@ -1,0 +1,123 @@
+"""Admin: the tenant lifecycle (list, approve, reject, suspend, resume)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import grpc
+from cryptography.hazmat.primitives.serialization import Encoding
+
+from cantata.proto.v1 import admin_pb2, admin_pb2_grpc, common_pb2
+from cantata.security.audit import Action
+from cantata.security.pki import CertificateAuthority, Principal, load_csr
+from cantata.server.auth import abort, caller
+from cantata.server.store import Conflict, NotFound, Store, Tenant
+
+
+class AdminService(admin_pb2_grpc.AdminServicer):
+    def __init__(self, store: Store, ca: CertificateAuthority, default_quota: dict, tenant_cert_days: int,
+                 audit, on_suspend):
+        self._store = store
+        self._ca = ca
+        self._default_quota = default_quota
+        self._cert_lifetime = dt.timedelta(days=tenant_cert_days)
+        self._audit = audit
+        self._on_suspend = on_suspend
+
+    def _info(self, tenant: Tenant) -> admin_pb2.TenantInfo:
+        running = len([j for j in self._store.jobs(tenant=tenant.name) if not j.terminal])
+        info = admin_pb2.TenantInfo(name=tenant.name, status=tenant.status, csr_fingerprint=tenant.csr_fingerprint,
+                                    quota=tenant.quota, running_jobs=running, approved_by=tenant.approved_by,
+                                    requested_at=tenant.requested_at)
+        current = self._store.current_certificate(Principal.tenant(tenant.name).uri)
+        if current:
+            info.certificate_serial, info.certificate_expires = current
+        return info
+
+    def _record(self, context, action: str, name: str, outcome: str = "ok", **details) -> None:
+        self._audit(caller(context).uri, action, resource=name, tenant=name, outcome=outcome, details=details,
+                    peer=context.peer())
+
+    def ListTenants(self, request, context):
+        return admin_pb2.ListTenantsReply(tenants=[self._info(t) for t in self._store.tenants(request.status)])
+
+    def ApproveTenant(self, request, context):
+        quota = common_pb2.Quota(**self._default_quota)
+        for f in ("max_concurrent_jobs", "max_workers_per_job", "max_total_steps"):
+            value = getattr(request.quota, f)
+            if value < 0:
+                abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"quota {f} must be >= 0")
+            if value:
+                setattr(quota, f, value)
+        try:
+            tenant = self._store.tenant(request.name)
+            if tenant.status != "PENDING":
+                raise Conflict(f"tenant {request.name!r} is {tenant.status}, not PENDING")
+            if tenant.csr_fingerprint != request.csr_fingerprint:
+                raise Conflict(f"fingerprint mismatch for {request.name!r}: the pending request is "
+                               f"{tenant.csr_fingerprint}")
+            principal = Principal.tenant(tenant.name)
+            cert = self._ca.sign(load_csr(tenant.csr_pem).public_key(), principal, lifetime=self._cert_lifetime)
+            tenant = self._store.approve_tenant(request.name, request.csr_fingerprint, cert.public_bytes(Encoding.PEM),
+                                                quota, caller(context).name)
+            self._store.record_certificate(cert.serial_number, principal.uri, cert.not_valid_after_utc)
+        except NotFound as exc:
+            abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
+        except Conflict as exc:
+            self._record(context, Action.TENANT_APPROVED, request.name, outcome="refused", reason=str(exc))
+            abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        self._record(context, Action.TENANT_APPROVED, tenant.name, quota=_quota_dict(quota))
+        self._record(context, Action.CERTIFICATE_ISSUED, tenant.name, serial=format(cert.serial_number, "x"))
+        return self._info(tenant)
+
+    def RejectTenant(self, request, context):
+        return self._change(context, request, Action.TENANT_REJECTED, lambda: self._store.reject_tenant(request.name))
+
+    def SuspendTenant(self, request, context):
+        def suspend():
+            tenant = self._store.set_tenant_status(request.name, "SUSPENDED", expect="APPROVED")
+            self._on_suspend(tenant.name)
+            return tenant
+        return self._change(context, request, Action.TENANT_SUSPENDED, suspend)
+
+    def ResumeTenant(self, request, context):
+        return self._change(context, request, Action.TENANT_RESUMED,
+                            lambda: self._store.set_tenant_status(request.name, "APPROVED", expect="SUSPENDED"))
+
+    def SetQuota(self, request, context):
+        for f in ("max_concurrent_jobs", "max_workers_per_job", "max_total_steps"):
+            if getattr(request.quota, f) < 0:
+                abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"quota {f} must be >= 0")
+        try:
+            tenant = self._store.set_quota(request.name, request.quota)
+        except NotFound as exc:
+            abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
+        self._record(context, Action.QUOTA_CHANGED, tenant.name, quota=_quota_dict(tenant.quota))
+        return self._info(tenant)
+
+    def RevokeCertificate(self, request, context):
+        try:
+            principal = self._store.revoke_certificate(request.serial)
+        except NotFound as exc:
+            abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
+        tenant = principal.rsplit("/", 1)[-1] if "/tenant/" in principal else ""
+        self._audit(caller(context).uri, Action.CERTIFICATE_REVOKED, resource=request.serial, tenant=tenant,
+                    details={"principal": principal, "reason": request.reason}, peer=context.peer())
+        return admin_pb2.RevokeCertificateReply(serial=request.serial.lower(), principal=principal)
+
+    def _change(self, context, request, action: str, change):
+        try:
+            tenant = change()
+        except NotFound as exc:
+            abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
+        except Conflict as exc:
+            abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        self._record(context, action, tenant.name, reason=request.reason)
+        if tenant.status == "REJECTED":
+            return admin_pb2.TenantInfo(name=tenant.name, status="REJECTED", csr_fingerprint=tenant.csr_fingerprint)
+        return self._info(tenant)
+
+
+def _quota_dict(quota: common_pb2.Quota) -> dict:
+    return {"max_concurrent_jobs": quota.max_concurrent_jobs, "max_workers_per_job": quota.max_workers_per_job,
+            "max_total_steps": quota.max_total_steps}

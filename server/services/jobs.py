@@ -1,0 +1,109 @@
+"""Jobs: submit, get, list, cancel, watch events, read logs. Scoped to the caller's tenant."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import grpc
+
+from cantata.proto.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
+from cantata.security.audit import Action
+from cantata.server.auth import abort, caller
+from cantata.server.jobspec import InvalidField, parse_job_spec
+from cantata.server.store import JobRecord, NotFound, QuotaExceeded, Store
+
+REQUEST_ID = re.compile(r"^[A-Za-z0-9_.:-]{8,128}$")
+WATCH_POLL = 1.0  # seconds between checks that a watcher is still connected
+
+
+def job_info(job: JobRecord) -> common_pb2.JobInfo:
+    info = common_pb2.JobInfo(id=job.id, tenant=job.tenant, spec=job.spec, state=job.state, reason=job.reason,
+                              step=job.step, loss=job.loss, val_loss=job.val_loss, request_id=job.request_id)
+    info.created.FromJsonString(job.created_at.replace("+00:00", "Z"))
+    info.updated.FromJsonString(job.updated_at.replace("+00:00", "Z"))
+    return info
+
+
+class JobsService(jobs_pb2_grpc.JobsServicer):
+    def __init__(self, store: Store, scheduler, log_path, spec_defaults: dict, audit):
+        self._store = store
+        self._scheduler = scheduler
+        self._log_path = log_path
+        self._spec_defaults = spec_defaults
+        self._audit = audit
+
+    def _job(self, context, job_id: str) -> JobRecord:
+        """The caller's job; anyone else's is indistinguishable from a missing one."""
+        try:
+            return self._store.job(job_id, tenant=caller(context).name)
+        except NotFound:
+            abort(context, grpc.StatusCode.NOT_FOUND, f"job {job_id!r} not found")
+
+    def SubmitJob(self, request, context):
+        tenant_name = caller(context).name
+        if not REQUEST_ID.match(request.request_id):
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT, "request_id: 8-128 characters [A-Za-z0-9_.:-]",
+                  kind="invalid_job:request_id")
+        try:
+            spec = parse_job_spec(request.spec, **self._spec_defaults)
+        except InvalidField as exc:
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc), kind=f"invalid_job:{exc.field}")
+        try:
+            job, created = self._store.submit_job(self._store.tenant(tenant_name), request.request_id, spec)
+        except QuotaExceeded as exc:
+            abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc),
+                  kind=f"quota_exceeded:{exc.what}:{exc.limit}:{exc.used}")
+        if created:
+            self._audit(caller(context).uri, Action.JOB_SUBMITTED, resource=job.id, tenant=tenant_name,
+                        details={"name": spec.name, "algorithm": spec.algorithm, "workers": spec.workers,
+                                 "steps": spec.steps}, peer=context.peer())
+        return job_info(job)
+
+    def GetJob(self, request, context):
+        return job_info(self._job(context, request.job_id))
+
+    def ListJobs(self, request, context):
+        size = min(request.page_size or 100, 1000)
+        if request.page_token:
+            self._job(context, request.page_token)
+        jobs = self._store.jobs(tenant=caller(context).name, after=request.page_token, limit=size + 1)
+        token = jobs[size - 1].id if len(jobs) > size else ""
+        return jobs_pb2.ListJobsReply(jobs=[job_info(j) for j in jobs[:size]], next_page_token=token)
+
+    def CancelJob(self, request, context):
+        job = self._job(context, request.job_id)
+        if not job.terminal:
+            self._audit(caller(context).uri, Action.JOB_CANCEL_REQUESTED, resource=job.id, tenant=job.tenant,
+                        peer=context.peer())
+            self._scheduler.cancel(job.id)
+        return job_info(self._store.job(job.id))
+
+    def WatchJob(self, request, context):
+        job = self._job(context, request.job_id)
+        cursor = max(0, request.cursor)
+        while context.is_active():
+            for event in self._store.events_after(job.id, cursor, wait=WATCH_POLL):
+                yield event
+                cursor = event.seq
+                if event.terminal:
+                    return
+
+    def ReadLogs(self, request, context):
+        """Worker logs in worker order; with ``follow``, new lines as they are written."""
+        job = self._job(context, request.job_id)
+        read = [0] * job.spec.workers  # lines already sent, per worker
+        sent, skip = 0, max(0, request.offset)
+        while context.is_active():
+            for worker in range(job.spec.workers):
+                path: Path = self._log_path(job.id, worker)
+                lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+                for line in lines[read[worker]:]:
+                    sent += 1
+                    if sent > skip:
+                        yield jobs_pb2.LogLine(offset=sent, worker=worker, line=line)
+                read[worker] = len(lines)
+            if not request.follow or self._store.job(job.id).terminal:
+                return
+            time.sleep(0.5)

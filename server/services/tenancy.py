@@ -1,0 +1,80 @@
+"""Tenancy: enrollment requests and their status, open to callers without a certificate."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+import grpc
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import Encoding
+
+from cantata.proto.v1 import tenancy_pb2, tenancy_pb2_grpc
+from cantata.security.audit import Action
+from cantata.security.pki import (CertificateAuthority, InvalidCSR, InvalidName, csr_fingerprint, load_csr,
+                                  tenancy_status_message, validate_name, verify_message)
+from cantata.server.auth import abort, caller
+from cantata.server.store import Conflict, NotFound, Store
+
+STATUS_CLOCK_SKEW = 300  # seconds a status proof may be old or early
+MAX_CSR_BYTES = 16 * 1024
+
+
+class TenancyService(tenancy_pb2_grpc.TenancyServicer):
+    def __init__(self, store: Store, ca: CertificateAuthority, tenant_cert_days: int, audit):
+        self._store = store
+        self._ca = ca
+        self._ca_pem = ca.cert_pem
+        self._cert_lifetime = dt.timedelta(days=tenant_cert_days)
+        self._audit = audit
+
+    def RequestTenancy(self, request, context):
+        try:
+            name = validate_name(request.name)
+            if len(request.csr_pem) > MAX_CSR_BYTES:
+                raise InvalidCSR("CSR too large")
+            load_csr(request.csr_pem)
+            fingerprint = csr_fingerprint(request.csr_pem)
+        except (InvalidName, InvalidCSR) as exc:
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        try:
+            tenant = self._store.add_tenancy_request(name, request.csr_pem, fingerprint)
+        except Conflict as exc:
+            abort(context, grpc.StatusCode.ALREADY_EXISTS, str(exc))
+        self._audit("anonymous", Action.TENANCY_REQUESTED, resource=name, tenant=name,
+                    details={"csr_fingerprint": fingerprint}, peer=context.peer())
+        return tenancy_pb2.RequestTenancyReply(name=name, csr_fingerprint=fingerprint, status=tenant.status)
+
+    def GetTenancyStatus(self, request, context):
+        not_found = f"no tenancy request for {request.name!r} with this key"
+        try:
+            tenant = self._store.tenant(request.name)
+        except NotFound:
+            abort(context, grpc.StatusCode.NOT_FOUND, not_found)
+        if abs(time.time() - request.unix_time) > STATUS_CLOCK_SKEW:
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT, "status proof is stale; check the clock")
+        public_key = load_csr(tenant.csr_pem).public_key()
+        assert isinstance(public_key, ec.EllipticCurvePublicKey)
+        if not verify_message(public_key, request.signature, tenancy_status_message(tenant.name, request.unix_time)):
+            abort(context, grpc.StatusCode.NOT_FOUND, not_found)  # same answer as a missing name
+        reply = tenancy_pb2.GetTenancyStatusReply(name=tenant.name, status=tenant.status, ca_pem=self._ca_pem)
+        if tenant.cert_pem and tenant.status == "APPROVED":
+            reply.certificate_pem = tenant.cert_pem
+        return reply
+
+    def RenewCertificate(self, request, context):
+        """A new certificate for a new key, for a tenant in good standing (checked by the gatekeeper)."""
+        me = caller(context)
+        try:
+            if len(request.csr_pem) > MAX_CSR_BYTES:
+                raise InvalidCSR("CSR too large")
+            public_key = load_csr(request.csr_pem).public_key()
+        except InvalidCSR as exc:
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        cert = self._ca.sign(public_key, me, lifetime=self._cert_lifetime)
+        pem = cert.public_bytes(Encoding.PEM)
+        self._store.record_certificate(cert.serial_number, me.uri, cert.not_valid_after_utc)
+        self._store.set_tenant_certificate(me.name, pem)
+        self._audit(me.uri, Action.CERTIFICATE_ISSUED, resource=format(cert.serial_number, "x"), tenant=me.name,
+                    details={"renewal": True, "expires": cert.not_valid_after_utc.isoformat()}, peer=context.peer())
+        return tenancy_pb2.RenewCertificateReply(certificate_pem=pem)

@@ -1,0 +1,487 @@
+"""The control plane's durable state, in SQLite.
+
+One ``Store`` owns one connection, serialised by a lock (SQLite in WAL mode,
+synchronous=FULL). Everything the server knows survives a crash here:
+tenants, certificates, jobs, their event history, worker processes and
+checkpoints. Methods are small transactions; anything that must be atomic
+(idempotent submit with quota check, state transitions) is one transaction.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sqlite3
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from cantata.proto.v1 import common_pb2, jobs_pb2
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS tenants (
+    name TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    csr_pem BLOB NOT NULL,
+    csr_fingerprint TEXT NOT NULL,
+    cert_pem BLOB,
+    max_concurrent_jobs INTEGER NOT NULL DEFAULT 0,
+    max_workers_per_job INTEGER NOT NULL DEFAULT 0,
+    max_total_steps INTEGER NOT NULL DEFAULT 0,
+    requested_at TEXT NOT NULL,
+    approved_by TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS rejected_fingerprints (
+    fingerprint TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    rejected_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS certificates (
+    serial TEXT PRIMARY KEY,
+    principal TEXT NOT NULL,
+    not_after TEXT NOT NULL,
+    revoked INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    spec BLOB NOT NULL,
+    state INTEGER NOT NULL,
+    reason TEXT NOT NULL DEFAULT '',
+    step INTEGER NOT NULL DEFAULT 0,
+    loss REAL NOT NULL DEFAULT 0,
+    val_loss REAL NOT NULL DEFAULT 0,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    UNIQUE (tenant, request_id)
+);
+CREATE INDEX IF NOT EXISTS jobs_by_tenant ON jobs (tenant, created_at);
+CREATE TABLE IF NOT EXISTS events (
+    job_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    body BLOB NOT NULL,
+    PRIMARY KEY (job_id, seq)
+);
+CREATE TABLE IF NOT EXISTS workers (
+    job_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    pid INTEGER NOT NULL,
+    finished INTEGER NOT NULL DEFAULT 0,
+    failure TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (job_id, idx)
+);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    job_id TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    uri TEXT NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (job_id, step)
+);
+"""
+
+TERMINAL = frozenset({common_pb2.SUCCEEDED, common_pb2.FAILED, common_pb2.CANCELLED})
+ACTIVE = frozenset({common_pb2.STARTING, common_pb2.RUNNING, common_pb2.CANCELLING})
+
+# Allowed transitions. RUNNING/STARTING -> QUEUED is a requeue after the server
+# itself was stopped or killed: the job resumes from its last checkpoint.
+TRANSITIONS = {
+    common_pb2.QUEUED: {common_pb2.STARTING, common_pb2.CANCELLED, common_pb2.FAILED},
+    common_pb2.STARTING: {common_pb2.RUNNING, common_pb2.CANCELLING, common_pb2.FAILED,
+                          common_pb2.QUEUED, common_pb2.SUCCEEDED},
+    common_pb2.RUNNING: {common_pb2.CANCELLING, common_pb2.SUCCEEDED, common_pb2.FAILED,
+                         common_pb2.QUEUED},
+    common_pb2.CANCELLING: {common_pb2.CANCELLED, common_pb2.FAILED},
+}
+
+
+def utcnow() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+class StoreError(Exception):
+    """Base class of store errors."""
+
+
+class NotFound(StoreError):
+    """No such object for this caller."""
+
+
+class Conflict(StoreError):
+    """The object exists or is in a state that forbids the change."""
+
+
+class QuotaExceeded(StoreError):
+    def __init__(self, what: str, limit: int, used: int):
+        super().__init__(f"quota exceeded: {what} limit {limit}, in use {used}")
+        self.what, self.limit, self.used = what, limit, used
+
+
+@dataclass
+class Tenant:
+    name: str
+    status: str
+    csr_pem: bytes
+    csr_fingerprint: str
+    cert_pem: bytes | None
+    quota: common_pb2.Quota
+    requested_at: str
+    approved_by: str
+
+
+@dataclass
+class JobRecord:
+    id: str
+    tenant: str
+    request_id: str
+    spec: common_pb2.JobSpec
+    state: int
+    reason: str
+    step: int
+    loss: float
+    val_loss: float
+    attempts: int
+    created_at: str
+    updated_at: str
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+
+@dataclass
+class CheckpointRecord:
+    job_id: str
+    step: int
+    uri: str
+    size_bytes: int
+    created_at: str
+
+
+@dataclass
+class WorkerRecord:
+    job_id: str
+    idx: int
+    pid: int
+    finished: bool
+    failure: str
+
+
+class Store:
+    """SQLite-backed state with change notification for event streams."""
+
+    def __init__(self, path: Path):
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(SCHEMA)
+        self._lock = threading.RLock()
+        self._events = threading.Condition(self._lock)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    # ---- tenants -------------------------------------------------------
+    def add_tenancy_request(self, name: str, csr_pem: bytes, fingerprint: str) -> Tenant:
+        with self._tx() as db:
+            if db.execute("SELECT 1 FROM rejected_fingerprints WHERE fingerprint=?",
+                          (fingerprint,)).fetchone():
+                raise Conflict("this CSR was rejected and cannot be requested again")
+            row = db.execute("SELECT status, csr_fingerprint FROM tenants WHERE name=?", (name,)).fetchone()
+            if row is not None:
+                if row["status"] == "PENDING" and row["csr_fingerprint"] == fingerprint:
+                    return self._tenant(db, name)  # a retried request is idempotent
+                raise Conflict(f"tenant {name!r} already exists")
+            db.execute(
+                "INSERT INTO tenants (name, status, csr_pem, csr_fingerprint, requested_at) "
+                "VALUES (?, 'PENDING', ?, ?, ?)",
+                (name, csr_pem, fingerprint, utcnow()),
+            )
+            return self._tenant(db, name)
+
+    def tenant(self, name: str) -> Tenant:
+        with self._lock:
+            return self._tenant(self._db, name)
+
+    def _tenant(self, db: sqlite3.Connection, name: str) -> Tenant:
+        row = db.execute("SELECT * FROM tenants WHERE name=?", (name,)).fetchone()
+        if row is None:
+            raise NotFound(f"tenant {name!r} not found")
+        quota = common_pb2.Quota(
+            max_concurrent_jobs=row["max_concurrent_jobs"],
+            max_workers_per_job=row["max_workers_per_job"],
+            max_total_steps=row["max_total_steps"],
+        )
+        return Tenant(row["name"], row["status"], row["csr_pem"], row["csr_fingerprint"],
+                      row["cert_pem"], quota, row["requested_at"], row["approved_by"])
+
+    def tenants(self, status: str = "") -> list[Tenant]:
+        with self._lock:
+            names = [r[0] for r in self._db.execute(
+                "SELECT name FROM tenants WHERE (?='' OR status=?) ORDER BY name", (status, status))]
+            return [self._tenant(self._db, n) for n in names]
+
+    def approve_tenant(self, name: str, fingerprint: str, cert_pem: bytes, quota: common_pb2.Quota,
+                       approved_by: str) -> Tenant:
+        with self._tx() as db:
+            tenant = self._tenant(db, name)
+            if tenant.status != "PENDING":
+                raise Conflict(f"tenant {name!r} is {tenant.status}, not PENDING")
+            if tenant.csr_fingerprint != fingerprint:
+                raise Conflict(f"fingerprint mismatch for {name!r}: the pending request is "
+                               f"{tenant.csr_fingerprint}")
+            db.execute(
+                "UPDATE tenants SET status='APPROVED', cert_pem=?, max_concurrent_jobs=?, "
+                "max_workers_per_job=?, max_total_steps=?, approved_by=? WHERE name=?",
+                (cert_pem, quota.max_concurrent_jobs, quota.max_workers_per_job,
+                 quota.max_total_steps, approved_by, name),
+            )
+            return self._tenant(db, name)
+
+    def reject_tenant(self, name: str) -> Tenant:
+        with self._tx() as db:
+            tenant = self._tenant(db, name)
+            if tenant.status != "PENDING":
+                raise Conflict(f"tenant {name!r} is {tenant.status}, not PENDING")
+            db.execute("INSERT OR IGNORE INTO rejected_fingerprints VALUES (?, ?, ?)",
+                       (tenant.csr_fingerprint, name, utcnow()))
+            db.execute("DELETE FROM tenants WHERE name=?", (name,))
+            tenant.status = "REJECTED"
+            return tenant
+
+    def set_quota(self, name: str, quota: common_pb2.Quota) -> Tenant:
+        """Change the non-zero fields of a tenant's quota."""
+        with self._tx() as db:
+            self._tenant(db, name)
+            for column in ("max_concurrent_jobs", "max_workers_per_job", "max_total_steps"):
+                value = getattr(quota, column)
+                if value:
+                    db.execute(f"UPDATE tenants SET {column}=? WHERE name=?", (value, name))
+            return self._tenant(db, name)
+
+    def set_tenant_certificate(self, name: str, cert_pem: bytes) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE tenants SET cert_pem=? WHERE name=?", (cert_pem, name))
+
+    def set_tenant_status(self, name: str, status: str, *, expect: str) -> Tenant:
+        with self._tx() as db:
+            tenant = self._tenant(db, name)
+            if tenant.status != expect:
+                raise Conflict(f"tenant {name!r} is {tenant.status}, not {expect}")
+            db.execute("UPDATE tenants SET status=? WHERE name=?", (status, name))
+            return self._tenant(db, name)
+
+    # ---- certificates --------------------------------------------------
+    def record_certificate(self, serial: int, principal: str, not_after: dt.datetime) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO certificates (serial, principal, not_after) VALUES (?,?,?)",
+                       (format(serial, "x"), principal, not_after.isoformat()))
+
+    def revoke_certificate(self, serial: str) -> str:
+        """Refuse certificate ``serial`` (hex) from now on; returns its principal."""
+        with self._tx() as db:
+            row = db.execute("SELECT principal FROM certificates WHERE serial=?", (serial.lower(),)).fetchone()
+            if row is None:
+                raise NotFound(f"no certificate with serial {serial}")
+            db.execute("UPDATE certificates SET revoked=1 WHERE serial=?", (serial.lower(),))
+            return row["principal"]
+
+    def current_certificate(self, principal: str) -> tuple[str, str] | None:
+        """(serial, not_after) of the newest unrevoked certificate issued to ``principal``."""
+        with self._lock:
+            row = self._db.execute("SELECT serial, not_after FROM certificates WHERE principal=? AND revoked=0 "
+                                   "ORDER BY rowid DESC LIMIT 1", (principal,)).fetchone()
+            return (row["serial"], row["not_after"]) if row else None
+
+    def is_revoked(self, serial: int) -> bool:
+        with self._lock:
+            row = self._db.execute("SELECT revoked FROM certificates WHERE serial=?",
+                                   (format(serial, "x"),)).fetchone()
+            return bool(row and row["revoked"])
+
+    # ---- jobs ----------------------------------------------------------
+    def submit_job(self, tenant: Tenant, request_id: str, spec: common_pb2.JobSpec) -> tuple[JobRecord, bool]:
+        """Create the job, or return the one this request id already made.
+
+        The quota check and the insert are one transaction, so two racing
+        submits cannot both take the last free slot. Returns (job, created).
+        """
+        with self._tx() as db:
+            row = db.execute("SELECT id FROM jobs WHERE tenant=? AND request_id=?",
+                             (tenant.name, request_id)).fetchone()
+            if row is not None:
+                return self._job(db, row["id"]), False
+            quota = tenant.quota
+            if quota.max_workers_per_job and spec.workers > quota.max_workers_per_job:
+                raise QuotaExceeded("workers per job", quota.max_workers_per_job, spec.workers)
+            if quota.max_total_steps and spec.steps > quota.max_total_steps:
+                raise QuotaExceeded("steps per job", quota.max_total_steps, spec.steps)
+            if quota.max_concurrent_jobs:
+                active = db.execute(
+                    f"SELECT COUNT(*) FROM jobs WHERE tenant=? AND state NOT IN ({_in(TERMINAL)})",
+                    (tenant.name,)).fetchone()[0]
+                if active >= quota.max_concurrent_jobs:
+                    raise QuotaExceeded("concurrent jobs", quota.max_concurrent_jobs, active)
+            job_id = "job-" + uuid.uuid4().hex[:16]
+            now = utcnow()
+            db.execute(
+                "INSERT INTO jobs (id, tenant, request_id, spec, state, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (job_id, tenant.name, request_id, spec.SerializeToString(), common_pb2.QUEUED, now, now),
+            )
+            self._append_event(db, job_id, jobs_pb2.JobEvent(
+                kind=jobs_pb2.STATE, state=common_pb2.QUEUED, total_steps=spec.steps, message="queued"))
+            return self._job(db, job_id), True
+
+    def job(self, job_id: str, tenant: str | None = None) -> JobRecord:
+        """The job, scoped to ``tenant`` when given: another tenant's job is NotFound."""
+        with self._lock:
+            job = self._job(self._db, job_id)
+            if tenant is not None and job.tenant != tenant:
+                raise NotFound(f"job {job_id!r} not found")
+            return job
+
+    def _job(self, db: sqlite3.Connection, job_id: str) -> JobRecord:
+        row = db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"job {job_id!r} not found")
+        spec = common_pb2.JobSpec.FromString(row["spec"])
+        return JobRecord(row["id"], row["tenant"], row["request_id"], spec, row["state"], row["reason"],
+                         row["step"], row["loss"], row["val_loss"], row["attempts"],
+                         row["created_at"], row["updated_at"])
+
+    def jobs(self, *, tenant: str | None = None, states: frozenset[int] | None = None,
+             after: str = "", limit: int = 1000) -> list[JobRecord]:
+        """Jobs in creation order; ``after`` is a page token (the last id seen)."""
+        clauses, args = [], []
+        if tenant is not None:
+            clauses.append("tenant=?")
+            args.append(tenant)
+        if states is not None:
+            clauses.append(f"state IN ({_in(states)})")
+        if after:
+            clauses.append("(created_at, id) > (SELECT created_at, id FROM jobs WHERE id=?)")
+            args.append(after)
+        where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
+        with self._lock:
+            ids = [r[0] for r in self._db.execute(
+                f"SELECT id FROM jobs {where} ORDER BY created_at, id LIMIT ?", (*args, limit))]
+            return [self._job(self._db, i) for i in ids]
+
+    def transition(self, job_id: str, state: int, reason: str = "", *, message: str = "") -> bool:
+        """Move a job to ``state`` if allowed from its current state.
+
+        Returns False (and changes nothing) when the job is already terminal or
+        the transition is not allowed, so concurrent finishers race safely.
+        """
+        with self._tx() as db:
+            job = self._job(db, job_id)
+            if state not in TRANSITIONS.get(job.state, ()):
+                return False
+            attempts = job.attempts + (1 if state == common_pb2.STARTING else 0)
+            db.execute("UPDATE jobs SET state=?, reason=?, attempts=?, updated_at=? WHERE id=?",
+                       (state, reason or job.reason if state not in TERMINAL else reason,
+                        attempts, utcnow(), job_id))
+            self._append_event(db, job_id, jobs_pb2.JobEvent(
+                kind=jobs_pb2.STATE, state=state, terminal=state in TERMINAL, step=job.step,
+                total_steps=job.spec.steps, message=message or reason or common_pb2.JobState.Name(state).lower(),
+                val_loss=job.val_loss))
+            return True
+
+    def record_progress(self, job_id: str, *, step: int, loss: float | None = None,
+                        val_loss: float | None = None) -> None:
+        with self._tx() as db:
+            sets, args = ["step=MAX(step, ?)", "updated_at=?"], [step, utcnow()]
+            if loss is not None:
+                sets.append("loss=?")
+                args.append(loss)
+            if val_loss is not None:
+                sets.append("val_loss=?")
+                args.append(val_loss)
+            db.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE id=?", (*args, job_id))
+
+    # ---- events --------------------------------------------------------
+    def append_event(self, job_id: str, event: jobs_pb2.JobEvent) -> int:
+        with self._tx() as db:
+            return self._append_event(db, job_id, event)
+
+    def _append_event(self, db: sqlite3.Connection, job_id: str, event: jobs_pb2.JobEvent) -> int:
+        seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE job_id=?",
+                         (job_id,)).fetchone()[0]
+        event.seq = seq
+        event.time.GetCurrentTime()
+        db.execute("INSERT INTO events (job_id, seq, body) VALUES (?, ?, ?)",
+                   (job_id, seq, event.SerializeToString()))
+        self._events.notify_all()
+        return seq
+
+    def events_after(self, job_id: str, cursor: int, *, wait: float = 0.0) -> list[jobs_pb2.JobEvent]:
+        """Events with seq > cursor; blocks up to ``wait`` seconds for the first one."""
+        with self._lock:
+            rows = self._fetch_events(job_id, cursor)
+            if not rows and wait > 0:
+                self._events.wait(timeout=wait)
+                rows = self._fetch_events(job_id, cursor)
+            return [jobs_pb2.JobEvent.FromString(r[0]) for r in rows]
+
+    def _fetch_events(self, job_id: str, cursor: int) -> list[sqlite3.Row]:
+        return self._db.execute("SELECT body FROM events WHERE job_id=? AND seq>? ORDER BY seq LIMIT 500",
+                                (job_id, cursor)).fetchall()
+
+    # ---- workers -------------------------------------------------------
+    def set_workers(self, job_id: str, pids: dict[int, int]) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM workers WHERE job_id=?", (job_id,))
+            db.executemany("INSERT INTO workers (job_id, idx, pid) VALUES (?, ?, ?)",
+                           [(job_id, i, pid) for i, pid in pids.items()])
+
+    def workers(self, job_id: str) -> list[WorkerRecord]:
+        with self._lock:
+            return [WorkerRecord(r["job_id"], r["idx"], r["pid"], bool(r["finished"]), r["failure"])
+                    for r in self._db.execute("SELECT * FROM workers WHERE job_id=? ORDER BY idx", (job_id,))]
+
+    def mark_worker(self, job_id: str, idx: int, *, finished: bool = False, failure: str = "") -> None:
+        with self._tx() as db:
+            db.execute("UPDATE workers SET finished=MAX(finished, ?), failure=CASE WHEN ?='' THEN failure "
+                       "ELSE ? END WHERE job_id=? AND idx=?", (int(finished), failure, failure, job_id, idx))
+
+    # ---- checkpoints ---------------------------------------------------
+    def add_checkpoint(self, job_id: str, step: int, uri: str, size_bytes: int) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?)",
+                       (job_id, step, uri, size_bytes, utcnow()))
+
+    def checkpoints(self, job_id: str) -> list[CheckpointRecord]:
+        with self._lock:
+            return [CheckpointRecord(*r) for r in self._db.execute(
+                "SELECT job_id, step, uri, size_bytes, created_at FROM checkpoints WHERE job_id=? "
+                "ORDER BY step", (job_id,))]
+
+    def checkpoint(self, job_id: str, step: int) -> CheckpointRecord:
+        with self._lock:
+            row = self._db.execute("SELECT job_id, step, uri, size_bytes, created_at FROM checkpoints "
+                                   "WHERE job_id=? AND step=?", (job_id, step)).fetchone()
+            if row is None:
+                raise NotFound(f"checkpoint {step} of job {job_id!r} not found")
+            return CheckpointRecord(*row)
+
+
+def _in(values: frozenset[int]) -> str:
+    return ", ".join(str(int(v)) for v in sorted(values))

@@ -1,0 +1,105 @@
+"""A real Cantata server for tests: its own data dir, CANTATA_HOME and port, over TLS on loopback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from cantata.sdk import enroll
+from cantata.sdk.client import Client
+from cantata.server.config import DataDir
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cli(*args: str, env: dict | None = None, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the real ``cantata`` CLI in a subprocess."""
+    result = subprocess.run([sys.executable, "-m", "cantata.sdk.cli", *args], capture_output=True, text=True,
+                            env=env, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"cantata {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+class Platform:
+    """Owns one server process; can stop it gracefully, kill it and restart it."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.data_dir = root / "data"
+        self.home = root / "home"
+        self.paths = DataDir(self.data_dir)
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.enroll_address = f"127.0.0.1:{free_port()}"
+        self.env = {**os.environ, "CANTATA_HOME": str(self.home)}
+        os.environ["CANTATA_HOME"] = str(self.home)
+        self.proc: subprocess.Popen | None = None
+        cli("server", "init", "--data-dir", str(self.data_dir), "--listen", self.address,
+            "--enroll-listen", self.enroll_address, env=self.env)
+        self.ca_pem = (self.data_dir / "ca.pem").read_bytes()
+
+    def start(self) -> None:
+        self.log = open(self.root / "server.log", "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cantata.sdk.cli", "server", "start", "--data-dir", str(self.data_dir)],
+            stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
+        self.wait_healthy()
+
+    def wait_healthy(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        channel = grpc.secure_channel(self.enroll_address, grpc.ssl_channel_credentials(self.ca_pem))
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            while time.monotonic() < deadline:
+                if self.proc is not None and self.proc.poll() is not None:
+                    raise RuntimeError(f"server exited: {(self.root / 'server.log').read_text()[-3000:]}")
+                try:
+                    if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == \
+                            health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    time.sleep(0.1)
+            raise TimeoutError("server did not become healthy")
+        finally:
+            channel.close()
+
+    def stop(self) -> int:
+        """SIGTERM and wait: the graceful path."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=60)
+        self.proc = None
+        return code
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+        self.proc = None
+
+    def admin(self) -> Client:
+        return Client.from_profile("admin")
+
+    def enroll(self, name: str, **quota) -> Client:
+        """Request, approve and fetch a tenant certificate; returns the tenant's client."""
+        status = enroll.request_tenancy(name, self.address, self.ca_pem, self.enroll_address)
+        with self.admin() as admin:
+            admin.approve_tenant(name, status.fingerprint, **quota)
+        enroll.fetch_status(name)
+        return Client.from_profile(name)
+
+    def server_log(self) -> str:
+        return (self.root / "server.log").read_text(errors="replace")

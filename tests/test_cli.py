@@ -1,0 +1,57 @@
+"""The ``cantata`` CLI as a user runs it: real subprocesses against a real server."""
+
+from __future__ import annotations
+
+import json
+
+from tests.platform import cli
+
+
+def test_enroll_approve_submit_watch_and_list_through_the_cli(platform):
+    env = platform.env
+    request = cli("tenant", "request", "cli-co", "--server", platform.address,
+                  "--ca-file", str(platform.data_dir / "ca.pem"), "--enroll-server", platform.enroll_address, "--json",
+                  env=env)
+    fingerprint = json.loads(request.stdout)["fingerprint"]
+    listed = cli("admin", "tenants", "list", "--status", "pending", env=env).stdout
+    assert "cli-co" in listed and fingerprint in listed
+
+    wrong = cli("admin", "tenants", "approve", "cli-co", "--fingerprint", "sha256:" + "f" * 64, env=env, check=False)
+    assert wrong.returncode != 0
+    assert wrong.stderr.count("\n") == 1 and "fingerprint mismatch" in wrong.stderr
+
+    assert "approved cli-co" in cli("admin", "tenants", "approve", "cli-co", "--fingerprint", fingerprint,
+                                    env=env).stdout
+    assert "certificate installed" in cli("tenant", "status", "cli-co", env=env).stdout
+
+    submitted = cli("jobs", "submit", "--profile", "cli-co", "--name", "cli-job", "--steps", "40",
+                    "--eval-every", "20", "--checkpoint-every", "20", "--batch-size", "8", "--seq-len", "32",
+                    "--watch", env=env)
+    assert "SUCCEEDED" in submitted.stdout
+    assert "step" in submitted.stderr  # the progress bar is drawn on stderr
+    jobs = json.loads(cli("jobs", "list", "--profile", "cli-co", "--json", env=env).stdout)
+    assert [j["name"] for j in jobs] == ["cli-job"] and jobs[0]["state"] == "SUCCEEDED"
+    ckpts = json.loads(cli("checkpoints", "list", jobs[0]["id"], "--profile", "cli-co", "--json", env=env).stdout)
+    assert [c["step"] for c in ckpts] == [20, 40]
+    logs = cli("jobs", "logs", jobs[0]["id"], "--profile", "cli-co", env=env).stdout
+    assert "[0] worker 0: finished" in logs
+
+
+def test_cli_errors_are_one_line_and_non_zero(platform):
+    result = cli("jobs", "status", "job-doesnotexist", "--profile", "admin", env=platform.env, check=False)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cantata: error:")
+
+
+def test_invalid_job_file_is_refused_before_sending(platform, tmp_path):
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text("name: x\nsteps: 10\nflavour: spicy\n")
+    result = cli("jobs", "submit", str(job_file), "--profile", "admin", env=platform.env, check=False)
+    assert result.returncode != 0 and "unknown field(s): flavour" in result.stderr
+
+
+def test_help_on_every_level():
+    for args in ([], ["jobs"], ["admin", "tenants"], ["server"], ["tenant"], ["checkpoints"], ["audit"]):
+        result = cli(*args, "--help")
+        assert result.stdout.startswith("usage: cantata")

@@ -1,0 +1,1 @@
+"""Worker processes: model, data, training loop, optimizers (Canzona), decentralized training (GASLoC)."""

@@ -1,0 +1,126 @@
+"""The training loop of one worker: single-process or data-parallel all-reduce.
+
+Every worker builds the same model from the job's seed, samples its own
+batches (a pure function of seed, worker and step, so a resumed run sees
+exactly the batches it would have seen), and lets the optimizer synchronise
+gradients across the process group.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from cantata.trainer import checkpoint
+from cantata.trainer.config import WorkerConfig
+from cantata.trainer.data import BatchSampler, load_corpus
+from cantata.trainer.model import GPT, build_model
+from cantata.trainer.optim import build_optimizer
+from cantata.trainer.reporter import Reporter
+
+EVAL_BATCHES = 8
+WARMUP_FRACTION = 0.05
+WEIGHT_DECAY = 0.1
+
+
+class Stopped(Exception):
+    """The job was cancelled or the server asked the worker to stop."""
+
+
+@dataclass
+class Schedule:
+    """Linear warm-up, then cosine decay to 10% of the peak learning rate."""
+
+    peak: float
+    steps: int
+
+    def lr(self, step: int) -> float:
+        warmup = max(1, int(self.steps * WARMUP_FRACTION))
+        if step <= warmup:
+            return self.peak * step / warmup
+        progress = (step - warmup) / max(1, self.steps - warmup)
+        return self.peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+@torch.no_grad()
+def evaluate(model: GPT, sampler: BatchSampler) -> float:
+    model.eval()
+    losses = [model(*sampler.batch(i))[1].item() for i in range(EVAL_BATCHES)]
+    model.train()
+    return sum(losses) / len(losses)
+
+
+def train(cfg: WorkerConfig, reporter: Reporter, stop: threading.Event) -> float:
+    """Train to ``spec.steps``; returns the final validation loss. Raises ``Stopped`` on cancel."""
+    spec = cfg.spec
+    torch.set_num_threads(cfg.threads)
+    group = None
+    if cfg.workers > 1:
+        dist.init_process_group("gloo", init_method=cfg.rendezvous, rank=cfg.worker, world_size=cfg.workers,
+                                timeout=dt.timedelta(minutes=5))
+        group = dist.group.WORLD
+    lead = cfg.worker == 0
+    corpus = load_corpus(spec.dataset)
+    model = build_model(spec.model, spec.seed)
+    seq_len = min(spec.seq_len, model.cfg.block_size)
+    optimizer = build_optimizer(model, spec.optimizer, lr=spec.lr, weight_decay=WEIGHT_DECAY, process_group=group)
+    train_batches = BatchSampler(corpus.train, spec.batch_size, seq_len, spec.seed, cfg.worker)
+    val_batches = BatchSampler(corpus.val, spec.batch_size, seq_len, spec.seed, worker=-1)
+    schedule = Schedule(spec.lr, spec.steps)
+
+    start = 0
+    steps_done = checkpoint.committed_steps(cfg.checkpoint_dir)
+    if steps_done:
+        start = steps_done[-1]
+        model.load_state_dict(checkpoint.load_shard(cfg.checkpoint_dir, start, "model"))
+        optimizer.load_state_dict(checkpoint.load_shard(cfg.checkpoint_dir, start, f"optim-{cfg.worker}"))
+        if lead:
+            reporter.message(f"resumed from checkpoint at step {start}")
+
+    report_every = max(1, spec.steps // 100)
+    tokens_per_step = spec.batch_size * seq_len * cfg.workers
+    tick = time.perf_counter()
+    val_loss = float("nan")
+    for step in range(start + 1, spec.steps + 1):
+        if stop.is_set() or reporter.stop_requested:
+            raise Stopped()
+        optimizer.set_lr(schedule.lr(step))
+        x, y = train_batches.batch(step)
+        _, loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+        if lead and (step % report_every == 0 or step == spec.steps):
+            now = time.perf_counter()
+            done = step - max(start, step - report_every)
+            reporter.progress(step, loss.item(), tokens_per_step * done / (now - tick), schedule.lr(step))
+            tick = now
+        if step % spec.eval_every == 0 or step == spec.steps:
+            val_loss = evaluate(model, val_batches)
+            if lead:
+                reporter.eval(step, val_loss)
+        if step % spec.checkpoint_every == 0 or step == spec.steps:
+            save(cfg, reporter, step, model, optimizer, group)
+    if group is not None:
+        dist.destroy_process_group()
+    return val_loss
+
+
+def save(cfg: WorkerConfig, reporter: Reporter, step: int, model: GPT, optimizer, group) -> None:
+    """Every rank writes its optimizer shard; the lead writes the model and commits."""
+    shards = ["model"] + [f"optim-{r}" for r in range(cfg.workers)]
+    checkpoint.save_shard(cfg.checkpoint_dir, step, f"optim-{cfg.worker}", optimizer.state_dict())
+    if cfg.worker == 0:
+        checkpoint.save_shard(cfg.checkpoint_dir, step, "model", model.state_dict())
+    if group is not None:
+        dist.barrier(group)
+    if cfg.worker == 0:
+        size = checkpoint.commit(cfg.checkpoint_dir, step, shards)
+        reporter.checkpoint(step, checkpoint.step_dir(cfg.checkpoint_dir, step).as_uri(), size)
