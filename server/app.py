@@ -105,7 +105,8 @@ class ControlPlane:
                                   dt.timedelta(hours=self.settings.worker_cert_hours))
         self.scheduler = Scheduler(
             self.store, launcher, slots=self.settings.max_workers_on_node, grace=self.settings.cancel_grace_seconds,
-            max_attempts=self.settings.max_job_attempts, checkpoint_dir=self._checkpoint_dir,
+            max_attempts=self.settings.max_job_attempts, max_restarts=self.settings.max_worker_restarts,
+            checkpoint_dir=self._checkpoint_dir,
             record_certificate=self._record_certificate, audit=self.record)
         spec_defaults = {"default_store": self.paths.checkpoints.resolve().as_uri(),
                          "roots": self.paths.allowed_roots(self.settings)}
@@ -119,7 +120,8 @@ class ControlPlane:
             JobsService(self.store, self.scheduler, launcher.log_path, spec_defaults, self.record), server)
         checkpoints_pb2_grpc.add_CheckpointsServicer_to_server(
             CheckpointsService(self.store, self._open_checkpoint, self.record), server)
-        worker_pb2_grpc.add_WorkerServicer_to_server(WorkerService(self.store, self.record), server)
+        worker_pb2_grpc.add_WorkerServicer_to_server(
+            WorkerService(self.store, self.record, revoke_quarantined=self.settings.revoke_quarantined_workers), server)
         audit_pb2_grpc.add_AuditServicer_to_server(AuditService(self.paths.audit, self.audit.checkpoint), server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)

@@ -33,6 +33,8 @@ class ServerSettings:
     max_job_attempts: int = 3  # starts of one job, counting resumes after a server restart
     worker_cert_hours: float = 72.0
     tenant_cert_days: int = 30
+    revoke_quarantined_workers: bool = False  # policy when a worker is quarantined for gradient anomalies
+    max_worker_restarts: int = 3  # per worker of a decentralized job
 
 
 def enrollment_address(listen: str) -> str:

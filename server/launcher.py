@@ -88,48 +88,60 @@ class WorkerLauncher:
     def log_path(self, job_id: str, worker: int) -> Path:
         return self.workspace(job_id) / f"worker-{worker}.log"
 
-    def launch(self, job: JobRecord, *, checkpoint_dir: Path, on_certificate) -> dict[int, int]:
+    def launch(self, job: JobRecord, *, checkpoint_dir: Path, on_certificate, attack: dict | None = None
+               ) -> dict[int, int]:
         """Start every worker of ``job``; returns worker index -> pid."""
         ws = self.workspace(job.id)
         ws.mkdir(parents=True, exist_ok=True)
         ws.chmod(0o700)
-        n = job.spec.workers
-        rendezvous = f"tcp://127.0.0.1:{free_port()}"
-        threads = max(1, (os.cpu_count() or 1) // n)
-        procs = {}
-        for i in range(n):
-            bundle = self._ca.issue_bundle(Principal.worker(job.id, i), lifetime=self._cert_lifetime,
-                                           dns_names=["localhost"], ips=["127.0.0.1"], server=True)
-            on_certificate(bundle.certificate, Principal.worker(job.id, i).uri)
-            (ws / "ca.pem").write_bytes(bundle.ca_pem)
-            (ws / f"worker-{i}.pem").write_bytes(bundle.cert_pem)
-            write_private(ws / f"worker-{i}.key", bundle.key_pem)
-            config = {
-                "job_id": job.id,
-                "tenant": job.tenant,
-                "worker": i,
-                "workers": n,
-                "attempt": job.attempts,
-                "server": self._server_address,
-                "ca": str(ws / "ca.pem"),
-                "cert": str(ws / f"worker-{i}.pem"),
-                "key": str(ws / f"worker-{i}.key"),
-                "rendezvous": rendezvous,
-                "checkpoint_dir": str(checkpoint_dir),
-                "threads": threads,
-                "spec": json_format.MessageToDict(job.spec, preserving_proto_field_name=True),
-            }
-            config_path = ws / f"worker-{i}.json"
-            write_private(config_path, json.dumps(config, indent=2).encode())
-            log = open(self.log_path(job.id, i), "ab")
-            env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
-            procs[i] = subprocess.Popen(
-                [sys.executable, "-m", "cantata.trainer.worker", "--config", str(config_path), "--job", job.id],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=ws, env=env, start_new_session=True)
-            log.close()
+        (ws / "ca.pem").write_bytes(self._ca.cert_pem)
+        shared = {
+            "job_id": job.id,
+            "tenant": job.tenant,
+            "workers": job.spec.workers,
+            "attempt": job.attempts,
+            "server": self._server_address,
+            "ca": str(ws / "ca.pem"),
+            "rendezvous": f"tcp://127.0.0.1:{free_port()}",
+            "checkpoint_dir": str(checkpoint_dir),
+            "threads": max(1, (os.cpu_count() or 1) // job.spec.workers),
+            "attack": attack,
+            "spec": json_format.MessageToDict(job.spec, preserving_proto_field_name=True),
+        }
+        procs = {i: self._spawn(job.id, i, shared, on_certificate) for i in range(job.spec.workers)}
         self._running[job.id] = _Running(procs)
         return {i: p.pid for i, p in procs.items()}
+
+    def relaunch(self, job_id: str, worker: int, on_certificate) -> int:
+        """Start one exited worker of a running job again, with a fresh certificate; returns its pid."""
+        running = self._running[job_id]
+        shared = json.loads((self.workspace(job_id) / f"worker-{worker}.json").read_text())
+        proc = self._spawn(job_id, worker, shared, on_certificate)
+        running.procs[worker] = proc
+        running.exited.pop(worker, None)
+        return proc.pid
+
+    def _spawn(self, job_id: str, i: int, shared: dict, on_certificate) -> subprocess.Popen:
+        ws = self.workspace(job_id)
+        principal = Principal.worker(job_id, i)
+        bundle = self._ca.issue_bundle(principal, lifetime=self._cert_lifetime,
+                                       dns_names=["localhost"], ips=["127.0.0.1"], server=True)
+        on_certificate(bundle.certificate, principal.uri)
+        (ws / f"worker-{i}.pem").write_bytes(bundle.cert_pem)
+        write_private(ws / f"worker-{i}.key", bundle.key_pem)
+        config = {**shared, "worker": i, "cert": str(ws / f"worker-{i}.pem"), "key": str(ws / f"worker-{i}.key")}
+        config_path = ws / f"worker-{i}.json"
+        write_private(config_path, json.dumps(config, indent=2).encode())
+        env = {**os.environ, "OMP_NUM_THREADS": str(config["threads"]), "PYTHONUNBUFFERED": "1"}
+        with open(self.log_path(job_id, i), "ab") as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", "cantata.trainer.worker", "--config", str(config_path), "--job", job_id],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=ws, env=env, start_new_session=True)
+
+    def alive_workers(self, job_id: str) -> int:
+        running = self._running.get(job_id)
+        return len(running.procs) - len(running.exited) if running else 0
 
     def running_workers(self) -> int:
         return sum(len(r.procs) - len(r.exited) for r in self._running.values())
@@ -147,10 +159,10 @@ class WorkerLauncher:
             if i not in running.exited:
                 kill_group(proc.pid, signal.SIGTERM)
 
-    def poll(self) -> tuple[list[WorkerExit], list[str]]:
-        """Reap exited workers. Returns (new exits, ids of jobs whose workers are all gone)."""
-        exits, finished = [], []
-        for job_id, running in list(self._running.items()):
+    def poll(self) -> list[WorkerExit]:
+        """Reap exited workers, and SIGKILL those still there past a terminate's grace."""
+        exits = []
+        for job_id, running in self._running.items():
             for i, proc in running.procs.items():
                 if i in running.exited:
                     continue
@@ -162,12 +174,16 @@ class WorkerLauncher:
                 for i, proc in running.procs.items():
                     if i not in running.exited:
                         kill_group(proc.pid, signal.SIGKILL)
-            if len(running.exited) == len(running.procs):
-                for proc in running.procs.values():
-                    kill_group(proc.pid, signal.SIGKILL)  # stray children of a worker
-                del self._running[job_id]
-                finished.append(job_id)
-        return exits, finished
+        return exits
+
+    def finished_jobs(self) -> list[str]:
+        """Jobs whose workers have all exited; ``release`` them once settled."""
+        return [job_id for job_id, r in self._running.items() if len(r.exited) == len(r.procs)]
+
+    def release(self, job_id: str) -> None:
+        running = self._running.pop(job_id)
+        for proc in running.procs.values():
+            kill_group(proc.pid, signal.SIGKILL)  # stray children of a worker
 
     def stop_all(self, grace: float) -> None:
         """Stop every job's workers and wait until they are gone."""
@@ -176,4 +192,6 @@ class WorkerLauncher:
         deadline = time.monotonic() + grace + 5
         while self._running and time.monotonic() < deadline:
             self.poll()
+            for job_id in self.finished_jobs():
+                self.release(job_id)
             time.sleep(0.05)

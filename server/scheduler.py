@@ -8,27 +8,37 @@ then place queued ones.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable
 
 from cantata.proto.v1 import common_pb2 as pb
+from cantata.proto.v1 import jobs_pb2
 from cantata.security.audit import Action
 from cantata.server.launcher import WorkerLauncher, kill_group, log_tail, process_alive
-from cantata.server.store import ACTIVE, JobRecord, Store
+from cantata.server.store import ACTIVE, JobRecord, Store, WorkerRecord
 
 log = logging.getLogger(__name__)
+
+DECENTRALIZED = ("gasloc", "diloco")
+
+
+def quorum(workers: int) -> int:
+    """Workers a decentralized job needs alive (a strict majority)."""
+    return workers // 2 + 1
 
 
 class Scheduler:
     def __init__(self, store: Store, launcher: WorkerLauncher, *, slots: int, grace: float,
-                 max_attempts: int, checkpoint_dir: Callable[[JobRecord], object],
+                 max_attempts: int, max_restarts: int, checkpoint_dir: Callable[[JobRecord], object],
                  record_certificate: Callable, audit: Callable[..., object], interval: float = 0.2):
         self._store = store
         self._launcher = launcher
         self._slots = slots
         self._grace = grace
         self._max_attempts = max_attempts
+        self._max_restarts = max_restarts
         self._checkpoint_dir = checkpoint_dir
         self._record_certificate = record_certificate
         self._audit = audit
@@ -60,11 +70,11 @@ class Scheduler:
 
     def tick(self) -> None:
         with self._lock:
-            exits, finished = self._launcher.poll()
-            for exit_ in exits:
+            for exit_ in self._launcher.poll():
                 if exit_.returncode != 0:
                     self._on_worker_failed(exit_.job_id, exit_.worker, exit_.returncode)
-            for job_id in finished:
+            for job_id in self._launcher.finished_jobs():
+                self._launcher.release(job_id)
                 self._settle(job_id)
             self._place()
 
@@ -78,7 +88,7 @@ class Scheduler:
             elif job.state in (pb.STARTING, pb.RUNNING):
                 self._store.transition(job_id, pb.CANCELLING, reason)
                 self._launcher.terminate(job_id, self._grace)
-                if not self._launcher.is_running(job_id):
+                if not self._launcher.is_running(job_id):  # workers not started yet, or gone
                     self._settle(job_id)
 
     def _place(self) -> None:
@@ -92,9 +102,11 @@ class Scheduler:
             if not self._store.transition(job.id, pb.STARTING, "starting workers"):
                 continue
             try:
+                attack = self._store.attack(job.id)
                 pids = self._launcher.launch(self._store.job(job.id),
                                              checkpoint_dir=self._checkpoint_dir(job),
-                                             on_certificate=self._record_certificate)
+                                             on_certificate=self._record_certificate,
+                                             attack=json.loads(attack) if attack else None)
             except Exception as exc:
                 log.exception("launch of %s failed", job.id)
                 self._store.transition(job.id, pb.FAILED, f"could not start workers: {exc}")
@@ -107,12 +119,29 @@ class Scheduler:
         job = self._store.job(job_id)
         if job.state not in (pb.STARTING, pb.RUNNING):
             return
-        reported = next((w.failure for w in self._store.workers(job_id) if w.idx == worker and w.failure), "")
-        detail = reported or log_tail(self._launcher.log_path(job_id, worker)) or "no output"
+        record = next(w for w in self._store.workers(job_id) if w.idx == worker)
+        detail = record.failure or log_tail(self._launcher.log_path(job_id, worker)) or "no output"
         reason = f"worker {worker} exited with code {code}: {detail}"
+        if job.spec.algorithm in DECENTRALIZED and self._survive(job, record, reason):
+            return
         if self._store.transition(job_id, pb.FAILED, reason):
             self._audit_job(job, Action.JOB_FINISHED, state="FAILED", reason=reason)
         self._launcher.terminate(job_id, self._grace)
+
+    def _survive(self, job: JobRecord, worker: WorkerRecord, reason: str) -> bool:
+        """A decentralized job outlives a dead worker: restart it, or go on while a quorum is alive."""
+        if worker.restarts < self._max_restarts:
+            pid = self._launcher.relaunch(job.id, worker.idx, self._record_certificate)
+            self._store.restart_worker(job.id, worker.idx, pid)
+            message = f"{reason}; restarting it ({worker.restarts + 1}/{self._max_restarts})"
+        else:
+            alive = self._launcher.alive_workers(job.id)
+            if alive < quorum(job.spec.workers):
+                return False
+            message = f"{reason}; continuing with {alive} of {job.spec.workers} workers"
+        self._store.append_event(job.id, jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, worker=worker.idx,
+                                                           total_steps=job.spec.steps, message=message))
+        return True
 
     def _settle(self, job_id: str) -> None:
         """All workers of the job are gone: decide how it ended."""
@@ -122,7 +151,8 @@ class Scheduler:
                 self._audit_job(job, Action.JOB_CANCELLED, reason=job.reason)
         elif job.state in (pb.STARTING, pb.RUNNING):
             workers = self._store.workers(job_id)
-            if workers and all(w.finished for w in workers):
+            needed = quorum(job.spec.workers) if job.spec.algorithm in DECENTRALIZED else len(workers)
+            if workers and sum(w.finished for w in workers) >= needed:
                 state, reason = pb.SUCCEEDED, ""
             else:
                 state, reason = pb.FAILED, "workers exited without finishing"

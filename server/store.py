@@ -55,6 +55,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     loss REAL NOT NULL DEFAULT 0,
     val_loss REAL NOT NULL DEFAULT 0,
     attempts INTEGER NOT NULL DEFAULT 0,
+    attack TEXT NOT NULL DEFAULT '',
     created_at TEXT NOT NULL,
     updated_at TEXT NOT NULL,
     UNIQUE (tenant, request_id)
@@ -72,7 +73,20 @@ CREATE TABLE IF NOT EXISTS workers (
     pid INTEGER NOT NULL,
     finished INTEGER NOT NULL DEFAULT 0,
     failure TEXT NOT NULL DEFAULT '',
+    restarts INTEGER NOT NULL DEFAULT 0,
+    gossip_address TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (job_id, idx)
+);
+CREATE TABLE IF NOT EXISTS anomalies (
+    job_id TEXT NOT NULL,
+    reporter INTEGER NOT NULL,
+    peer INTEGER NOT NULL,
+    round INTEGER NOT NULL,
+    check_name TEXT NOT NULL,
+    verdict TEXT NOT NULL,
+    score REAL NOT NULL,
+    quarantined INTEGER NOT NULL,
+    time TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS checkpoints (
     job_id TEXT NOT NULL,
@@ -169,6 +183,21 @@ class WorkerRecord:
     pid: int
     finished: bool
     failure: str
+    restarts: int
+    gossip_address: str
+
+
+@dataclass
+class AnomalyRecord:
+    job_id: str
+    reporter: int
+    peer: int
+    round: int
+    check: str
+    verdict: str
+    score: float
+    quarantined: bool
+    time: str
 
 
 class Store:
@@ -454,8 +483,41 @@ class Store:
 
     def workers(self, job_id: str) -> list[WorkerRecord]:
         with self._lock:
-            return [WorkerRecord(r["job_id"], r["idx"], r["pid"], bool(r["finished"]), r["failure"])
+            return [WorkerRecord(r["job_id"], r["idx"], r["pid"], bool(r["finished"]), r["failure"], r["restarts"],
+                                 r["gossip_address"])
                     for r in self._db.execute("SELECT * FROM workers WHERE job_id=? ORDER BY idx", (job_id,))]
+
+    def restart_worker(self, job_id: str, idx: int, pid: int) -> None:
+        """A relaunched worker: new pid, no gossip endpoint until it registers again."""
+        with self._tx() as db:
+            db.execute("UPDATE workers SET pid=?, restarts=restarts+1, failure='', gossip_address='' "
+                       "WHERE job_id=? AND idx=?", (pid, job_id, idx))
+
+    def set_gossip_address(self, job_id: str, idx: int, address: str) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE workers SET gossip_address=? WHERE job_id=? AND idx=?", (address, job_id, idx))
+
+    # ---- attack simulation and anomalies ---------------------------------
+    def set_attack(self, job_id: str, attack_json: str) -> None:
+        with self._tx() as db:
+            if self._job(db, job_id).state != common_pb2.QUEUED:
+                raise Conflict("attacks can only be planned for a queued job")
+            db.execute("UPDATE jobs SET attack=? WHERE id=?", (attack_json, job_id))
+
+    def attack(self, job_id: str) -> str:
+        with self._lock:
+            return self._db.execute("SELECT attack FROM jobs WHERE id=?", (job_id,)).fetchone()[0]
+
+    def add_anomaly(self, a: AnomalyRecord) -> None:
+        with self._tx() as db:
+            db.execute("INSERT INTO anomalies VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       (a.job_id, a.reporter, a.peer, a.round, a.check, a.verdict, a.score, int(a.quarantined),
+                        a.time))
+
+    def anomalies(self, job_id: str) -> list[AnomalyRecord]:
+        with self._lock:
+            return [AnomalyRecord(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8]) for r in
+                    self._db.execute("SELECT * FROM anomalies WHERE job_id=? ORDER BY rowid", (job_id,))]
 
     def mark_worker(self, job_id: str, idx: int, *, finished: bool = False, failure: str = "") -> None:
         with self._tx() as db:

@@ -26,6 +26,7 @@ class WorkerConfig:
     checkpoint_dir: Path
     threads: int
     spec: common_pb2.JobSpec
+    attack: dict | None = None  # evaluation only: set by an admin, never by the tenant
 
     @classmethod
     def load(cls, path: Path) -> WorkerConfig:

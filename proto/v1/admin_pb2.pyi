@@ -82,3 +82,53 @@ class RevokeCertificateReply(_message.Message):
     serial: str
     principal: str
     def __init__(self, serial: _Optional[str] = ..., principal: _Optional[str] = ...) -> None: ...
+
+class ListAnomaliesRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class AnomalyRecord(_message.Message):
+    __slots__ = ("reporter", "peer", "round", "check", "verdict", "score", "quarantined", "time")
+    REPORTER_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    CHECK_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    reporter: int
+    peer: int
+    round: int
+    check: str
+    verdict: str
+    score: float
+    quarantined: bool
+    time: str
+    def __init__(self, reporter: _Optional[int] = ..., peer: _Optional[int] = ..., round: _Optional[int] = ..., check: _Optional[str] = ..., verdict: _Optional[str] = ..., score: _Optional[float] = ..., quarantined: _Optional[bool] = ..., time: _Optional[str] = ...) -> None: ...
+
+class ListAnomaliesReply(_message.Message):
+    __slots__ = ("anomalies",)
+    ANOMALIES_FIELD_NUMBER: _ClassVar[int]
+    anomalies: _containers.RepeatedCompositeFieldContainer[AnomalyRecord]
+    def __init__(self, anomalies: _Optional[_Iterable[_Union[AnomalyRecord, _Mapping]]] = ...) -> None: ...
+
+class SimulateAttackRequest(_message.Message):
+    __slots__ = ("job_id", "workers", "attack", "strength")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    ATTACK_FIELD_NUMBER: _ClassVar[int]
+    STRENGTH_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    workers: _containers.RepeatedScalarFieldContainer[int]
+    attack: str
+    strength: float
+    def __init__(self, job_id: _Optional[str] = ..., workers: _Optional[_Iterable[int]] = ..., attack: _Optional[str] = ..., strength: _Optional[float] = ...) -> None: ...
+
+class SimulateAttackReply(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...

@@ -69,6 +69,16 @@ class AdminStub:
                 request_serializer=cantata_dot_v1_dot_admin__pb2.RevokeCertificateRequest.SerializeToString,
                 response_deserializer=cantata_dot_v1_dot_admin__pb2.RevokeCertificateReply.FromString,
                 _registered_method=True)
+        self.ListAnomalies = channel.unary_unary(
+                '/cantata.v1.Admin/ListAnomalies',
+                request_serializer=cantata_dot_v1_dot_admin__pb2.ListAnomaliesRequest.SerializeToString,
+                response_deserializer=cantata_dot_v1_dot_admin__pb2.ListAnomaliesReply.FromString,
+                _registered_method=True)
+        self.SimulateAttack = channel.unary_unary(
+                '/cantata.v1.Admin/SimulateAttack',
+                request_serializer=cantata_dot_v1_dot_admin__pb2.SimulateAttackRequest.SerializeToString,
+                response_deserializer=cantata_dot_v1_dot_admin__pb2.SimulateAttackReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -116,6 +126,21 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListAnomalies(self, request, context):
+        """Gradient anomalies that workers of a job reported.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SimulateAttack(self, request, context):
+        """Evaluation only: make one worker of a queued job behave maliciously.
+        Tenants cannot reach this; no field of a JobSpec can do it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -153,6 +178,16 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.RevokeCertificate,
                     request_deserializer=cantata_dot_v1_dot_admin__pb2.RevokeCertificateRequest.FromString,
                     response_serializer=cantata_dot_v1_dot_admin__pb2.RevokeCertificateReply.SerializeToString,
+            ),
+            'ListAnomalies': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAnomalies,
+                    request_deserializer=cantata_dot_v1_dot_admin__pb2.ListAnomaliesRequest.FromString,
+                    response_serializer=cantata_dot_v1_dot_admin__pb2.ListAnomaliesReply.SerializeToString,
+            ),
+            'SimulateAttack': grpc.unary_unary_rpc_method_handler(
+                    servicer.SimulateAttack,
+                    request_deserializer=cantata_dot_v1_dot_admin__pb2.SimulateAttackRequest.FromString,
+                    response_serializer=cantata_dot_v1_dot_admin__pb2.SimulateAttackReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -344,6 +379,60 @@ class Admin:
             '/cantata.v1.Admin/RevokeCertificate',
             cantata_dot_v1_dot_admin__pb2.RevokeCertificateRequest.SerializeToString,
             cantata_dot_v1_dot_admin__pb2.RevokeCertificateReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAnomalies(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cantata.v1.Admin/ListAnomalies',
+            cantata_dot_v1_dot_admin__pb2.ListAnomaliesRequest.SerializeToString,
+            cantata_dot_v1_dot_admin__pb2.ListAnomaliesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SimulateAttack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cantata.v1.Admin/SimulateAttack',
+            cantata_dot_v1_dot_admin__pb2.SimulateAttackRequest.SerializeToString,
+            cantata_dot_v1_dot_admin__pb2.SimulateAttackReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -19,12 +19,16 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVAL: _ClassVar[EventKind]
     CHECKPOINT: _ClassVar[EventKind]
     MESSAGE: _ClassVar[EventKind]
+    ROUND: _ClassVar[EventKind]
+    ANOMALY: _ClassVar[EventKind]
 EVENT_KIND_UNSPECIFIED: EventKind
 STATE: EventKind
 PROGRESS: EventKind
 EVAL: EventKind
 CHECKPOINT: EventKind
 MESSAGE: EventKind
+ROUND: EventKind
+ANOMALY: EventKind
 
 class SubmitJobRequest(_message.Message):
     __slots__ = ("request_id", "spec")

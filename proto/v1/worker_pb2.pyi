@@ -1,6 +1,7 @@
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -53,8 +54,44 @@ class Message(_message.Message):
     text: str
     def __init__(self, text: _Optional[str] = ...) -> None: ...
 
+class GossipEndpoint(_message.Message):
+    __slots__ = ("address",)
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    def __init__(self, address: _Optional[str] = ...) -> None: ...
+
+class Round(_message.Message):
+    __slots__ = ("round", "peers", "skipped", "seconds")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    peers: _containers.RepeatedScalarFieldContainer[int]
+    skipped: _containers.RepeatedScalarFieldContainer[int]
+    seconds: float
+    def __init__(self, round: _Optional[int] = ..., peers: _Optional[_Iterable[int]] = ..., skipped: _Optional[_Iterable[int]] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class Anomaly(_message.Message):
+    __slots__ = ("peer", "round", "check", "verdict", "score", "quarantined", "detail")
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    CHECK_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    peer: int
+    round: int
+    check: str
+    verdict: str
+    score: float
+    quarantined: bool
+    detail: str
+    def __init__(self, peer: _Optional[int] = ..., round: _Optional[int] = ..., check: _Optional[str] = ..., verdict: _Optional[str] = ..., score: _Optional[float] = ..., quarantined: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
+
 class WorkerReport(_message.Message):
-    __slots__ = ("job_id", "worker", "started", "progress", "eval", "checkpoint", "finished", "failed", "message")
+    __slots__ = ("job_id", "worker", "started", "progress", "eval", "checkpoint", "finished", "failed", "message", "gossip", "round", "anomaly")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
     STARTED_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +101,9 @@ class WorkerReport(_message.Message):
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    GOSSIP_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    ANOMALY_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     worker: int
     started: bool
@@ -73,10 +113,32 @@ class WorkerReport(_message.Message):
     finished: Finished
     failed: Failed
     message: Message
-    def __init__(self, job_id: _Optional[str] = ..., worker: _Optional[int] = ..., started: _Optional[bool] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., eval: _Optional[_Union[Eval, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointWritten, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., failed: _Optional[_Union[Failed, _Mapping]] = ..., message: _Optional[_Union[Message, _Mapping]] = ...) -> None: ...
+    gossip: GossipEndpoint
+    round: Round
+    anomaly: Anomaly
+    def __init__(self, job_id: _Optional[str] = ..., worker: _Optional[int] = ..., started: _Optional[bool] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., eval: _Optional[_Union[Eval, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointWritten, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., failed: _Optional[_Union[Failed, _Mapping]] = ..., message: _Optional[_Union[Message, _Mapping]] = ..., gossip: _Optional[_Union[GossipEndpoint, _Mapping]] = ..., round: _Optional[_Union[Round, _Mapping]] = ..., anomaly: _Optional[_Union[Anomaly, _Mapping]] = ...) -> None: ...
 
 class WorkerReportReply(_message.Message):
     __slots__ = ("stop",)
     STOP_FIELD_NUMBER: _ClassVar[int]
     stop: bool
     def __init__(self, stop: _Optional[bool] = ...) -> None: ...
+
+class GetPeersRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class GetPeersReply(_message.Message):
+    __slots__ = ("peers",)
+    class PeersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: str
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[str] = ...) -> None: ...
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    peers: _containers.ScalarMap[int, str]
+    def __init__(self, peers: _Optional[_Mapping[int, str]] = ...) -> None: ...

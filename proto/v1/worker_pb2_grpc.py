@@ -39,6 +39,11 @@ class WorkerStub:
                 request_serializer=cantata_dot_v1_dot_worker__pb2.WorkerReport.SerializeToString,
                 response_deserializer=cantata_dot_v1_dot_worker__pb2.WorkerReportReply.FromString,
                 _registered_method=True)
+        self.GetPeers = channel.unary_unary(
+                '/cantata.v1.Worker/GetPeers',
+                request_serializer=cantata_dot_v1_dot_worker__pb2.GetPeersRequest.SerializeToString,
+                response_deserializer=cantata_dot_v1_dot_worker__pb2.GetPeersReply.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -50,6 +55,13 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetPeers(self, request, context):
+        """The gossip endpoints the job's workers registered (never a tenant's config).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -57,6 +69,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Report,
                     request_deserializer=cantata_dot_v1_dot_worker__pb2.WorkerReport.FromString,
                     response_serializer=cantata_dot_v1_dot_worker__pb2.WorkerReportReply.SerializeToString,
+            ),
+            'GetPeers': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPeers,
+                    request_deserializer=cantata_dot_v1_dot_worker__pb2.GetPeersRequest.FromString,
+                    response_serializer=cantata_dot_v1_dot_worker__pb2.GetPeersReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +103,33 @@ class Worker:
             '/cantata.v1.Worker/Report',
             cantata_dot_v1_dot_worker__pb2.WorkerReport.SerializeToString,
             cantata_dot_v1_dot_worker__pb2.WorkerReportReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPeers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cantata.v1.Worker/GetPeers',
+            cantata_dot_v1_dot_worker__pb2.GetPeersRequest.SerializeToString,
+            cantata_dot_v1_dot_worker__pb2.GetPeersReply.FromString,
             options,
             channel_credentials,
             insecure,

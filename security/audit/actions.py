@@ -37,6 +37,7 @@ class Action(StrEnum):
     # training integrity
     GRADIENT_ANOMALY_DETECTED = "gradient_anomaly_detected"
     PEER_QUARANTINED = "peer_quarantined"
+    ATTACK_SIMULATION_PLANNED = "attack_simulation_planned"
     # platform
     SERVER_STARTED = "server_started"
     SERVER_STOPPED = "server_stopped"

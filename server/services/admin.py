@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import grpc
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from cantata.proto.v1 import admin_pb2, admin_pb2_grpc, common_pb2
+from cantata.security.anomaly.attack_policy import InvalidAttackConfig, SpecOrigin, parse_attack_config
 from cantata.security.audit import Action
 from cantata.security.pki import CertificateAuthority, Principal, load_csr
 from cantata.server.auth import abort, caller
 from cantata.server.store import Conflict, NotFound, Store, Tenant
+
+
+# Which AttackConfig field SimulateAttackRequest.strength sets, per attack.
+ATTACK_STRENGTH = {"scale": "scale", "gaussian": "sigma", "alie": "alie_z", "ipm": "ipm_epsilon",
+                   "dissensus": "dissensus_epsilon"}
 
 
 class AdminService(admin_pb2_grpc.AdminServicer):
@@ -104,6 +111,38 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         self._audit(caller(context).uri, Action.CERTIFICATE_REVOKED, resource=request.serial, tenant=tenant,
                     details={"principal": principal, "reason": request.reason}, peer=context.peer())
         return admin_pb2.RevokeCertificateReply(serial=request.serial.lower(), principal=principal)
+
+    def ListAnomalies(self, request, context):
+        try:
+            self._store.job(request.job_id)
+        except NotFound as exc:
+            abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
+        reply = admin_pb2.ListAnomaliesReply()
+        for a in self._store.anomalies(request.job_id):
+            reply.anomalies.add(reporter=a.reporter, peer=a.peer, round=a.round, check=a.check, verdict=a.verdict,
+                                score=a.score, quarantined=a.quarantined, time=a.time)
+        return reply
+
+    def SimulateAttack(self, request, context):
+        """Evaluation only: plan an attack by some workers of a queued job (admins only)."""
+        raw: dict = {"kind": request.attack, "workers": list(request.workers)}
+        if request.strength:
+            raw[ATTACK_STRENGTH.get(request.attack, "scale")] = request.strength
+        try:
+            job = self._store.job(request.job_id)
+            parse_attack_config(raw, SpecOrigin.ADMIN)
+            if any(w >= job.spec.workers for w in request.workers):
+                raise InvalidAttackConfig(f"the job has {job.spec.workers} workers")
+            self._store.set_attack(job.id, json.dumps(raw))
+        except NotFound as exc:
+            abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
+        except InvalidAttackConfig as exc:
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Conflict as exc:
+            abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        self._audit(caller(context).uri, Action.ATTACK_SIMULATION_PLANNED, resource=job.id, tenant=job.tenant,
+                    details={"attack": request.attack, "workers": list(request.workers)}, peer=context.peer())
+        return admin_pb2.SimulateAttackReply(job_id=job.id)
 
     def _change(self, context, request, action: str, change):
         try:

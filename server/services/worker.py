@@ -7,13 +7,15 @@ import grpc
 from cantata.proto.v1 import common_pb2, jobs_pb2, worker_pb2, worker_pb2_grpc
 from cantata.security.audit import Action
 from cantata.server.auth import abort, caller
-from cantata.server.store import Store
+from cantata.security.pki import Principal
+from cantata.server.store import AnomalyRecord, Store, utcnow
 
 
 class WorkerService(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, store: Store, audit):
+    def __init__(self, store: Store, audit, *, revoke_quarantined: bool):
         self._store = store
         self._audit = audit
+        self._revoke_quarantined = revoke_quarantined  # policy: a quarantined worker loses its certificate
 
     def Report(self, request, context):
         me = caller(context)
@@ -49,6 +51,15 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             self._store.mark_worker(job.id, request.worker, failure=request.failed.reason[:2000])
         elif kind == "message":
             event = jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, message=request.message.text[:2000])
+        elif kind == "gossip":
+            self._store.set_gossip_address(job.id, request.worker, request.gossip.address[:200])
+        elif kind == "round":
+            r = request.round
+            skipped = f", skipped {list(r.skipped)}" if r.skipped else ""
+            event = jobs_pb2.JobEvent(kind=jobs_pb2.ROUND, step=r.round,
+                                      message=f"round {r.round}: exchanged with {list(r.peers)}{skipped}")
+        elif kind == "anomaly":
+            event = self._anomaly(me, job, request.worker, request.anomaly)
         else:
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, "empty report")
         if event is not None:
@@ -56,3 +67,29 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             event.total_steps = job.spec.steps
             self._store.append_event(job.id, event)
         return worker_pb2.WorkerReportReply(stop=self._store.job(job.id).state == common_pb2.CANCELLING)
+
+    def GetPeers(self, request, context):
+        me = caller(context)
+        if request.job_id != me.name:
+            abort(context, grpc.StatusCode.PERMISSION_DENIED, "a worker may only ask for its own job's peers")
+        peers = {w.idx: w.gossip_address for w in self._store.workers(me.name) if w.gossip_address}
+        return worker_pb2.GetPeersReply(peers=peers)
+
+    def _anomaly(self, me, job, reporter: int, a) -> jobs_pb2.JobEvent:
+        """Record a screened-out update: store, audit, and quarantine policy."""
+        self._store.add_anomaly(AnomalyRecord(job.id, reporter, a.peer, a.round, a.check, a.verdict, a.score,
+                                              a.quarantined, utcnow()))
+        peer = Principal.worker(job.id, a.peer)
+        details = {"peer": peer.uri, "round": a.round, "check": a.check, "verdict": a.verdict, "score": a.score}
+        self._audit(me.uri, Action.GRADIENT_ANOMALY_DETECTED, resource=job.id, tenant=job.tenant, details=details)
+        text = f"worker {reporter} {a.verdict}ed the update of worker {a.peer} in round {a.round} ({a.check})"
+        if a.quarantined:
+            self._audit(me.uri, Action.PEER_QUARANTINED, resource=job.id, tenant=job.tenant, details=details)
+            text += f"; worker {a.peer} quarantined"
+            if self._revoke_quarantined:
+                current = self._store.current_certificate(peer.uri)
+                if current:
+                    self._store.revoke_certificate(current[0])
+                    self._audit("server", Action.CERTIFICATE_REVOKED, resource=current[0], tenant=job.tenant,
+                                details={"principal": peer.uri, "reason": "quarantined for gradient anomalies"})
+        return jobs_pb2.JobEvent(kind=jobs_pb2.ANOMALY, step=a.round, message=text)
