@@ -70,6 +70,14 @@ def test_two_worker_allreduce_job_and_checkpoint_download(tenant, tmp_path):
     assert state["tok_emb.weight"].shape == (256, 64)
 
 
+def test_muon_job_trains_with_canzona_data_parallel(tenant):
+    handle = tenant.submit(Job(name="muon", algorithm="allreduce", workers=2, optimizer="muon", **QUICK))
+    status = handle.wait(timeout=180)
+    assert status.state == "SUCCEEDED", status.reason
+    losses = [e.loss for e in handle.events() if e.kind == "PROGRESS"]
+    assert losses[-1] < losses[0] - 0.5 and status.val_loss < 4.5
+
+
 def test_submit_is_idempotent_even_when_racing(tenant):
     job = Job(name="idem", **QUICK)
     results, barrier = [], threading.Barrier(4)
