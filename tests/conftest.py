@@ -7,6 +7,8 @@ import torch
 
 from tests.platform import Platform
 
+pytest_plugins = ["tests.services"]
+
 torch.set_num_threads(1)
 
 

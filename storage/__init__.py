@@ -1,0 +1,25 @@
+"""Blob stores for checkpoints: a local directory, S3 and Azure Blob behind one interface."""
+
+from cantata.storage.base import (
+    BlobNotFoundError,
+    BlobReader,
+    BlobStore,
+    BlobUpload,
+    InvalidBlobKeyError,
+    StoreConfigError,
+    StoreError,
+    StoreUnavailableError,
+)
+from cantata.storage.uri import open_store
+
+__all__ = [
+    "BlobNotFoundError",
+    "BlobReader",
+    "BlobStore",
+    "BlobUpload",
+    "InvalidBlobKeyError",
+    "StoreConfigError",
+    "StoreError",
+    "StoreUnavailableError",
+    "open_store",
+]

@@ -1,0 +1,183 @@
+"""A blob store in an Azure Blob Storage container through azure-storage-blob.
+
+The connection comes from, in order: a ``connection_string`` override, an
+``account_url`` override (with an optional ``credential``: account key, SAS
+token or an azure-identity credential), or the ``AZURE_STORAGE_CONNECTION_STRING``
+environment variable that the Azure tools use. Azurite is reached with its
+development connection string. An object that fits in one block goes up in
+a single Put Blob; larger ones stage blocks and become visible only when the
+block list is committed (blocks of an abandoned upload are never committed and
+the service discards them). Requests are retried with
+exponential backoff.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from azure.core.exceptions import (
+    AzureError,
+    HttpResponseError,
+    ResourceNotFoundError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
+from azure.storage.blob import BlobServiceClient, ContainerClient, ExponentialRetry
+
+from cantata.storage.base import (
+    BlobNotFoundError,
+    BlobReader,
+    BlobStore,
+    BlobUpload,
+    ChunkReader,
+    StoreConfigError,
+    StoreError,
+    StoreUnavailableError,
+    validate_key,
+    store_prefix,
+    validate_prefix,
+)
+
+CONNECTION_STRING_ENV = "AZURE_STORAGE_CONNECTION_STRING"
+DEFAULT_BLOCK_SIZE = 8 << 20
+DEFAULT_RETRIES = 4
+
+
+class AzureBlobStore(BlobStore):
+    """Objects under ``prefix`` in ``container``."""
+
+    def __init__(
+        self,
+        container: str,
+        prefix: str = "",
+        *,
+        connection_string: str | None = None,
+        account_url: str | None = None,
+        credential: Any = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        retries: int = DEFAULT_RETRIES,
+        connection_timeout: float = 10.0,
+    ) -> None:
+        if not container:
+            raise StoreConfigError("an Azure Blob store needs a container")
+        self._prefix = store_prefix(prefix)
+        self._block_size = block_size
+        options: dict[str, Any] = {
+            "retry_policy": ExponentialRetry(initial_backoff=1, increment_base=2, retry_total=retries, random_jitter_range=1),
+            "connection_timeout": connection_timeout,
+            "max_chunk_get_size": block_size,
+            "max_single_get_size": block_size,
+        }
+        connection_string = connection_string or (None if account_url else os.environ.get(CONNECTION_STRING_ENV))
+        if connection_string:
+            service = BlobServiceClient.from_connection_string(connection_string, **options)
+        elif account_url:
+            service = BlobServiceClient(account_url, credential=credential, **options)
+        else:
+            raise StoreConfigError(
+                f"no Azure connection: pass connection_string or account_url, or set {CONNECTION_STRING_ENV}"
+            )
+        self._container: ContainerClient = service.get_container_client(container)
+
+    @property
+    def uri(self) -> str:
+        return f"az://{self._container.container_name}/{self._prefix}"
+
+    @property
+    def container(self) -> ContainerClient:
+        """The underlying container client."""
+        return self._container
+
+    def blob_name(self, key: str) -> str:
+        """The blob name that holds ``key``."""
+        return self._prefix + validate_key(key)
+
+    def _start_upload(self, key: str) -> BlobUpload:
+        return _AzureUpload(self._container, self.blob_name(key), self._block_size)
+
+    def get(self, key: str) -> BlobReader:
+        name = self.blob_name(key)
+        with _translated_errors(f"reading {name!r}"):
+            downloader = self._container.download_blob(name)
+        return ChunkReader(_translated_chunks(downloader.chunks(), name))
+
+    def list(self, prefix: str = "") -> list[str]:
+        full_prefix = self._prefix + validate_prefix(prefix)
+        with _translated_errors(f"listing {full_prefix!r}"):
+            names = [blob.name for blob in self._container.list_blobs(name_starts_with=full_prefix)]
+        return sorted(name[len(self._prefix) :] for name in names)
+
+    def delete(self, key: str) -> None:
+        name = self.blob_name(key)
+        try:
+            with _translated_errors(f"deleting {name!r}"):
+                self._container.delete_blob(name)
+        except BlobNotFoundError:
+            return
+
+
+class _AzureUpload(BlobUpload):
+    def __init__(self, container: ContainerClient, name: str, block_size: int) -> None:
+        self._blob = container.get_blob_client(name)
+        self._name = name
+        self._block_size = block_size
+        self._upload_id = uuid.uuid4().hex
+        self._buffer = bytearray()
+        self._block_ids: list[str] = []
+
+    def write(self, data: bytes | memoryview) -> int:
+        self._buffer += data
+        while len(self._buffer) >= self._block_size:
+            self._stage(bytes(self._buffer[: self._block_size]))
+            del self._buffer[: self._block_size]
+        return len(data)
+
+    def _stage(self, block: bytes) -> None:
+        raw_id = f"{self._upload_id}-{len(self._block_ids):08d}".encode()
+        block_id = base64.b64encode(raw_id).decode()
+        with _translated_errors(f"uploading {self._name!r}"):
+            self._blob.stage_block(block_id, block, length=len(block))
+        self._block_ids.append(block_id)
+
+    def commit(self) -> None:
+        with _translated_errors(f"uploading {self._name!r}"):
+            if not self._block_ids:
+                self._blob.upload_blob(bytes(self._buffer), length=len(self._buffer), overwrite=True)
+                return
+        if self._buffer:
+            self._stage(bytes(self._buffer))
+        with _translated_errors(f"uploading {self._name!r}"):
+            self._blob.commit_block_list(self._block_ids)
+
+    def abort(self) -> None:
+        self._buffer.clear()
+        self._block_ids.clear()
+
+
+def _translated_chunks(chunks: Iterator[bytes], name: str) -> Iterator[bytes]:
+    with _translated_errors(f"reading {name!r}"):
+        yield from chunks
+
+
+@contextmanager
+def _translated_errors(action: str) -> Iterator[None]:
+    """Map azure-core exceptions to the store's typed errors."""
+    try:
+        yield
+    except ResourceNotFoundError as error:
+        if error.error_code == "ContainerNotFound":
+            raise StoreConfigError(f"{action}: the container does not exist") from error
+        raise BlobNotFoundError(f"{action}: not found") from error
+    except (ServiceRequestError, ServiceResponseError) as error:
+        raise StoreUnavailableError(f"{action}: Azure Blob unreachable ({error})") from error
+    except HttpResponseError as error:
+        if (error.status_code or 0) >= 500:
+            raise StoreUnavailableError(f"{action}: Azure Blob kept failing ({error.status_code})") from error
+        raise StoreError(f"{action}: {error.reason or error}") from error
+    except AzureError as error:
+        raise StoreError(f"{action}: {error}") from error
