@@ -1,0 +1,131 @@
+import pytest
+import torch
+
+from cantata.trainer.gasloc import GASLoCOuter, OuterStep, Simulator, make_topology
+
+torch.set_num_threads(1)
+
+
+def _inner_steps(thetas, round, scale=0.1):
+    """Stand-in for H inner steps: a different move per worker and round."""
+    g = torch.Generator().manual_seed(1000 + round)
+    return [theta + scale * torch.randn(theta.shape, generator=g) for theta in thetas]
+
+
+@pytest.mark.parametrize("eta,gamma", [(0.7, 0.9), (1.0, 0.5), (0.3, 0.99)])
+def test_complete_graph_equals_diloco_nesterov_outer_step(eta, gamma):
+    n, dim, rounds = 4, 257, 6
+    theta0 = torch.randn(dim, generator=torch.Generator().manual_seed(0))
+    sim = Simulator(make_topology("complete", n), outer_lr=eta, outer_momentum=gamma)
+    thetas = [theta0.clone() for _ in range(n)]
+
+    reference = torch.nn.Parameter(theta0.clone())
+    sgd = torch.optim.SGD([reference], lr=eta, momentum=gamma, nesterov=True)
+    for t in range(rounds):
+        after = _inner_steps(thetas, t)
+        reference.grad = -torch.stack([a - reference.detach() for a in after]).mean(dim=0)
+        sgd.step()
+        thetas, stats = sim.round(t, thetas, after)
+        assert all(s.mixed == s.peers and len(s.peers) == n - 1 for s in stats.values())
+        for theta in thetas:
+            assert torch.allclose(theta, reference.detach(), atol=1e-6, rtol=0)
+    assert not torch.allclose(reference.detach(), theta0, atol=1e-2)
+
+
+def test_round_matches_mixing_matrix_and_keeps_live_mean_with_dead_peer():
+    n, dim = 6, 64
+    topology = make_topology("ring", n)
+    sim = Simulator(topology, outer_lr=0.8, outer_momentum=0.0)
+    thetas = [torch.randn(dim, generator=torch.Generator().manual_seed(i)) for i in range(n)]
+    after = _inner_steps(thetas, 0)
+    dead = {2}
+    nexts, stats = sim.round(0, thetas, after, dead=dead)
+    ys = torch.stack([t + 0.8 * (a - t) for t, a in zip(thetas, after)]).double()
+    w = topology.mixing_matrix(0, alive=[i for i in range(n) if i not in dead])
+    expected = w @ ys
+    for i in range(n):
+        if i in dead:
+            assert torch.equal(nexts[i], thetas[i]) and i not in stats
+        else:
+            assert torch.allclose(nexts[i].double(), expected[i], atol=1e-5)
+    assert stats[1].skipped == (2,) and stats[3].skipped == (2,) and stats[0].skipped == ()
+    live = [i for i in range(n) if i not in dead]
+    assert torch.allclose(torch.stack([nexts[i] for i in live]).mean(0), ys[live].float().mean(0), atol=1e-5)
+
+
+@pytest.mark.parametrize("compression", ["bf16", "int8"])
+def test_lossy_gossip_keeps_the_workers_mean_exact(compression):
+    n, dim = 8, 3000
+    sim = Simulator(make_topology("one-peer", n, seed=5), outer_lr=1.0, outer_momentum=0.0,
+                    compression=compression)
+    thetas = [torch.randn(dim, generator=torch.Generator().manual_seed(i)) for i in range(n)]
+    mean = torch.stack(thetas).mean(0)
+    spread = torch.stack(thetas).std(0).mean()
+    for t in range(10):
+        thetas, _ = sim.round(t, thetas, thetas)
+    assert torch.allclose(torch.stack(thetas).mean(0), mean, atol=1e-5)
+    assert torch.stack(thetas).std(0).mean() < 0.2 * spread  # and the workers still converge
+    assert sim.bytes_sent[0] < 10 * dim * 4 * 0.6  # compressed: well under float32 size
+
+
+def _model(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
+
+
+def test_module_outer_writes_theta_next_into_parameters():
+    """Two workers on the complete graph: one wraps a Module, its peer is a bare OuterStep."""
+    eta, gamma = 0.7, 0.9
+    model = _model(0)
+    peer_model = _model(0)
+    outer = GASLoCOuter(model.parameters(), make_topology("complete", 2), 0, eta, gamma)
+    peer = OuterStep(make_topology("complete", 2), 1, eta, gamma)
+    peer_theta = outer.theta.clone()
+    reference = torch.nn.Parameter(outer.theta.clone())
+    sgd = torch.optim.SGD([reference], lr=eta, momentum=gamma, nesterov=True)
+    inner = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    peer_inner = torch.optim.AdamW(peer_model.parameters(), lr=1e-2)
+    x = torch.randn(32, 5, generator=torch.Generator().manual_seed(1))
+    for t in range(4):
+        for m, opt, target in ((model, inner, 1.0), (peer_model, peer_inner, -1.0)):
+            for _ in range(3):
+                opt.zero_grad()
+                ((m(x) - target) ** 2).mean().backward()
+                opt.step()
+        mine_after = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        peer_after = torch.cat([p.detach().reshape(-1) for p in peer_model.parameters()])
+        reference.grad = reference.detach() - (mine_after + peer_after) / 2
+        sgd.step()
+
+        def exchange(r, peers, wire):
+            assert peers == [1]
+            exchange.proposal = peer.propose(r, peer_theta, peer_after)
+            exchange.mine = wire
+            return {1: exchange.proposal.wire}
+
+        stats = outer.round(t, exchange)
+        peer_theta, _ = peer.finish(exchange.proposal, {0: exchange.mine})
+        assert stats.pseudo_gradient_norm > 0 and stats.mixed == (1,)
+        now = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        assert torch.allclose(now, reference.detach(), atol=1e-6)
+        assert torch.allclose(peer_theta, reference.detach(), atol=1e-6)
+        with torch.no_grad():  # the peer's model continues from its own theta_{t+1}
+            torch.nn.utils.vector_to_parameters(peer_theta.clone(), peer_model.parameters())
+
+
+def test_outer_state_round_trips_for_a_restarted_worker():
+    topology = make_topology("ring", 4)
+    model = _model(3)
+    outer = GASLoCOuter(model.parameters(), topology, 1, 0.7, 0.9, compression="int8")
+    outer.round(0, lambda r, peers, wire: {p: wire for p in peers})
+    restarted = GASLoCOuter(_model(4).parameters(), topology, 1, 0.7, 0.9, compression="int8")
+    restarted.load_state_dict(outer.state_dict())
+    for name in ("theta", "z_prev", "residual"):
+        assert torch.equal(restarted.state_dict()[name], outer.state_dict()[name])
+
+
+def test_payload_from_a_non_peer_is_refused():
+    step = OuterStep(make_topology("ring", 6), 0, 1.0, 0.0)
+    theta = torch.zeros(4)
+    with pytest.raises(ValueError, match="not round 0 peers"):
+        step.round(0, theta, theta, lambda r, peers, wire: {3: wire})

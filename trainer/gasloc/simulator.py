@@ -1,0 +1,58 @@
+"""Many GASLoC workers in one process, on flat parameter vectors.
+
+The exchange is an in-memory hand-over of each worker's wire payload, so tests
+and benchmarks run the exact outer round the real workers run, including
+compression, skipped (dead) workers and per-worker byte counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+import torch
+
+from .outer import OuterStep, RoundStats
+from .topology import Topology
+
+
+class Simulator:
+    """``topology.n`` workers, each with its own ``OuterStep``."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        outer_lr: float,
+        outer_momentum: float,
+        gossip_step: float | None = None,
+        compression: str = "none",
+        error_feedback: bool = True,
+    ):
+        self.topology = topology
+        self.workers = [
+            OuterStep(topology, i, outer_lr, outer_momentum, gossip_step, compression, error_feedback)
+            for i in range(topology.n)
+        ]
+        self.bytes_sent = [0] * topology.n
+
+    def round(
+        self,
+        t: int,
+        thetas: Sequence[torch.Tensor],
+        thetas_after: Sequence[torch.Tensor],
+        dead: Collection[int] = (),
+    ) -> tuple[list[torch.Tensor], dict[int, RoundStats]]:
+        """One outer round for every live worker; a dead worker keeps its theta and sends nothing."""
+        if len(thetas) != self.topology.n or len(thetas_after) != self.topology.n:
+            raise ValueError(f"expected {self.topology.n} parameter vectors")
+        proposals = {
+            i: worker.propose(t, thetas[i], thetas_after[i])
+            for i, worker in enumerate(self.workers)
+            if i not in dead
+        }
+        nexts = list(thetas)
+        stats = {}
+        for i, proposal in proposals.items():
+            received = {j: proposals[j].wire for j in proposal.peers if j in proposals}
+            nexts[i], stats[i] = self.workers[i].finish(proposal, received)
+            self.bytes_sent[i] += stats[i].bytes_sent
+        return nexts, stats

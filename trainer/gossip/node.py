@@ -1,0 +1,178 @@
+"""A worker's gossip endpoint: serves its payload and exchanges it with the round's peers."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import torch
+
+from cantata.security.pki import Bundle
+
+from .bandwidth import TokenBucket
+from .chunks import DEFAULT_CHUNK_BYTES, CorruptPayload, dtype_name
+from .client import exchange_with
+from .identity import gossip_server_name
+from .mailbox import Mailbox
+from .service import GossipService, RefusalHook, add_gossip_service
+
+log = logging.getLogger(__name__)
+
+GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+]
+
+
+class GossipNode:
+    """The gossip endpoint of worker ``worker_index`` of ``job_id``, over mutual TLS.
+
+        node = GossipNode(i, job_id, bundle)          # bundle: this worker's per-job Bundle
+        address = node.start()                        # "127.0.0.1:PORT", for the control plane
+        got = node.exchange(round, {j: addr_j, ...}, payload)   # {j: peer payload}; missing = skipped
+        node.stop()
+
+    For each edge the lower worker index dials and the higher one answers; both
+    directions stream at once, split into ``streams`` stripes on as many
+    connections so TLS work spreads over cores. A peer that is refused, unreachable, corrupt or
+    not done by the round's deadline is simply missing from the result.
+    """
+
+    def __init__(
+        self,
+        worker_index: int,
+        job_id: str,
+        bundle: Bundle,
+        listen: str = "127.0.0.1:0",
+        deadline_s: float = 30.0,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        streams: int = 2,
+        on_refused: RefusalHook | None = None,
+    ):
+        self.worker_index = worker_index
+        self.job_id = job_id
+        self.bundle = bundle
+        self.listen = listen
+        self.deadline_s = deadline_s
+        self.chunk_bytes = chunk_bytes
+        self.streams = streams
+        self.mailbox = Mailbox()
+        self._on_refused = on_refused or (lambda peer, reason: None)
+        self._buckets: dict[int, TokenBucket] = {}
+        self._channels: dict[tuple[int, str], list[grpc.Channel]] = {}
+        self._lock = threading.Lock()
+        self._dialer = ThreadPoolExecutor(max_workers=16, thread_name_prefix=f"gossip-dial-{worker_index}")
+        self._server: grpc.Server | None = None
+        self.address: str | None = None
+
+    def start(self) -> str:
+        """Start serving; return the bound ``host:port``."""
+        server = grpc.server(
+            ThreadPoolExecutor(max_workers=32, thread_name_prefix=f"gossip-serve-{self.worker_index}"),
+            options=GRPC_OPTIONS,
+        )
+        service = GossipService(
+            self.job_id, self.worker_index, self.mailbox, self.deadline_s, self.chunk_bytes,
+            self._buckets.get, self._on_refused,
+        )
+        add_gossip_service(service, server)
+        credentials = grpc.ssl_server_credentials(
+            [(self.bundle.key_pem, self.bundle.cert_pem)],
+            root_certificates=self.bundle.ca_pem,
+            require_client_auth=True,
+        )
+        port = server.add_secure_port(self.listen, credentials)
+        if port == 0:
+            raise OSError(f"cannot listen on {self.listen}")
+        server.start()
+        self._server = server
+        self.address = f"{self.listen.rsplit(':', 1)[0]}:{port}"
+        return self.address
+
+    def set_link_rate(self, peer: int, bytes_per_s: float | None) -> None:
+        """Cap what this worker sends to ``peer`` (None lifts the cap)."""
+        if bytes_per_s is None:
+            self._buckets.pop(peer, None)
+        else:
+            self._buckets[peer] = TokenBucket(bytes_per_s, burst=self.chunk_bytes)
+
+    def exchange(
+        self, round: int, peers: Mapping[int, str], payload: torch.Tensor, deadline_s: float | None = None
+    ) -> dict[int, torch.Tensor]:
+        """Swap ``payload`` (1-D) with every peer ``{index: address}`` for ``round``.
+
+        Returns ``{peer: payload}`` for the peers that completed in time. The
+        returned tensors live in receive buffers that the next ``exchange``
+        reuses: use or copy them before calling it again.
+        """
+        if self._server is None:
+            raise RuntimeError("start() the node before exchanging")
+        deadline = time.monotonic() + (self.deadline_s if deadline_s is None else deadline_s)
+        payload = payload.detach().reshape(-1).contiguous().cpu()
+        dtype_name(payload.dtype)  # raises here, not in a link thread, for a dtype the wire cannot carry
+        self.mailbox.post(round, payload)
+        for peer, address in peers.items():
+            if peer > self.worker_index:
+                self._dialer.submit(self._dial, round, peer, address, payload, deadline)
+        received = self.mailbox.collect(round, peers, deadline)
+        missing = sorted(set(peers) - received.keys())
+        if missing:
+            log.warning("gossip round %d: worker %d skips peers %s", round, self.worker_index, missing)
+        return received
+
+    def _dial(self, round: int, peer: int, address: str, payload: torch.Tensor, deadline: float) -> None:
+        assembly = self.mailbox.assembly(round, peer)
+        if assembly is None:
+            return
+        try:
+            exchange_with(
+                self._link(peer, address), round, self.worker_index, payload, assembly,
+                timeout=max(0.0, deadline - time.monotonic()), chunk_bytes=self.chunk_bytes,
+                bucket=self._buckets.get(peer),
+            )
+        except (grpc.RpcError, CorruptPayload) as error:
+            detail = error.details() if isinstance(error, grpc.RpcError) else str(error)
+            log.warning("gossip round %d: worker %d -> %d failed: %s", round, self.worker_index, peer, detail)
+            return
+        self.mailbox.deliver(assembly)
+
+    def _link(self, peer: int, address: str) -> list[grpc.Channel]:
+        """``streams`` channels to ``peer``, each with its own connection."""
+        with self._lock:
+            key = (peer, address)
+            if key not in self._channels:
+                credentials = grpc.ssl_channel_credentials(
+                    root_certificates=self.bundle.ca_pem,
+                    private_key=self.bundle.key_pem,
+                    certificate_chain=self.bundle.cert_pem,
+                )
+                options = GRPC_OPTIONS + [
+                    ("grpc.ssl_target_name_override", gossip_server_name(self.job_id, peer)),
+                    ("grpc.use_local_subchannel_pool", 1),
+                ]
+                self._channels[key] = [
+                    grpc.secure_channel(address, credentials, options=options) for _ in range(self.streams)
+                ]
+            return self._channels[key]
+
+    def stop(self, grace: float | None = None) -> None:
+        if self._server is not None:
+            self._server.stop(grace).wait()
+            self._server = None
+        self._dialer.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            for link in self._channels.values():
+                for channel in link:
+                    channel.close()
+            self._channels.clear()
+
+    def __enter__(self) -> GossipNode:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,99 @@
+"""The callee side of a gossip link: the ``Gossip`` gRPC service of one worker."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from . import wire
+from .bandwidth import TokenBucket
+from .chunks import MAX_STRIPES, Assembly, to_chunks
+from .identity import PeerRefused, authorize_peer
+from .mailbox import Mailbox
+from .wire import Chunk
+
+log = logging.getLogger(__name__)
+
+RefusalHook = Callable[[str, str], None]
+"""``on_refused(peer_address, reason)``: called for every refused caller (for the audit log)."""
+
+
+class GossipService:
+    """Answers a peer's ``Exchange``: streams this worker's stripe while taking in the peer's."""
+
+    def __init__(
+        self,
+        job_id: str,
+        worker_index: int,
+        mailbox: Mailbox,
+        wait_s: float,
+        chunk_bytes: int,
+        link_bucket: Callable[[int], TokenBucket | None],
+        on_refused: RefusalHook,
+    ):
+        self.job_id = job_id
+        self.worker_index = worker_index
+        self.mailbox = mailbox
+        self.wait_s = wait_s
+        self.chunk_bytes = chunk_bytes
+        self.link_bucket = link_bucket
+        self.on_refused = on_refused
+
+    def identify(self, context: grpc.ServicerContext) -> int:
+        """The caller's worker index, from its verified certificate; aborts anyone else."""
+        try:
+            return authorize_peer(context.auth_context(), self.job_id, self.worker_index).index
+        except PeerRefused as refusal:
+            self._refuse(context, str(refusal))
+
+    def _refuse(self, context: grpc.ServicerContext, reason: str) -> None:
+        log.warning("gossip refused %s: %s", context.peer(), reason)
+        self.on_refused(context.peer(), reason)
+        context.abort(grpc.StatusCode.PERMISSION_DENIED, reason)
+
+    def Exchange(self, request_iterator: Iterator[Chunk], context: grpc.ServicerContext) -> Iterator[Chunk]:
+        peer = self.identify(context)
+        first = next(request_iterator, None)
+        if first is None:
+            return
+        if first.sender != peer:
+            self._refuse(context, f"worker {peer} sent chunks as worker {first.sender}")
+        if not 0 <= first.stripe < first.stripes <= MAX_STRIPES:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"stripe {first.stripe} of {first.stripes}")
+        payload = self.mailbox.outgoing(first.round, self.wait_s)
+        assembly = self.mailbox.assembly(first.round, peer)
+        if payload is None or assembly is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"round {first.round} is not current here")
+        failure: list[BaseException] = []
+        receiver = threading.Thread(
+            target=self._receive, args=(first, request_iterator, assembly, failure), daemon=True
+        )
+        receiver.start()
+        yield from to_chunks(first.round, self.worker_index, payload, self.chunk_bytes, self.link_bucket(peer),
+                             first.stripe, first.stripes)
+        receiver.join()
+        if failure:
+            context.abort(grpc.StatusCode.DATA_LOSS, f"payload from worker {peer} rejected: {failure[0]}")
+        if assembly.complete:
+            self.mailbox.deliver(assembly)
+
+    @staticmethod
+    def _receive(first: Chunk, rest: Iterator[Chunk], assembly: Assembly, failure: list[BaseException]) -> None:
+        try:
+            assembly.add(first)
+            for chunk in rest:
+                assembly.add(chunk)
+        except Exception as error:  # a corrupt stream or a cancelled call: the peer is skipped
+            log.warning("gossip round %d: payload from worker %d rejected: %s", first.round, first.sender, error)
+            failure.append(error)
+
+
+def add_gossip_service(service: GossipService, server: grpc.Server) -> None:
+    """Serve ``cantata.v1.Gossip/Exchange`` with the zero-copy chunk codec."""
+    handler = grpc.stream_stream_rpc_method_handler(
+        service.Exchange, request_deserializer=wire.decode, response_serializer=wire.encode
+    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("cantata.v1.Gossip", {"Exchange": handler}),))

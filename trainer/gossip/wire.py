@@ -1,0 +1,109 @@
+"""``GossipChunk`` wire encoding without copying the payload bytes.
+
+The generated protobuf class would copy every chunk's data three times on the
+way out and twice on the way in. These functions write and read the same
+protobuf wire format (``proto/cantata/v1/gossip.proto``) directly: the data
+field is appended from a memoryview of the tensor, and parsed back as a
+memoryview of the received message. Unknown fields are skipped, as protobuf
+requires.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from cantata.proto.v1 import gossip_pb2
+
+METHOD = "/cantata.v1.Gossip/Exchange"
+_DATA_TAG = bytes([8 << 3 | 2])  # field 8, length-delimited
+_VARINT_FIELDS = {1: "round", 2: "sender", 3: "index", 4: "count", 5: "total_bytes", 9: "stripe", 10: "stripes"}
+
+
+class MalformedChunk(ValueError):
+    """Bytes that are not a well-formed ``GossipChunk``."""
+
+
+@dataclass
+class Chunk:
+    round: int
+    sender: int
+    index: int
+    count: int
+    total_bytes: int
+    dtype: str
+    crc32: int
+    data: memoryview | bytes
+    stripe: int = 0
+    stripes: int = 1
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def encode(chunk: Chunk) -> bytes:
+    header = gossip_pb2.GossipChunk(
+        round=chunk.round, sender=chunk.sender, index=chunk.index, count=chunk.count,
+        total_bytes=chunk.total_bytes, dtype=chunk.dtype, crc32=chunk.crc32,
+        stripe=chunk.stripe, stripes=chunk.stripes,
+    ).SerializeToString()
+    return b"".join((header, _DATA_TAG, _varint(len(chunk.data)), chunk.data))
+
+
+def _read_varint(view: memoryview, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(view) or shift > 63:
+            raise MalformedChunk("truncated or overlong varint")
+        byte = view[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def decode(raw: bytes) -> Chunk:
+    view = memoryview(raw)
+    fields: dict[str, object] = {"round": 0, "sender": 0, "index": 0, "count": 0, "total_bytes": 0,
+                                 "dtype": "", "crc32": 0, "data": b"", "stripe": 0, "stripes": 0}
+    pos = 0
+    while pos < len(view):
+        key, pos = _read_varint(view, pos)
+        number, kind = key >> 3, key & 7
+        if kind == 0:
+            value, pos = _read_varint(view, pos)
+            if number in _VARINT_FIELDS:
+                fields[_VARINT_FIELDS[number]] = value
+        elif kind == 2:
+            length, pos = _read_varint(view, pos)
+            if pos + length > len(view):
+                raise MalformedChunk("length-delimited field overruns the message")
+            if number == 6:
+                fields["dtype"] = bytes(view[pos: pos + length]).decode("utf-8", errors="replace")
+            elif number == 8:
+                fields["data"] = view[pos: pos + length]
+            pos += length
+        elif kind == 5:
+            if pos + 4 > len(view):
+                raise MalformedChunk("truncated fixed32 field")
+            if number == 7:
+                fields["crc32"] = struct.unpack_from("<I", view, pos)[0]
+            pos += 4
+        elif kind == 1:
+            pos += 8
+        else:
+            raise MalformedChunk(f"unsupported wire type {kind}")
+    if pos != len(view):
+        raise MalformedChunk("truncated message")
+    fields["stripes"] = fields["stripes"] or 1
+    return Chunk(**fields)
