@@ -1,0 +1,310 @@
+"""Screening of one incoming update against what this worker knows.
+
+Every update a worker receives, a gossip neighbour's proposed point or an
+all-reduce contribution, is screened before it is mixed in. The screener
+works in the receiver's frame: ``update`` is the peer's vector minus the
+receiver's round-start parameters (for an all-reduce contribution: the peer's
+pseudo-gradient) and ``own`` is the receiver's own update in the same frame.
+
+Four checks, each giving a score and a verdict:
+
+- ``finite``: the number of NaN/Inf entries; any is a rejection, and the other
+  checks are skipped since nothing else about the vector can be measured (a
+  vector whose squared norm overflows float32 is rejected the same way).
+- ``difference_norm``: ``r = ||update - own|| / ||own||``, scored as a robust
+  z-score against this peer's own history (median and MAD over a window).
+  Until the window holds ``warmup`` values the reference is a fixed prior.
+- ``cosine``: cosine similarity with the receiver's own update (its
+  pseudo-gradient); below fixed thresholds it is clipped or rejected, unless
+  the peer's own history shows such values are normal for it (a peer far
+  away on a sparse graph drifts towards orthogonal honestly).
+- ``layer_norms``: per layer (of at least ``min_layer_size`` elements), how
+  much further the layer is from the receiver's than the whole vector is,
+  each against the peer's history; the score is the largest z, so one
+  poisoned matrix cannot hide inside a large, otherwise normal vector.
+
+Only values from updates that were not rejected enter a peer's history, so an
+attacker that is rejected from the first round never shapes its reference.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import IntEnum
+
+import torch
+
+_MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its sigma
+_EPS = 1e-12
+
+
+class Verdict(IntEnum):
+    """What the mixing does with an update; larger is stricter."""
+
+    ACCEPT = 0
+    CLIP = 1
+    REJECT = 2
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check's statistic and the verdict it implies."""
+
+    check: str
+    score: float
+    verdict: Verdict
+
+
+@dataclass(frozen=True)
+class ScreeningResult:
+    """All checks on one update; the overall verdict is the strictest one.
+
+    ``clip_norm`` is set when the verdict is CLIP: the difference norm
+    ``||update - own||`` the mixing should clip this peer to, the peer's
+    typical (median) difference norm.
+    """
+
+    peer: int
+    checks: tuple[CheckResult, ...]
+    clip_norm: float | None = None
+
+    @property
+    def verdict(self) -> Verdict:
+        return max(check.verdict for check in self.checks)
+
+    def scores(self) -> dict[str, float]:
+        return {check.check: check.score for check in self.checks}
+
+
+@dataclass(frozen=True)
+class ScreeningConfig:
+    """Thresholds of the checks.
+
+    ``clip_z``/``reject_z`` bound the robust z-scores of the checks;
+    ``cosine_clip``/``cosine_reject`` bound the cosine similarity, and once a
+    peer is warm a low cosine must also lie ``clip_z``/``reject_z`` spreads
+    below the peer's median cosine (spread at least ``cosine_min_spread``).
+    ``prior_ratio``/``prior_spread`` stand in for the median and the spread of
+    a peer's norm ratio until ``warmup`` values are in its window (a layer's
+    share: 1 and ``prior_share_spread``). ``min_relative_spread`` floors the
+    norm ratio's spread at that fraction of its median, and
+    ``layer_min_spread`` floors a share's spread, so a very steady peer does
+    not make every small change look anomalous.
+    ``min_layer_size`` leaves small layers (biases, norms) to the whole-vector
+    check: their ratios are too noisy to screen one by one.
+    """
+
+    window: int = 16
+    warmup: int = 4
+    clip_z: float = 6.0
+    reject_z: float = 12.0
+    cosine_clip: float = -0.1
+    cosine_reject: float = -0.2
+    cosine_min_spread: float = 0.05
+    prior_ratio: float = 1.5
+    prior_spread: float = 0.4
+    prior_share_spread: float = 0.25
+    min_relative_spread: float = 0.3
+    layer_min_spread: float = 0.1
+    min_layer_size: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.window < 1 or not 0 <= self.warmup <= self.window:
+            raise ValueError("need window >= 1 and 0 <= warmup <= window")
+        if not 0 < self.clip_z <= self.reject_z:
+            raise ValueError("need 0 < clip_z <= reject_z")
+        if not -1 <= self.cosine_reject <= self.cosine_clip <= 1:
+            raise ValueError("need -1 <= cosine_reject <= cosine_clip <= 1")
+        spreads = (self.prior_spread, self.prior_share_spread, self.cosine_min_spread, self.layer_min_spread)
+        if min(spreads) <= 0 or self.min_relative_spread < 0:
+            raise ValueError("prior and minimum spreads must be > 0, min_relative_spread >= 0")
+        if self.min_layer_size < 1:
+            raise ValueError("min_layer_size must be >= 1")
+
+
+@dataclass(frozen=True)
+class LayerLayout:
+    """Where each layer lies in the flat parameter vector: ``bounds[k]:bounds[k+1]``."""
+
+    names: tuple[str, ...]
+    bounds: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.bounds) != len(self.names) + 1 or self.bounds[0] != 0:
+            raise ValueError("bounds must start at 0 and have one more entry than names")
+        if any(b <= a for a, b in zip(self.bounds, self.bounds[1:])):
+            raise ValueError("every layer must hold at least one element")
+
+    @classmethod
+    def from_shapes(cls, named_shapes: Iterable[tuple[str, torch.Size | tuple[int, ...]]]) -> LayerLayout:
+        names, bounds = [], [0]
+        for name, shape in named_shapes:
+            names.append(name)
+            bounds.append(bounds[-1] + math.prod(shape))
+        return cls(tuple(names), tuple(bounds))
+
+    @classmethod
+    def from_module(cls, module: torch.nn.Module) -> LayerLayout:
+        """The layout ``parameters_to_vector(module.parameters())`` produces."""
+        return cls.from_shapes((name, p.shape) for name, p in module.named_parameters())
+
+    @property
+    def size(self) -> int:
+        return self.bounds[-1]
+
+    @property
+    def layer_sizes(self) -> tuple[int, ...]:
+        return tuple(b - a for a, b in zip(self.bounds, self.bounds[1:]))
+
+
+class RobustWindow:
+    """The last ``size`` values of a vector of statistics, summarized by median and MAD."""
+
+    def __init__(self, size: int):
+        self._values: deque[torch.Tensor] = deque(maxlen=size)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def add(self, values: torch.Tensor) -> None:
+        self._values.append(values)
+
+    def median_and_spread(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per statistic, the median and ``1.4826 * MAD`` (a normal sample's sigma)."""
+        stacked = torch.stack(list(self._values))
+        median = stacked.median(dim=0).values
+        mad = (stacked - median).abs().median(dim=0).values
+        return median, _MAD_TO_SIGMA * mad
+
+
+class UpdateScreener:
+    """Screens the updates one worker receives, keeping a robust history per peer.
+
+    A peer's history is a window of vectors ``[cosine, ratio, layer shares...]``
+    taken from its updates that were not rejected. A layer's share compares
+    how far the layer is from the receiver's with how far the whole vector is:
+    ``(||d_l|| / ||own_l||) / (||d|| / ||own||)`` for ``d = update - own``, so
+    it stays put while peers drift apart as a whole and jumps when one matrix
+    is poisoned.
+    """
+
+    def __init__(self, layout: LayerLayout, config: ScreeningConfig | None = None):
+        self.layout = layout
+        self.config = config or ScreeningConfig()
+        self._screened_layers = [
+            k for k, size in enumerate(layout.layer_sizes) if size >= self.config.min_layer_size
+        ]
+        if not self._screened_layers:
+            raise ValueError(f"no layer holds min_layer_size={self.config.min_layer_size} elements")
+        self._history: dict[int, RobustWindow] = {}
+
+    def screen(self, peer: int, update: torch.Tensor, own: torch.Tensor) -> ScreeningResult:
+        """Run every check on ``update`` from ``peer``; record it unless rejected."""
+        return self.screen_round({peer: update}, own)[peer]
+
+    def screen_round(
+        self, received: Mapping[int, torch.Tensor], own: torch.Tensor, anchor: torch.Tensor | None = None
+    ) -> dict[int, ScreeningResult]:
+        """Screen one round's vectors from several peers against the same ``own`` update.
+
+        With ``anchor`` (the receiver's round-start parameters) the received
+        vectors are the peers' points and their updates are ``received - anchor``;
+        without it they are the updates already. Either way no copy of the
+        updates is made.
+        """
+        if own.dim() != 1 or own.numel() != self.layout.size:
+            raise ValueError(f"own must be a vector of {self.layout.size} elements")
+        if any(vector.shape != own.shape for vector in received.values()) or (
+            anchor is not None and anchor.shape != own.shape
+        ):
+            raise ValueError(f"every vector must have the shape of own, {tuple(own.shape)}")
+        if not received:
+            return {}
+        peers = list(received)
+        stacked = torch.stack([received[peer].detach() for peer in peers]).to(torch.float32)
+        own = own.detach().to(torch.float32)
+        reference = own if anchor is None else anchor.detach().to(torch.float32) + own
+        own_layers = self._layer_square_sums(own[None])[0]
+        own_squared = own_layers.sum()
+        layers = self._layer_square_sums(stacked - reference)
+        dots = (stacked @ own).to(torch.float64)
+        if anchor is not None:
+            dots -= torch.dot(anchor.detach().to(torch.float32), own).item()
+        results = {}
+        for row, peer in enumerate(peers):
+            difference_squared = layers[row].sum()
+            if not torch.isfinite(difference_squared):
+                count = float((~torch.isfinite(stacked[row])).sum().item())
+                # a vector whose squares overflow float32 cannot be measured: rejected as well
+                results[peer] = ScreeningResult(peer, (CheckResult("finite", max(count, 1.0), Verdict.REJECT),))
+                continue
+            results[peer] = self._judge(peer, layers[row], difference_squared, own_layers, own_squared, dots[row])
+        return results
+
+    def _layer_square_sums(self, rows: torch.Tensor) -> torch.Tensor:
+        """``[k, L]`` float64 sums of squares of each row's layers."""
+        parts = rows.split(self.layout.layer_sizes, dim=1)
+        return torch.stack([torch.linalg.vector_norm(part, dim=1) for part in parts], dim=1).to(torch.float64).square()
+
+    def _judge(
+        self,
+        peer: int,
+        layers: torch.Tensor,
+        difference_squared: torch.Tensor,
+        own_layers: torch.Tensor,
+        own_squared: torch.Tensor,
+        dot: torch.Tensor,
+    ) -> ScreeningResult:
+        config = self.config
+        update_squared = (difference_squared + 2 * dot - own_squared).clamp_min(0)
+        cosine = (dot / (update_squared.sqrt() * own_squared.sqrt()).clamp_min(_EPS)).clamp(-1, 1)
+        ratio = (difference_squared / own_squared.clamp_min(_EPS)).sqrt()
+        screened = self._screened_layers
+        layer_ratios = (layers[screened] / own_layers[screened].clamp_min(_EPS)).sqrt()
+        statistics = torch.cat([cosine.reshape(1), ratio.reshape(1), layer_ratios / ratio.clamp_min(_EPS)])
+
+        history = self._history.setdefault(peer, RobustWindow(config.window))
+        warm = len(history) >= max(config.warmup, 1)
+        if warm:
+            median, spread = history.median_and_spread()
+            spread = torch.cat(
+                [
+                    spread[:1].clamp_min(config.cosine_min_spread),
+                    torch.maximum(spread[1:2], config.min_relative_spread * median[1:2]).clamp_min(_EPS),
+                    spread[2:].clamp_min(config.layer_min_spread),
+                ]
+            )
+        else:
+            median = torch.tensor([0.0, config.prior_ratio] + [1.0] * len(screened), dtype=torch.float64)
+            spread = torch.tensor(
+                [1.0, config.prior_spread] + [config.prior_share_spread] * len(screened), dtype=torch.float64
+            )
+        z = ((statistics - median) / spread).tolist()
+        checks = (
+            CheckResult("finite", 0.0, Verdict.ACCEPT),
+            CheckResult("difference_norm", z[1], self._z_verdict(z[1])),
+            CheckResult("cosine", statistics[0].item(), self._cosine_verdict(statistics[0].item(), -z[0] if warm else None)),
+            CheckResult("layer_norms", max(z[2:]), self._z_verdict(max(z[2:]))),
+        )
+        verdict = max(check.verdict for check in checks)
+        if verdict is not Verdict.REJECT:
+            history.add(statistics)
+        clip_norm = (median[1] * own_squared.sqrt()).item() if verdict is Verdict.CLIP else None
+        return ScreeningResult(peer, checks, clip_norm)
+
+    def _z_verdict(self, z: float) -> Verdict:
+        if z > self.config.reject_z:
+            return Verdict.REJECT
+        return Verdict.CLIP if z > self.config.clip_z else Verdict.ACCEPT
+
+    def _cosine_verdict(self, cosine: float, drop_z: float | None) -> Verdict:
+        """Below a threshold, and (once the peer is warm) that many spreads below its own median."""
+        config = self.config
+        if cosine < config.cosine_reject and (drop_z is None or drop_z > config.reject_z):
+            return Verdict.REJECT
+        if cosine < config.cosine_clip and (drop_z is None or drop_z > config.clip_z):
+            return Verdict.CLIP
+        return Verdict.ACCEPT
