@@ -47,8 +47,9 @@ JOB=$(awk '{print $1}' "$DEMO/job.txt" | tail -1)
 
 step "final validation loss"
 cantata jobs status "$JOB" --profile demo --json \
-  | python3 -c 'import json,sys; j=json.load(sys.stdin); print(f"{j[\"id\"]}: {j[\"state\"]}, validation loss {j[\"val_loss\"]:.4f}")'
+  | python3 -c 'import json,sys; j=json.load(sys.stdin); print("%s: %s, validation loss %.4f" % (j["id"], j["state"], j["val_loss"]))'
 cantata checkpoints list "$JOB" --profile demo
+cantata jobs plot "$JOB" --profile demo --out "$DEMO/loss.png"
 
 step "cantata server stop (SIGTERM: graceful)"
 kill -TERM $SERVER

@@ -1,12 +1,12 @@
 """The Cantata SDK: ``Client.from_profile(name).submit(Job(...))``."""
 
 from cantata.sdk.client import Checkpoint, Client, Event, JobHandle, JobStatus, Tenant
-from cantata.sdk.errors import (CantataError, Conflict, InvalidArgument, InvalidJob, NotFound, PermissionDenied,
+from cantata.sdk.errors import (CantataError, Conflict, DataLoss, InvalidArgument, InvalidJob, NotFound, PermissionDenied,
                                 QuotaExceeded, StreamInterrupted, Unauthenticated, Unavailable)
 from cantata.sdk.job import Job
 
 __all__ = [
-    "CantataError", "Checkpoint", "Client", "Conflict", "Event", "InvalidArgument", "InvalidJob", "Job", "JobHandle",
+    "CantataError", "Checkpoint", "Client", "Conflict", "DataLoss", "Event", "InvalidArgument", "InvalidJob", "Job", "JobHandle",
     "JobStatus", "NotFound", "PermissionDenied", "QuotaExceeded", "StreamInterrupted", "Tenant", "Unauthenticated",
     "Unavailable",
 ]

@@ -105,6 +105,24 @@ def cmd_admin_revoke_cert(args) -> int:
     return 0
 
 
+def cmd_admin_keys_rotate(args) -> int:
+    with _client(args) as client:
+        r = client.rotate_tenant_key(args.tenant, retire_unused=args.retire_unused)
+    retired = f"; retired versions {r.retired}" if r.retired else ""
+    _print(args, asdict(r), [f"{args.tenant}: key version {r.version}, {r.objects_rewrapped} objects re-wrapped"
+                             f"{retired}"])
+    return 0
+
+
+def cmd_admin_anomalies(args) -> int:
+    with _client(args) as client:
+        found = client.anomalies(args.job_id)
+    _print(args, [asdict(a) for a in found],
+           [f"round {a.round:>5}  worker {a.reporter} {a.verdict}ed worker {a.peer} ({a.check}, score {a.score:.3g})"
+            + ("  QUARANTINED" if a.quarantined else "") for a in found] or ["no anomalies"])
+    return 0
+
+
 def _tenant_action(verb: str):
     def run(args) -> int:
         with _client(args) as client:
@@ -180,6 +198,17 @@ def cmd_jobs_cancel(args) -> int:
     with _client(args) as client:
         job = client.cancel(args.job_id)
     _print(args, asdict(job), [_job_line(job)])
+    return 0
+
+
+def cmd_jobs_plot(args) -> int:
+    from cantata.sdk.plot import plot_losses
+    with _client(args) as client:
+        status = client.get(args.job_id)
+        events = list(client.job(args.job_id).events()) if status.terminal else []
+    if not events:
+        raise CommandError(f"{args.job_id} is {status.state}: plot it once it has ended")
+    print(f"wrote {plot_losses(status, events, Path(args.out))}")
     return 0
 
 
@@ -285,6 +314,19 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
         _client_flags(p, "admin")
         p.set_defaults(func=_tenant_action(verb))
 
+    keys = admin.add_parser("keys", help="tenants' checkpoint keys").add_subparsers(dest="action", required=True)
+    p = keys.add_parser("rotate", help="new key version; re-wrap stored checkpoints without decrypting them")
+    p.add_argument("--tenant", required=True)
+    p.add_argument("--retire-unused", action="store_true", help="then destroy versions nothing uses any more")
+    _client_flags(p, "admin")
+    p.set_defaults(func=cmd_admin_keys_rotate)
+
+    admin_jobs = admin.add_parser("jobs", help="jobs of every tenant").add_subparsers(dest="action", required=True)
+    p = admin_jobs.add_parser("anomalies", help="updates a job's workers screened out")
+    p.add_argument("job_id")
+    _client_flags(p, "admin")
+    p.set_defaults(func=cmd_admin_anomalies)
+
     jobs = root.add_parser("jobs", help="training jobs").add_subparsers(dest="sub", required=True)
     p = jobs.add_parser("submit", help="submit a job from a YAML file and/or flags")
     p.add_argument("file", nargs="?", help="YAML file of Job fields")
@@ -306,6 +348,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     p = jobs.add_parser("list", help="your jobs")
     _client_flags(p, None)
     p.set_defaults(func=cmd_jobs_list)
+    p = jobs.add_parser("plot", help="draw the loss curves of an ended job to a PNG")
+    p.add_argument("job_id")
+    p.add_argument("--out", required=True)
+    _client_flags(p, None, json_flag=False)
+    p.set_defaults(func=cmd_jobs_plot)
     p = jobs.add_parser("logs", help="worker logs")
     p.add_argument("job_id")
     p.add_argument("--follow", "-f", action="store_true")

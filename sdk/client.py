@@ -79,6 +79,25 @@ class Checkpoint:
 
 
 @dataclass(frozen=True)
+class Anomaly:
+    reporter: int
+    peer: int
+    round: int
+    check: str
+    verdict: str
+    score: float
+    quarantined: bool
+    time: str
+
+
+@dataclass(frozen=True)
+class KeyRotation:
+    version: int
+    objects_rewrapped: int
+    retired: list[int]
+
+
+@dataclass(frozen=True)
 class AuditReport:
     intact: bool
     verdict: str
@@ -278,6 +297,23 @@ class Client:
         reply = self._call(self._admin.RevokeCertificate, admin_pb2.RevokeCertificateRequest(serial=serial,
                                                                                               reason=reason))
         return reply.principal
+
+    def rotate_tenant_key(self, tenant: str, *, retire_unused: bool = False) -> KeyRotation:
+        """New key version for ``tenant``; stored checkpoints are re-wrapped, bodies untouched."""
+        reply = self._call(self._admin.RotateTenantKey,
+                           admin_pb2.RotateTenantKeyRequest(tenant=tenant, retire_unused=retire_unused))
+        return KeyRotation(reply.version, reply.objects_rewrapped, list(reply.retired))
+
+    def simulate_attack(self, job_id: str, workers: list[int], attack: str, strength: float = 0.0) -> None:
+        """Evaluation only (admins): make some workers of a queued job send malicious updates."""
+        self._call(self._admin.SimulateAttack, admin_pb2.SimulateAttackRequest(
+            job_id=job_id, workers=workers, attack=attack, strength=strength))
+
+    def anomalies(self, job_id: str) -> list[Anomaly]:
+        """Updates that the job's workers screened out (admins)."""
+        reply = self._call(self._admin.ListAnomalies, admin_pb2.ListAnomaliesRequest(job_id=job_id))
+        return [Anomaly(a.reporter, a.peer, a.round, a.check, a.verdict, a.score, a.quarantined, a.time)
+                for a in reply.anomalies]
 
     def _tenant_action(self, method, name: str, reason: str) -> Tenant:
         return Tenant.from_proto(self._call(method, admin_pb2.TenantActionRequest(name=name, reason=reason)))

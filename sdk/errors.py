@@ -51,6 +51,10 @@ class Conflict(CantataError):
     """The object exists already or is in a state that forbids the action."""
 
 
+class DataLoss(CantataError):
+    """Stored data failed verification (a tampered or truncated checkpoint): nothing of it was used."""
+
+
 class Unavailable(CantataError):
     """The server cannot be reached, or the TLS handshake failed."""
 
@@ -67,6 +71,7 @@ _BY_CODE = {
     grpc.StatusCode.ALREADY_EXISTS: Conflict,
     grpc.StatusCode.FAILED_PRECONDITION: Conflict,
     grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.DATA_LOSS: DataLoss,
     grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable,
 }
 

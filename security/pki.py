@@ -149,6 +149,12 @@ def csr_fingerprint(pem: bytes) -> str:
     return "sha256:" + hashlib.sha256(der).hexdigest()
 
 
+def gossip_server_name(job_id: str, worker: int) -> str:
+    """The DNS SAN of worker ``worker`` of ``job_id``: gossip peers dial it by this name,
+    so parameters only ever go to that worker of that job."""
+    return f"worker-{worker}.{job_id.lower()}.gossip.cantata"
+
+
 def tenancy_status_message(name: str, unix_time: int) -> bytes:
     """What a tenant signs with its CSR key to prove possession when polling status."""
     return f"cantata-tenancy-status\n{name}\n{unix_time}".encode()

@@ -40,6 +40,7 @@ class ControlPlane:
         self.listen = listen or self.settings.listen
         self.ca = CertificateAuthority.load(self.paths.ca_cert.read_bytes(), self.paths.ca_key.read_bytes())
         self.store = Store(self.paths.database)
+        self.keyring = self.paths.open_keyring()
         self.audit = AuditLog.open(self.paths.audit)
         self.port: int | None = None
         self._stopping = threading.Event()
@@ -69,12 +70,12 @@ class ControlPlane:
             if not job.terminal:
                 self.scheduler.cancel(job.id, "tenant suspended")
 
-    def _open_checkpoint(self, record):
-        return open(Path(record.uri.removeprefix("file://")) / "model.pt", "rb")
-
-    def _checkpoint_dir(self, job) -> Path:
-        root = Path(job.spec.checkpoint_store.removeprefix("file://"))
-        return root / job.tenant / job.id
+    def _worker_secrets(self, job) -> dict:
+        """What only this job's workers may hold: the job's derived checkpoint keys."""
+        keys = self.keyring.job_keys(job.tenant, job.id)
+        self.record("server", Action.KEY_UNWRAPPED, resource=job.id, tenant=job.tenant,
+                    details={"purpose": "job keys for workers", "versions": keys.versions})
+        return {"checkpoint_keys": keys.to_json()}
 
     def _grpc_server(self, gatekeeper: Gatekeeper) -> grpc.Server:
         return grpc.server(
@@ -106,7 +107,7 @@ class ControlPlane:
         self.scheduler = Scheduler(
             self.store, launcher, slots=self.settings.max_workers_on_node, grace=self.settings.cancel_grace_seconds,
             max_attempts=self.settings.max_job_attempts, max_restarts=self.settings.max_worker_restarts,
-            checkpoint_dir=self._checkpoint_dir,
+            worker_secrets=self._worker_secrets,
             record_certificate=self._record_certificate, audit=self.record)
         spec_defaults = {"default_store": self.paths.checkpoints.resolve().as_uri(),
                          "roots": self.paths.allowed_roots(self.settings)}
@@ -114,12 +115,12 @@ class ControlPlane:
         tenancy_pb2_grpc.add_TenancyServicer_to_server(tenancy, server)
         tenancy_pb2_grpc.add_TenancyServicer_to_server(tenancy, enrollment)
         admin_pb2_grpc.add_AdminServicer_to_server(
-            AdminService(self.store, self.ca, self.settings.default_quota, self.settings.tenant_cert_days,
-                         self.record, self._suspend_jobs), server)
+            AdminService(self.store, self.ca, self.keyring, self.settings.default_quota,
+                         self.settings.tenant_cert_days, self.record, self._suspend_jobs), server)
         jobs_pb2_grpc.add_JobsServicer_to_server(
             JobsService(self.store, self.scheduler, launcher.log_path, spec_defaults, self.record), server)
         checkpoints_pb2_grpc.add_CheckpointsServicer_to_server(
-            CheckpointsService(self.store, self._open_checkpoint, self.record), server)
+            CheckpointsService(self.store, self.keyring, self.record), server)
         worker_pb2_grpc.add_WorkerServicer_to_server(
             WorkerService(self.store, self.record, revoke_quarantined=self.settings.revoke_quarantined_workers), server)
         audit_pb2_grpc.add_AuditServicer_to_server(AuditService(self.paths.audit, self.audit.checkpoint), server)

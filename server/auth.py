@@ -33,6 +33,7 @@ RULES: dict[str, frozenset[str]] = {
     "/cantata.v1.Admin/ResumeTenant": frozenset({ADMIN}),
     "/cantata.v1.Admin/SetQuota": frozenset({ADMIN}),
     "/cantata.v1.Admin/RevokeCertificate": frozenset({ADMIN}),
+    "/cantata.v1.Admin/RotateTenantKey": frozenset({ADMIN}),
     "/cantata.v1.Admin/ListAnomalies": frozenset({ADMIN}),
     "/cantata.v1.Admin/SimulateAttack": frozenset({ADMIN}),
     "/cantata.v1.Jobs/SubmitJob": frozenset({TENANT}),

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from cantata.security import audit
+from cantata.security.keys import MASTER_KEY_ENV, MasterKey
 from cantata.security.pki import CertificateAuthority, Principal
 from cantata.server.config import DataDir, ServerSettings, enrollment_address, write_private
 from cantata.server.store import Store
@@ -69,6 +70,8 @@ def init_data_dir(root: Path, *, listen: str, enroll_listen: str = "", admin: st
     write_private(paths.server_key, server.key_pem)
 
     audit.init_audit(paths.audit)
+    if not os.environ.get(MASTER_KEY_ENV):
+        MasterKey.create_file(paths.master_key)
     paths.jobs.mkdir()
     paths.checkpoints.mkdir()
 

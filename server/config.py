@@ -5,6 +5,8 @@
     D/trust.pem          CA certificates accepted from clients (reloaded on change)
     D/server.pem/.key    the server's TLS certificate
     D/state.db           SQLite control-plane state
+    D/master.key         master key of the tenant keyring (0600), unless $CANTATA_MASTER_KEY is set
+    D/keyring.sealed     tenants' key-encryption keys, encrypted under the master key
     D/audit/             tamper-evident audit log and its signing keys
     D/jobs/<job-id>/     per-job workspaces (worker configs, certificates, logs)
     D/checkpoints/       the default local checkpoint store
@@ -13,8 +15,11 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from cantata.security.keys import MASTER_KEY_ENV, LocalKeyring, MasterKey
 
 CONFIG_NAME = "server.json"
 
@@ -77,6 +82,19 @@ class DataDir:
     @property
     def database(self) -> Path:
         return self.root / "state.db"
+
+    @property
+    def master_key(self) -> Path:
+        return self.root / "master.key"
+
+    @property
+    def keyring(self) -> Path:
+        return self.root / "keyring.sealed"
+
+    def open_keyring(self) -> LocalKeyring:
+        """The tenant keyring, under $CANTATA_MASTER_KEY if set, else ``master.key``."""
+        master = MasterKey.from_env() if os.environ.get(MASTER_KEY_ENV) else MasterKey.from_file(self.master_key)
+        return LocalKeyring(self.keyring, master)
 
     @property
     def audit(self) -> Path:

@@ -2,24 +2,28 @@
 
 The SDK validates too, but only this check is authoritative. A bad field is an
 ``InvalidField`` naming it. ``file://`` locations must lie under an allowed
-root, with no ``..`` and no symbolic link on the way.
+root, with no ``..`` and no symbolic link on the way; ``s3://`` and ``az://``
+stores are reached with the server's own SDK configuration.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from cantata.proto.v1 import common_pb2
 
 MODELS = ("gpt-tiny", "gpt-small")
-ALGORITHMS = ("single", "allreduce")
+ALGORITHMS = ("single", "allreduce", "gasloc", "diloco")
+DECENTRALIZED = ("gasloc", "diloco")
 OPTIMIZERS = ("adamw", "muon")
-TOPOLOGIES = ("", "complete")
-COMPRESSIONS = ("", "none")
+TOPOLOGIES = ("ring", "torus", "exponential", "complete", "one-peer", "two-peer")
+COMPRESSIONS = ("none", "bf16", "int8")
 MAX_NAME = 128
+BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 MAX_STEPS = 10_000_000
 MAX_WORKERS = 256
 
@@ -72,8 +76,17 @@ def parse_job_spec(spec: common_pb2.JobSpec, *, default_store: str, roots: list[
     s.workers = s.workers or 1
     _require(0 < s.workers <= MAX_WORKERS, "workers", f"must be 1..{MAX_WORKERS}")
     _require(s.algorithm != "single" or s.workers == 1, "workers", "algorithm 'single' runs one worker")
-    _require(s.topology in TOPOLOGIES, "topology", f"unknown topology {s.topology!r}")
-    _require(s.compression in COMPRESSIONS, "compression", f"unknown compression {s.compression!r}")
+    decentralized = s.algorithm in DECENTRALIZED
+    _require(not decentralized or s.workers >= 2, "workers", f"{s.algorithm} needs at least 2 workers")
+    _require(not s.topology or (decentralized and s.topology in TOPOLOGIES), "topology",
+             f"topology {s.topology!r}: one of {', '.join(TOPOLOGIES)}, for gasloc or diloco")
+    _require(not s.compression or (decentralized and s.compression in COMPRESSIONS), "compression",
+             f"compression {s.compression!r}: one of {', '.join(COMPRESSIONS)}, for gasloc or diloco")
+    _require(s.local_steps <= 10_000, "local_steps", "must be <= 10000")
+    for name in ("outer_lr", "outer_momentum", "gossip_step"):
+        value = getattr(s, name)
+        _require(math.isfinite(value) and 0 <= value <= 10, name, "must be a finite number in [0, 10]")
+    _require(s.outer_momentum < 1, "outer_momentum", "must be < 1")
     s.optimizer = s.optimizer or "adamw"
     _require(s.optimizer in OPTIMIZERS, "optimizer", f"unknown optimizer {s.optimizer!r}")
     _require(0 < s.steps <= MAX_STEPS, "steps", f"must be 1..{MAX_STEPS}")
@@ -90,5 +103,17 @@ def parse_job_spec(spec: common_pb2.JobSpec, *, default_store: str, roots: list[
     s.lr = s.lr or (0.02 if s.optimizer == "muon" else 3e-3)
     s.seed = s.seed or 1337
     s.checkpoint_store = s.checkpoint_store or default_store
-    local_path(s.checkpoint_store, "checkpoint_store", roots)
+    check_store(s.checkpoint_store, "checkpoint_store", roots)
     return s
+
+
+def check_store(uri: str, field: str, roots: list[Path]) -> None:
+    """A blob store URI the platform can use: file:// under the roots, s3://bucket/prefix, az://container/prefix."""
+    scheme, _, rest = uri.partition("://")
+    if scheme == "file":
+        local_path(uri, field, roots)
+        return
+    _require(scheme in ("s3", "az"), field, f"unsupported store {uri!r} (use file://, s3:// or az://)")
+    bucket, _, prefix = rest.partition("/")
+    _require(BUCKET.match(bucket) is not None, field, f"invalid bucket or container name {bucket!r}")
+    _require(".." not in prefix.split("/") and len(prefix) <= 512, field, "invalid prefix")

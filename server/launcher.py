@@ -21,7 +21,7 @@ from pathlib import Path
 
 from google.protobuf import json_format
 
-from cantata.security.pki import CertificateAuthority, Principal
+from cantata.security.pki import CertificateAuthority, Principal, gossip_server_name
 from cantata.server.config import write_private
 from cantata.server.store import JobRecord
 
@@ -88,9 +88,12 @@ class WorkerLauncher:
     def log_path(self, job_id: str, worker: int) -> Path:
         return self.workspace(job_id) / f"worker-{worker}.log"
 
-    def launch(self, job: JobRecord, *, checkpoint_dir: Path, on_certificate, attack: dict | None = None
+    def launch(self, job: JobRecord, *, secrets: dict, on_certificate, attack: dict | None = None
                ) -> dict[int, int]:
-        """Start every worker of ``job``; returns worker index -> pid."""
+        """Start every worker of ``job``; returns worker index -> pid.
+
+        ``secrets`` (the job's checkpoint keys) go only into the 0600 config files.
+        """
         ws = self.workspace(job.id)
         ws.mkdir(parents=True, exist_ok=True)
         ws.chmod(0o700)
@@ -103,7 +106,7 @@ class WorkerLauncher:
             "server": self._server_address,
             "ca": str(ws / "ca.pem"),
             "rendezvous": f"tcp://127.0.0.1:{free_port()}",
-            "checkpoint_dir": str(checkpoint_dir),
+            **secrets,
             "threads": max(1, (os.cpu_count() or 1) // job.spec.workers),
             "attack": attack,
             "spec": json_format.MessageToDict(job.spec, preserving_proto_field_name=True),
@@ -124,8 +127,8 @@ class WorkerLauncher:
     def _spawn(self, job_id: str, i: int, shared: dict, on_certificate) -> subprocess.Popen:
         ws = self.workspace(job_id)
         principal = Principal.worker(job_id, i)
-        bundle = self._ca.issue_bundle(principal, lifetime=self._cert_lifetime,
-                                       dns_names=["localhost"], ips=["127.0.0.1"], server=True)
+        bundle = self._ca.issue_bundle(principal, lifetime=self._cert_lifetime, server=True,
+                                       dns_names=[gossip_server_name(job_id, i)])
         on_certificate(bundle.certificate, principal.uri)
         (ws / f"worker-{i}.pem").write_bytes(bundle.cert_pem)
         write_private(ws / f"worker-{i}.key", bundle.key_pem)

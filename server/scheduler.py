@@ -16,12 +16,12 @@ from collections.abc import Callable
 from cantata.proto.v1 import common_pb2 as pb
 from cantata.proto.v1 import jobs_pb2
 from cantata.security.audit import Action
+from cantata.server.jobspec import DECENTRALIZED
 from cantata.server.launcher import WorkerLauncher, kill_group, log_tail, process_alive
 from cantata.server.store import ACTIVE, JobRecord, Store, WorkerRecord
 
 log = logging.getLogger(__name__)
 
-DECENTRALIZED = ("gasloc", "diloco")
 
 
 def quorum(workers: int) -> int:
@@ -31,7 +31,7 @@ def quorum(workers: int) -> int:
 
 class Scheduler:
     def __init__(self, store: Store, launcher: WorkerLauncher, *, slots: int, grace: float,
-                 max_attempts: int, max_restarts: int, checkpoint_dir: Callable[[JobRecord], object],
+                 max_attempts: int, max_restarts: int, worker_secrets: Callable[[JobRecord], dict],
                  record_certificate: Callable, audit: Callable[..., object], interval: float = 0.2):
         self._store = store
         self._launcher = launcher
@@ -39,7 +39,7 @@ class Scheduler:
         self._grace = grace
         self._max_attempts = max_attempts
         self._max_restarts = max_restarts
-        self._checkpoint_dir = checkpoint_dir
+        self._worker_secrets = worker_secrets
         self._record_certificate = record_certificate
         self._audit = audit
         self._interval = interval
@@ -71,6 +71,7 @@ class Scheduler:
     def tick(self) -> None:
         with self._lock:
             for exit_ in self._launcher.poll():
+                self._store.set_gossip_address(exit_.job_id, exit_.worker, "")  # peers stop waiting for it
                 if exit_.returncode != 0:
                     self._on_worker_failed(exit_.job_id, exit_.worker, exit_.returncode)
             for job_id in self._launcher.finished_jobs():
@@ -104,7 +105,7 @@ class Scheduler:
             try:
                 attack = self._store.attack(job.id)
                 pids = self._launcher.launch(self._store.job(job.id),
-                                             checkpoint_dir=self._checkpoint_dir(job),
+                                             secrets=self._worker_secrets(job),
                                              on_certificate=self._record_certificate,
                                              attack=json.loads(attack) if attack else None)
             except Exception as exc:

@@ -75,6 +75,7 @@ CREATE TABLE IF NOT EXISTS workers (
     failure TEXT NOT NULL DEFAULT '',
     restarts INTEGER NOT NULL DEFAULT 0,
     gossip_address TEXT NOT NULL DEFAULT '',
+    round INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (job_id, idx)
 );
 CREATE TABLE IF NOT EXISTS anomalies (
@@ -87,14 +88,6 @@ CREATE TABLE IF NOT EXISTS anomalies (
     score REAL NOT NULL,
     quarantined INTEGER NOT NULL,
     time TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS checkpoints (
-    job_id TEXT NOT NULL,
-    step INTEGER NOT NULL,
-    uri TEXT NOT NULL,
-    size_bytes INTEGER NOT NULL,
-    created_at TEXT NOT NULL,
-    PRIMARY KEY (job_id, step)
 );
 """
 
@@ -165,15 +158,6 @@ class JobRecord:
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL
-
-
-@dataclass
-class CheckpointRecord:
-    job_id: str
-    step: int
-    uri: str
-    size_bytes: int
-    created_at: str
 
 
 @dataclass
@@ -493,6 +477,15 @@ class Store:
             db.execute("UPDATE workers SET pid=?, restarts=restarts+1, failure='', gossip_address='' "
                        "WHERE job_id=? AND idx=?", (pid, job_id, idx))
 
+    def set_round(self, job_id: str, idx: int, round_: int) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE workers SET round=MAX(round, ?) WHERE job_id=? AND idx=?", (round_, job_id, idx))
+
+    def latest_round(self, job_id: str) -> int:
+        with self._lock:
+            return self._db.execute("SELECT COALESCE(MAX(round), 0) FROM workers WHERE job_id=?",
+                                    (job_id,)).fetchone()[0]
+
     def set_gossip_address(self, job_id: str, idx: int, address: str) -> None:
         with self._tx() as db:
             db.execute("UPDATE workers SET gossip_address=? WHERE job_id=? AND idx=?", (address, job_id, idx))
@@ -523,26 +516,6 @@ class Store:
         with self._tx() as db:
             db.execute("UPDATE workers SET finished=MAX(finished, ?), failure=CASE WHEN ?='' THEN failure "
                        "ELSE ? END WHERE job_id=? AND idx=?", (int(finished), failure, failure, job_id, idx))
-
-    # ---- checkpoints ---------------------------------------------------
-    def add_checkpoint(self, job_id: str, step: int, uri: str, size_bytes: int) -> None:
-        with self._tx() as db:
-            db.execute("INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?)",
-                       (job_id, step, uri, size_bytes, utcnow()))
-
-    def checkpoints(self, job_id: str) -> list[CheckpointRecord]:
-        with self._lock:
-            return [CheckpointRecord(*r) for r in self._db.execute(
-                "SELECT job_id, step, uri, size_bytes, created_at FROM checkpoints WHERE job_id=? "
-                "ORDER BY step", (job_id,))]
-
-    def checkpoint(self, job_id: str, step: int) -> CheckpointRecord:
-        with self._lock:
-            row = self._db.execute("SELECT job_id, step, uri, size_bytes, created_at FROM checkpoints "
-                                   "WHERE job_id=? AND step=?", (job_id, step)).fetchone()
-            if row is None:
-                raise NotFound(f"checkpoint {step} of job {job_id!r} not found")
-            return CheckpointRecord(*row)
 
 
 def _in(values: frozenset[int]) -> str:

@@ -36,7 +36,7 @@ def cli(*args: str, env: dict | None = None, check: bool = True, timeout: float 
 class Platform:
     """Owns one server process; can stop it gracefully, kill it and restart it."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, env: dict | None = None):
         self.root = root
         self.data_dir = root / "data"
         self.home = root / "home"
@@ -44,7 +44,7 @@ class Platform:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.enroll_address = f"127.0.0.1:{free_port()}"
-        self.env = {**os.environ, "CANTATA_HOME": str(self.home)}
+        self.env = {**os.environ, **(env or {}), "CANTATA_HOME": str(self.home)}
         os.environ["CANTATA_HOME"] = str(self.home)
         self.proc: subprocess.Popen | None = None
         cli("server", "init", "--data-dir", str(self.data_dir), "--listen", self.address,

@@ -36,10 +36,9 @@ from statistics import NormalDist
 
 import torch
 
-from cantata.security.anomaly.attack_policy import AttackConfig, AttackKind
+from cantata.security.anomaly.attack_policy import OWN_FRAME_ATTACKS, AttackConfig, AttackKind
 
-
-OWN_FRAME_ATTACKS = frozenset({AttackKind.SIGN_FLIP, AttackKind.SCALE, AttackKind.GAUSSIAN, AttackKind.NAN})
+__all__ = ["OWN_FRAME_ATTACKS", "AttackView", "alie_z_max", "craft"]
 
 
 @dataclass(frozen=True)

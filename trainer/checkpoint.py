@@ -1,68 +1,52 @@
-"""Plaintext checkpoints in a local directory.
+"""A job's checkpoints as its workers write and read them: sealed, in the job's blob store.
 
-``<dir>/step-<N>/`` holds ``model.pt``, one ``optim-<rank>.pt`` per rank and
-``manifest.json``, written last (after every file is fsynced): a step
-directory without its manifest is ignored, so a crash mid-write leaves the
-previous checkpoint as the latest. Loading uses ``weights_only=True``.
+Every rank seals its own optimizer shard; the lead rank seals the model, then
+commits the manifest that makes the checkpoint exist (see
+``cantata.security.sealed_checkpoint``). The worker holds only its job's
+derived keys, handed over by the server in its 0600 config file.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-from pathlib import Path
+import torch.distributed as dist
 
-import torch
+from cantata.security.keys import JobKeys
+from cantata.security.sealed_checkpoint import (begin_checkpoint, commit_checkpoint, latest_checkpoint,
+                                                load_checkpoint, write_shard)
+from cantata.storage import open_store
 
-MANIFEST = "manifest.json"
-
-
-def _fsync_write(path: Path, write) -> int:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path.stat().st_size
+KEEP_LAST = 3
 
 
-def step_dir(root: Path, step: int) -> Path:
-    return root / f"step-{step:09d}"
+class JobCheckpoints:
+    def __init__(self, store_uri: str, tenant: str, job_id: str, keys_json: str):
+        self._store = open_store(store_uri)
+        self._where = {"tenant": tenant, "job_id": job_id}
+        self._keys = JobKeys.from_json(keys_json)
 
+    def latest_step(self) -> int | None:
+        """The newest checkpoint whose manifest verifies, or None."""
+        info = latest_checkpoint(self._store, keys=self._keys, **self._where)
+        return info.step if info else None
 
-def save_shard(root: Path, step: int, name: str, state: dict) -> int:
-    """Write one shard (e.g. ``model`` or ``optim-0``) of checkpoint ``step``; returns its size."""
-    folder = step_dir(root, step)
-    folder.mkdir(parents=True, exist_ok=True)
-    return _fsync_write(folder / f"{name}.pt", lambda f: torch.save(state, f))
+    def load(self, step: int) -> dict:
+        """Every shard of checkpoint ``step``, verified before anything is deserialised."""
+        return load_checkpoint(self._store, step=step, keys=self._keys, **self._where)
 
-
-def commit(root: Path, step: int, shards: list[str], keep_last: int = 3) -> int:
-    """Write the manifest that makes checkpoint ``step`` exist; prune old ones. Returns total bytes."""
-    folder = step_dir(root, step)
-    sizes = {name: (folder / f"{name}.pt").stat().st_size for name in shards}
-    _fsync_write(folder / MANIFEST, lambda f: f.write(json.dumps({"step": step, "shards": sizes}).encode()))
-    for old in committed_steps(root)[:-keep_last]:
-        shutil.rmtree(step_dir(root, old), ignore_errors=True)
-    return sum(sizes.values())
-
-
-def committed_steps(root: Path) -> list[int]:
-    """Steps whose manifest exists and lists files that are all present, oldest first."""
-    steps = []
-    for manifest in root.glob(f"step-*/{MANIFEST}"):
-        try:
-            meta = json.loads(manifest.read_text())
-        except (OSError, ValueError):
-            continue
-        folder = manifest.parent
-        if all((folder / f"{n}.pt").stat().st_size == size if (folder / f"{n}.pt").exists() else False
-               for n, size in meta["shards"].items()):
-            steps.append(int(meta["step"]))
-    return sorted(steps)
-
-
-def load_shard(root: Path, step: int, name: str) -> dict:
-    return torch.load(step_dir(root, step) / f"{name}.pt", weights_only=True)
+    def save(self, step: int, rank: int, shards: dict[str, dict], group) -> int | None:
+        """Seal this rank's ``shards``; the lead rank commits. Returns the committed size on the lead."""
+        if rank == 0:
+            begin_checkpoint(self._store, step=step, **self._where)
+        if group is not None:
+            dist.barrier(group)
+        infos = [write_shard(self._store, step=step, name=name, state=state, kek=self._keys.current, **self._where)
+                 for name, state in shards.items()]
+        if group is not None:
+            gathered = [None] * dist.get_world_size(group) if rank == 0 else None
+            dist.gather_object(infos, gathered, dst=0, group=group)
+            infos = [info for rank_infos in (gathered or []) for info in rank_infos]
+        if rank != 0:
+            return None
+        commit_checkpoint(self._store, step=step, shards=infos, kek=self._keys.current, keep_last=KEEP_LAST,
+                          **self._where)
+        return sum(info.sealed_size for info in infos)

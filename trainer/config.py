@@ -23,7 +23,7 @@ class WorkerConfig:
     cert: Path
     key: Path
     rendezvous: str
-    checkpoint_dir: Path
+    checkpoint_keys: str  # this job's derived checkpoint keys (JSON), from the server
     threads: int
     spec: common_pb2.JobSpec
     attack: dict | None = None  # evaluation only: set by an admin, never by the tenant
@@ -32,6 +32,6 @@ class WorkerConfig:
     def load(cls, path: Path) -> WorkerConfig:
         raw = json.loads(Path(path).read_text())
         spec = json_format.ParseDict(raw.pop("spec"), common_pb2.JobSpec())
-        for key in ("ca", "cert", "key", "checkpoint_dir"):
+        for key in ("ca", "cert", "key"):
             raw[key] = Path(raw[key])
         return cls(spec=spec, **raw)

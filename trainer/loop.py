@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from cantata.trainer import checkpoint
+from cantata.trainer.checkpoint import JobCheckpoints
 from cantata.trainer.config import WorkerConfig
 from cantata.trainer.data import BatchSampler, load_corpus
 from cantata.trainer.model import GPT, build_model
@@ -74,12 +74,12 @@ def train(cfg: WorkerConfig, reporter: Reporter, stop: threading.Event) -> float
     val_batches = BatchSampler(corpus.val, spec.batch_size, seq_len, spec.seed, worker=-1)
     schedule = Schedule(spec.lr, spec.steps)
 
-    start = 0
-    steps_done = checkpoint.committed_steps(cfg.checkpoint_dir)
-    if steps_done:
-        start = steps_done[-1]
-        model.load_state_dict(checkpoint.load_shard(cfg.checkpoint_dir, start, "model"))
-        optimizer.load_state_dict(checkpoint.load_shard(cfg.checkpoint_dir, start, f"optim-{cfg.worker}"))
+    checkpoints = JobCheckpoints(spec.checkpoint_store, cfg.tenant, cfg.job_id, cfg.checkpoint_keys)
+    start = checkpoints.latest_step() or 0
+    if start:
+        shards = checkpoints.load(start)
+        model.load_state_dict(shards["model"])
+        optimizer.load_state_dict(shards[f"optim-{cfg.worker}"])
         if lead:
             reporter.message(f"resumed from checkpoint at step {start}")
 
@@ -107,20 +107,13 @@ def train(cfg: WorkerConfig, reporter: Reporter, stop: threading.Event) -> float
             if lead:
                 reporter.eval(step, val_loss)
         if step % spec.checkpoint_every == 0 or step == spec.steps:
-            save(cfg, reporter, step, model, optimizer, group)
+            shards = {f"optim-{cfg.worker}": optimizer.state_dict()}
+            if lead:
+                shards["model"] = model.state_dict()
+            size = checkpoints.save(step, cfg.worker, shards, group)
+            if lead:
+                reporter.checkpoint(step, spec.checkpoint_store, size)
     if group is not None:
         dist.destroy_process_group()
     return val_loss
 
-
-def save(cfg: WorkerConfig, reporter: Reporter, step: int, model: GPT, optimizer, group) -> None:
-    """Every rank writes its optimizer shard; the lead writes the model and commits."""
-    shards = ["model"] + [f"optim-{r}" for r in range(cfg.workers)]
-    checkpoint.save_shard(cfg.checkpoint_dir, step, f"optim-{cfg.worker}", optimizer.state_dict())
-    if cfg.worker == 0:
-        checkpoint.save_shard(cfg.checkpoint_dir, step, "model", model.state_dict())
-    if group is not None:
-        dist.barrier(group)
-    if cfg.worker == 0:
-        size = checkpoint.commit(cfg.checkpoint_dir, step, shards)
-        reporter.checkpoint(step, checkpoint.step_dir(cfg.checkpoint_dir, step).as_uri(), size)

@@ -48,5 +48,21 @@ class Reporter:
     def failed(self, reason: str) -> None:
         self.send(failed=worker_pb2.Failed(reason=reason))
 
+    def gossip_endpoint(self, address: str) -> None:
+        self.send(gossip=worker_pb2.GossipEndpoint(address=address))
+
+    def round(self, round_: int, peers: list[int], skipped: list[int], seconds: float) -> None:
+        self.send(round=worker_pb2.Round(round=round_, peers=peers, skipped=skipped, seconds=seconds))
+
+    def anomaly(self, peer: int, round_: int, check: str, verdict: str, score: float, quarantined: bool) -> None:
+        self.send(anomaly=worker_pb2.Anomaly(peer=peer, round=round_, check=check, verdict=verdict, score=score,
+                                             quarantined=quarantined))
+
+    def peers(self) -> tuple[dict[int, str], int]:
+        """The job's registered gossip endpoints, and the latest finished round."""
+        reply = self._stub.GetPeers(worker_pb2.GetPeersRequest(job_id=self._job_id), timeout=REPORT_TIMEOUT,
+                                    wait_for_ready=True)
+        return dict(reply.peers), reply.round
+
     def close(self) -> None:
         self._channel.close()

@@ -16,6 +16,7 @@ import traceback
 from pathlib import Path
 
 from cantata.trainer.config import WorkerConfig
+from cantata.trainer.decentralized import train_decentralized
 from cantata.trainer.loop import Stopped, train
 from cantata.trainer.reporter import Reporter
 
@@ -48,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     reporter = Reporter(cfg)
     try:
         reporter.started()
-        final_val_loss = train(cfg, reporter, stop)
+        run = train_decentralized if cfg.spec.algorithm in ("gasloc", "diloco") else train
+        final_val_loss = run(cfg, reporter, stop)
         reporter.finished(final_val_loss)
         print(f"worker {cfg.worker}: finished, validation loss {final_val_loss:.4f}", flush=True)
         return 0

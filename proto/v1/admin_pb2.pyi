@@ -132,3 +132,21 @@ class SimulateAttackReply(_message.Message):
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class RotateTenantKeyRequest(_message.Message):
+    __slots__ = ("tenant", "retire_unused")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    RETIRE_UNUSED_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    retire_unused: bool
+    def __init__(self, tenant: _Optional[str] = ..., retire_unused: _Optional[bool] = ...) -> None: ...
+
+class RotateTenantKeyReply(_message.Message):
+    __slots__ = ("version", "objects_rewrapped", "retired")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_REWRAPPED_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    objects_rewrapped: int
+    retired: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, version: _Optional[int] = ..., objects_rewrapped: _Optional[int] = ..., retired: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -69,6 +69,11 @@ class AdminStub:
                 request_serializer=cantata_dot_v1_dot_admin__pb2.RevokeCertificateRequest.SerializeToString,
                 response_deserializer=cantata_dot_v1_dot_admin__pb2.RevokeCertificateReply.FromString,
                 _registered_method=True)
+        self.RotateTenantKey = channel.unary_unary(
+                '/cantata.v1.Admin/RotateTenantKey',
+                request_serializer=cantata_dot_v1_dot_admin__pb2.RotateTenantKeyRequest.SerializeToString,
+                response_deserializer=cantata_dot_v1_dot_admin__pb2.RotateTenantKeyReply.FromString,
+                _registered_method=True)
         self.ListAnomalies = channel.unary_unary(
                 '/cantata.v1.Admin/ListAnomalies',
                 request_serializer=cantata_dot_v1_dot_admin__pb2.ListAnomaliesRequest.SerializeToString,
@@ -126,6 +131,14 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RotateTenantKey(self, request, context):
+        """A new key-encryption key version for a tenant; existing checkpoints'
+        data keys are re-wrapped without decrypting their bodies.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListAnomalies(self, request, context):
         """Gradient anomalies that workers of a job reported.
         """
@@ -178,6 +191,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.RevokeCertificate,
                     request_deserializer=cantata_dot_v1_dot_admin__pb2.RevokeCertificateRequest.FromString,
                     response_serializer=cantata_dot_v1_dot_admin__pb2.RevokeCertificateReply.SerializeToString,
+            ),
+            'RotateTenantKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.RotateTenantKey,
+                    request_deserializer=cantata_dot_v1_dot_admin__pb2.RotateTenantKeyRequest.FromString,
+                    response_serializer=cantata_dot_v1_dot_admin__pb2.RotateTenantKeyReply.SerializeToString,
             ),
             'ListAnomalies': grpc.unary_unary_rpc_method_handler(
                     servicer.ListAnomalies,
@@ -379,6 +397,33 @@ class Admin:
             '/cantata.v1.Admin/RevokeCertificate',
             cantata_dot_v1_dot_admin__pb2.RevokeCertificateRequest.SerializeToString,
             cantata_dot_v1_dot_admin__pb2.RevokeCertificateReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RotateTenantKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cantata.v1.Admin/RotateTenantKey',
+            cantata_dot_v1_dot_admin__pb2.RotateTenantKeyRequest.SerializeToString,
+            cantata_dot_v1_dot_admin__pb2.RotateTenantKeyReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -131,7 +131,7 @@ class GetPeersRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class GetPeersReply(_message.Message):
-    __slots__ = ("peers",)
+    __slots__ = ("peers", "round")
     class PeersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -140,5 +140,7 @@ class GetPeersReply(_message.Message):
         value: str
         def __init__(self, key: _Optional[int] = ..., value: _Optional[str] = ...) -> None: ...
     PEERS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
     peers: _containers.ScalarMap[int, str]
-    def __init__(self, peers: _Optional[_Mapping[int, str]] = ...) -> None: ...
+    round: int
+    def __init__(self, peers: _Optional[_Mapping[int, str]] = ..., round: _Optional[int] = ...) -> None: ...

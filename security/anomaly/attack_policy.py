@@ -30,6 +30,11 @@ class AttackKind(str, Enum):
     DISSENSUS = "dissensus"
 
 
+# Attacks a real worker can mount from its own update alone; the omniscient
+# ones (ALIE, IPM, dissensus) need every honest vector and run in the benchmark.
+OWN_FRAME_ATTACKS = frozenset({AttackKind.SIGN_FLIP, AttackKind.SCALE, AttackKind.GAUSSIAN, AttackKind.NAN})
+
+
 class SpecOrigin(Enum):
     """Who a job spec came from, as the server learned it from the caller's certificate."""
 

@@ -9,11 +9,15 @@ import grpc
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from cantata.proto.v1 import admin_pb2, admin_pb2_grpc, common_pb2
-from cantata.security.anomaly.attack_policy import InvalidAttackConfig, SpecOrigin, parse_attack_config
+from cantata.security.anomaly.attack_policy import (OWN_FRAME_ATTACKS, InvalidAttackConfig, SpecOrigin,
+                                                    parse_attack_config)
 from cantata.security.audit import Action
+from cantata.security.keys import KeyProvider, UnknownTenantError
+from cantata.security.sealed_checkpoint import key_versions_in_use, rewrap_checkpoints
 from cantata.security.pki import CertificateAuthority, Principal, load_csr
 from cantata.server.auth import abort, caller
 from cantata.server.store import Conflict, NotFound, Store, Tenant
+from cantata.storage import open_store
 
 
 # Which AttackConfig field SimulateAttackRequest.strength sets, per attack.
@@ -22,10 +26,11 @@ ATTACK_STRENGTH = {"scale": "scale", "gaussian": "sigma", "alie": "alie_z", "ipm
 
 
 class AdminService(admin_pb2_grpc.AdminServicer):
-    def __init__(self, store: Store, ca: CertificateAuthority, default_quota: dict, tenant_cert_days: int,
-                 audit, on_suspend):
+    def __init__(self, store: Store, ca: CertificateAuthority, keyring: KeyProvider, default_quota: dict,
+                 tenant_cert_days: int, audit, on_suspend):
         self._store = store
         self._ca = ca
+        self._keyring = keyring
         self._default_quota = default_quota
         self._cert_lifetime = dt.timedelta(days=tenant_cert_days)
         self._audit = audit
@@ -73,7 +78,9 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         except Conflict as exc:
             self._record(context, Action.TENANT_APPROVED, request.name, outcome="refused", reason=str(exc))
             abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        version = self._keyring.ensure_tenant(tenant.name)
         self._record(context, Action.TENANT_APPROVED, tenant.name, quota=_quota_dict(quota))
+        self._record(context, Action.KEY_CREATED, tenant.name, key_version=version)
         self._record(context, Action.CERTIFICATE_ISSUED, tenant.name, serial=format(cert.serial_number, "x"))
         return self._info(tenant)
 
@@ -112,6 +119,23 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                     details={"principal": principal, "reason": request.reason}, peer=context.peer())
         return admin_pb2.RevokeCertificateReply(serial=request.serial.lower(), principal=principal)
 
+    def RotateTenantKey(self, request, context):
+        try:
+            self._store.tenant(request.tenant)
+            version = self._keyring.rotate(request.tenant)
+        except (NotFound, UnknownTenantError) as exc:
+            abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
+        rewrapped, in_use = 0, set()
+        for job in self._store.jobs(tenant=request.tenant):
+            store = open_store(job.spec.checkpoint_store)
+            rewrapped += rewrap_checkpoints(store, tenant=job.tenant, job_id=job.id,
+                                            keys=self._keyring.job_keys(job.tenant, job.id))
+            in_use |= key_versions_in_use(store, tenant=job.tenant, job_id=job.id)
+        retired = self._keyring.retire_unused(request.tenant, in_use | {version}) if request.retire_unused else []
+        self._record(context, Action.KEY_ROTATED, request.tenant, key_version=version, objects_rewrapped=rewrapped,
+                     retired_versions=retired)
+        return admin_pb2.RotateTenantKeyReply(version=version, objects_rewrapped=rewrapped, retired=retired)
+
     def ListAnomalies(self, request, context):
         try:
             self._store.job(request.job_id)
@@ -130,7 +154,9 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             raw[ATTACK_STRENGTH.get(request.attack, "scale")] = request.strength
         try:
             job = self._store.job(request.job_id)
-            parse_attack_config(raw, SpecOrigin.ADMIN)
+            if parse_attack_config(raw, SpecOrigin.ADMIN).kind not in OWN_FRAME_ATTACKS:
+                raise InvalidAttackConfig(f"{request.attack} needs every honest vector: run it in "
+                                          "benchmarks/bench_anomaly.py, not in a job")
             if any(w >= job.spec.workers for w in request.workers):
                 raise InvalidAttackConfig(f"the job has {job.spec.workers} workers")
             self._store.set_attack(job.id, json.dumps(raw))

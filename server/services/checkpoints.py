@@ -1,4 +1,8 @@
-"""Checkpoints: list a job's checkpoints and stream one to the tenant who owns it."""
+"""Checkpoints: list a job's checkpoints and stream one, decrypted, to the tenant who owns it.
+
+The store is the source of truth: a checkpoint exists only if its sealed
+manifest verifies under the job's key.
+"""
 
 from __future__ import annotations
 
@@ -8,43 +12,62 @@ import grpc
 
 from cantata.proto.v1 import checkpoints_pb2, checkpoints_pb2_grpc
 from cantata.security.audit import Action
+from cantata.security.keys import KeyProvider
+from cantata.security.sealed_checkpoint import IntegrityError, list_checkpoints, read_shard
 from cantata.server.auth import abort, caller
-from cantata.server.store import NotFound, Store
+from cantata.server.store import JobRecord, NotFound, Store
+from cantata.storage import StoreError, open_store
 
-CHUNK = 1 << 20
+MODEL_SHARD = "model"
 
 
 class CheckpointsService(checkpoints_pb2_grpc.CheckpointsServicer):
-    def __init__(self, store: Store, open_checkpoint, audit):
+    def __init__(self, store: Store, keyring: KeyProvider, audit):
         self._store = store
-        self._open = open_checkpoint  # (CheckpointRecord) -> binary file object of the model state
+        self._keyring = keyring
         self._audit = audit
 
-    def _scoped(self, context, job_id: str):
+    def _scoped(self, context, job_id: str) -> JobRecord:
         try:
             return self._store.job(job_id, tenant=caller(context).name)
         except NotFound:
             abort(context, grpc.StatusCode.NOT_FOUND, f"job {job_id!r} not found")
 
+    def _list(self, context, job: JobRecord):
+        try:
+            return list_checkpoints(open_store(job.spec.checkpoint_store), tenant=job.tenant, job_id=job.id,
+                                    keys=self._keyring.job_keys(job.tenant, job.id))
+        except StoreError as exc:
+            abort(context, grpc.StatusCode.UNAVAILABLE, f"checkpoint store unavailable: {exc}")
+
     def ListCheckpoints(self, request, context):
         job = self._scoped(context, request.job_id)
         reply = checkpoints_pb2.ListCheckpointsReply()
-        for ckpt in self._store.checkpoints(job.id):
-            info = reply.checkpoints.add(job_id=job.id, step=ckpt.step, size_bytes=ckpt.size_bytes)
-            info.created.FromJsonString(ckpt.created_at.replace("+00:00", "Z"))
+        for info in self._list(context, job):
+            ckpt = reply.checkpoints.add(job_id=job.id, step=info.step, size_bytes=info.plaintext_size)
+            ckpt.created.FromJsonString(info.created_at.replace("+00:00", "Z"))
         return reply
 
     def DownloadCheckpoint(self, request, context):
         job = self._scoped(context, request.job_id)
-        try:
-            record = self._store.checkpoint(job.id, request.step)
-        except NotFound:
+        info = next((c for c in self._list(context, job) if c.step == request.step), None)
+        shard = next((s for s in info.shards if s.name == MODEL_SHARD), None) if info else None
+        if shard is None:
             abort(context, grpc.StatusCode.NOT_FOUND, f"checkpoint {request.step} of job {job.id!r} not found")
-        self._audit(caller(context).uri, Action.CHECKPOINT_DOWNLOADED, resource=f"{job.id}@{record.step}",
-                    tenant=job.tenant, peer=context.peer())
+        me = caller(context)
+        resource = f"{job.id}@{info.step}"
+        self._audit(me.uri, Action.KEY_UNWRAPPED, resource=resource, tenant=job.tenant,
+                    details={"purpose": "checkpoint download"}, peer=context.peer())
+        self._audit(me.uri, Action.CHECKPOINT_DOWNLOADED, resource=resource, tenant=job.tenant, peer=context.peer())
         digest = hashlib.sha256()
-        with self._open(record) as f:
-            while chunk := f.read(CHUNK):
-                digest.update(chunk)
-                yield checkpoints_pb2.DataChunk(data=chunk)
+        keys = self._keyring.job_keys(job.tenant, job.id)
+        try:
+            for segment in read_shard(open_store(job.spec.checkpoint_store), tenant=job.tenant, job_id=job.id,
+                                      step=info.step, shard=shard, keys=keys):
+                digest.update(segment)
+                yield checkpoints_pb2.DataChunk(data=segment)
+        except IntegrityError as exc:
+            self._audit(me.uri, Action.CHECKPOINT_READ, resource=resource, tenant=job.tenant, outcome="failed",
+                        details={"error": type(exc).__name__})
+            abort(context, grpc.StatusCode.DATA_LOSS, f"checkpoint {resource} failed verification: {exc}")
         yield checkpoints_pb2.DataChunk(sha256=digest.hexdigest())

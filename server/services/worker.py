@@ -39,7 +39,6 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             event = jobs_pb2.JobEvent(kind=jobs_pb2.EVAL, step=e.step, val_loss=e.val_loss)
         elif kind == "checkpoint":
             c = request.checkpoint
-            self._store.add_checkpoint(job.id, c.step, c.uri, c.size_bytes)
             self._audit(me.uri, Action.CHECKPOINT_WRITTEN, resource=f"{job.id}@{c.step}", tenant=job.tenant,
                         details={"bytes": c.size_bytes})
             event = jobs_pb2.JobEvent(kind=jobs_pb2.CHECKPOINT, step=c.step, message=f"checkpoint at step {c.step}")
@@ -55,6 +54,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             self._store.set_gossip_address(job.id, request.worker, request.gossip.address[:200])
         elif kind == "round":
             r = request.round
+            self._store.set_round(job.id, request.worker, r.round)
             skipped = f", skipped {list(r.skipped)}" if r.skipped else ""
             event = jobs_pb2.JobEvent(kind=jobs_pb2.ROUND, step=r.round,
                                       message=f"round {r.round}: exchanged with {list(r.peers)}{skipped}")
@@ -73,7 +73,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         if request.job_id != me.name:
             abort(context, grpc.StatusCode.PERMISSION_DENIED, "a worker may only ask for its own job's peers")
         peers = {w.idx: w.gossip_address for w in self._store.workers(me.name) if w.gossip_address}
-        return worker_pb2.GetPeersReply(peers=peers)
+        return worker_pb2.GetPeersReply(peers=peers, round=self._store.latest_round(me.name))
 
     def _anomaly(self, me, job, reporter: int, a) -> jobs_pb2.JobEvent:
         """Record a screened-out update: store, audit, and quarantine policy."""

@@ -16,7 +16,7 @@ import torch
 from .bandwidth import TokenBucket
 from .wire import Chunk
 
-DEFAULT_CHUNK_BYTES = 2 << 20
+DEFAULT_CHUNK_BYTES = 1 << 20
 MAX_STRIPES = 64
 
 DTYPES = {

@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-from cantata.security.pki import Principal, principal_from_auth_context
+from cantata.security.pki import Principal, gossip_server_name, principal_from_auth_context
+
+__all__ = ["PeerRefused", "authorize_peer", "gossip_server_name"]
 
 
 class PeerRefused(PermissionError):
     """The caller is not another worker of this job."""
-
-
-def gossip_server_name(job_id: str, worker: int) -> str:
-    """The DNS SAN a worker's certificate must carry so its peers can dial it.
-
-    Callers verify the callee's certificate against this name, so parameters
-    only ever go to worker ``worker`` of ``job_id``. Issue worker bundles with
-    ``dns_names=[gossip_server_name(job_id, n)]`` and ``server=True``.
-    """
-    return f"worker-{worker}.{job_id.lower()}.gossip.cantata"
 
 
 def authorize_peer(auth_context: dict, job_id: str, own_index: int) -> Principal:

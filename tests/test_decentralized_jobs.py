@@ -1,0 +1,76 @@
+"""GASLoC and DiLoCo jobs end to end: worker processes gossiping over mutual TLS."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from cantata.sdk import errors
+from cantata.sdk.job import Job
+from cantata.security.audit import Action, read_records
+from tests.test_jobs import _pids_of, _wait_for
+
+SMALL = dict(workers=4, local_steps=5, steps=60, eval_every=30, checkpoint_every=20, batch_size=8, seq_len=32)
+
+
+@pytest.mark.parametrize("algorithm,topology", [("gasloc", "ring"), ("diloco", "")])
+def test_decentralized_job_succeeds_with_falling_loss(tenant, algorithm, topology):
+    handle = tenant.submit(Job(name=algorithm, algorithm=algorithm, topology=topology, **SMALL))
+    status = handle.wait(timeout=300)
+    assert status.state == "SUCCEEDED", status.reason
+    events = list(handle.events())
+    rounds = [e for e in events if e.kind == "ROUND"]
+    assert len({e.step for e in rounds}) == 12
+    exchanged = [e for e in rounds if "exchanged with []" not in e.message]
+    assert len(exchanged) >= 0.9 * len(rounds), [e.message for e in rounds]  # peers really swapped parameters
+    losses = [e.loss for e in events if e.kind == "PROGRESS"]
+    assert losses[-1] < losses[0] - 0.5
+    assert status.val_loss < 4.0
+
+
+def test_killed_worker_is_skipped_restarted_and_rejoins(tenant):
+    handle = tenant.submit(Job(name="resilient", algorithm="gasloc", **{**SMALL, "steps": 150}))
+    _wait_for(lambda: any(e.kind == "ROUND" and e.step >= 3 for e in _events_so_far(handle)), timeout=180)
+    victim = [pid for pid in _pids_of(handle.id) if _worker_of(pid) == 2]
+    os.kill(victim[0], 9)
+    status = handle.wait(timeout=300)
+    assert status.state == "SUCCEEDED", status.reason
+    messages = [e.message for e in handle.events()]
+    assert any("worker 2 exited with code -9" in m and "restarting it (1/3)" in m for m in messages)
+    assert any("skipped [2]" in m for m in messages)
+    assert any(m.startswith("worker 2 rejoins at round") for m in messages)
+
+
+def test_sign_flipping_worker_is_quarantined_and_the_job_still_learns(platform, tenant):
+    blocker = tenant.submit(Job(name="blocker", algorithm="allreduce", workers=8, steps=100_000, batch_size=2,
+                                seq_len=8, eval_every=50_000, checkpoint_every=50_000))
+    attacked = tenant.submit(Job(name="attacked", algorithm="diloco", **{**SMALL, "steps": 100}))
+    with platform.admin() as admin:
+        admin.simulate_attack(attacked.id, [1], "sign_flip")
+        with pytest.raises(errors.InvalidArgument, match="benchmark"):
+            admin.simulate_attack(attacked.id, [1], "alie")
+    with pytest.raises(errors.PermissionDenied):
+        tenant.simulate_attack(attacked.id, [1], "nan")  # a tenant can never switch it on
+    blocker.cancel()
+    status = attacked.wait(timeout=300)
+    assert status.state == "SUCCEEDED", status.reason
+    assert status.val_loss < 4.0
+    with platform.admin() as admin:
+        found = admin.anomalies(attacked.id)
+    assert found and {a.peer for a in found} == {1}
+    assert any(a.quarantined for a in found)
+    actions = {r.action for r in read_records(platform.data_dir / "audit") if r.resource == attacked.id}
+    assert {Action.GRADIENT_ANOMALY_DETECTED, Action.PEER_QUARANTINED, Action.ATTACK_SIMULATION_PLANNED} <= actions
+
+
+def _events_so_far(handle):
+    from tests.test_server_faults import _events_until_now
+    return _events_until_now(handle._client, handle.id)
+
+
+def _worker_of(pid: int) -> int:
+    """The worker index a worker process was started for (from its config file name)."""
+    args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+    config = args[args.index(b"--config") + 1].decode()
+    return int(config.rsplit("worker-", 1)[1].split(".")[0])
