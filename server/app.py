@@ -11,8 +11,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from cantata.proto.v1 import (admin_pb2_grpc, audit_pb2_grpc, checkpoints_pb2_grpc, jobs_pb2_grpc,
-                              tenancy_pb2_grpc, worker_pb2_grpc)
+from cantata.proto.v1 import (admin_pb2_grpc, audit_pb2_grpc, checkpoints_pb2_grpc, datasources_pb2_grpc,
+                              jobs_pb2_grpc, tenancy_pb2_grpc, worker_pb2_grpc)
 from cantata.security.audit import Action, AuditLog
 from cantata.security.pki import CertificateAuthority
 from cantata.server.auth import AuthInterceptor, Gatekeeper
@@ -21,7 +21,9 @@ from cantata.server.launcher import WorkerLauncher
 from cantata.server.scheduler import Scheduler
 from cantata.server.services.admin import AdminService
 from cantata.server.services.audit import AuditService
+from cantata.server.datasource_store import DataSourceStore
 from cantata.server.services.checkpoints import CheckpointsService
+from cantata.server.services.datasources import DataSourcesService
 from cantata.server.services.jobs import JobsService
 from cantata.server.services.tenancy import TenancyService
 from cantata.server.services.worker import WorkerService
@@ -41,6 +43,7 @@ class ControlPlane:
         self.ca = CertificateAuthority.load(self.paths.ca_cert.read_bytes(), self.paths.ca_key.read_bytes())
         self.store = Store(self.paths.database)
         self.keyring = self.paths.open_keyring()
+        self.data_sources = DataSourceStore(self.paths.database, self.paths.datasource_secret())
         self.audit = AuditLog.open(self.paths.audit)
         self.port: int | None = None
         self._stopping = threading.Event()
@@ -123,6 +126,8 @@ class ControlPlane:
             CheckpointsService(self.store, self.keyring, self.record), server)
         worker_pb2_grpc.add_WorkerServicer_to_server(
             WorkerService(self.store, self.record, revoke_quarantined=self.settings.revoke_quarantined_workers), server)
+        datasources_pb2_grpc.add_DataSourcesServicer_to_server(
+            DataSourcesService(self.data_sources, self.record), server)
         audit_pb2_grpc.add_AuditServicer_to_server(AuditService(self.paths.audit, self.audit.checkpoint), server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
@@ -149,6 +154,7 @@ class ControlPlane:
             self.scheduler.shutdown()
         self.record("server", Action.SERVER_STOPPED)
         self.audit.close()
+        self.data_sources.close()
         self.store.close()
         self._stopped.set()
 

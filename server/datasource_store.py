@@ -1,0 +1,215 @@
+"""Tenants' data sources: named S3 / Azure Blob credentials, encrypted at rest.
+
+The sources live in their own table of the server's SQLite file, through a
+connection of their own (WAL mode, so it shares the file with the main store).
+Each row's secrets (the credential fields and the optional dataset key) are
+one AES-256-GCM ciphertext under a key derived with HKDF-SHA256 from the
+server secret and the tenant's name; the associated data binds tenant, name,
+kind and endpoint, so a ciphertext copied to another row or tenant does not
+open. Names are scoped to their tenant: another tenant's source is simply
+not found. Secrets leave this module only as a worker's credentials document
+(``SourceCredentials.to_json()`` in :mod:`cantata.trainer.data.sources`) and
+the dataset key document (``DatasetKey.to_json()``).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import os
+import re
+import sqlite3
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS data_sources (
+    tenant TEXT NOT NULL,
+    name TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    endpoint TEXT NOT NULL,
+    has_dataset_key INTEGER NOT NULL,
+    sealed BLOB NOT NULL,
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (tenant, name)
+);
+"""
+KINDS = ("s3", "az")
+NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+SECRET_FIELDS = {"s3": ("access_key_id", "secret_access_key", "session_token", "region"),
+                 "az": ("connection_string", "account_name", "account_key", "sas_token")}
+DATASET_KEY_SIZE = 32
+NONCE_SIZE = 12
+_KEY_INFO = b"cantata/data-source-secrets/v1\x00"
+
+
+class DataSourceError(Exception):
+    """A data-source operation failed."""
+
+
+class InvalidDataSource(DataSourceError, ValueError):
+    """A field of a data source is missing or malformed (the message names it)."""
+
+
+class DataSourceNotFound(DataSourceError, LookupError):
+    """The tenant has no data source of that name."""
+
+
+class DataSourceExists(DataSourceError):
+    """The tenant already has a data source of that name."""
+
+
+class SealedSecretsError(DataSourceError):
+    """Stored secrets do not decrypt: wrong server secret or a modified row."""
+
+
+@dataclass(frozen=True)
+class DataSourceSpec:
+    """A validated registration: what the tenant sent, secrets included."""
+
+    name: str
+    kind: str
+    endpoint: str
+    secrets: dict[str, str] = field(repr=False)
+    dataset_key: bytes | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not NAME.fullmatch(self.name):
+            raise InvalidDataSource("name: 1-63 of a-z, 0-9, '.', '_', '-', starting with a letter or digit")
+        if self.kind not in KINDS:
+            raise InvalidDataSource(f"kind: must be one of {', '.join(KINDS)}")
+        unknown = set(self.secrets) - set(SECRET_FIELDS[self.kind])
+        if unknown:
+            raise InvalidDataSource(f"credentials: unknown fields {sorted(unknown)} for {self.kind}")
+        if self.endpoint:
+            parts = urlsplit(self.endpoint)
+            if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.query:
+                raise InvalidDataSource("endpoint: an http(s) URL without user part or query")
+        s = self.secrets
+        if self.kind == "s3" and not (s.get("access_key_id") and s.get("secret_access_key")):
+            raise InvalidDataSource("credentials: S3 needs access_key_id and secret_access_key")
+        if self.kind == "az":
+            if not (s.get("connection_string") or s.get("account_key") or s.get("sas_token")):
+                raise InvalidDataSource("credentials: Azure needs connection_string, account_key or sas_token")
+            if not s.get("connection_string") and not self.endpoint:
+                raise InvalidDataSource("endpoint: the account URL is required without a connection string")
+            if s.get("account_key") and not s.get("account_name"):
+                raise InvalidDataSource("credentials: account_key needs account_name")
+        if self.dataset_key is not None and len(self.dataset_key) != DATASET_KEY_SIZE:
+            raise InvalidDataSource(f"dataset_key: must be {DATASET_KEY_SIZE} bytes")
+
+
+@dataclass(frozen=True)
+class DataSourceRecord:
+    """A stored data source as anyone may see it: no secrets."""
+
+    tenant: str
+    name: str
+    kind: str
+    endpoint: str
+    has_dataset_key: bool
+    created_at: str
+
+
+class DataSourceStore:
+    """Data sources in the server's SQLite file, secrets sealed under ``server_secret``."""
+
+    def __init__(self, path: Path, server_secret: bytes) -> None:
+        if len(server_secret) < 32:
+            raise ValueError("the server secret must have at least 32 bytes")
+        self._secret = server_secret
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # ---- sealing -------------------------------------------------------
+    def _cipher(self, tenant: str) -> AESGCM:
+        info = _KEY_INFO + tenant.encode()
+        return AESGCM(HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(self._secret))
+
+    @staticmethod
+    def _aad(tenant: str, name: str, kind: str, endpoint: str) -> bytes:
+        return json.dumps([tenant, name, kind, endpoint]).encode()
+
+    def _seal(self, tenant: str, spec: DataSourceSpec) -> bytes:
+        document = {"secrets": spec.secrets,
+                    "dataset_key": base64.b64encode(spec.dataset_key).decode() if spec.dataset_key else None}
+        nonce = os.urandom(NONCE_SIZE)
+        aad = self._aad(tenant, spec.name, spec.kind, spec.endpoint)
+        return nonce + self._cipher(tenant).encrypt(nonce, json.dumps(document).encode(), aad)
+
+    def _open(self, tenant: str, name: str, kind: str, endpoint: str, sealed: bytes) -> dict:
+        try:
+            plaintext = self._cipher(tenant).decrypt(sealed[:NONCE_SIZE], sealed[NONCE_SIZE:],
+                                                     self._aad(tenant, name, kind, endpoint))
+        except InvalidTag:
+            raise SealedSecretsError(f"secrets of data source {name!r} do not decrypt") from None
+        return json.loads(plaintext)
+
+    # ---- operations ----------------------------------------------------
+    def register(self, tenant: str, spec: DataSourceSpec, *, replace: bool = False) -> DataSourceRecord:
+        record = DataSourceRecord(tenant, spec.name, spec.kind, spec.endpoint, spec.dataset_key is not None,
+                                  dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+        verb = "INSERT OR REPLACE" if replace else "INSERT"
+        with self._lock:
+            try:
+                self._db.execute(
+                    f"{verb} INTO data_sources (tenant, name, kind, endpoint, has_dataset_key, sealed, created_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (tenant, spec.name, spec.kind, spec.endpoint, int(record.has_dataset_key),
+                     self._seal(tenant, spec), record.created_at))
+            except sqlite3.IntegrityError:
+                raise DataSourceExists(f"data source {spec.name!r} already exists") from None
+        return record
+
+    def sources(self, tenant: str) -> list[DataSourceRecord]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT tenant, name, kind, endpoint, has_dataset_key, created_at FROM data_sources "
+                "WHERE tenant = ? ORDER BY name", (tenant,)).fetchall()
+        return [DataSourceRecord(t, n, k, e, bool(h), c) for t, n, k, e, h, c in rows]
+
+    def delete(self, tenant: str, name: str) -> None:
+        with self._lock:
+            deleted = self._db.execute("DELETE FROM data_sources WHERE tenant = ? AND name = ?", (tenant, name))
+        if deleted.rowcount == 0:
+            raise DataSourceNotFound(f"data source {name!r} not found")
+
+    def _secrets(self, tenant: str, name: str) -> tuple[DataSourceRecord, dict]:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT kind, endpoint, has_dataset_key, sealed, created_at FROM data_sources "
+                "WHERE tenant = ? AND name = ?", (tenant, name)).fetchone()
+        if row is None:
+            raise DataSourceNotFound(f"data source {name!r} not found")
+        kind, endpoint, has_key, sealed, created_at = row
+        return (DataSourceRecord(tenant, name, kind, endpoint, bool(has_key), created_at),
+                self._open(tenant, name, kind, endpoint, sealed))
+
+    def worker_credentials(self, tenant: str, name: str) -> str:
+        """The credentials document a job's worker gets (``SourceCredentials`` JSON)."""
+        record, document = self._secrets(tenant, name)
+        return json.dumps({"name": name, "kind": record.kind, "endpoint": record.endpoint,
+                           "secrets": document["secrets"]})
+
+    def worker_dataset_key(self, tenant: str, name: str) -> str | None:
+        """The tenant's dataset key registered with the source (``DatasetKey`` JSON), if any."""
+        _, document = self._secrets(tenant, name)
+        if document["dataset_key"] is None:
+            return None
+        return json.dumps({"tenant": tenant, "key": document["dataset_key"]})

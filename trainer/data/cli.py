@@ -1,0 +1,76 @@
+"""``cantata data prepare|upload``, contributed to the CLI as a plugin (entry-point group ``cantata.cli``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from cantata.storage import open_store
+from cantata.trainer.data.prepare import DEFAULT_SHARD_TOKENS, prepare_shards
+from cantata.trainer.data.sealing import KEY_FILE, DatasetKey
+from cantata.trainer.data.shards import DTYPES, dtype_for
+from cantata.trainer.data.sources import translated_store_errors
+from cantata.trainer.data.text import Utf8Policy
+from cantata.trainer.data.upload import upload_shards
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def cmd_prepare(args) -> int:
+    result = prepare_shards(Path(args.source), Path(args.out), dtype=dtype_for(args.dtype),
+                            shard_tokens=args.shard_tokens, utf8_policy=Utf8Policy(args.on_bad_utf8),
+                            warn=lambda message: _say(f"warning: {message}"),
+                            progress=_say if not args.json else lambda message: None)
+    summary = {"shards": [str(p) for p in result.shards], "tokens": result.tokens, "files": result.files}
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"wrote {len(result.shards)} shards ({result.tokens:,} tokens from {result.files} files) to {args.out}")
+    return 0
+
+
+def cmd_upload(args) -> int:
+    dataset_key = None
+    if args.encrypt:
+        from cantata.sdk.profiles import Profile  # the tenant's profile holds its dataset key
+
+        if not args.profile:
+            raise ValueError("--encrypt needs --profile (the tenant whose dataset key seals the shards)")
+        profile = Profile.named(args.profile)
+        if not profile.folder.is_dir():
+            raise ValueError(f"no profile {args.profile!r} in {profile.folder.parent}")
+        dataset_key = DatasetKey.load_or_create(profile.folder / KEY_FILE, tenant=args.profile)
+    with translated_store_errors(f"opening {args.store}"):
+        store = open_store(args.store)
+    keys = upload_shards(Path(args.directory), store, dataset_key=dataset_key,
+                         progress=_say if not args.json else lambda message: None)
+    if args.json:
+        print(json.dumps({"store": store.uri, "keys": keys, "encrypted": args.encrypt}, indent=2))
+    else:
+        print(f"uploaded {len(keys)} {'encrypted ' if args.encrypt else ''}shards to {store.uri}")
+    return 0
+
+
+def register(groups: dict[str, argparse._SubParsersAction]) -> None:
+    data = groups["root"].add_parser("data", help="prepare and upload training data").add_subparsers(
+        dest="sub", required=True)
+    p = data.add_parser("prepare", help="tokenize *.txt / *.jsonl text into token shards")
+    p.add_argument("source", help="a text file or a directory of them")
+    p.add_argument("--out", required=True, help="directory for the shards (must hold none yet)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="uint16", help="token width (default uint16)")
+    p.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard")
+    p.add_argument("--on-bad-utf8", choices=[p.value for p in Utf8Policy], default=Utf8Policy.FAIL.value,
+                   help="skip (with a warning) or fail on text that is not UTF-8 (default fail)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_prepare)
+    p = data.add_parser("upload", help="copy shards to file://, s3:// or az:// (credentials from the environment)")
+    p.add_argument("directory", help="the directory `cantata data prepare` wrote")
+    p.add_argument("--store", required=True, help="file:///dir, s3://bucket/prefix or az://container/prefix")
+    p.add_argument("--encrypt", action="store_true", help="seal each shard with the tenant's dataset key")
+    p.add_argument("--profile", help="tenant profile holding the dataset key (made on first use)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_upload)

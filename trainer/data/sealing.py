@@ -1,0 +1,115 @@
+"""Encrypted shards: the tenant's data key and the checkpoint streaming AEAD.
+
+``cantata data upload --encrypt`` seals each shard with
+:mod:`cantata.security.stream_aead` (the format of encrypted checkpoints)
+before it leaves the tenant's machine, so the store only ever holds
+ciphertext. Each object's fresh data key is wrapped by the tenant's
+*dataset key*, which never leaves the tenant except to the platform's
+workers, and the stream context binds the tenant and the object's key in the
+dataset (``StreamContext(tenant, "dataset", 0, key)``), so an object renamed,
+swapped or moved to another tenant is refused.
+
+The dataset key is a JSON file ``dataset-key.json`` (mode 0600) in the
+tenant's profile: ``{"tenant": ..., "key": base64(32 bytes)}``. A worker gets
+the same document in its private config (see :mod:`cantata.trainer.data`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from cantata.security.stream_aead import IntegrityError, StreamContext, StreamDecryptor, StreamEncryptor
+from cantata.trainer.data.errors import DataError, SealedShardError
+
+SEALED_SUFFIX = ".sealed"
+DATASET_JOB = "dataset"
+KEY_FILE = "dataset-key.json"
+KEY_SIZE = 32
+NONCE_SIZE = 12
+_WRAP_LABEL = b"cantata/dataset-key-wrap/v1\x00"
+
+
+@dataclass(frozen=True)
+class DatasetKey:
+    """A tenant's key for sealing dataset objects: wraps and unwraps their data keys."""
+
+    tenant: str
+    secret: bytes = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if len(self.secret) != KEY_SIZE:
+            raise DataError(f"a dataset key has {KEY_SIZE} bytes, not {len(self.secret)}")
+
+    @classmethod
+    def generate(cls, tenant: str) -> DatasetKey:
+        return cls(tenant, os.urandom(KEY_SIZE))
+
+    def _aad(self) -> bytes:
+        return _WRAP_LABEL + struct.pack(">H", len(self.tenant.encode())) + self.tenant.encode()
+
+    def wrap(self, data_key: bytes) -> bytes:
+        nonce = os.urandom(NONCE_SIZE)
+        return nonce + AESGCM(self.secret).encrypt(nonce, data_key, self._aad())
+
+    def unwrap(self, envelope: bytes) -> bytes:
+        try:
+            return AESGCM(self.secret).decrypt(envelope[:NONCE_SIZE], envelope[NONCE_SIZE:], self._aad())
+        except (InvalidTag, ValueError):
+            raise IntegrityError(f"data key was not wrapped by {self.tenant}'s dataset key") from None
+
+    def to_json(self) -> str:
+        return json.dumps({"tenant": self.tenant, "key": base64.b64encode(self.secret).decode()})
+
+    @classmethod
+    def from_json(cls, text: str) -> DatasetKey:
+        try:
+            document = json.loads(text)
+            return cls(str(document["tenant"]), base64.b64decode(document["key"], validate=True))
+        except (ValueError, KeyError, TypeError, binascii.Error) as error:
+            raise DataError(f"invalid dataset key document: {error}") from None
+
+    @classmethod
+    def load_or_create(cls, path: Path, tenant: str) -> DatasetKey:
+        """The key in ``path``, made (mode 0600) on first use."""
+        try:
+            return cls.from_json(path.read_text())
+        except FileNotFoundError:
+            key = cls.generate(tenant)
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "w") as file:
+                file.write(key.to_json() + "\n")
+            return key
+
+
+def object_context(tenant: str, key: str) -> StreamContext:
+    """What a sealed dataset object is bound to."""
+    return StreamContext(tenant, DATASET_JOB, 0, key)
+
+
+def seal(chunks: Iterable[bytes], sink, dataset_key: DatasetKey, key: str) -> int:
+    """Seal the plaintext ``chunks`` into ``sink`` as dataset object ``key``; return the plaintext size."""
+    encryptor = StreamEncryptor(sink, context=object_context(dataset_key.tenant, key), wrapper=dataset_key)
+    for chunk in chunks:
+        encryptor.write(chunk)
+    return encryptor.close().plaintext_size
+
+
+def unseal(source, dataset_key: DatasetKey, key: str, name: str) -> bytearray:
+    """Decrypt and authenticate the whole dataset object ``key`` (``name`` is its location, for errors)."""
+    plaintext = bytearray()
+    try:
+        for segment in StreamDecryptor(source, context=object_context(dataset_key.tenant, key), unwrapper=dataset_key):
+            plaintext += segment
+    except IntegrityError as error:
+        raise SealedShardError(f"encrypted shard {name}: {error}") from None
+    return plaintext

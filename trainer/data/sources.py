@@ -1,0 +1,329 @@
+"""Where a dataset's objects come from, and how each becomes tokens.
+
+Dataset URIs (the ``Job.dataset`` field):
+
+- ``builtin:pystdlib``: the ``.py`` sources of the running interpreter's standard library;
+- ``file:///abs/dir``: files under a directory inside one of the allowed roots;
+- ``s3://[source@]bucket/prefix`` and ``az://[source@]container/prefix``: objects
+  under a prefix, read with the credentials of the tenant's registered data
+  source named in the user part (a worker receives them as
+  :class:`SourceCredentials`); without a source name the store's ambient
+  configuration applies (the tenant's own machine).
+
+Objects are classified by suffix: ``*.tok`` token shards
+(:mod:`~cantata.trainer.data.shards`), ``*.tok.sealed`` encrypted shards
+(:mod:`~cantata.trainer.data.sealing`), ``*.txt`` and ``*.jsonl`` text
+(:mod:`~cantata.trainer.data.text`); anything else is ignored. Local files are
+opened without following symbolic links and every path component is checked
+again at read time, whatever the server checked at submit.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import stat
+import sysconfig
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import unquote, urlsplit
+
+import numpy as np
+
+from cantata.storage import BlobNotFoundError, BlobStore, StoreConfigError, StoreError, StoreUnavailableError, open_store
+from cantata.trainer.data.errors import (
+    DataError,
+    DatasetAccessError,
+    DatasetNotFoundError,
+    DatasetPathError,
+    DatasetUnavailableError,
+    DatasetURIError,
+)
+from cantata.trainer.data.sealing import SEALED_SUFFIX, DatasetKey, unseal
+from cantata.trainer.data.shards import SHARD_SUFFIX, decode_shard
+from cantata.trainer.data.text import TEXT_SUFFIXES, Utf8Policy, tokenize_object
+
+BUILTIN_PYSTDLIB = "builtin:pystdlib"
+_ACCESS_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken", "InvalidToken",
+                 "AuthenticationFailed", "AuthorizationFailure", "AuthorizationPermissionMismatch"}
+_MISSING_CODES = {"NoSuchBucket", "ContainerNotFound"}
+
+
+class ObjectKind(enum.Enum):
+    SHARD = "shard"
+    SEALED_SHARD = "sealed-shard"
+    TEXT = "text"
+
+
+@dataclass(frozen=True)
+class DatasetURI:
+    """A parsed ``Job.dataset`` value."""
+
+    scheme: str  # "builtin", "file", "s3" or "az"
+    location: str  # bucket, container or absolute directory
+    prefix: str
+    source: str  # the registered data source named in the URI ("" if none)
+
+    @classmethod
+    def parse(cls, text: str) -> DatasetURI:
+        if text == BUILTIN_PYSTDLIB:
+            return cls("builtin", sysconfig.get_paths()["stdlib"], "", "")
+        parts = urlsplit(text)
+        if parts.query or parts.fragment:
+            raise DatasetURIError(f"dataset {text!r} must not have a query or fragment")
+        if parts.scheme == "file":
+            if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
+                raise DatasetURIError(f"dataset {text!r} must be file:///absolute/path")
+            return cls("file", unquote(parts.path), "", "")
+        if parts.scheme in ("s3", "az"):
+            source, _, location = parts.netloc.rpartition("@")
+            if not location:
+                raise DatasetURIError(f"dataset {text!r} names no bucket or container")
+            return cls(parts.scheme, location, unquote(parts.path).strip("/"), unquote(source))
+        raise DatasetURIError(f"unsupported dataset {text!r}: use {BUILTIN_PYSTDLIB}, file://, s3:// or az://")
+
+    @property
+    def store_uri(self) -> str:
+        return f"{self.scheme}://{self.location}/{self.prefix}"
+
+
+@dataclass(frozen=True)
+class SourceCredentials:
+    """A data source's connection, as the server hands it to a job's workers.
+
+    JSON: ``{"name": ..., "kind": "s3"|"az", "endpoint": ..., "secrets": {...}}``;
+    S3 secrets: ``access_key_id``, ``secret_access_key``, optional
+    ``session_token`` and ``region``; Azure secrets: ``connection_string``, or
+    ``account_name`` with ``account_key``, or ``sas_token``.
+    """
+
+    name: str
+    kind: str
+    endpoint: str
+    secrets: dict[str, str] = field(repr=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> SourceCredentials:
+        try:
+            document = json.loads(text)
+            secrets = {str(k): str(v) for k, v in document["secrets"].items()}
+            credentials = cls(str(document["name"]), str(document["kind"]), str(document.get("endpoint", "")), secrets)
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise DataError(f"invalid data source credentials document: {error}") from None
+        if credentials.kind not in ("s3", "az"):
+            raise DataError(f"data source {credentials.name!r} has unknown kind {credentials.kind!r}")
+        return credentials
+
+    def to_json(self) -> str:
+        return json.dumps({"name": self.name, "kind": self.kind, "endpoint": self.endpoint, "secrets": self.secrets})
+
+    def store_options(self) -> dict[str, Any]:
+        """Keyword overrides for :func:`cantata.storage.open_store`."""
+        s = self.secrets
+        if self.kind == "s3":
+            return {"endpoint_url": self.endpoint or None, "region_name": s.get("region") or "us-east-1",
+                    "aws_access_key_id": s.get("access_key_id"), "aws_secret_access_key": s.get("secret_access_key"),
+                    "aws_session_token": s.get("session_token") or None}
+        if s.get("connection_string"):
+            return {"connection_string": s["connection_string"]}
+        if s.get("account_key"):
+            return {"account_url": self.endpoint, "credential": {"account_name": s.get("account_name", ""),
+                                                                 "account_key": s["account_key"]}}
+        return {"account_url": self.endpoint, "credential": s.get("sas_token")}
+
+
+@dataclass(frozen=True)
+class DataObject:
+    key: str
+    kind: ObjectKind
+
+
+class ObjectSource(Protocol):
+    """A flat listing of objects that can be read whole."""
+
+    uri: str
+
+    def keys(self) -> list[str]: ...
+
+    def read(self, key: str) -> bytes: ...
+
+
+class LocalDirectory:
+    """Regular files under ``root``, never through a symbolic link below it (nor above it, unless trusted)."""
+
+    def __init__(self, root: Path, uri: str, skip_dirs: frozenset[str] = frozenset(), *,
+                 trusted_root: bool = False) -> None:
+        self.root, self.uri, self._skip_dirs = root, uri, skip_dirs
+        if not trusted_root:
+            _refuse_links(root, Path(root.anchor), uri)
+        if not root.is_dir():
+            raise DatasetNotFoundError(f"dataset {uri}: directory {root} does not exist")
+
+    def keys(self) -> list[str]:
+        keys = []
+        for directory, subdirs, files in os.walk(self.root):
+            base = Path(directory)
+            for name in subdirs + files:
+                if (base / name).is_symlink():
+                    raise DatasetPathError(f"dataset {self.uri}: {base / name} is a symbolic link")
+            subdirs[:] = sorted(d for d in subdirs if d not in self._skip_dirs and not d.startswith("."))
+            keys += [(base / f).relative_to(self.root).as_posix() for f in files if not f.startswith(".")]
+        return sorted(keys)
+
+    def read(self, key: str) -> bytes:
+        path = self.root / key
+        _refuse_links(path, self.root, self.uri)
+        try:
+            descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as error:
+            raise DatasetPathError(f"dataset {self.uri}: cannot open {path} ({error.strerror})") from None
+        with os.fdopen(descriptor, "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                raise DatasetPathError(f"dataset {self.uri}: {path} is not a regular file")
+            return file.read()
+
+
+class StoreObjects:
+    """Objects in a blob store, with its errors mapped to dataset errors."""
+
+    def __init__(self, store: BlobStore) -> None:
+        self.store, self.uri = store, store.uri
+
+    def keys(self) -> list[str]:
+        with translated_store_errors(f"listing {self.uri}"):
+            return self.store.list()
+
+    def read(self, key: str) -> bytes:
+        with translated_store_errors(f"reading {self.uri}{key}"):
+            return self.store.get_bytes(key)
+
+
+@contextmanager
+def translated_store_errors(action: str) -> Iterator[None]:
+    """Map blob-store errors to dataset errors whose message names ``action``'s object."""
+    try:
+        yield
+    except BlobNotFoundError as error:
+        raise DatasetNotFoundError(f"{action}: {error}") from error
+    except StoreUnavailableError as error:
+        raise DatasetUnavailableError(f"{action}: {error}") from error
+    except StoreConfigError as error:
+        raise DatasetNotFoundError(f"{action}: {error}") from error
+    except StoreError as error:
+        code = _service_code(error.__cause__)
+        if code in _MISSING_CODES:
+            raise DatasetNotFoundError(f"{action}: the bucket or container does not exist ({code})") from error
+        if code in _ACCESS_CODES:
+            raise DatasetAccessError(f"{action}: the store refused the credentials ({code})") from error
+        raise DataError(f"{action}: {error}") from error
+
+
+def _service_code(cause: BaseException | None) -> str:
+    """The error code an S3 or Azure error carries, if any."""
+    response = getattr(cause, "response", None)
+    if isinstance(response, dict):
+        return str(response.get("Error", {}).get("Code", ""))
+    code = getattr(cause, "error_code", None)
+    if code:
+        return str(getattr(code, "value", code))
+    return "AuthenticationFailed" if getattr(cause, "status_code", None) == 403 else ""
+
+
+def _refuse_links(path: Path, top: Path, uri: str) -> None:
+    """Raise if ``path`` or any directory between ``top`` and it is a symbolic link."""
+    probe = path
+    while True:
+        if probe.is_symlink():
+            raise DatasetPathError(f"dataset {uri}: {probe} is a symbolic link")
+        if probe == top or probe == probe.parent:
+            return
+        probe = probe.parent
+
+
+def _within(path: Path, roots: Sequence[Path]) -> bool:
+    return any(path == root or root in path.parents for root in roots)
+
+
+class Dataset:
+    """A dataset's objects, sorted by key, and the means to turn each into tokens."""
+
+    def __init__(self, uri: str, objects: ObjectSource, *, text_suffixes: tuple[str, ...],
+                 dataset_key: DatasetKey | None, utf8_policy: Utf8Policy) -> None:
+        self.uri = uri
+        self._objects = objects
+        self._text_suffixes = text_suffixes
+        self._dataset_key = dataset_key
+        self._utf8_policy = utf8_policy
+        self.objects = [obj for obj in map(self._classify, objects.keys()) if obj is not None]
+        if not self.objects:
+            suffixes = ", ".join(("*" + SHARD_SUFFIX, "*" + SHARD_SUFFIX + SEALED_SUFFIX, *("*" + s for s in text_suffixes)))
+            raise DatasetNotFoundError(f"dataset {uri}: no data objects ({suffixes}) under {objects.uri}")
+        if dataset_key is None and any(obj.kind is ObjectKind.SEALED_SHARD for obj in self.objects):
+            raise DataError(f"dataset {uri} holds encrypted shards but no dataset key was given")
+
+    def _classify(self, key: str) -> DataObject | None:
+        if key.endswith(SHARD_SUFFIX + SEALED_SUFFIX):
+            return DataObject(key, ObjectKind.SEALED_SHARD)
+        if key.endswith(SHARD_SUFFIX):
+            return DataObject(key, ObjectKind.SHARD)
+        if key.endswith(self._text_suffixes):
+            return DataObject(key, ObjectKind.TEXT)
+        return None
+
+    def location(self, obj: DataObject) -> str:
+        return f"{self._objects.uri.rstrip('/')}/{obj.key}"
+
+    def tokens(self, obj: DataObject, warn: Callable[[str], None]) -> np.ndarray:
+        """Fetch one object and return its verified tokens."""
+        data = self._objects.read(obj.key)
+        name = self.location(obj)
+        if obj.kind is ObjectKind.SHARD:
+            return decode_shard(data, name)
+        if obj.kind is ObjectKind.SEALED_SHARD:
+            assert self._dataset_key is not None
+            plain_key = obj.key.removesuffix(SEALED_SUFFIX)
+            return decode_shard(unseal(_BytesSource(data), self._dataset_key, plain_key, name), name)
+        return tokenize_object(data, name, self._utf8_policy, warn)
+
+
+class _BytesSource:
+    """A file-like reader over bytes already fetched."""
+
+    def __init__(self, data: bytes) -> None:
+        self._view, self._offset = memoryview(data), 0
+
+    def read(self, size: int = -1) -> bytes:
+        end = len(self._view) if size < 0 else self._offset + size
+        part = self._view[self._offset : end]
+        self._offset += len(part)
+        return bytes(part)
+
+
+def open_dataset(uri: str, *, allowed_roots: Sequence[Path] = (), credentials: SourceCredentials | None = None,
+                 dataset_key: DatasetKey | None = None, utf8_policy: Utf8Policy = Utf8Policy.SKIP,
+                 **store_options: Any) -> Dataset:
+    """Resolve ``uri`` and list its objects (raising a :class:`DataError` naming what is wrong)."""
+    parsed = DatasetURI.parse(uri)
+    options = dict(dataset_key=dataset_key, utf8_policy=utf8_policy)
+    if parsed.scheme == "builtin":
+        root = Path(parsed.location)
+        directory = LocalDirectory(root, uri, frozenset({"site-packages"}), trusted_root=True)
+        return Dataset(uri, directory, text_suffixes=(".py",), **options)
+    if parsed.scheme == "file":
+        path = Path(os.path.abspath(parsed.location))
+        if ".." in Path(parsed.location).parts or not _within(path, [Path(r) for r in allowed_roots]):
+            raise DatasetPathError(f"dataset {uri}: {path} is outside the allowed roots")
+        return Dataset(uri, LocalDirectory(path, uri), text_suffixes=TEXT_SUFFIXES, **options)
+    if parsed.source:
+        if credentials is None or credentials.name != parsed.source:
+            raise DataError(f"dataset {uri} names data source {parsed.source!r}, whose credentials were not given")
+        if credentials.kind != parsed.scheme:
+            raise DataError(f"data source {parsed.source!r} is {credentials.kind}, not {parsed.scheme}")
+        store_options = {**credentials.store_options(), **store_options}
+    with translated_store_errors(f"opening dataset {uri}"):
+        store = open_store(parsed.store_uri, **store_options)
+    return Dataset(uri, StoreObjects(store), text_suffixes=TEXT_SUFFIXES, **options)
