@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from cantata.sdk import errors
+from cantata.sdk import enroll, errors
 from cantata.sdk.job import Job
 from cantata.security.audit import Action, read_records, verify
 from tests.platform import cli
@@ -33,6 +33,9 @@ def history(platform, tmp_path_factory):
         serial = [t for t in admin.tenants() if t.name == "audited"][0].certificate_serial
         admin.suspend_tenant("audited")
         admin.resume_tenant("audited")
+    enroll.request_tenancy("unwanted", platform.address, platform.ca_pem, platform.enroll_address)
+    with platform.admin() as admin:
+        admin.reject_tenant("unwanted")
     rival = platform.enroll("other-audited")
     rival.submit(Job(name="theirs", **QUICK)).wait(timeout=120)
     with platform.admin() as admin:
@@ -51,6 +54,7 @@ def _actions(platform) -> set[str]:
     Action.TENANT_SUSPENDED, Action.TENANT_RESUMED, Action.CERTIFICATE_REVOKED, Action.AUTHZ_DENIED, Action.AUTH_FAILED,
     Action.JOB_SUBMITTED, Action.JOB_STARTED, Action.JOB_CANCEL_REQUESTED, Action.JOB_CANCELLED,
     Action.JOB_FINISHED, Action.CHECKPOINT_WRITTEN, Action.CHECKPOINT_DOWNLOADED, Action.SERVER_STARTED,
+    Action.TENANT_REJECTED, Action.KEY_CREATED, Action.KEY_UNWRAPPED,
 ])
 def test_every_act_is_recorded(platform, history, action):
     _wait_for(lambda: action in _actions(platform), timeout=10)

@@ -6,6 +6,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cantata.sdk.job import Job
+from cantata.security.audit import Action, read_records, verify
 from tests.test_jobs import _pids_of, _wait_for
 
 JOB = dict(model="gpt-tiny", steps=200, eval_every=100, checkpoint_every=20, batch_size=4, seq_len=16)
@@ -47,6 +48,8 @@ def test_sigterm_stops_gracefully_and_requeues_running_jobs(platform, tenant):
     _wait_for(lambda: handle.status().state == "RUNNING")
     assert platform.stop() == 0
     assert not _pids_of(handle.id)
+    records = list(read_records(platform.data_dir / "audit"))
+    assert records[-1].action == Action.SERVER_STOPPED and verify(platform.data_dir / "audit").ok
     platform.start()
     status = handle.wait(timeout=240)
     assert status.state == "SUCCEEDED", status.reason
