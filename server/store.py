@@ -10,6 +10,7 @@ checkpoints. Methods are small transactions; anything that must be atomic
 from __future__ import annotations
 
 import datetime as dt
+import math
 import sqlite3
 import threading
 import uuid
@@ -420,6 +421,9 @@ class Store:
 
     def record_progress(self, job_id: str, *, step: int, loss: float | None = None,
                         val_loss: float | None = None) -> None:
+        # SQLite stores NaN as NULL: a non-finite loss is reported in events, not kept here
+        loss = loss if loss is not None and math.isfinite(loss) else None
+        val_loss = val_loss if val_loss is not None and math.isfinite(val_loss) else None
         with self._tx() as db:
             sets, args = ["step=MAX(step, ?)", "updated_at=?"], [step, utcnow()]
             if loss is not None:

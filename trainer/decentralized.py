@@ -185,4 +185,4 @@ def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.E
                 reporter.checkpoint(step, spec.checkpoint_store, checkpoints.save(step, 0, shards, None))
     finally:
         node.stop()
-    return val_loss
+    return val_loss if not math.isnan(val_loss) else evaluate(model, val_batches)

@@ -113,6 +113,8 @@ def train(cfg: WorkerConfig, reporter: Reporter, stop: threading.Event) -> float
             size = checkpoints.save(step, cfg.worker, shards, group)
             if lead:
                 reporter.checkpoint(step, spec.checkpoint_store, size)
+    if math.isnan(val_loss):  # resumed from the final checkpoint: nothing left to train
+        val_loss = evaluate(model, val_batches)
     if group is not None:
         dist.destroy_process_group()
     return val_loss
