@@ -147,8 +147,8 @@ def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.E
     exchange = ScreenedExchange(cfg, node, reporter, model, outer)
     current = wait_for_peers(reporter, cfg.workers)
     first_round = start // local_steps
-    if current and current >= first_round:  # a restarted worker catches up with the job
-        first_round = current + 1
+    if current:  # a restarted worker: the job went on without it, so catch up
+        first_round = max(first_round, current + 1)
         reporter.message(f"worker {cfg.worker} rejoins at round {first_round} from checkpoint step {start}")
     elif start and lead:
         reporter.message(f"resumed from checkpoint at step {start}")
