@@ -485,6 +485,10 @@ class Store:
         with self._tx() as db:
             db.execute("UPDATE workers SET round=MAX(round, ?) WHERE job_id=? AND idx=?", (round_, job_id, idx))
 
+    def rounds(self, job_id: str) -> dict[int, int]:
+        with self._lock:
+            return dict(self._db.execute("SELECT idx, round FROM workers WHERE job_id=?", (job_id,)).fetchall())
+
     def latest_round(self, job_id: str) -> int:
         with self._lock:
             return self._db.execute("SELECT COALESCE(MAX(round), 0) FROM workers WHERE job_id=?",

@@ -66,6 +66,7 @@ class ScreenedExchange:
         started = time.perf_counter()
         theta = self._outer.theta
         sent = self._maybe_attack(round_, wire, theta)
+        self._wait_for_laggards(round_, peers)
         wanted = {p: self.addresses[p] for p in peers
                   if p in self.addresses and not self._quarantine.is_quarantined(p)}
         received = {p: t.clone() for p, t in self._node.exchange(round_, wanted, sent).items()}
@@ -74,6 +75,21 @@ class ScreenedExchange:
         skipped = sorted(set(peers) - set(received))
         self._reporter.round(round_, sorted(received), skipped, time.perf_counter() - started)
         return received
+
+    def _wait_for_laggards(self, round_: int, peers: list[int]) -> None:
+        """Keep rounds aligned: wait (bounded) until every live, trusted peer has finished the previous round.
+
+        Without this, a worker that a dead peer held back for a whole deadline
+        falls one round behind its neighbours and their exchanges keep missing.
+        """
+        deadline = time.monotonic() + ROUND_DEADLINE_S
+        while True:
+            self.addresses, _, rounds = self._reporter.peers()
+            behind = [p for p in peers if p in self.addresses and not self._quarantine.is_quarantined(p)
+                      and rounds.get(p, 0) < round_ - 1]
+            if not behind or time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
 
     def _maybe_attack(self, round_: int, wire: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
         if self._attack is None or not self._attack.attacks(self._cfg.worker, round_):
@@ -104,7 +120,7 @@ def wait_for_peers(reporter: Reporter, workers: int, timeout: float = PEER_WAIT_
     """Wait until every worker has registered its endpoint (or time out); return the job's round."""
     deadline = time.monotonic() + timeout
     while True:
-        addresses, current = reporter.peers()
+        addresses, current, _ = reporter.peers()
         if len(addresses) == workers or time.monotonic() > deadline:
             return current
         time.sleep(0.2)
@@ -168,7 +184,6 @@ def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.E
                 loss.backward()
                 optimizer.step()
                 optimizer.zero_grad()
-            exchange.addresses, _ = reporter.peers()
             outer.round(t, exchange)
             step = min((t + 1) * local_steps, spec.steps)
             if lead:

@@ -58,11 +58,11 @@ class Reporter:
         self.send(anomaly=worker_pb2.Anomaly(peer=peer, round=round_, check=check, verdict=verdict, score=score,
                                              quarantined=quarantined))
 
-    def peers(self) -> tuple[dict[int, str], int]:
-        """The job's registered gossip endpoints, and the latest finished round."""
+    def peers(self) -> tuple[dict[int, str], int, dict[int, int]]:
+        """The job's registered gossip endpoints, the latest finished round, and each worker's."""
         reply = self._stub.GetPeers(worker_pb2.GetPeersRequest(job_id=self._job_id), timeout=REPORT_TIMEOUT,
                                     wait_for_ready=True)
-        return dict(reply.peers), reply.round
+        return dict(reply.peers), reply.round, dict(reply.rounds)
 
     def close(self) -> None:
         self._channel.close()

@@ -131,7 +131,7 @@ class GetPeersRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class GetPeersReply(_message.Message):
-    __slots__ = ("peers", "round")
+    __slots__ = ("peers", "round", "rounds")
     class PeersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -139,8 +139,17 @@ class GetPeersReply(_message.Message):
         key: int
         value: str
         def __init__(self, key: _Optional[int] = ..., value: _Optional[str] = ...) -> None: ...
+    class RoundsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
     PEERS_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
     peers: _containers.ScalarMap[int, str]
     round: int
-    def __init__(self, peers: _Optional[_Mapping[int, str]] = ..., round: _Optional[int] = ...) -> None: ...
+    rounds: _containers.ScalarMap[int, int]
+    def __init__(self, peers: _Optional[_Mapping[int, str]] = ..., round: _Optional[int] = ..., rounds: _Optional[_Mapping[int, int]] = ...) -> None: ...

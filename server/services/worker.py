@@ -73,7 +73,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         if request.job_id != me.name:
             abort(context, grpc.StatusCode.PERMISSION_DENIED, "a worker may only ask for its own job's peers")
         peers = {w.idx: w.gossip_address for w in self._store.workers(me.name) if w.gossip_address}
-        return worker_pb2.GetPeersReply(peers=peers, round=self._store.latest_round(me.name))
+        return worker_pb2.GetPeersReply(peers=peers, round=self._store.latest_round(me.name),
+                                        rounds=self._store.rounds(me.name))
 
     def _anomaly(self, me, job, reporter: int, a) -> jobs_pb2.JobEvent:
         """Record a screened-out update: store, audit, and quarantine policy."""
