@@ -9,7 +9,7 @@ from cantata.sdk.job import Job
 from cantata.security.audit import Action, read_records, verify
 from tests.test_jobs import _pids_of, _wait_for
 
-JOB = dict(model="gpt-tiny", steps=200, eval_every=100, checkpoint_every=20, batch_size=4, seq_len=16)
+JOB = dict(model="gpt-tiny", steps=1500, eval_every=500, checkpoint_every=20, batch_size=4, seq_len=16)
 
 
 def test_sigkill_mid_job_then_restart_resumes_from_the_checkpoint(platform, tenant):
