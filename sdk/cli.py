@@ -1,9 +1,11 @@
 """The ``cantata`` command line.
 
-Client commands (tenant, admin tenants, jobs, checkpoints) live here and talk
-to the server through the SDK. Commands that act on a server's own data
-directory (``server``, ``audit``) are contributed by installed plugins
-(entry-point group ``cantata.cli``), so the SDK does not import the server.
+Client commands (tenant, admin tenants, jobs, checkpoints, data sources) live
+here and talk to the server through the SDK. Commands that act on a server's
+own data directory (``server``, ``audit``) or on local data files (``data
+prepare``, ``data upload``) are contributed by installed plugins (entry-point
+group ``cantata.cli``) that add to the parsers in ``groups``, so the SDK does
+not import the server.
 Exit code 0 on success; non-zero with a one-line reason on failure.
 """
 
@@ -11,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -22,7 +26,7 @@ from cantata.sdk import enroll
 from cantata.sdk.client import Client
 from cantata.sdk.errors import CantataError
 from cantata.sdk.job import Job
-from cantata.sdk.profiles import default_profile
+from cantata.sdk.profiles import Profile, default_profile
 
 
 class CommandError(Exception):
@@ -235,6 +239,81 @@ def cmd_checkpoints_download(args) -> int:
     return 0
 
 
+# ---- data sources -------------------------------------------------------
+S3_ENV = {"access_key_id": "AWS_ACCESS_KEY_ID", "secret_access_key": "AWS_SECRET_ACCESS_KEY",
+          "session_token": "AWS_SESSION_TOKEN", "region": "AWS_DEFAULT_REGION"}
+S3_REQUIRED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+AZURE_CONNECTION_STRING_ENV = "AZURE_STORAGE_CONNECTION_STRING"
+AZURE_ACCOUNT_ENV = "AZURE_STORAGE_ACCOUNT"
+AZURE_KEY_ENV = "AZURE_STORAGE_KEY"
+AZURE_SAS_ENV = "AZURE_STORAGE_SAS_TOKEN"
+
+
+def data_source_credentials(kind: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """A data source's secrets from the variables the AWS and Azure tools read: never from flags."""
+    if kind == "s3":
+        missing = [name for name in S3_REQUIRED_ENV if not environ.get(name)]
+        if missing:
+            raise CommandError(f"S3 credentials come from the environment: set {' and '.join(missing)}")
+        return {field: environ[name] for field, name in S3_ENV.items() if environ.get(name)}
+    if environ.get(AZURE_CONNECTION_STRING_ENV):
+        return {"connection_string": environ[AZURE_CONNECTION_STRING_ENV]}
+    if environ.get(AZURE_ACCOUNT_ENV) and environ.get(AZURE_KEY_ENV):
+        return {"account_name": environ[AZURE_ACCOUNT_ENV], "account_key": environ[AZURE_KEY_ENV]}
+    if environ.get(AZURE_SAS_ENV):
+        return {"sas_token": environ[AZURE_SAS_ENV]}
+    if environ.get(AZURE_ACCOUNT_ENV):
+        raise CommandError(f"Azure credentials come from the environment: {AZURE_ACCOUNT_ENV} is set, "
+                           f"set {AZURE_KEY_ENV} or {AZURE_SAS_ENV}")
+    raise CommandError(f"Azure credentials come from the environment: set {AZURE_CONNECTION_STRING_ENV}, "
+                       f"or {AZURE_ACCOUNT_ENV} and {AZURE_KEY_ENV}, or {AZURE_SAS_ENV}")
+
+
+def _azure_account_url(environ: Mapping[str, str]) -> str:
+    """The account's public blob endpoint, the Azure tools' default when only the account is named."""
+    account = environ.get(AZURE_ACCOUNT_ENV)
+    if environ.get(AZURE_CONNECTION_STRING_ENV) or not account:
+        return ""
+    return f"https://{account}.blob.core.windows.net"
+
+
+def _profile_dataset_key(profile: str) -> bytes:
+    """The tenant's dataset key: the one ``cantata data upload --encrypt`` seals shards with (made on first use)."""
+    from cantata.trainer.data.sealing import KEY_FILE, DatasetKey
+
+    return DatasetKey.load_or_create(Profile.named(profile).folder / KEY_FILE, tenant=profile).secret
+
+
+def _data_source_line(s) -> str:
+    key = "  dataset key" if s.has_dataset_key else ""
+    return f"{s.name:<24} {s.kind:<3} {s.endpoint or '-'}  {s.created}{key}"
+
+
+def cmd_data_sources_add(args) -> int:
+    credentials = data_source_credentials(args.kind, os.environ)
+    endpoint = args.endpoint or (_azure_account_url(os.environ) if args.kind == "az" else "")
+    with _client(args) as client:
+        dataset_key = _profile_dataset_key(args.profile) if args.with_dataset_key else None
+        source = client.register_data_source(args.name, kind=args.kind, endpoint=endpoint, credentials=credentials,
+                                             dataset_key=dataset_key, replace=args.replace)
+    _print(args, asdict(source), [f"registered data source {_data_source_line(source)}"])
+    return 0
+
+
+def cmd_data_sources_list(args) -> int:
+    with _client(args) as client:
+        sources = client.data_sources()
+    _print(args, [asdict(s) for s in sources], [_data_source_line(s) for s in sources] or ["no data sources"])
+    return 0
+
+
+def cmd_data_sources_rm(args) -> int:
+    with _client(args) as client:
+        client.delete_data_source(args.name)
+    _print(args, {"name": args.name, "deleted": True}, [f"deleted data source {args.name}"])
+    return 0
+
+
 # ---- audit --------------------------------------------------------------
 def cmd_audit_report_remote(args) -> int:
     """``cantata audit report --profile P``: a verified report from the server."""
@@ -371,7 +450,34 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     _client_flags(p, None, json_flag=False)
     p.set_defaults(func=cmd_checkpoints_download)
 
-    groups = {"root": root, "admin": admin, "remote_audit_report": cmd_audit_report_remote}
+    data = root.add_parser("data", help="tenant datasets: data sources, preparing and uploading shards")
+    data_commands = data.add_subparsers(dest="sub", required=True)
+    sources = data_commands.add_parser(
+        "sources", help="named S3 / Azure Blob credentials your jobs read datasets with").add_subparsers(
+        dest="action", required=True)
+    p = sources.add_parser("add", help="register a data source; secrets come from the environment",
+                           description="Secrets are read from the environment, never from flags. S3: "
+                           "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, optional AWS_SESSION_TOKEN and "
+                           "AWS_DEFAULT_REGION. Azure: AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT "
+                           "and AZURE_STORAGE_KEY, or AZURE_STORAGE_SAS_TOKEN.")
+    p.add_argument("name", help="the name jobs use: s3://NAME@bucket/prefix or az://NAME@container/prefix")
+    p.add_argument("--kind", required=True, choices=["s3", "az"])
+    p.add_argument("--endpoint", default="", help="S3-compatible endpoint URL, or the Azure account URL "
+                   "(default: AWS S3; https://$AZURE_STORAGE_ACCOUNT.blob.core.windows.net)")
+    p.add_argument("--with-dataset-key", action="store_true",
+                   help="also send your profile's dataset key, so jobs can read shards uploaded with --encrypt")
+    p.add_argument("--replace", action="store_true", help="overwrite a data source of the same name")
+    _client_flags(p, None)
+    p.set_defaults(func=cmd_data_sources_add)
+    p = sources.add_parser("list", help="your data sources (never their secrets)")
+    _client_flags(p, None)
+    p.set_defaults(func=cmd_data_sources_list)
+    p = sources.add_parser("rm", help="delete a data source")
+    p.add_argument("name")
+    _client_flags(p, None)
+    p.set_defaults(func=cmd_data_sources_rm)
+
+    groups = {"root": root, "admin": admin, "data": data_commands, "remote_audit_report": cmd_audit_report_remote}
     for plugin in entry_points(group="cantata.cli"):
         plugin.load()(groups)
     return parser, groups

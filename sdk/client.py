@@ -12,8 +12,10 @@ from pathlib import Path
 import grpc
 
 from cantata.proto.v1 import (admin_pb2, admin_pb2_grpc, audit_pb2, audit_pb2_grpc, checkpoints_pb2,
-                              checkpoints_pb2_grpc, common_pb2, jobs_pb2, jobs_pb2_grpc)
-from cantata.sdk.errors import CantataError, InvalidJob, StreamInterrupted, Unavailable, from_rpc_error
+                              checkpoints_pb2_grpc, common_pb2, datasources_pb2, datasources_pb2_grpc, jobs_pb2,
+                              jobs_pb2_grpc)
+from cantata.sdk.errors import (CantataError, InvalidArgument, InvalidJob, StreamInterrupted, Unavailable,
+                                from_rpc_error)
 from cantata.sdk.job import Job
 from cantata.sdk.profiles import Profile
 
@@ -21,6 +23,11 @@ TIMEOUT = 30.0
 STREAM_RETRIES = 5
 MAX_REQUEST_BYTES = 4 << 20
 TERMINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
+DATA_SOURCE_KINDS = {"s3": datasources_pb2.S3, "az": datasources_pb2.AZURE_BLOB}
+DATA_SOURCE_KIND_NAMES = {value: name for name, value in DATA_SOURCE_KINDS.items()}
+DATA_SOURCE_SECRETS = {"s3": ("access_key_id", "secret_access_key", "session_token", "region"),
+                       "az": ("connection_string", "account_name", "account_key", "sas_token")}
+DATASET_KEY_SIZE = 32
 
 
 @dataclass(frozen=True)
@@ -124,6 +131,49 @@ class Tenant:
                    t.certificate_expires)
 
 
+@dataclass(frozen=True)
+class DataSource:
+    """A registered data source as its tenant sees it: never its secrets."""
+
+    name: str
+    kind: str
+    endpoint: str
+    has_dataset_key: bool
+    created: str
+
+    @classmethod
+    def from_proto(cls, info: datasources_pb2.DataSourceInfo) -> DataSource:
+        return cls(info.name, DATA_SOURCE_KIND_NAMES[info.kind], info.endpoint, info.has_dataset_key,
+                   info.created.ToJsonString())
+
+
+def data_source_request(name: str, kind: str, endpoint: str, credentials: dict[str, str], dataset_key: bytes | None,
+                        replace: bool) -> datasources_pb2.RegisterDataSourceRequest:
+    """A registration request, refusing what is wrong before it is sent (the server checks it all again)."""
+    if kind not in DATA_SOURCE_KINDS:
+        raise InvalidArgument(f"kind: must be one of {', '.join(DATA_SOURCE_KINDS)}, not {kind!r}")
+    unknown = sorted(set(credentials) - set(DATA_SOURCE_SECRETS[kind]))
+    if unknown:
+        raise InvalidArgument(f"credentials: unknown fields {unknown} for {kind}")
+    not_text = sorted(field for field, value in credentials.items() if not isinstance(value, str))
+    if not_text:
+        raise InvalidArgument(f"credentials: {not_text} must be strings")
+    given = {field for field, value in credentials.items() if value}
+    if kind == "s3" and not {"access_key_id", "secret_access_key"} <= given:
+        raise InvalidArgument("credentials: S3 needs access_key_id and secret_access_key")
+    if kind == "az" and not given & {"connection_string", "account_key", "sas_token"}:
+        raise InvalidArgument("credentials: Azure needs connection_string, account_key or sas_token")
+    if "account_key" in given and "account_name" not in given:
+        raise InvalidArgument("credentials: account_key needs account_name")
+    if dataset_key is not None and len(dataset_key) != DATASET_KEY_SIZE:
+        raise InvalidArgument(f"dataset_key: must be {DATASET_KEY_SIZE} bytes, not {len(dataset_key)}")
+    field, message = (("s3", datasources_pb2.S3Credentials) if kind == "s3"
+                      else ("azure", datasources_pb2.AzureCredentials))
+    return datasources_pb2.RegisterDataSourceRequest(name=name, kind=DATA_SOURCE_KINDS[kind], endpoint=endpoint,
+                                                     dataset_key=dataset_key or b"", replace=replace,
+                                                     **{field: message(**credentials)})
+
+
 def _read(path_or_pem: str | os.PathLike | bytes) -> bytes:
     return path_or_pem if isinstance(path_or_pem, bytes) else Path(path_or_pem).read_bytes()
 
@@ -144,6 +194,7 @@ class Client:
         self._checkpoints = checkpoints_pb2_grpc.CheckpointsStub(self._channel)
         self._admin = admin_pb2_grpc.AdminStub(self._channel)
         self._audit = audit_pb2_grpc.AuditStub(self._channel)
+        self._data_sources = datasources_pb2_grpc.DataSourcesStub(self._channel)
 
     @classmethod
     def from_profile(cls, name: str, **kwargs) -> Client:
@@ -265,6 +316,28 @@ class Client:
             raise StreamInterrupted(f"download of {job_id}@{step} was incomplete or corrupted")
         tmp.replace(path)
         return path
+
+    # ---- data sources --------------------------------------------------
+    def register_data_source(self, name: str, *, kind: str, endpoint: str = "", credentials: dict[str, str],
+                             dataset_key: bytes | None = None, replace: bool = False) -> DataSource:
+        """Register S3 (``kind="s3"``) or Azure Blob (``"az"``) credentials under ``name`` for this tenant's jobs.
+
+        ``credentials`` holds S3's ``access_key_id``, ``secret_access_key`` and
+        optional ``session_token`` and ``region``, or Azure's
+        ``connection_string``, or ``account_name`` with ``account_key``, or
+        ``sas_token``. ``dataset_key`` (the tenant's 32-byte key) lets the
+        jobs' workers read shards uploaded encrypted. An existing name is a
+        ``Conflict`` unless ``replace``.
+        """
+        request = data_source_request(name, kind, endpoint, credentials, dataset_key, replace)
+        return DataSource.from_proto(self._call(self._data_sources.RegisterDataSource, request))
+
+    def data_sources(self) -> list[DataSource]:
+        reply = self._call(self._data_sources.ListDataSources, datasources_pb2.ListDataSourcesRequest())
+        return [DataSource.from_proto(s) for s in reply.sources]
+
+    def delete_data_source(self, name: str) -> None:
+        self._call(self._data_sources.DeleteDataSource, datasources_pb2.DeleteDataSourceRequest(name=name))
 
     # ---- audit ---------------------------------------------------------
     def audit_report(self, *, tenant: str = "", since: str = "", until: str = "", fmt: str = "text") -> AuditReport:

@@ -18,7 +18,8 @@ TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i 
 def cantata_data(argv, capsys):
     """Run ``cantata data ...`` as the CLI plugin registers it; return its JSON output."""
     parser = argparse.ArgumentParser(prog="cantata")
-    register({"root": parser.add_subparsers(dest="command", required=True)})
+    data = parser.add_subparsers(dest="command", required=True).add_parser("data")
+    register({"data": data.add_subparsers(dest="sub", required=True)})
     args = parser.parse_args(argv)
     assert args.func(args) == 0
     return json.loads(capsys.readouterr().out)

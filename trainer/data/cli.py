@@ -1,4 +1,4 @@
-"""``cantata data prepare|upload``, contributed to the CLI as a plugin (entry-point group ``cantata.cli``)."""
+"""``cantata data prepare|upload``: a plugin (entry-point group ``cantata.cli``) adding to the CLI's ``data`` group."""
 
 from __future__ import annotations
 
@@ -56,8 +56,7 @@ def cmd_upload(args) -> int:
 
 
 def register(groups: dict[str, argparse._SubParsersAction]) -> None:
-    data = groups["root"].add_parser("data", help="prepare and upload training data").add_subparsers(
-        dest="sub", required=True)
+    data = groups["data"]
     p = data.add_parser("prepare", help="tokenize *.txt / *.jsonl text into token shards")
     p.add_argument("source", help="a text file or a directory of them")
     p.add_argument("--out", required=True, help="directory for the shards (must hold none yet)")
