@@ -84,6 +84,18 @@ def test_resume_from_a_saved_state_continues_with_the_exact_next_batch(dataset, 
         assert resumed.samples == (consumed + 40) * 6
 
 
+@pytest.mark.parametrize("skipped", [0, 1, 26, 61])
+def test_seek_continues_as_if_the_skipped_batches_had_been_drawn(dataset, skipped):
+    with DataLoader(dataset, batch_size=6, seq_len=SEQ, seed=5, rank=1, world=2) as original:
+        for _ in range(skipped):
+            original.next_batch()
+        expected = _ids(original, 40)
+    with DataLoader(dataset, batch_size=6, seq_len=SEQ, seed=5, rank=1, world=2) as sought:
+        sought.seek(skipped)
+        assert sought.samples == skipped * 6
+        assert _ids(sought, 40) == expected
+
+
 def test_state_of_another_run_is_refused(dataset):
     with DataLoader(dataset, batch_size=2, seq_len=SEQ, seed=5, rank=0, world=2) as loader:
         _ids(loader, 3)

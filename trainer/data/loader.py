@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from cantata.trainer.data.batch import Batch
 from cantata.trainer.data.errors import DataError
 from cantata.trainer.data.sources import Dataset
 
@@ -55,13 +56,6 @@ class DataEvent:
 
     kind: str
     message: str
-
-
-@dataclass(frozen=True)
-class Batch:
-    inputs: torch.Tensor  # (batch, seq_len) int64
-    targets: torch.Tensor  # inputs shifted by one token
-    sample_ids: torch.Tensor  # (batch,) int64: object << 32 | window
 
 
 def window_split(tokens: int, seq_len: int, val_fraction: float) -> tuple[int, int]:
@@ -192,9 +186,12 @@ class DataLoader:
                 self._last_report = now
         if slot.last_of_epoch:
             if self._windows_in_epoch == 0:
-                raise DataError(f"dataset {self.dataset.uri}: rank {self.rank}'s objects hold no training "
-                                f"window of {self.seq_len + 1} tokens")
+                raise self._empty_epoch()
             self._windows_in_epoch = 0
+
+    def _empty_epoch(self) -> DataError:
+        return DataError(f"dataset {self.dataset.uri}: rank {self.rank}'s objects hold no training window of "
+                         f"{self.seq_len + 1} tokens")
 
     # ---- batches -------------------------------------------------------
     def next_batch(self) -> Batch:
@@ -225,6 +222,30 @@ class DataLoader:
         return {"version": STATE_VERSION, "dataset": self.dataset.uri, "seed": self.seed, "rank": self.rank,
                 "world": self.world, "seq_len": self.seq_len, "epoch": self._epoch, "object": self._position,
                 "window": self._window, "samples": self.samples}
+
+    def seek(self, batches: int) -> None:
+        """Continue as if ``batches`` batches had been drawn from the start (fetches objects to count windows).
+
+        For a worker that holds no saved position, such as a decentralized
+        worker rejoining at a later round: its position is a function of how
+        many batches it would have drawn.
+        """
+        self.close()
+        remaining = batches * self.batch_size
+        windows_in_epoch = 0
+        for slot in self._stream(0, 0):
+            tokens = self.dataset.tokens(self.dataset.objects[slot.ordinal], self._warn)
+            windows = window_split(tokens.size, self.seq_len, self.val_fraction)[0]
+            if remaining <= windows:
+                self._epoch, self._position, self._window = slot.epoch, slot.position, remaining
+                break
+            remaining -= windows
+            windows_in_epoch += windows
+            if slot.last_of_epoch:
+                if windows_in_epoch == 0:
+                    raise self._empty_epoch()
+                windows_in_epoch = 0
+        self.samples = batches * self.batch_size
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``: the next batch is the one that followed it."""
