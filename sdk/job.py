@@ -38,6 +38,8 @@ class Job:
     outer_momentum: float = 0.0
     gossip_step: float = 0.0
     compression: str = ""
+    trace_samples: bool = False  # log each step's sample ids (data lineage)
+    on_bad_utf8: str = ""  # "skip" (default: a warning event) or "fail"
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def validate(self) -> None:
@@ -61,6 +63,8 @@ class Job:
                 raise bad(name, "must be a finite, non-negative number")
         if self.algorithm and self.algorithm not in ALGORITHMS:
             raise bad("algorithm", f"unknown algorithm {self.algorithm!r}")
+        if self.on_bad_utf8 not in ("", "skip", "fail"):
+            raise bad("on_bad_utf8", "must be 'skip' or 'fail'")
         if not self.dataset.startswith(DATASET_SCHEMES):
             raise bad("dataset", f"unknown dataset scheme in {self.dataset!r}")
         if self.checkpoint_store and not self.checkpoint_store.startswith(STORE_SCHEMES):

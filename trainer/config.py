@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from google.protobuf import json_format
 
 from cantata.proto.v1 import common_pb2
+from cantata.trainer.data import DatasetAccess, DatasetKey, SourceCredentials
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,15 @@ class WorkerConfig:
     threads: int
     spec: common_pb2.JobSpec
     attack: dict | None = None  # evaluation only: set by an admin, never by the tenant
+    dataset_roots: tuple[str, ...] = ()  # where file:// datasets may live
+    dataset_credentials: str | None = field(default=None, repr=False)  # the data source's, for this job only
+    dataset_key: str | None = field(default=None, repr=False)  # the tenant's key for encrypted shards
+
+    def dataset_access(self) -> DatasetAccess:
+        return DatasetAccess(
+            roots=tuple(Path(root) for root in self.dataset_roots),
+            credentials=SourceCredentials.from_json(self.dataset_credentials) if self.dataset_credentials else None,
+            dataset_key=DatasetKey.from_json(self.dataset_key) if self.dataset_key else None)
 
     @classmethod
     def load(cls, path: Path) -> WorkerConfig:
@@ -34,4 +44,5 @@ class WorkerConfig:
         spec = json_format.ParseDict(raw.pop("spec"), common_pb2.JobSpec())
         for key in ("ca", "cert", "key"):
             raw[key] = Path(raw[key])
+        raw["dataset_roots"] = tuple(raw.get("dataset_roots", ()))
         return cls(spec=spec, **raw)

@@ -6,7 +6,9 @@ peers over its mutual-TLS gossip endpoint, screens what it received, and
 applies the accelerated outer step. Peers are found through the control
 plane; a dead or slow peer is skipped for the round (its weight goes back to
 self). A restarted worker resumes from the job's latest checkpoint, jumps to
-the job's current round and rejoins with one exchange.
+the job's current round and rejoins with one exchange. Workers read disjoint
+parts of the dataset; a worker's data position is the number of local steps
+before its first round, so it needs no checkpoint of its own.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from contextlib import closing
 
 import torch
 
@@ -25,11 +28,10 @@ from cantata.security.pki import Bundle
 from cantata.trainer.attacks import AttackView, craft
 from cantata.trainer.checkpoint import JobCheckpoints
 from cantata.trainer.config import WorkerConfig
-from cantata.trainer.data import BatchSampler, load_corpus
 from cantata.trainer.gasloc.outer import GASLoCOuter
 from cantata.trainer.gasloc.topology import make_topology
 from cantata.trainer.gossip import GossipNode
-from cantata.trainer.loop import Schedule, Stopped, evaluate
+from cantata.trainer.loop import Schedule, Stopped, evaluate, job_feed, report_data_wait, trace_samples
 from cantata.trainer.model import build_model
 from cantata.trainer.optim import build_optimizer
 from cantata.trainer.reporter import Reporter
@@ -132,72 +134,77 @@ def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.E
     torch.set_num_threads(cfg.threads)
     local_steps, outer_lr, momentum, topology_name = DEFAULTS[spec.algorithm]
     local_steps = spec.local_steps or local_steps
-    corpus = load_corpus(spec.dataset)
     model = build_model(spec.model, spec.seed)
     seq_len = min(spec.seq_len, model.cfg.block_size)
     optimizer = build_optimizer(model, spec.optimizer, lr=spec.lr, weight_decay=0.1)
-    train_batches = BatchSampler(corpus.train, spec.batch_size, seq_len, spec.seed, cfg.worker)
-    val_batches = BatchSampler(corpus.val, spec.batch_size, seq_len, spec.seed, worker=-1)
     schedule = Schedule(spec.lr, spec.steps)
     lead = cfg.worker == 0
 
-    checkpoints = JobCheckpoints(spec.checkpoint_store, cfg.tenant, cfg.job_id, cfg.checkpoint_keys)
-    start = checkpoints.latest_step() or 0
-    saved_outer = None
-    if start:
-        shards = checkpoints.load(start)
-        model.load_state_dict(shards["model"])
-        optimizer.load_state_dict(shards["optim-0"])
-        saved_outer = shards["outer-0"]
-    topology = make_topology("complete" if spec.algorithm == "diloco" else spec.topology or topology_name,
-                             cfg.workers, spec.seed)
-    outer = GASLoCOuter(model.parameters(), topology, cfg.worker, outer_lr=spec.outer_lr or outer_lr,
-                        outer_momentum=spec.outer_momentum or momentum, gossip_step=spec.gossip_step or None,
-                        compression=spec.compression or "none")
-    if saved_outer is not None:
-        outer.load_state_dict(saved_outer)
+    with closing(job_feed(cfg, reporter, seq_len, rank=cfg.worker, world=cfg.workers)) as feed:
+        checkpoints = JobCheckpoints(spec.checkpoint_store, cfg.tenant, cfg.job_id, cfg.checkpoint_keys)
+        start = checkpoints.latest_step() or 0
+        saved_outer = None
+        if start:
+            shards = checkpoints.load(start)
+            model.load_state_dict(shards["model"])
+            optimizer.load_state_dict(shards["optim-0"])
+            saved_outer = shards["outer-0"]
+        topology = make_topology("complete" if spec.algorithm == "diloco" else spec.topology or topology_name,
+                                 cfg.workers, spec.seed)
+        outer = GASLoCOuter(model.parameters(), topology, cfg.worker, outer_lr=spec.outer_lr or outer_lr,
+                            outer_momentum=spec.outer_momentum or momentum, gossip_step=spec.gossip_step or None,
+                            compression=spec.compression or "none")
+        if saved_outer is not None:
+            outer.load_state_dict(saved_outer)
 
-    bundle = Bundle(cfg.cert.read_bytes(), cfg.key.read_bytes(), cfg.ca.read_bytes())
-    node = GossipNode(cfg.worker, cfg.job_id, bundle, deadline_s=ROUND_DEADLINE_S)
-    reporter.gossip_endpoint(node.start())
-    exchange = ScreenedExchange(cfg, node, reporter, model, outer)
-    current = wait_for_peers(reporter, cfg.workers)
-    first_round = start // local_steps
-    if current:  # a restarted worker: the job went on without it, so catch up
-        first_round = max(first_round, current + 1)
-        reporter.message(f"worker {cfg.worker} rejoins at round {first_round} from checkpoint step {start}")
-    elif start and lead:
-        reporter.message(f"resumed from checkpoint at step {start}")
+        bundle = Bundle(cfg.cert.read_bytes(), cfg.key.read_bytes(), cfg.ca.read_bytes())
+        node = GossipNode(cfg.worker, cfg.job_id, bundle, deadline_s=ROUND_DEADLINE_S)
+        reporter.gossip_endpoint(node.start())
+        exchange = ScreenedExchange(cfg, node, reporter, model, outer)
+        current = wait_for_peers(reporter, cfg.workers)
+        first_round = start // local_steps
+        if current:  # a restarted worker: the job went on without it, so catch up
+            first_round = max(first_round, current + 1)
+            reporter.message(f"worker {cfg.worker} rejoins at round {first_round} from checkpoint step {start}")
+        elif start and lead:
+            reporter.message(f"resumed from checkpoint at step {start}")
 
-    rounds = math.ceil(spec.steps / local_steps)
-    tokens_per_round = spec.batch_size * seq_len * local_steps * cfg.workers
-    val_loss = float("nan")
-    try:
-        for t in range(first_round, rounds):
-            tick = time.perf_counter()
-            for h in range(local_steps):
-                if stop.is_set() or reporter.stop_requested:
-                    raise Stopped()
-                step = t * local_steps + h + 1
-                optimizer.set_lr(schedule.lr(min(step, spec.steps)))
-                _, loss = model(*train_batches.batch(step))
-                loss.backward()
-                optimizer.step()
-                optimizer.zero_grad()
-            outer.round(t, exchange)
-            step = min((t + 1) * local_steps, spec.steps)
-            if lead:
-                reporter.progress(step, loss.item(), tokens_per_round / (time.perf_counter() - tick),
-                                  schedule.lr(step))
-            if step // spec.eval_every > (step - local_steps) // spec.eval_every or step == spec.steps:
-                val_loss = evaluate(model, val_batches)
+        rounds = math.ceil(spec.steps / local_steps)
+        tokens_per_round = spec.batch_size * seq_len * local_steps * cfg.workers
+        val_loss = float("nan")
+        feed.seek(first_round * local_steps)
+        try:
+            began = time.perf_counter()
+            for t in range(first_round, rounds):
+                tick = time.perf_counter()
+                for h in range(local_steps):
+                    if stop.is_set() or reporter.stop_requested:
+                        raise Stopped()
+                    step = t * local_steps + h + 1
+                    optimizer.set_lr(schedule.lr(min(step, spec.steps)))
+                    batch = feed.next_batch()
+                    if spec.trace_samples:
+                        trace_samples(step, batch)
+                    _, loss = model(batch.inputs, batch.targets)
+                    loss.backward()
+                    optimizer.step()
+                    optimizer.zero_grad()
+                outer.round(t, exchange)
+                step = min((t + 1) * local_steps, spec.steps)
                 if lead:
-                    reporter.eval(step, val_loss)
-            if lead and (step // spec.checkpoint_every > (step - local_steps) // spec.checkpoint_every
-                         or step == spec.steps):
-                shards = {"model": model.state_dict(), "optim-0": optimizer.state_dict(),
-                          "outer-0": outer.state_dict()}
-                reporter.checkpoint(step, spec.checkpoint_store, checkpoints.save(step, 0, shards, None))
-    finally:
-        node.stop()
-    return val_loss if not math.isnan(val_loss) else evaluate(model, val_batches)
+                    reporter.progress(step, loss.item(), tokens_per_round / (time.perf_counter() - tick),
+                                      schedule.lr(step))
+                if step // spec.eval_every > (step - local_steps) // spec.eval_every or step == spec.steps:
+                    val_loss = evaluate(model, feed)
+                    if lead:
+                        reporter.eval(step, val_loss)
+                if lead and (step // spec.checkpoint_every > (step - local_steps) // spec.checkpoint_every
+                             or step == spec.steps):
+                    shards = {"model": model.state_dict(), "optim-0": optimizer.state_dict(),
+                              "outer-0": outer.state_dict()}
+                    reporter.checkpoint(step, spec.checkpoint_store, checkpoints.save(step, 0, shards, None))
+            if lead:
+                report_data_wait(reporter, feed, time.perf_counter() - began)
+            return val_loss if not math.isnan(val_loss) else evaluate(model, feed)
+        finally:
+            node.stop()

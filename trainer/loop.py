@@ -1,9 +1,9 @@
 """The training loop of one worker: single-process or data-parallel all-reduce.
 
-Every worker builds the same model from the job's seed, samples its own
-batches (a pure function of seed, worker and step, so a resumed run sees
-exactly the batches it would have seen), and lets the optimizer synchronise
-gradients across the process group.
+Every worker builds the same model from the job's seed, reads its own
+batches from the job's data feed, and lets the optimizer synchronise gradients
+across the process group. The feed's position is part of every checkpoint, so
+a resumed run sees exactly the batches it would have seen.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import datetime as dt
 import math
 import threading
 import time
+from contextlib import closing
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +20,7 @@ import torch.distributed as dist
 
 from cantata.trainer.checkpoint import JobCheckpoints
 from cantata.trainer.config import WorkerConfig
-from cantata.trainer.data import BatchSampler, load_corpus
+from cantata.trainer.data import Batch, DataEvent, Feed, Utf8Policy, open_feed
 from cantata.trainer.model import GPT, build_model
 from cantata.trainer.optim import build_optimizer
 from cantata.trainer.reporter import Reporter
@@ -49,11 +50,34 @@ class Schedule:
 
 
 @torch.no_grad()
-def evaluate(model: GPT, sampler: BatchSampler) -> float:
+def evaluate(model: GPT, feed: Feed) -> float:
     model.eval()
-    losses = [model(*sampler.batch(i))[1].item() for i in range(EVAL_BATCHES)]
+    losses = [model(batch.inputs, batch.targets)[1].item() for batch in feed.validation(EVAL_BATCHES)]
     model.train()
     return sum(losses) / len(losses)
+
+
+def job_feed(cfg: WorkerConfig, reporter: Reporter, seq_len: int, *, rank: int, world: int) -> Feed:
+    """This worker's data feed; the lead relays first-pass progress, every worker its warnings."""
+    def relay(event: DataEvent) -> None:
+        if event.kind == "warning" or cfg.worker == 0:
+            reporter.message(f"data {event.kind}: {event.message}")
+
+    spec = cfg.spec
+    return open_feed(spec.dataset, batch_size=spec.batch_size, seq_len=seq_len, seed=spec.seed, rank=rank,
+                     world=world, access=cfg.dataset_access(), utf8_policy=Utf8Policy(spec.on_bad_utf8 or "skip"),
+                     on_event=relay)
+
+
+def trace_samples(step: int, batch: Batch) -> None:
+    """One log line naming the samples of ``step`` (the job asked for its data lineage)."""
+    print(f"samples step={step} ids={','.join(map(str, batch.sample_ids.tolist()))}", flush=True)
+
+
+def report_data_wait(reporter: Reporter, feed: Feed, train_seconds: float) -> None:
+    if train_seconds > 0:
+        reporter.message(f"data wait {feed.wait_seconds:.2f} s, {feed.wait_seconds / train_seconds:.2%} "
+                         "of training time")
 
 
 def train(cfg: WorkerConfig, reporter: Reporter, stop: threading.Event) -> float:
@@ -66,55 +90,58 @@ def train(cfg: WorkerConfig, reporter: Reporter, stop: threading.Event) -> float
                                 timeout=dt.timedelta(minutes=5))
         group = dist.group.WORLD
     lead = cfg.worker == 0
-    corpus = load_corpus(spec.dataset)
     model = build_model(spec.model, spec.seed)
     seq_len = min(spec.seq_len, model.cfg.block_size)
     optimizer = build_optimizer(model, spec.optimizer, lr=spec.lr, weight_decay=WEIGHT_DECAY, process_group=group)
-    train_batches = BatchSampler(corpus.train, spec.batch_size, seq_len, spec.seed, cfg.worker)
-    val_batches = BatchSampler(corpus.val, spec.batch_size, seq_len, spec.seed, worker=-1)
-    schedule = Schedule(spec.lr, spec.steps)
+    with closing(job_feed(cfg, reporter, seq_len, rank=cfg.worker, world=cfg.workers)) as feed:
+        schedule = Schedule(spec.lr, spec.steps)
 
-    checkpoints = JobCheckpoints(spec.checkpoint_store, cfg.tenant, cfg.job_id, cfg.checkpoint_keys)
-    start = checkpoints.latest_step() or 0
-    if start:
-        shards = checkpoints.load(start)
-        model.load_state_dict(shards["model"])
-        optimizer.load_state_dict(shards[f"optim-{cfg.worker}"])
+        checkpoints = JobCheckpoints(spec.checkpoint_store, cfg.tenant, cfg.job_id, cfg.checkpoint_keys)
+        start = checkpoints.latest_step() or 0
+        if start:
+            shards = checkpoints.load(start)
+            model.load_state_dict(shards["model"])
+            optimizer.load_state_dict(shards[f"optim-{cfg.worker}"])
+            feed.load_state_dict(shards[f"data-{cfg.worker}"])
+            if lead:
+                reporter.message(f"resumed from checkpoint at step {start}")
+
+        report_every = max(1, spec.steps // 100)
+        tokens_per_step = spec.batch_size * seq_len * cfg.workers
+        tick = began = time.perf_counter()
+        val_loss = float("nan")
+        for step in range(start + 1, spec.steps + 1):
+            if stop.is_set() or reporter.stop_requested:
+                raise Stopped()
+            optimizer.set_lr(schedule.lr(step))
+            batch = feed.next_batch()
+            if spec.trace_samples:
+                trace_samples(step, batch)
+            _, loss = model(batch.inputs, batch.targets)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+            if lead and (step % report_every == 0 or step == spec.steps):
+                now = time.perf_counter()
+                done = step - max(start, step - report_every)
+                reporter.progress(step, loss.item(), tokens_per_step * done / (now - tick), schedule.lr(step))
+                tick = now
+            if step % spec.eval_every == 0 or step == spec.steps:
+                val_loss = evaluate(model, feed)
+                if lead:
+                    reporter.eval(step, val_loss)
+            if step % spec.checkpoint_every == 0 or step == spec.steps:
+                shards = {f"optim-{cfg.worker}": optimizer.state_dict(), f"data-{cfg.worker}": feed.state_dict()}
+                if lead:
+                    shards["model"] = model.state_dict()
+                size = checkpoints.save(step, cfg.worker, shards, group)
+                if lead:
+                    reporter.checkpoint(step, spec.checkpoint_store, size)
         if lead:
-            reporter.message(f"resumed from checkpoint at step {start}")
-
-    report_every = max(1, spec.steps // 100)
-    tokens_per_step = spec.batch_size * seq_len * cfg.workers
-    tick = time.perf_counter()
-    val_loss = float("nan")
-    for step in range(start + 1, spec.steps + 1):
-        if stop.is_set() or reporter.stop_requested:
-            raise Stopped()
-        optimizer.set_lr(schedule.lr(step))
-        x, y = train_batches.batch(step)
-        _, loss = model(x, y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-
-        if lead and (step % report_every == 0 or step == spec.steps):
-            now = time.perf_counter()
-            done = step - max(start, step - report_every)
-            reporter.progress(step, loss.item(), tokens_per_step * done / (now - tick), schedule.lr(step))
-            tick = now
-        if step % spec.eval_every == 0 or step == spec.steps:
-            val_loss = evaluate(model, val_batches)
-            if lead:
-                reporter.eval(step, val_loss)
-        if step % spec.checkpoint_every == 0 or step == spec.steps:
-            shards = {f"optim-{cfg.worker}": optimizer.state_dict()}
-            if lead:
-                shards["model"] = model.state_dict()
-            size = checkpoints.save(step, cfg.worker, shards, group)
-            if lead:
-                reporter.checkpoint(step, spec.checkpoint_store, size)
-    if math.isnan(val_loss):  # resumed from the final checkpoint: nothing left to train
-        val_loss = evaluate(model, val_batches)
+            report_data_wait(reporter, feed, time.perf_counter() - began)
+        if math.isnan(val_loss):  # resumed from the final checkpoint: nothing left to train
+            val_loss = evaluate(model, feed)
     if group is not None:
         dist.destroy_process_group()
     return val_loss
