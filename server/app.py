@@ -17,11 +17,12 @@ from cantata.security.audit import Action, AuditLog
 from cantata.security.pki import CertificateAuthority
 from cantata.server.auth import AuthInterceptor, Gatekeeper
 from cantata.server.config import DataDir, ServerSettings
+from cantata.server.datasource_store import DataSourceStore
+from cantata.server.jobspec import dataset_source
 from cantata.server.launcher import WorkerLauncher
 from cantata.server.scheduler import Scheduler
 from cantata.server.services.admin import AdminService
 from cantata.server.services.audit import AuditService
-from cantata.server.datasource_store import DataSourceStore
 from cantata.server.services.checkpoints import CheckpointsService
 from cantata.server.services.datasources import DataSourcesService
 from cantata.server.services.jobs import JobsService
@@ -74,11 +75,19 @@ class ControlPlane:
                 self.scheduler.cancel(job.id, "tenant suspended")
 
     def _worker_secrets(self, job) -> dict:
-        """What only this job's workers may hold: the job's derived checkpoint keys."""
+        """What only this job's workers may hold: its derived checkpoint keys, its data source's credentials."""
         keys = self.keyring.job_keys(job.tenant, job.id)
         self.record("server", Action.KEY_UNWRAPPED, resource=job.id, tenant=job.tenant,
                     details={"purpose": "job keys for workers", "versions": keys.versions})
-        return {"checkpoint_keys": keys.to_json()}
+        grants = {"checkpoint_keys": keys.to_json(),
+                  "dataset_roots": [str(root) for root in self.paths.allowed_roots(self.settings)]}
+        source = dataset_source(job.spec.dataset)
+        if source:
+            grants["dataset_credentials"] = self.data_sources.worker_credentials(job.tenant, source)
+            grants["dataset_key"] = self.data_sources.worker_dataset_key(job.tenant, source)
+            self.record("server", Action.DATA_SOURCE_RELEASED, resource=source, tenant=job.tenant,
+                        details={"job": job.id, "with_shard_decryption": grants["dataset_key"] is not None})
+        return grants
 
     def _grpc_server(self, gatekeeper: Gatekeeper) -> grpc.Server:
         return grpc.server(
@@ -121,7 +130,8 @@ class ControlPlane:
             AdminService(self.store, self.ca, self.keyring, self.settings.default_quota,
                          self.settings.tenant_cert_days, self.record, self._suspend_jobs), server)
         jobs_pb2_grpc.add_JobsServicer_to_server(
-            JobsService(self.store, self.scheduler, launcher.log_path, spec_defaults, self.record), server)
+            JobsService(self.store, self.scheduler, launcher.log_path, spec_defaults, self.record,
+                        self.data_sources.exists), server)
         checkpoints_pb2_grpc.add_CheckpointsServicer_to_server(
             CheckpointsService(self.store, self.keyring, self.record), server)
         worker_pb2_grpc.add_WorkerServicer_to_server(

@@ -184,6 +184,11 @@ class DataSourceStore:
                 "WHERE tenant = ? ORDER BY name", (tenant,)).fetchall()
         return [DataSourceRecord(t, n, k, e, bool(h), c) for t, n, k, e, h, c in rows]
 
+    def exists(self, tenant: str, name: str) -> bool:
+        with self._lock:
+            row = self._db.execute("SELECT 1 FROM data_sources WHERE tenant = ? AND name = ?", (tenant, name))
+            return row.fetchone() is not None
+
     def delete(self, tenant: str, name: str) -> None:
         with self._lock:
             deleted = self._db.execute("DELETE FROM data_sources WHERE tenant = ? AND name = ?", (tenant, name))

@@ -22,6 +22,7 @@ DECENTRALIZED = ("gasloc", "diloco")
 OPTIMIZERS = ("adamw", "muon")
 TOPOLOGIES = ("ring", "torus", "exponential", "complete", "one-peer", "two-peer")
 COMPRESSIONS = ("none", "bf16", "int8")
+UTF8_POLICIES = ("", "skip", "fail")
 MAX_NAME = 128
 BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 MAX_STEPS = 10_000_000
@@ -66,11 +67,7 @@ def parse_job_spec(spec: common_pb2.JobSpec, *, default_store: str, roots: list[
     s.model = s.model or "gpt-tiny"
     _require(s.model in MODELS, "model", f"unknown model {s.model!r} (known: {', '.join(MODELS)})")
     s.dataset = s.dataset or "builtin:pystdlib"
-    if s.dataset.startswith("file://"):
-        local_path(s.dataset, "dataset", roots)
-    else:
-        _require(s.dataset == "builtin:pystdlib", "dataset",
-                 f"unknown dataset {s.dataset!r} (use builtin:pystdlib or file://)")
+    check_dataset(s.dataset, roots)
     s.algorithm = s.algorithm or ("allreduce" if s.workers > 1 else "single")
     _require(s.algorithm in ALGORITHMS, "algorithm", f"unknown algorithm {s.algorithm!r}")
     s.workers = s.workers or 1
@@ -87,6 +84,7 @@ def parse_job_spec(spec: common_pb2.JobSpec, *, default_store: str, roots: list[
         value = getattr(s, name)
         _require(math.isfinite(value) and 0 <= value <= 10, name, "must be a finite number in [0, 10]")
     _require(s.outer_momentum < 1, "outer_momentum", "must be < 1")
+    _require(s.on_bad_utf8 in UTF8_POLICIES, "on_bad_utf8", f"one of {', '.join(UTF8_POLICIES[1:])}")
     s.optimizer = s.optimizer or "adamw"
     _require(s.optimizer in OPTIMIZERS, "optimizer", f"unknown optimizer {s.optimizer!r}")
     _require(0 < s.steps <= MAX_STEPS, "steps", f"must be 1..{MAX_STEPS}")
@@ -105,6 +103,34 @@ def parse_job_spec(spec: common_pb2.JobSpec, *, default_store: str, roots: list[
     s.checkpoint_store = s.checkpoint_store or default_store
     check_store(s.checkpoint_store, "checkpoint_store", roots)
     return s
+
+
+def dataset_source(dataset: str) -> str:
+    """The data source an ``s3://SOURCE@bucket/prefix`` or ``az://SOURCE@container/prefix`` dataset names."""
+    scheme, _, rest = dataset.partition("://")
+    if scheme not in ("s3", "az"):
+        return ""
+    return unquote(rest.partition("/")[0].rpartition("@")[0])
+
+
+def check_dataset(dataset: str, roots: list[Path]) -> None:
+    """``builtin:pystdlib``, a ``file://`` directory under the roots, or a store prefix read through a data source.
+
+    A store dataset must name one of the tenant's data sources: the server's
+    own credentials (those of its checkpoint stores) never read tenant data.
+    """
+    if dataset == "builtin:pystdlib":
+        return
+    if dataset.startswith("file://"):
+        local_path(dataset, "dataset", roots)
+        return
+    scheme, _, rest = dataset.partition("://")
+    _require(scheme in ("s3", "az"), "dataset",
+             f"unknown dataset {dataset!r} (use builtin:pystdlib, file://, s3://SOURCE@bucket/prefix or "
+             "az://SOURCE@container/prefix)")
+    _require(bool(dataset_source(dataset)), "dataset",
+             f"{dataset!r} names no data source: register one and write {scheme}://SOURCE@{rest}")
+    check_store(f"{scheme}://{rest.partition('@')[2]}", "dataset", roots)
 
 
 def check_store(uri: str, field: str, roots: list[Path]) -> None:

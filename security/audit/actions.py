@@ -34,6 +34,10 @@ class Action(StrEnum):
     KEY_CREATED = "key_created"
     KEY_ROTATED = "key_rotated"
     KEY_UNWRAPPED = "key_unwrapped"
+    # tenant data sources
+    DATA_SOURCE_REGISTERED = "data_source_registered"
+    DATA_SOURCE_DELETED = "data_source_deleted"
+    DATA_SOURCE_RELEASED = "data_source_released"  # credentials handed to one job's workers
     # training integrity
     GRADIENT_ANOMALY_DETECTED = "gradient_anomaly_detected"
     PEER_QUARANTINED = "peer_quarantined"

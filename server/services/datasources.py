@@ -11,6 +11,7 @@ from __future__ import annotations
 import grpc
 
 from cantata.proto.v1 import datasources_pb2, datasources_pb2_grpc
+from cantata.security.audit import Action
 from cantata.server.auth import abort, caller
 from cantata.server.datasource_store import (DataSourceExists, DataSourceNotFound, DataSourceRecord, DataSourceSpec,
                                              DataSourceStore, InvalidDataSource)
@@ -18,8 +19,6 @@ from cantata.server.datasource_store import (DataSourceExists, DataSourceNotFoun
 KIND_NAMES = {datasources_pb2.S3: "s3", datasources_pb2.AZURE_BLOB: "az"}
 KIND_VALUES = {name: value for value, name in KIND_NAMES.items()}
 CREDENTIALS_OF_KIND = {"s3": "s3", "az": "azure"}
-REGISTERED = "data_source_registered"
-DELETED = "data_source_deleted"
 
 
 def parse_registration(request: datasources_pb2.RegisterDataSourceRequest) -> DataSourceSpec:
@@ -55,7 +54,7 @@ class DataSourcesService(datasources_pb2_grpc.DataSourcesServicer):
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except DataSourceExists as exc:
             abort(context, grpc.StatusCode.ALREADY_EXISTS, str(exc))
-        self._audit(me.uri, REGISTERED, resource=record.name, tenant=me.name, peer=context.peer(),
+        self._audit(me.uri, Action.DATA_SOURCE_REGISTERED, resource=record.name, tenant=me.name, peer=context.peer(),
                     details={"kind": record.kind, "endpoint": record.endpoint, "replace": request.replace})
         return _info(record)
 
@@ -68,5 +67,5 @@ class DataSourcesService(datasources_pb2_grpc.DataSourcesServicer):
             self._sources.delete(me.name, request.name)
         except DataSourceNotFound as exc:
             abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
-        self._audit(me.uri, DELETED, resource=request.name, tenant=me.name, peer=context.peer())
+        self._audit(me.uri, Action.DATA_SOURCE_DELETED, resource=request.name, tenant=me.name, peer=context.peer())
         return datasources_pb2.DeleteDataSourceReply()

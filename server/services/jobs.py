@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -11,7 +12,7 @@ import grpc
 from cantata.proto.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
 from cantata.security.audit import Action
 from cantata.server.auth import abort, caller
-from cantata.server.jobspec import InvalidField, parse_job_spec
+from cantata.server.jobspec import InvalidField, dataset_source, parse_job_spec
 from cantata.server.store import JobRecord, NotFound, QuotaExceeded, Store
 
 REQUEST_ID = re.compile(r"^[A-Za-z0-9_.:-]{8,128}$")
@@ -27,12 +28,14 @@ def job_info(job: JobRecord) -> common_pb2.JobInfo:
 
 
 class JobsService(jobs_pb2_grpc.JobsServicer):
-    def __init__(self, store: Store, scheduler, log_path, spec_defaults: dict, audit):
+    def __init__(self, store: Store, scheduler, log_path, spec_defaults: dict, audit,
+                 data_source_exists: Callable[[str, str], bool]):
         self._store = store
         self._scheduler = scheduler
         self._log_path = log_path
         self._spec_defaults = spec_defaults
         self._audit = audit
+        self._data_source_exists = data_source_exists
 
     def _job(self, context, job_id: str) -> JobRecord:
         """The caller's job; anyone else's is indistinguishable from a missing one."""
@@ -50,6 +53,10 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
             spec = parse_job_spec(request.spec, **self._spec_defaults)
         except InvalidField as exc:
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc), kind=f"invalid_job:{exc.field}")
+        source = dataset_source(spec.dataset)
+        if source and not self._data_source_exists(tenant_name, source):
+            abort(context, grpc.StatusCode.NOT_FOUND, f"dataset: data source {source!r} not found",
+                  kind="data_source_not_found")
         try:
             job, created = self._store.submit_job(self._store.tenant(tenant_name), request.request_id, spec)
         except QuotaExceeded as exc:

@@ -1,0 +1,215 @@
+"""Jobs on tenant datasets, end to end: prepared shards on local disk, moto S3 and Azurite, sealed or not.
+
+Every job here is a real server launching real workers that stream the data
+through the loader; the data sources are registered through the SDK.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import uuid
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cantata.sdk import InvalidJob, NotFound
+from cantata.sdk.job import Job
+from cantata.storage import open_store
+from cantata.trainer.data import DatasetKey
+from cantata.trainer.data.prepare import prepare_shards
+from cantata.trainer.data.upload import upload_shards
+from tests.services import AZURITE_ACCOUNT, AZURITE_KEY, azurite_connection_string
+from tests.test_jobs import _pids_of, _wait_for
+
+SHARD_TOKENS = 40_000
+QUICK = dict(model="gpt-tiny", steps=30, eval_every=30, checkpoint_every=30, batch_size=4, seq_len=32)
+MOTO_ACCESS_KEY = "AKIACANTATADATATEST"
+MOTO_SECRET = "moto-secret-that-must-never-be-shown"
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    """About 320k tokens of Python source as text, prepared into 8 shards."""
+    text = tmp_path_factory.mktemp("text")
+    source = Path(np.__file__).parent
+    written = 0
+    for index, path in enumerate(sorted(source.rglob("*.py"))):
+        body = path.read_text(errors="ignore")
+        (text / f"{index:04d}.txt").write_text(body)
+        written += len(body.encode())
+        if written > 8 * SHARD_TOKENS:
+            break
+    out = tmp_path_factory.mktemp("shards") / "out"
+    result = prepare_shards(text, out, dtype=np.dtype("uint16"), shard_tokens=SHARD_TOKENS)
+    assert len(result.shards) >= 8
+    return out
+
+
+@pytest.fixture(scope="module")
+def local_dataset(platform, shards) -> str:
+    """The shards under the server's allowed root, as a file:// dataset."""
+    target = platform.data_dir / "checkpoints" / "datasets" / "python"
+    shutil.copytree(shards, target)
+    return target.as_uri()
+
+
+def _messages(handle) -> list[str]:
+    return [event.message for event in handle.events()]
+
+
+def _losses(handle) -> list[float]:
+    return [event.loss for event in handle.events() if event.kind == "PROGRESS"]
+
+
+def test_a_two_worker_job_trains_from_local_shards(tenant, local_dataset):
+    handle = tenant.submit(Job(name="local-shards", dataset=local_dataset, workers=2, algorithm="allreduce", **QUICK))
+    status = handle.wait(timeout=180)
+    assert status.state == "SUCCEEDED", status.reason
+    losses = _losses(handle)
+    assert losses[-1] < losses[0] - 0.5 and math.isfinite(status.val_loss)
+    messages = _messages(handle)
+    assert any(m.startswith(f"data progress: {local_dataset}: fetched") for m in messages)
+    assert any(m.startswith("data wait ") and "of training time" in m for m in messages)
+
+
+def test_a_job_trains_from_s3_through_a_registered_data_source(platform, tenant, shards, moto_service):
+    bucket = f"data-{uuid.uuid4().hex[:12]}"
+    store = open_store(f"s3://{bucket}/python", endpoint_url=moto_service.endpoint, region_name="us-east-1",
+                       aws_access_key_id=MOTO_ACCESS_KEY, aws_secret_access_key=MOTO_SECRET)
+    store.client.create_bucket(Bucket=bucket)
+    upload_shards(shards, store)
+    tenant.register_data_source("lake", kind="s3", endpoint=moto_service.endpoint,
+                                credentials={"access_key_id": MOTO_ACCESS_KEY, "secret_access_key": MOTO_SECRET})
+
+    handle = tenant.submit(Job(name="s3-shards", dataset=f"s3://lake@{bucket}/python", **QUICK))
+    status = handle.wait(timeout=180)
+    assert status.state == "SUCCEEDED", status.reason
+    assert _losses(handle)[-1] < _losses(handle)[0] - 0.5
+
+    seen = "\n".join(_messages(handle)) + "\n".join(line for _, line in handle.logs()) + platform.server_log()
+    seen += "".join(p.read_text(errors="replace") for p in (platform.data_dir / "audit").rglob("*") if p.is_file())
+    assert MOTO_SECRET not in seen and MOTO_ACCESS_KEY not in seen
+
+
+def test_a_job_trains_from_encrypted_shards_on_azure(tenant, shards, azurite_service):
+    container = f"data-{uuid.uuid4().hex[:12]}"
+    connection = azurite_connection_string(azurite_service.endpoint)
+    store = open_store(f"az://{container}/python", connection_string=connection)
+    store.container.create_container()
+    key = DatasetKey.generate("acme")
+    keys = upload_shards(shards, store, dataset_key=key)
+    assert all(k.endswith(".tok.sealed") for k in keys)
+    assert b"import" not in store.get_bytes(keys[0])  # the store holds ciphertext only
+    tenant.register_data_source("vault", kind="az", credentials={"connection_string": connection},
+                                dataset_key=key.secret)
+
+    handle = tenant.submit(Job(name="sealed-shards", dataset=f"az://vault@{container}/python", **QUICK))
+    status = handle.wait(timeout=180)
+    assert status.state == "SUCCEEDED", status.reason
+    assert _losses(handle)[-1] < _losses(handle)[0] - 0.5
+
+    tenant.register_data_source("vault", kind="az", credentials={"connection_string": connection},
+                                dataset_key=DatasetKey.generate("acme").secret, replace=True)
+    status = tenant.submit(Job(name="wrong-key", dataset=f"az://vault@{container}/python", **QUICK)).wait(timeout=120)
+    assert status.state == "FAILED"
+    assert "SealedShardError: encrypted shard" in status.reason and container in status.reason
+
+
+def test_a_dataset_must_name_a_data_source_of_the_tenant(platform, tenant):
+    with pytest.raises(InvalidJob, match="names no data source"):
+        tenant.submit(Job(name="ambient", dataset="s3://bucket/prefix", **QUICK))
+    with pytest.raises(NotFound, match="data source 'nowhere' not found"):
+        tenant.submit(Job(name="unknown", dataset="s3://nowhere@bucket/prefix", **QUICK))
+    tenant.register_data_source("private", kind="s3", credentials={"access_key_id": "a", "secret_access_key": "b"})
+    with platform.enroll("globex") as other:
+        with pytest.raises(NotFound, match="data source 'private' not found"):
+            other.submit(Job(name="probe", dataset="s3://private@bucket/prefix", **QUICK))
+        assert other.list() == []
+
+
+@pytest.mark.parametrize("case", ["missing bucket", "empty prefix", "wrong credentials"])
+def test_bad_datasets_fail_the_job_naming_the_object(tenant, shards, moto_service, azurite_service, case):
+    bucket = f"bad-{uuid.uuid4().hex[:12]}"
+    if case == "wrong credentials":
+        store = open_store(f"az://{bucket}/python", connection_string=azurite_connection_string(azurite_service.endpoint))
+        store.container.create_container()
+        upload_shards(shards, store)
+        wrong_key = AZURITE_KEY[:-8] + "AAAAAAA="
+        tenant.register_data_source(f"src-{bucket}", kind="az", endpoint=f"{azurite_service.endpoint}",
+                                    credentials={"account_name": AZURITE_ACCOUNT, "account_key": wrong_key})
+        dataset, expected = f"az://src-{bucket}@{bucket}/python", "DatasetAccessError"
+    else:
+        if case == "empty prefix":
+            store = open_store(f"s3://{bucket}/", endpoint_url=moto_service.endpoint, region_name="us-east-1",
+                               aws_access_key_id=MOTO_ACCESS_KEY, aws_secret_access_key=MOTO_SECRET)
+            store.client.create_bucket(Bucket=bucket)
+        tenant.register_data_source(f"src-{bucket}", kind="s3", endpoint=moto_service.endpoint,
+                                    credentials={"access_key_id": MOTO_ACCESS_KEY, "secret_access_key": MOTO_SECRET})
+        dataset = f"s3://src-{bucket}@{bucket}/python"
+        expected = "DatasetNotFoundError"
+    status = tenant.submit(Job(name=case.replace(" ", "-"), dataset=dataset, **QUICK)).wait(timeout=120)
+    assert status.state == "FAILED"
+    assert expected in status.reason and bucket in status.reason, status.reason
+
+
+@pytest.mark.parametrize("policy", ["skip", "fail"])
+def test_text_that_is_not_utf8_is_skipped_with_a_warning_or_fails_by_policy(platform, tenant, policy):
+    folder = platform.data_dir / "checkpoints" / "datasets" / f"text-{policy}"
+    folder.mkdir(parents=True)
+    source = Path(np.__file__).parent
+    for index, path in enumerate(sorted(source.glob("*.py"))[:6]):
+        (folder / f"{index}.txt").write_bytes(path.read_bytes())
+    (folder / "2.txt").write_bytes(b"caf\xe9 latin-1, not UTF-8 " * 200)
+    status = tenant.submit(Job(name=f"utf8-{policy}", dataset=folder.as_uri(), on_bad_utf8=policy, **QUICK))
+    status = status.wait(timeout=120)
+    bad = f"{folder.as_uri()}/2.txt"
+    if policy == "skip":
+        assert status.state == "SUCCEEDED", status.reason
+        warnings = [m for m in _messages(tenant.job(status.id)) if m.startswith("data warning:")]
+        assert warnings and all(bad in m for m in warnings)
+    else:
+        assert status.state == "FAILED"
+        assert "TextEncodingError" in status.reason and bad in status.reason
+
+
+def _traced_samples(handle) -> dict[int, list[tuple[int, str]]]:
+    """worker -> [(step, ids)] in log order, from the ``samples`` lines of a job that traces them."""
+    traced = defaultdict(list)
+    for worker, line in handle.logs():
+        if line.startswith("samples step="):
+            step, ids = line.removeprefix("samples step=").split(" ids=")
+            traced[worker].append((int(step), ids))
+    return traced
+
+
+def test_a_job_killed_with_its_server_resumes_at_the_exact_next_batch(platform, tenant, local_dataset):
+    spec = dict(dataset=local_dataset, workers=2, algorithm="allreduce", model="gpt-tiny", eval_every=1000,
+                checkpoint_every=20, batch_size=4, seq_len=16, trace_samples=True)
+    reference = tenant.submit(Job(name="reference", steps=200, **spec))
+    assert reference.wait(timeout=180).state == "SUCCEEDED"
+    expected = {worker: dict(lines) for worker, lines in _traced_samples(reference).items()}
+    assert expected[0][1] != expected[1][1]  # the two ranks read different windows
+
+    handle = tenant.submit(Job(name="interrupted", steps=1500, **spec))
+    _wait_for(lambda: any(c.step >= 20 for c in tenant.checkpoints(handle.id)))
+    platform.kill()
+    _wait_for(lambda: not _pids_of(handle.id), timeout=15)
+    platform.start()
+    _wait_for(lambda: min(len(lines) for lines in _traced_samples(handle).values()) > 300, timeout=180)
+    handle.cancel()
+    resumed = [m for m in _messages(handle) if m.startswith("resumed from checkpoint at step")]
+    assert resumed, "the job did not resume from a checkpoint"
+    resumed_at = int(resumed[0].rsplit(" ", 1)[1])
+    assert 20 <= resumed_at < 200
+
+    for worker, lines in _traced_samples(handle).items():
+        restart = next(i for i in range(1, len(lines)) if lines[i][0] <= lines[i - 1][0])
+        first, second = lines[:restart], lines[restart:]
+        assert second[0][0] == resumed_at + 1  # the second attempt starts after the checkpoint ...
+        assert second[0][1] == expected[worker][resumed_at + 1]  # ... with exactly the batch that follows it
+        assert second[0][1] != expected[worker][1]  # (not from the start of the stream)
+        for step, ids in first + [line for line in second if line[0] <= 200]:
+            assert ids == expected[worker][step], f"worker {worker} step {step}"
