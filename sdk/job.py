@@ -38,6 +38,7 @@ class Job:
     outer_momentum: float = 0.0
     gossip_step: float = 0.0
     compression: str = ""
+    ranks_per_worker: int = 0  # gasloc/diloco: processes per worker group, data parallel inside (default 1)
     trace_samples: bool = False  # log each step's sample ids (data lineage)
     on_bad_utf8: str = ""  # "skip" (default: a warning event) or "fail"
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -53,7 +54,8 @@ class Job:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise bad(name, "must be a positive integer")
-        for name in ("checkpoint_every", "eval_every", "batch_size", "seq_len", "local_steps", "seed"):
+        for name in ("checkpoint_every", "eval_every", "batch_size", "seq_len", "local_steps", "seed",
+                     "ranks_per_worker"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise bad(name, "must be a non-negative integer")

@@ -27,6 +27,7 @@ MAX_NAME = 128
 BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 MAX_STEPS = 10_000_000
 MAX_WORKERS = 256
+MAX_RANKS_PER_WORKER = 64
 
 
 class InvalidField(ValueError):
@@ -58,6 +59,11 @@ def local_path(uri: str, field: str, roots: list[Path]) -> Path:
     return path
 
 
+def processes(spec: common_pb2.JobSpec) -> int:
+    """Worker processes a parsed job runs: ``workers`` groups of ``ranks_per_worker`` ranks."""
+    return spec.workers * spec.ranks_per_worker
+
+
 def parse_job_spec(spec: common_pb2.JobSpec, *, default_store: str, roots: list[Path]) -> common_pb2.JobSpec:
     """Return a copy of ``spec`` with defaults filled in, or raise ``InvalidField``."""
     s = common_pb2.JobSpec()
@@ -74,6 +80,11 @@ def parse_job_spec(spec: common_pb2.JobSpec, *, default_store: str, roots: list[
     _require(0 < s.workers <= MAX_WORKERS, "workers", f"must be 1..{MAX_WORKERS}")
     _require(s.algorithm != "single" or s.workers == 1, "workers", "algorithm 'single' runs one worker")
     decentralized = s.algorithm in DECENTRALIZED
+    _require(0 <= s.ranks_per_worker <= MAX_RANKS_PER_WORKER, "ranks_per_worker", f"must be 1..{MAX_RANKS_PER_WORKER}")
+    s.ranks_per_worker = s.ranks_per_worker or 1
+    _require(s.ranks_per_worker == 1 or decentralized, "ranks_per_worker",
+             "worker groups are for gasloc or diloco (allreduce already spreads one model over its workers)")
+    _require(processes(s) <= MAX_WORKERS, "ranks_per_worker", f"workers x ranks_per_worker must be <= {MAX_WORKERS}")
     _require(not decentralized or s.workers >= 2, "workers", f"{s.algorithm} needs at least 2 workers")
     _require(not s.topology or (decentralized and s.topology in TOPOLOGIES), "topology",
              f"topology {s.topology!r}: one of {', '.join(TOPOLOGIES)}, for gasloc or diloco")

@@ -1,9 +1,11 @@
 """Start and stop a job's worker processes on this node.
 
-Each job gets a workspace ``D/jobs/<job-id>/`` holding, per worker, a
-certificate minted for that worker only, a 0600 config file, and a log. Workers
-run as ``python -m cantata.trainer.worker --config FILE`` in their own process
-group, so stopping a job reaches every process it started.
+Each job gets a workspace ``D/jobs/<job-id>/`` holding, per worker process, a
+certificate minted for that process only, a 0600 config file, and a log.
+Workers run as ``python -m cantata.trainer.worker --config FILE`` in their own
+process group, so stopping a job reaches every process it started. Processes
+that share a ``torch.distributed`` group (all of an all-reduce job, or the
+ranks of one decentralized worker group) share its rendezvous address.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from google.protobuf import json_format
 
 from cantata.security.pki import CertificateAuthority, Principal, gossip_server_name
 from cantata.server.config import write_private
+from cantata.server.jobspec import DECENTRALIZED, processes
 from cantata.server.store import JobRecord
 
 
@@ -90,9 +93,9 @@ class WorkerLauncher:
 
     def launch(self, job: JobRecord, *, secrets: dict, on_certificate, attack: dict | None = None
                ) -> dict[int, int]:
-        """Start every worker of ``job``; returns worker index -> pid.
+        """Start every worker process of ``job``; returns process index -> pid.
 
-        ``secrets`` (the job's checkpoint keys) go only into the 0600 config files.
+        ``secrets`` (the job's keys and data-source credentials) go only into the 0600 config files.
         """
         ws = self.workspace(job.id)
         ws.mkdir(parents=True, exist_ok=True)
@@ -102,16 +105,19 @@ class WorkerLauncher:
             "job_id": job.id,
             "tenant": job.tenant,
             "workers": job.spec.workers,
+            "ranks_per_worker": job.spec.ranks_per_worker,
             "attempt": job.attempts,
             "server": self._server_address,
             "ca": str(ws / "ca.pem"),
-            "rendezvous": f"tcp://127.0.0.1:{free_port()}",
             **secrets,
-            "threads": max(1, (os.cpu_count() or 1) // job.spec.workers),
+            "threads": max(1, (os.cpu_count() or 1) // processes(job.spec)),
             "attack": attack,
             "spec": json_format.MessageToDict(job.spec, preserving_proto_field_name=True),
         }
-        procs = {i: self._spawn(job.id, i, shared, on_certificate) for i in range(job.spec.workers)}
+        group_size = job.spec.ranks_per_worker if job.spec.algorithm in DECENTRALIZED else processes(job.spec)
+        rendezvous = [f"tcp://127.0.0.1:{free_port()}" for _ in range(processes(job.spec) // group_size)]
+        procs = {i: self._spawn(job.id, i, {**shared, "rendezvous": rendezvous[i // group_size]}, on_certificate)
+                 for i in range(processes(job.spec))}
         self._running[job.id] = _Running(procs)
         return {i: p.pid for i, p in procs.items()}
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from cantata.proto.v1 import common_pb2 as pb
 from cantata.proto.v1 import jobs_pb2
 from cantata.security.audit import Action
-from cantata.server.jobspec import DECENTRALIZED
+from cantata.server.jobspec import DECENTRALIZED, processes
 from cantata.server.launcher import WorkerLauncher, kill_group, log_tail, process_alive
 from cantata.server.store import ACTIVE, JobRecord, Store, WorkerRecord
 
@@ -24,9 +24,9 @@ log = logging.getLogger(__name__)
 
 
 
-def quorum(workers: int) -> int:
-    """Workers a decentralized job needs alive (a strict majority)."""
-    return workers // 2 + 1
+def quorum(spec: pb.JobSpec) -> int:
+    """Worker processes a decentralized job needs alive: a strict majority of its worker groups."""
+    return (spec.workers // 2 + 1) * spec.ranks_per_worker
 
 
 class Scheduler:
@@ -95,7 +95,7 @@ class Scheduler:
     def _place(self) -> None:
         free = self._slots - self._launcher.running_workers()
         for job in self._store.jobs(states=frozenset({pb.QUEUED})):
-            if job.spec.workers > free:
+            if processes(job.spec) > free:
                 break  # first come, first served: no overtaking by smaller jobs
             if job.attempts >= self._max_attempts:
                 self._store.transition(job.id, pb.FAILED, f"gave up after {job.attempts} attempts")
@@ -114,7 +114,7 @@ class Scheduler:
                 continue
             self._store.set_workers(job.id, pids)
             self._audit_job(job, Action.JOB_STARTED, workers=len(pids))
-            free -= job.spec.workers
+            free -= processes(job.spec)
 
     def _on_worker_failed(self, job_id: str, worker: int, code: int) -> None:
         job = self._store.job(job_id)
@@ -137,9 +137,9 @@ class Scheduler:
             message = f"{reason}; restarting it ({worker.restarts + 1}/{self._max_restarts})"
         else:
             alive = self._launcher.alive_workers(job.id)
-            if alive < quorum(job.spec.workers):
+            if alive < quorum(job.spec):
                 return False
-            message = f"{reason}; continuing with {alive} of {job.spec.workers} workers"
+            message = f"{reason}; continuing with {alive} of {processes(job.spec)} worker processes"
         self._store.append_event(job.id, jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, worker=worker.idx,
                                                            total_steps=job.spec.steps, message=message))
         return True
@@ -152,7 +152,7 @@ class Scheduler:
                 self._audit_job(job, Action.JOB_CANCELLED, reason=job.reason)
         elif job.state in (pb.STARTING, pb.RUNNING):
             workers = self._store.workers(job_id)
-            needed = quorum(job.spec.workers) if job.spec.algorithm in DECENTRALIZED else len(workers)
+            needed = quorum(job.spec) if job.spec.algorithm in DECENTRALIZED else len(workers)
             if workers and sum(w.finished for w in workers) >= needed:
                 state, reason = pb.SUCCEEDED, ""
             else:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cantata.proto.v1 import common_pb2, jobs_pb2
+from cantata.server.jobspec import processes
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tenants (
@@ -343,8 +344,8 @@ class Store:
             if row is not None:
                 return self._job(db, row["id"]), False
             quota = tenant.quota
-            if quota.max_workers_per_job and spec.workers > quota.max_workers_per_job:
-                raise QuotaExceeded("workers per job", quota.max_workers_per_job, spec.workers)
+            if quota.max_workers_per_job and processes(spec) > quota.max_workers_per_job:
+                raise QuotaExceeded("workers per job", quota.max_workers_per_job, processes(spec))
             if quota.max_total_steps and spec.steps > quota.max_total_steps:
                 raise QuotaExceeded("steps per job", quota.max_total_steps, spec.steps)
             if quota.max_concurrent_jobs:

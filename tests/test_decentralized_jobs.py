@@ -42,6 +42,39 @@ def test_killed_worker_is_skipped_restarted_and_rejoins(tenant):
     assert any(m.startswith("worker 2 rejoins at round") for m in messages)
 
 
+def test_worker_groups_train_data_parallel_inside_and_gossip_from_rank_0(tenant):
+    handle = tenant.submit(Job(name="groups", algorithm="gasloc", optimizer="muon", ranks_per_worker=2,
+                               trace_samples=True, **{**SMALL, "workers": 2, "steps": 40}))
+    status = handle.wait(timeout=300)
+    assert status.state == "SUCCEEDED", status.reason
+    events = list(handle.events())
+    rounds = [e for e in events if e.kind == "ROUND"]
+    assert {e.worker for e in rounds} == {0, 2}  # only each group's rank 0 gossips ...
+    assert all("exchanged with [2]" in e.message for e in rounds if e.worker == 0), [e.message for e in rounds]
+    losses = [e.loss for e in events if e.kind == "PROGRESS"]
+    assert losses[-1] < losses[0] and status.val_loss < 3.5  # (uniform guessing: ln 256 = 5.5)
+
+    logs = list(handle.logs())
+    finals = {w: line.rsplit(" ", 1)[1] for w, line in logs if "finished, validation loss" in line}
+    assert finals[0] == finals[1] and finals[2] == finals[3]  # ... and its ranks hold one model
+    first_batch = {w: line for w, line in logs if line.startswith("samples step=1 ")}
+    assert len(set(first_batch.values())) == 4  # every rank reads its own data
+    assert sum(line.startswith("samples ") for _, line in logs) == 4 * 40
+
+
+def test_a_group_that_loses_a_rank_restarts_together_and_rejoins(tenant):
+    handle = tenant.submit(Job(name="group-fault", algorithm="gasloc", ranks_per_worker=2,
+                               **{**SMALL, "workers": 2, "steps": 150}))
+    _wait_for(lambda: any(e.kind == "ROUND" and e.step >= 3 for e in _events_so_far(handle)), timeout=180)
+    victim = [pid for pid in _pids_of(handle.id) if _worker_of(pid) == 3]
+    os.kill(victim[0], 9)
+    status = handle.wait(timeout=300)
+    assert status.state == "SUCCEEDED", status.reason
+    messages = [e.message for e in handle.events()]
+    assert any("worker 3 exited with code -9" in m and "restarting it" in m for m in messages)
+    assert any(m.startswith("worker 2 rejoins at round") for m in messages)  # the group's gossiping rank
+
+
 def test_sign_flipping_worker_is_quarantined_and_the_job_still_learns(platform, tenant):
     blocker = tenant.submit(Job(name="blocker", algorithm="allreduce", workers=8, steps=100_000, batch_size=2,
                                 seq_len=8, eval_every=50_000, checkpoint_every=50_000))

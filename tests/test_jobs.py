@@ -182,6 +182,12 @@ def _raw_submit(client: Client, **spec):
     ("checkpoint_store", {"name": "x", "steps": 10, "checkpoint_store": "file:///etc"}),
     ("checkpoint_store", {"name": "x", "steps": 10, "checkpoint_store": "file:///tmp/../etc"}),
     ("dataset", {"name": "x", "steps": 10, "dataset": "file:///etc/passwd"}),
+    ("dataset", {"name": "x", "steps": 10, "dataset": "s3://src@Not_A_Bucket/x"}),
+    ("dataset", {"name": "x", "steps": 10, "dataset": "az://src@container/../other"}),
+    ("on_bad_utf8", {"name": "x", "steps": 10, "on_bad_utf8": "ignore"}),
+    ("ranks_per_worker", {"name": "x", "steps": 10, "workers": 2, "ranks_per_worker": 2}),
+    ("ranks_per_worker", {"name": "x", "steps": 10, "workers": 2, "algorithm": "gasloc", "ranks_per_worker": -1}),
+    ("ranks_per_worker", {"name": "x", "steps": 10, "workers": 128, "algorithm": "gasloc", "ranks_per_worker": 4}),
 ])
 def test_server_side_validation_names_the_field(tenant, field, spec):
     with pytest.raises(errors.InvalidJob) as err:

@@ -176,6 +176,9 @@ def test_racing_submits_cannot_both_take_the_last_slot(platform):
     with pytest.raises(errors.QuotaExceeded) as err:
         client.submit(Job(name="too-wide", workers=9, algorithm="allreduce", steps=10))
     assert err.value.what == "workers per job"
+    with pytest.raises(errors.QuotaExceeded) as err:  # a worker group's ranks are processes too
+        client.submit(Job(name="deep", workers=3, algorithm="gasloc", ranks_per_worker=3, steps=10))
+    assert (err.value.what, err.value.used) == ("workers per job", 9)
     with platform.admin() as admin:
         assert admin.set_quota("quota-co", max_concurrent_jobs=2).max_concurrent_jobs == 2
     second = client.submit(Job(name="now-fits", **LONG))

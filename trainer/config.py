@@ -28,9 +28,24 @@ class WorkerConfig:
     threads: int
     spec: common_pb2.JobSpec
     attack: dict | None = None  # evaluation only: set by an admin, never by the tenant
+    ranks_per_worker: int = 1  # decentralized jobs: processes per worker group (``workers`` counts groups)
     dataset_roots: tuple[str, ...] = ()  # where file:// datasets may live
     dataset_credentials: str | None = field(default=None, repr=False)  # the data source's, for this job only
     dataset_key: str | None = field(default=None, repr=False)  # the tenant's key for encrypted shards
+
+    @property
+    def group(self) -> int:
+        """The decentralized worker group this process belongs to."""
+        return self.worker // self.ranks_per_worker
+
+    @property
+    def group_rank(self) -> int:
+        """This process's rank inside its worker group; rank 0 gossips for the group."""
+        return self.worker % self.ranks_per_worker
+
+    def gossip_process(self, group: int) -> int:
+        """The process that gossips for worker group ``group``."""
+        return group * self.ranks_per_worker
 
     def dataset_access(self) -> DatasetAccess:
         return DatasetAccess(

@@ -9,16 +9,26 @@ self). A restarted worker resumes from the job's latest checkpoint, jumps to
 the job's current round and rejoins with one exchange. Workers read disjoint
 parts of the dataset; a worker's data position is the number of local steps
 before its first round, so it needs no checkpoint of its own.
+
+Worker groups: with ``ranks_per_worker`` R > 1 a worker is a group of R
+processes training one model data-parallel (gradients averaged over their
+own ``torch.distributed`` group, Canzona for Muon). Only the group's rank 0
+gossips; after each outer round it broadcasts the new parameters to its
+ranks. Topologies are over groups; on the wire (gossip identities, peers and
+rounds from the control plane, reports) a group is its rank-0 process.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import threading
 import time
 from contextlib import closing
 
 import torch
+import torch.distributed as dist
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from cantata.security.anomaly.attack_policy import SpecOrigin, parse_attack_config
 from cantata.security.anomaly.clipping import clip
@@ -64,7 +74,13 @@ class ScreenedExchange:
         self._noise = torch.Generator().manual_seed(cfg.spec.seed + cfg.worker)
         self.addresses: dict[int, str] = {}
 
-    def __call__(self, round_: int, peers: list[int], wire: torch.Tensor) -> dict[int, torch.Tensor]:
+    def __call__(self, round_: int, groups: list[int], wire: torch.Tensor) -> dict[int, torch.Tensor]:
+        """Exchange with the worker groups ``groups``; returns what each one that is kept sent."""
+        peers = [self._cfg.gossip_process(g) for g in groups]
+        received = self._exchange(round_, peers, wire)
+        return {peer // self._cfg.ranks_per_worker: update for peer, update in received.items()}
+
+    def _exchange(self, round_: int, peers: list[int], wire: torch.Tensor) -> dict[int, torch.Tensor]:
         started = time.perf_counter()
         theta = self._outer.theta
         sent = self._maybe_attack(round_, wire, theta)
@@ -94,7 +110,7 @@ class ScreenedExchange:
             time.sleep(0.05)
 
     def _maybe_attack(self, round_: int, wire: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
-        if self._attack is None or not self._attack.attacks(self._cfg.worker, round_):
+        if self._attack is None or not self._attack.attacks(self._cfg.group, round_):
             return wire
         own = wire - theta
         view = AttackView(own=own, honest=own[None], receiver=wire, honest_weights=torch.ones(1),
@@ -128,49 +144,79 @@ def wait_for_peers(reporter: Reporter, workers: int, timeout: float = PEER_WAIT_
         time.sleep(0.2)
 
 
+def join_worker_group(cfg: WorkerConfig) -> dist.ProcessGroup | None:
+    """The ``torch.distributed`` group of this process's worker group (None for a one-process worker)."""
+    if cfg.ranks_per_worker == 1:
+        return None
+    dist.init_process_group("gloo", init_method=cfg.rendezvous, rank=cfg.group_rank,
+                            world_size=cfg.ranks_per_worker, timeout=dt.timedelta(minutes=5))
+    return dist.group.WORLD
+
+
+def share_from_rank0(value: int, group: dist.ProcessGroup | None) -> int:
+    """Rank 0's ``value`` on every rank of the worker group."""
+    if group is None:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0, group=group)
+    return box[0]
+
+
+def sync_parameters(model: torch.nn.Module, group: dist.ProcessGroup | None) -> None:
+    """Give every rank of the worker group the parameters rank 0 holds after its outer step."""
+    if group is None:
+        return
+    flat = parameters_to_vector(model.parameters())
+    dist.broadcast(flat, src=0, group=group)
+    vector_to_parameters(flat, model.parameters())
+
+
 def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.Event) -> float:
     """Train to ``spec.steps`` in rounds of H local steps; returns the final validation loss."""
     spec = cfg.spec
     torch.set_num_threads(cfg.threads)
+    group = join_worker_group(cfg)
     local_steps, outer_lr, momentum, topology_name = DEFAULTS[spec.algorithm]
     local_steps = spec.local_steps or local_steps
     model = build_model(spec.model, spec.seed)
     seq_len = min(spec.seq_len, model.cfg.block_size)
-    optimizer = build_optimizer(model, spec.optimizer, lr=spec.lr, weight_decay=0.1)
+    optimizer = build_optimizer(model, spec.optimizer, lr=spec.lr, weight_decay=0.1, process_group=group)
     schedule = Schedule(spec.lr, spec.steps)
-    lead = cfg.worker == 0
+    lead = cfg.worker == 0  # reports progress for the job
+    gossips = cfg.group_rank == 0
+    saves = cfg.group == 0  # worker group 0 writes the checkpoints, each rank its optimizer state
 
-    with closing(job_feed(cfg, reporter, seq_len, rank=cfg.worker, world=cfg.workers)) as feed:
+    with closing(job_feed(cfg, reporter, seq_len, rank=cfg.worker, world=cfg.workers * cfg.ranks_per_worker)) as feed:
         checkpoints = JobCheckpoints(spec.checkpoint_store, cfg.tenant, cfg.job_id, cfg.checkpoint_keys)
-        start = checkpoints.latest_step() or 0
-        saved_outer = None
+        start = share_from_rank0(checkpoints.latest_step() or 0, group)
         if start:
             shards = checkpoints.load(start)
             model.load_state_dict(shards["model"])
-            optimizer.load_state_dict(shards["optim-0"])
-            saved_outer = shards["outer-0"]
-        topology = make_topology("complete" if spec.algorithm == "diloco" else spec.topology or topology_name,
-                                 cfg.workers, spec.seed)
-        outer = GASLoCOuter(model.parameters(), topology, cfg.worker, outer_lr=spec.outer_lr or outer_lr,
-                            outer_momentum=spec.outer_momentum or momentum, gossip_step=spec.gossip_step or None,
-                            compression=spec.compression or "none")
-        if saved_outer is not None:
-            outer.load_state_dict(saved_outer)
-
-        bundle = Bundle(cfg.cert.read_bytes(), cfg.key.read_bytes(), cfg.ca.read_bytes())
-        node = GossipNode(cfg.worker, cfg.job_id, bundle, deadline_s=ROUND_DEADLINE_S)
-        reporter.gossip_endpoint(node.start())
-        exchange = ScreenedExchange(cfg, node, reporter, model, outer)
-        current = wait_for_peers(reporter, cfg.workers)
+            optimizer.load_state_dict(shards[f"optim-{cfg.group_rank}"])
+        node = None
         first_round = start // local_steps
-        if current:  # a restarted worker: the job went on without it, so catch up
-            first_round = max(first_round, current + 1)
-            reporter.message(f"worker {cfg.worker} rejoins at round {first_round} from checkpoint step {start}")
-        elif start and lead:
-            reporter.message(f"resumed from checkpoint at step {start}")
+        if gossips:
+            topology = make_topology("complete" if spec.algorithm == "diloco" else spec.topology or topology_name,
+                                     cfg.workers, spec.seed)
+            outer = GASLoCOuter(model.parameters(), topology, cfg.group, outer_lr=spec.outer_lr or outer_lr,
+                                outer_momentum=spec.outer_momentum or momentum,
+                                gossip_step=spec.gossip_step or None, compression=spec.compression or "none")
+            if start:
+                outer.load_state_dict(shards["outer-0"])
+            bundle = Bundle(cfg.cert.read_bytes(), cfg.key.read_bytes(), cfg.ca.read_bytes())
+            node = GossipNode(cfg.worker, cfg.job_id, bundle, deadline_s=ROUND_DEADLINE_S)
+            reporter.gossip_endpoint(node.start())
+            exchange = ScreenedExchange(cfg, node, reporter, model, outer)
+            current = wait_for_peers(reporter, cfg.workers)
+            if current:  # a restarted worker: the job went on without it, so catch up
+                first_round = max(first_round, current + 1)
+                reporter.message(f"worker {cfg.worker} rejoins at round {first_round} from checkpoint step {start}")
+            elif start and lead:
+                reporter.message(f"resumed from checkpoint at step {start}")
+        first_round = share_from_rank0(first_round, group)
 
         rounds = math.ceil(spec.steps / local_steps)
-        tokens_per_round = spec.batch_size * seq_len * local_steps * cfg.workers
+        tokens_per_round = spec.batch_size * seq_len * local_steps * cfg.workers * cfg.ranks_per_worker
         val_loss = float("nan")
         feed.seek(first_round * local_steps)
         try:
@@ -189,7 +235,9 @@ def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.E
                     loss.backward()
                     optimizer.step()
                     optimizer.zero_grad()
-                outer.round(t, exchange)
+                if gossips:
+                    outer.round(t, exchange)
+                sync_parameters(model, group)
                 step = min((t + 1) * local_steps, spec.steps)
                 if lead:
                     reporter.progress(step, loss.item(), tokens_per_round / (time.perf_counter() - tick),
@@ -198,13 +246,19 @@ def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.E
                     val_loss = evaluate(model, feed)
                     if lead:
                         reporter.eval(step, val_loss)
-                if lead and (step // spec.checkpoint_every > (step - local_steps) // spec.checkpoint_every
-                             or step == spec.steps):
-                    shards = {"model": model.state_dict(), "optim-0": optimizer.state_dict(),
-                              "outer-0": outer.state_dict()}
-                    reporter.checkpoint(step, spec.checkpoint_store, checkpoints.save(step, 0, shards, None))
+                if saves and (step // spec.checkpoint_every > (step - local_steps) // spec.checkpoint_every
+                              or step == spec.steps):
+                    shards = {f"optim-{cfg.group_rank}": optimizer.state_dict()}
+                    if gossips:
+                        shards.update({"model": model.state_dict(), "outer-0": outer.state_dict()})
+                    size = checkpoints.save(step, cfg.group_rank, shards, group)
+                    if lead:
+                        reporter.checkpoint(step, spec.checkpoint_store, size)
             if lead:
                 report_data_wait(reporter, feed, time.perf_counter() - began)
             return val_loss if not math.isnan(val_loss) else evaluate(model, feed)
         finally:
-            node.stop()
+            if node is not None:
+                node.stop()
+            if group is not None:
+                dist.destroy_process_group()

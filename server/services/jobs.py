@@ -12,7 +12,7 @@ import grpc
 from cantata.proto.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
 from cantata.security.audit import Action
 from cantata.server.auth import abort, caller
-from cantata.server.jobspec import InvalidField, dataset_source, parse_job_spec
+from cantata.server.jobspec import InvalidField, dataset_source, parse_job_spec, processes
 from cantata.server.store import JobRecord, NotFound, QuotaExceeded, Store
 
 REQUEST_ID = re.compile(r"^[A-Za-z0-9_.:-]{8,128}$")
@@ -100,10 +100,10 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
     def ReadLogs(self, request, context):
         """Worker logs in worker order; with ``follow``, new lines as they are written."""
         job = self._job(context, request.job_id)
-        read = [0] * job.spec.workers  # lines already sent, per worker
+        read = [0] * processes(job.spec)  # lines already sent, per worker process
         sent, skip = 0, max(0, request.offset)
         while context.is_active():
-            for worker in range(job.spec.workers):
+            for worker in range(processes(job.spec)):
                 path: Path = self._log_path(job.id, worker)
                 lines = path.read_text(errors="replace").splitlines() if path.exists() else []
                 for line in lines[read[worker]:]:
