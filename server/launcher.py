@@ -105,7 +105,6 @@ class WorkerLauncher:
             "job_id": job.id,
             "tenant": job.tenant,
             "workers": job.spec.workers,
-            "ranks_per_worker": job.spec.ranks_per_worker,
             "attempt": job.attempts,
             "server": self._server_address,
             "ca": str(ws / "ca.pem"),

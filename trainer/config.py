@@ -28,10 +28,14 @@ class WorkerConfig:
     threads: int
     spec: common_pb2.JobSpec
     attack: dict | None = None  # evaluation only: set by an admin, never by the tenant
-    ranks_per_worker: int = 1  # decentralized jobs: processes per worker group (``workers`` counts groups)
     dataset_roots: tuple[str, ...] = ()  # where file:// datasets may live
     dataset_credentials: str | None = field(default=None, repr=False)  # the data source's, for this job only
     dataset_key: str | None = field(default=None, repr=False)  # the tenant's key for encrypted shards
+
+    @property
+    def ranks_per_worker(self) -> int:
+        """Processes per decentralized worker group (``workers`` then counts groups)."""
+        return self.spec.ranks_per_worker
 
     @property
     def group(self) -> int:
