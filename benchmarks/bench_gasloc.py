@@ -133,6 +133,16 @@ def batches(shards: list[torch.Tensor], generator: torch.Generator) -> tuple[tor
     return torch.stack(xs), torch.stack(ys)
 
 
+def worker_shards(train: torch.Tensor, iid: bool) -> list[torch.Tensor]:
+    """What each worker samples from: all the training text, or its own contiguous eighth."""
+    shard = len(train) // WORKERS
+    return [train] * WORKERS if iid else [train[i * shard: (i + 1) * shard] for i in range(WORKERS)]
+
+
+def inner_optimizer(model: StackedGPT) -> torch.optim.AdamW:
+    return torch.optim.AdamW(model.params.values(), lr=INNER_LR, betas=(0.9, 0.95), weight_decay=0.1)
+
+
 @torch.no_grad()
 def validation_loss(model: StackedGPT, val: torch.Tensor) -> float:
     g = torch.Generator().manual_seed(12345)
@@ -147,10 +157,9 @@ def validation_loss(model: StackedGPT, val: torch.Tensor) -> float:
 
 def run(method: str, local_steps: int, seed: int, steps: int, data, eval_every: int, iid: bool) -> dict:
     train, val, vocab = data
-    shard = len(train) // WORKERS
-    shards = [train] * WORKERS if iid else [train[i * shard: (i + 1) * shard] for i in range(WORKERS)]
+    shards = worker_shards(train, iid)
     model = StackedGPT(vocab, seed)
-    inner = torch.optim.AdamW(model.params.values(), lr=INNER_LR, betas=(0.9, 0.95), weight_decay=0.1)
+    inner = inner_optimizer(model)
     eta, gamma = OUTER[local_steps]
     topology_name = {"diloco": "complete", "gasloc-ring": "ring", "gasloc-one-peer": "one-peer",
                      "gossip-ring": "ring"}.get(method)

@@ -40,8 +40,12 @@ class Simulator:
         thetas: Sequence[torch.Tensor],
         thetas_after: Sequence[torch.Tensor],
         dead: Collection[int] = (),
+        cut: Collection[tuple[int, int]] = (),
     ) -> tuple[list[torch.Tensor], dict[int, RoundStats]]:
-        """One outer round for every live worker; a dead worker keeps its theta and sends nothing."""
+        """One outer round for every live worker; a dead worker keeps its theta and sends nothing.
+
+        ``cut`` edges ``(i, j)`` with ``i < j`` missed the round's deadline: both ends skip each other.
+        """
         if len(thetas) != self.topology.n or len(thetas_after) != self.topology.n:
             raise ValueError(f"expected {self.topology.n} parameter vectors")
         proposals = {
@@ -52,7 +56,8 @@ class Simulator:
         nexts = list(thetas)
         stats = {}
         for i, proposal in proposals.items():
-            received = {j: proposals[j].wire for j in proposal.peers if j in proposals}
+            received = {j: proposals[j].wire for j in proposal.peers
+                        if j in proposals and (min(i, j), max(i, j)) not in cut}
             nexts[i], stats[i] = self.workers[i].finish(proposal, received)
             self.bytes_sent[i] += stats[i].bytes_sent
         return nexts, stats
