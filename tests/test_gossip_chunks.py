@@ -83,13 +83,13 @@ def test_token_bucket_paces_to_its_rate(monkeypatch):
 def test_wire_codec_speaks_the_generated_protobuf_format():
     data = bytes(range(256)) * 300
     ours = Chunk(round=2**40, sender=7, index=3, count=9, total_bytes=10**10, dtype="bfloat16",
-                 crc32=0xDEADBEEF, data=memoryview(data))
+                 checksum=0xDEADBEEF12345678, data=memoryview(data))
     parsed = gossip_pb2.GossipChunk.FromString(wire.encode(ours))
     assert (parsed.round, parsed.sender, parsed.index, parsed.count, parsed.total_bytes, parsed.dtype,
-            parsed.crc32, parsed.data) == (2**40, 7, 3, 9, 10**10, "bfloat16", 0xDEADBEEF, data)
+            parsed.checksum, parsed.data) == (2**40, 7, 3, 9, 10**10, "bfloat16", 0xDEADBEEF12345678, data)
     back = wire.decode(parsed.SerializeToString())
-    assert (back.round, back.sender, back.dtype, back.crc32, bytes(back.data)) == (2**40, 7, "bfloat16",
-                                                                                  0xDEADBEEF, data)
+    assert (back.round, back.sender, back.dtype, back.checksum, bytes(back.data)) == (2**40, 7, "bfloat16",
+                                                                                  0xDEADBEEF12345678, data)
 
 
 def test_wire_codec_rejects_truncated_messages():
@@ -125,3 +125,24 @@ def test_payload_of_another_size_is_refused_before_allocating():
     huge = Chunk(3, 1, 0, 1, 1 << 50, "uint8", 0, memoryview(b""))
     with pytest.raises(CorruptPayload, match="expected 400"):
         Assembly(3, 1, bytearray(400)).add(huge)
+
+
+@pytest.mark.parametrize("damage", ["short", "long", "block swap", "word swap"])
+def test_chunks_whose_data_no_longer_matches_their_checksum_are_refused(damage):
+    payload = torch.randn(3 * 4096)  # 48 KiB in chunks of 16 KiB
+    chunks = _chunks(payload, chunk_bytes=16384)
+    data = bytes(chunks[1].data)
+    if damage == "short":
+        chunks[1].data = data[:-4]
+        chunks[2].data = data[-4:] + bytes(chunks[2].data)  # the stripe still adds up to its size
+    elif damage == "long":
+        chunks[1].data = data + bytes(chunks[2].data)[:4]
+        chunks[2].data = bytes(chunks[2].data)[4:]
+    elif damage == "block swap":
+        chunks[1].data = data[4096:8192] + data[:4096] + data[8192:]
+    elif damage == "word swap":  # two 8-byte words trade places: every byte and every sum is unchanged
+        chunks[1].data = data[8:16] + data[:8] + data[16:]
+    assembly = Assembly(3, 1, bytearray(payload.numel() * 4))
+    with pytest.raises(CorruptPayload, match="chunk 1 of stripe 0 fails its checksum"):
+        for c in chunks:
+            assembly.add(c)

@@ -10,7 +10,7 @@ import torch
 
 from cantata.proto.v1 import gossip_pb2_grpc
 from cantata.security.pki import CertificateAuthority, Principal
-from cantata.trainer.gossip import GossipNode, gossip_server_name
+from cantata.trainer.gossip import GossipNode, gossip_server_name, heap
 from cantata.trainer.gossip.chunks import Assembly
 from cantata.trainer.gossip.client import exchange_with
 
@@ -209,3 +209,20 @@ def test_exchange_before_start_or_of_an_unsupported_dtype_is_an_error(ca, nodes)
         node.exchange(0, {}, torch.ones(1))
     with pytest.raises(ValueError, match="cannot carry"):
         nodes(1).exchange(0, {}, torch.ones(1, dtype=torch.complex64))
+
+
+def test_heap_thresholds_follow_the_largest_chunk_size(monkeypatch):
+    calls = []
+
+    class FakeLibc:
+        def mallopt(self, option, value):
+            calls.append((option, value))
+            return 1
+
+    monkeypatch.setattr(heap.ctypes, "CDLL", lambda name: FakeLibc())
+    monkeypatch.setattr(heap, "_tuned_for", 0)
+    heap.reuse_message_memory(1 << 20)
+    heap.reuse_message_memory(1 << 19)  # a smaller chunk never lowers them
+    assert calls == [(heap._M_MMAP_THRESHOLD, 4 << 20), (heap._M_TRIM_THRESHOLD, 8 << 20)]
+    heap.reuse_message_memory(1 << 21)
+    assert calls[2:] == [(heap._M_MMAP_THRESHOLD, 8 << 20), (heap._M_TRIM_THRESHOLD, 16 << 20)]

@@ -5,25 +5,25 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GossipChunk(_message.Message):
-    __slots__ = ("round", "sender", "index", "count", "total_bytes", "dtype", "crc32", "data", "stripe", "stripes")
+    __slots__ = ("round", "sender", "index", "count", "total_bytes", "dtype", "data", "stripe", "stripes", "checksum")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
-    CRC32_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     STRIPE_FIELD_NUMBER: _ClassVar[int]
     STRIPES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     round: int
     sender: int
     index: int
     count: int
     total_bytes: int
     dtype: str
-    crc32: int
     data: bytes
     stripe: int
     stripes: int
-    def __init__(self, round: _Optional[int] = ..., sender: _Optional[int] = ..., index: _Optional[int] = ..., count: _Optional[int] = ..., total_bytes: _Optional[int] = ..., dtype: _Optional[str] = ..., crc32: _Optional[int] = ..., data: _Optional[bytes] = ..., stripe: _Optional[int] = ..., stripes: _Optional[int] = ...) -> None: ...
+    checksum: int
+    def __init__(self, round: _Optional[int] = ..., sender: _Optional[int] = ..., index: _Optional[int] = ..., count: _Optional[int] = ..., total_bytes: _Optional[int] = ..., dtype: _Optional[str] = ..., data: _Optional[bytes] = ..., stripe: _Optional[int] = ..., stripes: _Optional[int] = ..., checksum: _Optional[int] = ...) -> None: ...

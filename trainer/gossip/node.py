@@ -16,6 +16,7 @@ from cantata.security.pki import Bundle
 from .bandwidth import TokenBucket
 from .chunks import DEFAULT_CHUNK_BYTES, CorruptPayload, dtype_name
 from .client import exchange_with
+from .heap import reuse_message_memory
 from .identity import gossip_server_name
 from .mailbox import Mailbox
 from .service import GossipService, RefusalHook, add_gossip_service
@@ -71,6 +72,7 @@ class GossipNode:
 
     def start(self) -> str:
         """Start serving; return the bound ``host:port``."""
+        reuse_message_memory(self.chunk_bytes)
         server = grpc.server(
             ThreadPoolExecutor(max_workers=32, thread_name_prefix=f"gossip-serve-{self.worker_index}"),
             options=GRPC_OPTIONS,

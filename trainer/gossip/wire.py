@@ -1,11 +1,11 @@
-"""``GossipChunk`` wire encoding without copying the payload bytes.
+"""``GossipChunk`` wire encoding with the fewest copies of the payload bytes.
 
 The generated protobuf class would copy every chunk's data three times on the
 way out and twice on the way in. These functions write and read the same
 protobuf wire format (``proto/cantata/v1/gossip.proto``) directly: the data
-field is appended from a memoryview of the tensor, and parsed back as a
-memoryview of the received message. Unknown fields are skipped, as protobuf
-requires.
+field is copied once from a memoryview of the tensor into the message bytes
+that gRPC sends, and parsed back as a memoryview of the received message.
+Unknown fields are skipped, as protobuf requires.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class Chunk:
     count: int
     total_bytes: int
     dtype: str
-    crc32: int
+    checksum: int
     data: memoryview | bytes
     stripe: int = 0
     stripes: int = 1
@@ -53,7 +53,7 @@ def _varint(value: int) -> bytes:
 def encode(chunk: Chunk) -> bytes:
     header = gossip_pb2.GossipChunk(
         round=chunk.round, sender=chunk.sender, index=chunk.index, count=chunk.count,
-        total_bytes=chunk.total_bytes, dtype=chunk.dtype, crc32=chunk.crc32,
+        total_bytes=chunk.total_bytes, dtype=chunk.dtype, checksum=chunk.checksum,
         stripe=chunk.stripe, stripes=chunk.stripes,
     ).SerializeToString()
     return b"".join((header, _DATA_TAG, _varint(len(chunk.data)), chunk.data))
@@ -75,7 +75,7 @@ def _read_varint(view: memoryview, pos: int) -> tuple[int, int]:
 def decode(raw: bytes) -> Chunk:
     view = memoryview(raw)
     fields: dict[str, object] = {"round": 0, "sender": 0, "index": 0, "count": 0, "total_bytes": 0,
-                                 "dtype": "", "crc32": 0, "data": b"", "stripe": 0, "stripes": 0}
+                                 "dtype": "", "checksum": 0, "data": b"", "stripe": 0, "stripes": 0}
     pos = 0
     while pos < len(view):
         key, pos = _read_varint(view, pos)
@@ -93,14 +93,16 @@ def decode(raw: bytes) -> Chunk:
             elif number == 8:
                 fields["data"] = view[pos: pos + length]
             pos += length
+        elif kind == 1:
+            if pos + 8 > len(view):
+                raise MalformedChunk("truncated fixed64 field")
+            if number == 11:
+                fields["checksum"] = struct.unpack_from("<Q", view, pos)[0]
+            pos += 8
         elif kind == 5:
             if pos + 4 > len(view):
                 raise MalformedChunk("truncated fixed32 field")
-            if number == 7:
-                fields["crc32"] = struct.unpack_from("<I", view, pos)[0]
             pos += 4
-        elif kind == 1:
-            pos += 8
         else:
             raise MalformedChunk(f"unsupported wire type {kind}")
     if pos != len(view):
