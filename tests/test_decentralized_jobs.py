@@ -30,13 +30,8 @@ def test_decentralized_job_succeeds_with_falling_loss(tenant, algorithm, topolog
 
 
 def test_killed_worker_is_skipped_restarted_and_rejoins(tenant):
-    handle = tenant.submit(Job(name="resilient", algorithm="gasloc", **{**SMALL, "steps": 150}))
-    _wait_for(lambda: any(e.kind == "ROUND" and e.step >= 3 for e in _events_so_far(handle)), timeout=180)
-    victim = [pid for pid in _pids_of(handle.id) if _worker_of(pid) == 2]
-    os.kill(victim[0], 9)
-    status = handle.wait(timeout=300)
-    assert status.state == "SUCCEEDED", status.reason
-    messages = [e.message for e in handle.events()]
+    messages = _kill_mid_job_and_finish(tenant.submit(Job(name="resilient", algorithm="gasloc",
+                                                           **{**SMALL, "steps": 150})), worker=2)
     assert any("worker 2 exited with code -9" in m and "restarting it (1/3)" in m for m in messages)
     assert any("skipped [2]" in m for m in messages)
     assert any(m.startswith("worker 2 rejoins at round") for m in messages)
@@ -63,14 +58,8 @@ def test_worker_groups_train_data_parallel_inside_and_gossip_from_rank_0(tenant)
 
 
 def test_a_group_that_loses_a_rank_restarts_together_and_rejoins(tenant):
-    handle = tenant.submit(Job(name="group-fault", algorithm="gasloc", ranks_per_worker=2,
-                               **{**SMALL, "workers": 2, "steps": 150}))
-    _wait_for(lambda: any(e.kind == "ROUND" and e.step >= 3 for e in _events_so_far(handle)), timeout=180)
-    victim = [pid for pid in _pids_of(handle.id) if _worker_of(pid) == 3]
-    os.kill(victim[0], 9)
-    status = handle.wait(timeout=300)
-    assert status.state == "SUCCEEDED", status.reason
-    messages = [e.message for e in handle.events()]
+    messages = _kill_mid_job_and_finish(tenant.submit(Job(name="group-fault", algorithm="gasloc", ranks_per_worker=2,
+                                                           **{**SMALL, "workers": 2, "steps": 150})), worker=3)
     assert any("worker 3 exited with code -9" in m and "restarting it" in m for m in messages)
     assert any(m.startswith("worker 2 rejoins at round") for m in messages)  # the group's gossiping rank
 
@@ -95,6 +84,16 @@ def test_sign_flipping_worker_is_quarantined_and_the_job_still_learns(platform, 
     assert any(a.quarantined for a in found)
     actions = {r.action for r in read_records(platform.data_dir / "audit") if r.resource == attacked.id}
     assert {Action.GRADIENT_ANOMALY_DETECTED, Action.PEER_QUARANTINED, Action.ATTACK_SIMULATION_PLANNED} <= actions
+
+
+def _kill_mid_job_and_finish(handle, worker: int) -> list[str]:
+    """SIGKILL one worker process after round 3; the job must still succeed. Returns its event messages."""
+    _wait_for(lambda: any(e.kind == "ROUND" and e.step >= 3 for e in _events_so_far(handle)), timeout=180)
+    victim = [pid for pid in _pids_of(handle.id) if _worker_of(pid) == worker]
+    os.kill(victim[0], 9)
+    status = handle.wait(timeout=300)
+    assert status.state == "SUCCEEDED", status.reason
+    return [e.message for e in handle.events()]
 
 
 def _events_so_far(handle):

@@ -41,7 +41,7 @@ from cantata.trainer.config import WorkerConfig
 from cantata.trainer.gasloc.outer import GASLoCOuter
 from cantata.trainer.gasloc.topology import make_topology
 from cantata.trainer.gossip import GossipNode
-from cantata.trainer.loop import Schedule, Stopped, evaluate, job_feed, report_data_wait, trace_samples
+from cantata.trainer.loop import Schedule, Stopped, evaluate, job_feed, report_data_wait, train_step
 from cantata.trainer.model import build_model
 from cantata.trainer.optim import build_optimizer
 from cantata.trainer.reporter import Reporter
@@ -227,14 +227,8 @@ def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.E
                     if stop.is_set() or reporter.stop_requested:
                         raise Stopped()
                     step = t * local_steps + h + 1
-                    optimizer.set_lr(schedule.lr(min(step, spec.steps)))
-                    batch = feed.next_batch()
-                    if spec.trace_samples:
-                        trace_samples(step, batch)
-                    _, loss = model(batch.inputs, batch.targets)
-                    loss.backward()
-                    optimizer.step()
-                    optimizer.zero_grad()
+                    loss = train_step(model, optimizer, feed, step, schedule.lr(min(step, spec.steps)),
+                                      trace=spec.trace_samples)
                 if gossips:
                     outer.round(t, exchange)
                 sync_parameters(model, group)

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from cantata.trainer.checkpoint import JobCheckpoints
 from cantata.trainer.config import WorkerConfig
-from cantata.trainer.data import Batch, DataEvent, Feed, Utf8Policy, open_feed
+from cantata.trainer.data import DataEvent, Feed, Utf8Policy, open_feed
 from cantata.trainer.model import GPT, build_model
 from cantata.trainer.optim import build_optimizer
 from cantata.trainer.reporter import Reporter
@@ -69,9 +69,20 @@ def job_feed(cfg: WorkerConfig, reporter: Reporter, seq_len: int, *, rank: int, 
                      on_event=relay)
 
 
-def trace_samples(step: int, batch: Batch) -> None:
-    """One log line naming the samples of ``step`` (the job asked for its data lineage)."""
-    print(f"samples step={step} ids={','.join(map(str, batch.sample_ids.tolist()))}", flush=True)
+def train_step(model: GPT, optimizer, feed: Feed, step: int, lr: float, *, trace: bool) -> torch.Tensor:
+    """One inner step on the feed's next batch; returns its loss.
+
+    With ``trace`` (the job asked for its data lineage) a log line names the step's samples.
+    """
+    optimizer.set_lr(lr)
+    batch = feed.next_batch()
+    if trace:
+        print(f"samples step={step} ids={','.join(map(str, batch.sample_ids.tolist()))}", flush=True)
+    _, loss = model(batch.inputs, batch.targets)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return loss
 
 
 def report_data_wait(reporter: Reporter, feed: Feed, train_seconds: float) -> None:
@@ -113,14 +124,7 @@ def train(cfg: WorkerConfig, reporter: Reporter, stop: threading.Event) -> float
         for step in range(start + 1, spec.steps + 1):
             if stop.is_set() or reporter.stop_requested:
                 raise Stopped()
-            optimizer.set_lr(schedule.lr(step))
-            batch = feed.next_batch()
-            if spec.trace_samples:
-                trace_samples(step, batch)
-            _, loss = model(batch.inputs, batch.targets)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
+            loss = train_step(model, optimizer, feed, step, schedule.lr(step), trace=spec.trace_samples)
 
             if lead and (step % report_every == 0 or step == spec.steps):
                 now = time.perf_counter()
