@@ -1,7 +1,7 @@
 """GASLoC against all-reduce, DiLoCo, plain gossip and isolated workers, simulated in one process.
 
 Setup (as in the reference simulation): a character-level GPT (2 layers,
-d=64, 4 heads, context 64) trained by 8 workers on CPython's
+d=64, 4 heads, context 32) trained by 8 workers on CPython's
 ``pydoc_data.topics`` text, each worker sampling its own contiguous shard of the
 training text (90%; the last 10% is validation) or, with ``--shards iid``
 (the default), sampling from all of it. Every method runs the same

@@ -137,8 +137,14 @@ def _tenant_action(verb: str):
 
 
 # ---- jobs ---------------------------------------------------------------
-JOB_FLAGS = ("name", "model", "dataset", "algorithm", "workers", "topology", "local_steps", "optimizer", "steps",
-             "checkpoint_every", "checkpoint_store", "eval_every", "batch_size", "seq_len", "lr", "seed")
+JOB_FLAGS = {  # Job field -> type of its `jobs submit` flag
+    "name": str, "model": str, "dataset": str, "algorithm": str, "workers": int, "optimizer": str, "steps": int,
+    "checkpoint_every": int, "checkpoint_store": str, "eval_every": int, "batch_size": int, "seq_len": int,
+    "lr": float, "seed": int,
+    # gasloc / diloco
+    "topology": str, "local_steps": int, "outer_lr": float, "outer_momentum": float, "gossip_step": float,
+    "compression": str, "ranks_per_worker": int, "min_workers": int,
+}
 
 
 def _job_from_args(args) -> Job:
@@ -409,10 +415,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     jobs = root.add_parser("jobs", help="training jobs").add_subparsers(dest="sub", required=True)
     p = jobs.add_parser("submit", help="submit a job from a YAML file and/or flags")
     p.add_argument("file", nargs="?", help="YAML file of Job fields")
-    for name in JOB_FLAGS:
-        kind = float if name == "lr" else int if name in (
-            "workers", "local_steps", "steps", "checkpoint_every", "eval_every", "batch_size", "seq_len",
-            "seed") else str
+    for name, kind in JOB_FLAGS.items():
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind)
     p.add_argument("--watch", action="store_true", help="follow the job with a progress bar until it ends")
     _client_flags(p, None)

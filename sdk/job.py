@@ -34,11 +34,12 @@ class Job:
     seq_len: int = 0
     lr: float = 0.0
     seed: int = 0
-    outer_lr: float = 0.0
-    outer_momentum: float = 0.0
-    gossip_step: float = 0.0
+    outer_lr: float | None = None  # gasloc/diloco outer step eta (None: 1.0 for gasloc, 0.7 for diloco)
+    outer_momentum: float | None = None  # gamma; 0 is plain gossip (None: 0.5 for gasloc, 0.9 for diloco)
+    gossip_step: float | None = None  # gasloc mixing step alpha (None: Metropolis 1/(d_max+1))
     compression: str = ""
     ranks_per_worker: int = 0  # gasloc/diloco: processes per worker group, data parallel inside (default 1)
+    min_workers: int = 0  # gasloc/diloco: fail when fewer worker groups are alive (default: a majority)
     trace_samples: bool = False  # log each step's sample ids (data lineage)
     on_bad_utf8: str = ""  # "skip" (default: a warning event) or "fail"
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -55,12 +56,14 @@ class Job:
             if not isinstance(value, int) or value <= 0:
                 raise bad(name, "must be a positive integer")
         for name in ("checkpoint_every", "eval_every", "batch_size", "seq_len", "local_steps", "seed",
-                     "ranks_per_worker"):
+                     "ranks_per_worker", "min_workers"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise bad(name, "must be a non-negative integer")
         for name in ("lr", "outer_lr", "outer_momentum", "gossip_step"):
             value = getattr(self, name)
+            if value is None and name != "lr":
+                continue
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise bad(name, "must be a finite, non-negative number")
         if self.algorithm and self.algorithm not in ALGORITHMS:
@@ -75,7 +78,7 @@ class Job:
             raise bad("request_id", "8-128 characters required")
 
     def to_proto(self) -> common_pb2.JobSpec:
-        fields = asdict(self)
+        fields = {k: v for k, v in asdict(self).items() if v is not None}  # None: the server's default
         fields.pop("request_id")
         return common_pb2.JobSpec(**fields)
 

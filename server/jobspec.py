@@ -28,6 +28,11 @@ BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 MAX_STEPS = 10_000_000
 MAX_WORKERS = 256
 MAX_RANKS_PER_WORKER = 64
+OUTER_FIELDS = ("outer_lr", "outer_momentum", "gossip_step")  # optional: an explicit 0 is not "unset"
+DECENTRALIZED_DEFAULTS = {  # algorithm -> (local steps H, outer lr eta, outer momentum gamma, topology)
+    "diloco": (20, 0.7, 0.9, "complete"),
+    "gasloc": (20, 1.0, 0.5, "ring"),
+}
 
 
 class InvalidField(ValueError):
@@ -79,22 +84,18 @@ def parse_job_spec(spec: common_pb2.JobSpec, *, default_store: str, roots: list[
     s.workers = s.workers or 1
     _require(0 < s.workers <= MAX_WORKERS, "workers", f"must be 1..{MAX_WORKERS}")
     _require(s.algorithm != "single" or s.workers == 1, "workers", "algorithm 'single' runs one worker")
-    decentralized = s.algorithm in DECENTRALIZED
     _require(0 <= s.ranks_per_worker <= MAX_RANKS_PER_WORKER, "ranks_per_worker", f"must be 1..{MAX_RANKS_PER_WORKER}")
     s.ranks_per_worker = s.ranks_per_worker or 1
-    _require(s.ranks_per_worker == 1 or decentralized, "ranks_per_worker",
-             "worker groups are for gasloc or diloco (allreduce already spreads one model over its workers)")
     _require(processes(s) <= MAX_WORKERS, "ranks_per_worker", f"workers x ranks_per_worker must be <= {MAX_WORKERS}")
-    _require(not decentralized or s.workers >= 2, "workers", f"{s.algorithm} needs at least 2 workers")
-    _require(not s.topology or (decentralized and s.topology in TOPOLOGIES), "topology",
-             f"topology {s.topology!r}: one of {', '.join(TOPOLOGIES)}, for gasloc or diloco")
-    _require(not s.compression or (decentralized and s.compression in COMPRESSIONS), "compression",
-             f"compression {s.compression!r}: one of {', '.join(COMPRESSIONS)}, for gasloc or diloco")
-    _require(s.local_steps <= 10_000, "local_steps", "must be <= 10000")
-    for name in ("outer_lr", "outer_momentum", "gossip_step"):
-        value = getattr(s, name)
-        _require(math.isfinite(value) and 0 <= value <= 10, name, "must be a finite number in [0, 10]")
-    _require(s.outer_momentum < 1, "outer_momentum", "must be < 1")
+    if s.algorithm in DECENTRALIZED:
+        _parse_decentralized(s)
+    else:
+        for name in ("topology", "local_steps", "compression", "min_workers"):
+            _require(not getattr(s, name), name, "only for gasloc or diloco")
+        for name in OUTER_FIELDS:
+            _require(not s.HasField(name), name, "only for gasloc or diloco")
+        _require(s.ranks_per_worker == 1, "ranks_per_worker",
+                 "worker groups are for gasloc or diloco (allreduce already spreads one model over its workers)")
     _require(s.on_bad_utf8 in UTF8_POLICIES, "on_bad_utf8", f"one of {', '.join(UTF8_POLICIES[1:])}")
     s.optimizer = s.optimizer or "adamw"
     _require(s.optimizer in OPTIMIZERS, "optimizer", f"unknown optimizer {s.optimizer!r}")
@@ -103,7 +104,7 @@ def parse_job_spec(spec: common_pb2.JobSpec, *, default_store: str, roots: list[
     s.checkpoint_every = s.checkpoint_every or min(100, s.steps)
     _require(s.eval_every >= 0, "eval_every", "must be >= 0")
     s.eval_every = s.eval_every or min(100, s.steps)
-    _require(s.batch_size >= 0 and s.seq_len >= 0 and s.local_steps >= 0, "batch_size", "must be >= 0")
+    _require(s.batch_size >= 0 and s.seq_len >= 0, "batch_size", "must be >= 0")
     s.batch_size = s.batch_size or 16
     s.seq_len = s.seq_len or 64
     _require(s.batch_size <= 4096, "batch_size", "must be <= 4096")
@@ -114,6 +115,34 @@ def parse_job_spec(spec: common_pb2.JobSpec, *, default_store: str, roots: list[
     s.checkpoint_store = s.checkpoint_store or default_store
     check_store(s.checkpoint_store, "checkpoint_store", roots)
     return s
+
+
+def _parse_decentralized(s: common_pb2.JobSpec) -> None:
+    """Fill in and check the gasloc/diloco fields; diloco is the complete graph with alpha = 1/n."""
+    local_steps, outer_lr, outer_momentum, topology = DECENTRALIZED_DEFAULTS[s.algorithm]
+    _require(s.workers >= 2, "workers", f"{s.algorithm} needs at least 2 workers")
+    _require(0 <= s.local_steps <= 10_000, "local_steps", "must be 0..10000 (0: the default)")
+    s.local_steps = s.local_steps or local_steps
+    if s.algorithm == "diloco":
+        _require(s.topology in ("", "complete"), "topology", "diloco always averages over the complete graph")
+        _require(not s.HasField("gossip_step"), "gossip_step", "diloco mixes with alpha = 1/workers")
+    _require(not s.topology or s.topology in TOPOLOGIES, "topology",
+             f"topology {s.topology!r}: one of {', '.join(TOPOLOGIES)}")
+    s.topology = s.topology or topology
+    _require(not s.compression or s.compression in COMPRESSIONS, "compression",
+             f"compression {s.compression!r}: one of {', '.join(COMPRESSIONS)}")
+    s.compression = s.compression or "none"
+    if not s.HasField("outer_lr"):
+        s.outer_lr = outer_lr
+    _require(math.isfinite(s.outer_lr) and 0 < s.outer_lr <= 10, "outer_lr", "must be a number in (0, 10]")
+    if not s.HasField("outer_momentum"):
+        s.outer_momentum = outer_momentum
+    _require(math.isfinite(s.outer_momentum) and 0 <= s.outer_momentum < 1, "outer_momentum",
+             "must be a number in [0, 1)")
+    _require(not s.HasField("gossip_step") or (math.isfinite(s.gossip_step) and 0 < s.gossip_step <= 1),
+             "gossip_step", "must be a number in (0, 1]")
+    _require(0 <= s.min_workers <= s.workers, "min_workers", f"must be 1..{s.workers} (0: a majority)")
+    s.min_workers = s.min_workers or s.workers // 2 + 1
 
 
 def dataset_source(dataset: str) -> str:

@@ -23,10 +23,9 @@ from cantata.server.store import ACTIVE, JobRecord, Store, WorkerRecord
 log = logging.getLogger(__name__)
 
 
-
 def quorum(spec: pb.JobSpec) -> int:
-    """Worker processes a decentralized job needs alive: a strict majority of its worker groups."""
-    return (spec.workers // 2 + 1) * spec.ranks_per_worker
+    """Worker processes a decentralized job needs alive: its ``min_workers`` worker groups (default a majority)."""
+    return spec.min_workers * spec.ranks_per_worker
 
 
 class Scheduler:
@@ -123,8 +122,10 @@ class Scheduler:
         record = next(w for w in self._store.workers(job_id) if w.idx == worker)
         detail = record.failure or log_tail(self._launcher.log_path(job_id, worker)) or "no output"
         reason = f"worker {worker} exited with code {code}: {detail}"
-        if job.spec.algorithm in DECENTRALIZED and self._survive(job, record, reason):
-            return
+        if job.spec.algorithm in DECENTRALIZED:
+            if self._survive(job, record, reason):
+                return
+            reason += f"; fewer than min_workers={job.spec.min_workers} worker groups are left"
         if self._store.transition(job_id, pb.FAILED, reason):
             self._audit_job(job, Action.JOB_FINISHED, state="FAILED", reason=reason)
         self._launcher.terminate(job_id, self._grace)

@@ -1,0 +1,36 @@
+"""A decentralized job's quorum (``min_workers``) on a server that never restarts dead workers."""
+
+from __future__ import annotations
+
+import pytest
+
+from cantata.sdk.job import Job
+from tests.platform import Platform
+from tests.test_decentralized_jobs import SMALL, kill_after_round_3
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory):
+    p = Platform(tmp_path_factory.mktemp("platform"))
+    settings = p.paths.load_settings()
+    settings.max_worker_restarts = 0  # a dead worker stays dead: only the quorum decides
+    p.paths.save_settings(settings)
+    p.start()
+    yield p
+    p.stop()
+
+
+def test_a_job_goes_on_while_min_workers_are_alive(tenant):
+    handle = tenant.submit(Job(name="quorate", algorithm="gasloc", min_workers=2, **{**SMALL, "workers": 3}))
+    kill_after_round_3(handle, worker=1)
+    status = handle.wait(timeout=300)
+    assert status.state == "SUCCEEDED", status.reason
+    assert any("continuing with 2 of 3 worker processes" in e.message for e in handle.events())
+
+
+def test_a_job_fails_once_fewer_than_min_workers_are_alive(tenant):
+    handle = tenant.submit(Job(name="strict", algorithm="gasloc", min_workers=3, **{**SMALL, "workers": 3}))
+    kill_after_round_3(handle, worker=1)
+    status = handle.wait(timeout=300)
+    assert status.state == "FAILED"
+    assert "worker 1 exited with code -9" in status.reason and "min_workers=3" in status.reason
