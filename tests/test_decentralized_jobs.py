@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 import os
+import sqlite3
+from datetime import timedelta
 
+import grpc
 import pytest
+import torch
 
 from cantata.sdk import errors
 from cantata.sdk.job import Job
 from cantata.security.audit import Action, read_records
+from cantata.security.pki import CertificateAuthority, Principal
+from cantata.trainer.gossip import gossip_server_name
+from cantata.trainer.gossip.chunks import Assembly
+from cantata.trainer.gossip.client import exchange_with
 from tests.test_jobs import _pids_of, _wait_for
 
 SMALL = dict(workers=4, local_steps=5, steps=60, eval_every=30, checkpoint_every=20, batch_size=8, seq_len=32)
 
 
-@pytest.mark.parametrize("algorithm,topology", [("gasloc", "ring"), ("diloco", "")])
-def test_decentralized_job_succeeds_with_falling_loss(tenant, algorithm, topology):
-    handle = tenant.submit(Job(name=algorithm, algorithm=algorithm, topology=topology, **SMALL))
+@pytest.mark.parametrize("algorithm,topology,compression", [
+    ("gasloc", "ring", ""), ("diloco", "", ""), ("gasloc", "one-peer", "int8")])
+def test_decentralized_job_succeeds_with_falling_loss(tenant, algorithm, topology, compression):
+    handle = tenant.submit(Job(name=algorithm, algorithm=algorithm, topology=topology, compression=compression,
+                               **SMALL))
     status = handle.wait(timeout=300)
     assert status.state == "SUCCEEDED", status.reason
     events = list(handle.events())
@@ -86,14 +96,47 @@ def test_sign_flipping_worker_is_quarantined_and_the_job_still_learns(platform, 
     assert {Action.GRADIENT_ANOMALY_DETECTED, Action.PEER_QUARANTINED, Action.ATTACK_SIMULATION_PLANNED} <= actions
 
 
+def test_a_peer_of_another_job_is_refused_and_audited(platform, tenant):
+    handle = tenant.submit(Job(name="guarded", algorithm="gasloc", **{**SMALL, "workers": 2, "steps": 100_000}))
+    _wait_for(lambda: any(e.kind == "ROUND" for e in _events_so_far(handle)), timeout=180)
+    with sqlite3.connect(f"file:{platform.data_dir / 'state.db'}?mode=ro", uri=True) as db:
+        (address,), = db.execute("SELECT gossip_address FROM workers WHERE job_id=? AND idx=0", (handle.id,))
+    ca = CertificateAuthority.load(platform.paths.ca_cert.read_bytes(), platform.paths.ca_key.read_bytes())
+    intruder = ca.issue_bundle(Principal.worker("job-other", 1), dns_names=[gossip_server_name("job-other", 1)],
+                               lifetime=timedelta(hours=1), server=True)  # a valid certificate of another job
+    credentials = grpc.ssl_channel_credentials(intruder.ca_pem, intruder.key_pem, intruder.cert_pem)
+    options = [("grpc.ssl_target_name_override", gossip_server_name(handle.id, 0))]
+    with grpc.secure_channel(address, credentials, options=options) as channel, \
+            pytest.raises(grpc.RpcError) as refused:
+        exchange_with([channel], 0, 1, torch.zeros(10), Assembly(0, 0, bytearray(40)), timeout=10,
+                      chunk_bytes=1 << 20)
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+    def refusals():
+        return [r for r in read_records(platform.data_dir / "audit")
+                if r.action == Action.AUTHZ_DENIED and r.resource == handle.id]
+    _wait_for(refusals, timeout=30)
+    record, = refusals()
+    assert record.actor == "spiffe://cantata/job/job-other/worker/1" and record.tenant == "acme"
+    assert record.details["service"] == "gossip" and "not a worker of job" in record.details["reason"]
+    assert record.details["reported_by"] == Principal.worker(handle.id, 0).uri
+    handle.cancel()
+    assert handle.wait(timeout=120).state == "CANCELLED"
+
+
 def _kill_mid_job_and_finish(handle, worker: int) -> list[str]:
     """SIGKILL one worker process after round 3; the job must still succeed. Returns its event messages."""
-    _wait_for(lambda: any(e.kind == "ROUND" and e.step >= 3 for e in _events_so_far(handle)), timeout=180)
-    victim = [pid for pid in _pids_of(handle.id) if _worker_of(pid) == worker]
-    os.kill(victim[0], 9)
+    kill_after_round_3(handle, worker)
     status = handle.wait(timeout=300)
     assert status.state == "SUCCEEDED", status.reason
     return [e.message for e in handle.events()]
+
+
+def kill_after_round_3(handle, worker: int) -> None:
+    """SIGKILL one worker process of a running decentralized job once round 3 is done."""
+    _wait_for(lambda: any(e.kind == "ROUND" and e.step >= 3 for e in _events_so_far(handle)), timeout=180)
+    victim = [pid for pid in _pids_of(handle.id) if _worker_of(pid) == worker]
+    os.kill(victim[0], 9)
 
 
 def _events_so_far(handle):

@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from cantata.security.anomaly import LayerLayout, ScreeningConfig, UpdateScreener, Verdict
 from cantata.trainer.gasloc import GASLoCOuter, OuterStep, Simulator, make_topology
 
 torch.set_num_threads(1)
@@ -129,3 +130,26 @@ def test_payload_from_a_non_peer_is_refused():
     theta = torch.zeros(4)
     with pytest.raises(ValueError, match="not round 0 peers"):
         step.round(0, theta, theta, lambda r, peers, wire: {3: wire})
+
+
+@pytest.mark.parametrize("compression", ["none", "bf16", "int8"])
+def test_screening_sees_decoded_payloads_so_compression_cannot_hide_a_poisoned_update(compression):
+    """Worker 0 on a ring of 6 gets an honest update from worker 1 and a x50 one from worker 5, both compressed."""
+    dim = 2048
+    layout = LayerLayout.from_shapes([("a", (1024,)), ("b", (1024,))])
+    screener = UpdateScreener(layout, ScreeningConfig(min_layer_size=16))
+    seen = []
+
+    def screen(proposal, decoded):
+        seen.append({p: v.dtype for p, v in decoded.items()})
+        results = screener.screen_round(decoded, proposal.sent - proposal.theta, anchor=proposal.theta)
+        return {p: decoded[p] for p, r in results.items() if r.verdict is not Verdict.REJECT}
+
+    receiver, sender = (OuterStep(make_topology("ring", 6), i, 1.0, 0.0, compression=compression) for i in (0, 1))
+    theta = torch.randn(dim, generator=torch.Generator().manual_seed(0))
+    moves = torch.randn(3, dim, generator=torch.Generator().manual_seed(1)) * 0.01
+    honest = sender.propose(0, theta, theta + moves[1]).wire
+    poisoned = sender.compressor.codec.encode(theta + 50 * moves[2])
+    _, stats = receiver.round(0, theta, theta + moves[0], lambda r, peers, wire: {1: honest, 5: poisoned}, screen)
+    assert seen == [{1: torch.float32, 5: torch.float32}]
+    assert stats.mixed == (1,) and stats.skipped == (5,)

@@ -115,7 +115,7 @@ def test_three_workers_ring_round(nodes):
 
 def test_peer_of_another_job_is_refused_and_reported(ca, nodes):
     refusals = []
-    a = nodes(0, deadline_s=2.0, on_refused=lambda peer, reason: refusals.append(reason))
+    a = nodes(0, deadline_s=2.0, on_refused=lambda address, principal, reason: refusals.append((principal, reason)))
     intruder = _bundle(ca, "job-b", 1)
     results = {}
     waiting = threading.Thread(target=lambda: results.update(a.exchange(0, {1: "127.0.0.1:9"}, torch.ones(10))))
@@ -125,7 +125,9 @@ def test_peer_of_another_job_is_refused_and_reported(ca, nodes):
         _call(channel)
     waiting.join()
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    assert refusals and "not a worker of job job-a" in refusals[0]
+    principal, reason = refusals[0]
+    assert principal == "spiffe://cantata/job/job-b/worker/1"
+    assert "not a worker of job job-a" in reason
     assert results == {}
 
 

@@ -21,11 +21,13 @@ rounds from the control plane, reports) a group is its rank-0 process.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import math
 import threading
 import time
 from contextlib import closing
 
+import grpc
 import torch
 import torch.distributed as dist
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
@@ -38,7 +40,7 @@ from cantata.security.pki import Bundle
 from cantata.trainer.attacks import AttackView, craft
 from cantata.trainer.checkpoint import JobCheckpoints
 from cantata.trainer.config import WorkerConfig
-from cantata.trainer.gasloc.outer import GASLoCOuter
+from cantata.trainer.gasloc.outer import GASLoCOuter, Proposal
 from cantata.trainer.gasloc.topology import make_topology
 from cantata.trainer.gossip import GossipNode
 from cantata.trainer.loop import Schedule, Stopped, evaluate, job_feed, report_data_wait, train_step
@@ -48,51 +50,37 @@ from cantata.trainer.reporter import Reporter
 
 ROUND_DEADLINE_S = 20.0
 PEER_WAIT_S = 60.0
+log = logging.getLogger(__name__)
 # Real jobs mix few, short rounds: a layer's share of the distance varies more
 # than in the benchmark's simulation, so its spread is floored higher (honest
 # peers were otherwise rejected on layer norms late in training).
 WORKER_SCREENING = ScreeningConfig(layer_min_spread=0.3)  # at start, for the other workers' gossip endpoints
-DEFAULTS = {  # algorithm -> (local steps H, outer lr eta, outer momentum gamma, topology)
-    "diloco": (20, 0.7, 0.9, "complete"),
-    "gasloc": (20, 1.0, 0.5, "ring"),
-}
 
 
-class ScreenedExchange:
-    """The round's exchange as ``GASLoCOuter`` calls it: gossip, screen, clip or drop, report.
+class GossipExchange:
+    """The round's exchange as ``GASLoCOuter`` calls it: wait for laggards, then swap wires over gossip.
 
-    A rejected or quarantined peer is treated like a skipped one, so the
-    mixing stays doubly stochastic.
+    Peers are worker groups; on the wire a group is its rank-0 process.
+    Quarantined peers are not dialled.
     """
 
-    def __init__(self, cfg: WorkerConfig, node: GossipNode, reporter: Reporter, model: torch.nn.Module,
-                 outer: GASLoCOuter):
+    def __init__(self, cfg: WorkerConfig, node: GossipNode, reporter: Reporter, outer: GASLoCOuter,
+                 quarantine: Quarantine):
         self._cfg, self._node, self._reporter, self._outer = cfg, node, reporter, outer
-        self._screener = UpdateScreener(LayerLayout.from_module(model), WORKER_SCREENING)
-        self._quarantine = Quarantine(cfg.worker)
+        self._quarantine = quarantine
         self._attack = parse_attack_config(cfg.attack, SpecOrigin.ADMIN) if cfg.attack else None
         self._noise = torch.Generator().manual_seed(cfg.spec.seed + cfg.worker)
         self.addresses: dict[int, str] = {}
 
     def __call__(self, round_: int, groups: list[int], wire: torch.Tensor) -> dict[int, torch.Tensor]:
-        """Exchange with the worker groups ``groups``; returns what each one that is kept sent."""
+        """Exchange with the worker groups ``groups``; returns the wire each one that answered sent."""
         peers = [self._cfg.gossip_process(g) for g in groups]
-        received = self._exchange(round_, peers, wire)
-        return {peer // self._cfg.ranks_per_worker: update for peer, update in received.items()}
-
-    def _exchange(self, round_: int, peers: list[int], wire: torch.Tensor) -> dict[int, torch.Tensor]:
-        started = time.perf_counter()
-        theta = self._outer.theta
-        sent = self._maybe_attack(round_, wire, theta)
+        sent = self._maybe_attack(round_, wire)
         self._wait_for_laggards(round_, peers)
         wanted = {p: self.addresses[p] for p in peers
                   if p in self.addresses and not self._quarantine.is_quarantined(p)}
-        received = {p: t.clone() for p, t in self._node.exchange(round_, wanted, sent).items()}
-        if wire.dtype == torch.float32 and received:
-            received = self._screen(round_, received, own=wire - theta, anchor=theta)
-        skipped = sorted(set(peers) - set(received))
-        self._reporter.round(round_, sorted(received), skipped, time.perf_counter() - started)
-        return received
+        received = self._node.exchange(round_, wanted, sent)
+        return {peer // self._cfg.ranks_per_worker: t.clone() for peer, t in received.items()}
 
     def _wait_for_laggards(self, round_: int, peers: list[int]) -> None:
         """Keep rounds aligned: wait (bounded) until every live, trusted peer has finished the previous round.
@@ -109,29 +97,69 @@ class ScreenedExchange:
                 return
             time.sleep(0.05)
 
-    def _maybe_attack(self, round_: int, wire: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    def _maybe_attack(self, round_: int, wire: torch.Tensor) -> torch.Tensor:
+        """What an admin-planned attack sends instead of ``wire`` (crafted on decoded values, then encoded)."""
         if self._attack is None or not self._attack.attacks(self._cfg.group, round_):
             return wire
-        own = wire - theta
-        view = AttackView(own=own, honest=own[None], receiver=wire, honest_weights=torch.ones(1),
+        theta, codec = self._outer.theta, self._outer.step.compressor.codec
+        own = codec.decode(wire, theta.numel()) - theta
+        view = AttackView(own=own, honest=own[None], receiver=theta + own, honest_weights=torch.ones(1),
                           byzantine_weight=0.0, workers=self._cfg.workers, byzantine=len(self._attack.workers))
-        return theta + craft(self._attack, view, self._noise)
+        return codec.encode(theta + craft(self._attack, view, self._noise))
 
-    def _screen(self, round_: int, received: dict, own: torch.Tensor, anchor: torch.Tensor) -> dict:
+
+class UpdateScreen:
+    """The round's screen as ``GASLoCOuter`` calls it: check each decoded update, clip or drop it, report.
+
+    A rejected or quarantined peer is treated like a skipped one, so the
+    mixing stays doubly stochastic.
+    """
+
+    def __init__(self, cfg: WorkerConfig, reporter: Reporter, model: torch.nn.Module, quarantine: Quarantine):
+        self._cfg, self._reporter, self._quarantine = cfg, reporter, quarantine
+        self._screener = UpdateScreener(LayerLayout.from_module(model), WORKER_SCREENING)
+
+    def __call__(self, proposal: Proposal, decoded: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        anchor, own = proposal.theta, proposal.sent - proposal.theta
+        by_process = {self._cfg.gossip_process(g): update for g, update in decoded.items()}
         kept = {}
-        for peer, result in self._screener.screen_round(received, own, anchor=anchor).items():
-            for event in self._quarantine.record(round_, result):
+        for peer, result in self._screener.screen_round(by_process, own, anchor=anchor).items():
+            for event in self._quarantine.record(proposal.round, result):
                 check = max(result.checks, key=lambda c: c.verdict)
-                self._reporter.anomaly(peer, round_, check.check, result.verdict.name.lower(), check.score,
+                self._reporter.anomaly(peer, proposal.round, check.check, result.verdict.name.lower(), check.score,
                                        quarantined=event.kind is AnomalyKind.PEER_QUARANTINED)
             if result.verdict is Verdict.REJECT or self._quarantine.is_quarantined(peer):
                 continue
+            update = by_process[peer]
             if result.verdict is Verdict.CLIP and result.clip_norm is not None:
-                mine = anchor + own
-                kept[peer] = mine + clip(received[peer] - mine, result.clip_norm)
-            else:
-                kept[peer] = received[peer]
+                update = proposal.sent + clip(update - proposal.sent, result.clip_norm)
+            kept[peer // self._cfg.ranks_per_worker] = update
         return kept
+
+
+class RefusalReports:
+    """Sends the callers the gossip endpoint refused to the server, which audits them.
+
+    At most ``per_minute`` reports a minute, so a flood of refused calls
+    cannot flood the control plane; every refusal is still in the worker log.
+    """
+
+    def __init__(self, reporter: Reporter, per_minute: int = 30):
+        self._reporter, self._per_minute = reporter, per_minute
+        self._sent: list[float] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, address: str, principal: str, reason: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._sent = [t for t in self._sent if now - t < 60.0]
+            if len(self._sent) >= self._per_minute:
+                return
+            self._sent.append(now)
+        try:
+            self._reporter.gossip_refused(address, principal, reason)
+        except grpc.RpcError as exc:  # the refusal itself stands; only its report is lost
+            log.warning("could not report a refused gossip caller: %s", exc)
 
 
 def wait_for_peers(reporter: Reporter, workers: int, timeout: float = PEER_WAIT_S) -> int:
@@ -176,8 +204,7 @@ def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.E
     spec = cfg.spec
     torch.set_num_threads(cfg.threads)
     group = join_worker_group(cfg)
-    local_steps, outer_lr, momentum, topology_name = DEFAULTS[spec.algorithm]
-    local_steps = spec.local_steps or local_steps
+    local_steps = spec.local_steps
     model = build_model(spec.model, spec.seed)
     seq_len = min(spec.seq_len, model.cfg.block_size)
     optimizer = build_optimizer(model, spec.optimizer, lr=spec.lr, weight_decay=0.1, process_group=group)
@@ -196,17 +223,19 @@ def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.E
         node = None
         first_round = start // local_steps
         if gossips:
-            topology = make_topology("complete" if spec.algorithm == "diloco" else spec.topology or topology_name,
-                                     cfg.workers, spec.seed)
-            outer = GASLoCOuter(model.parameters(), topology, cfg.group, outer_lr=spec.outer_lr or outer_lr,
-                                outer_momentum=spec.outer_momentum or momentum,
-                                gossip_step=spec.gossip_step or None, compression=spec.compression or "none")
+            outer = GASLoCOuter(model.parameters(), make_topology(spec.topology, cfg.workers, spec.seed), cfg.group,
+                                outer_lr=spec.outer_lr, outer_momentum=spec.outer_momentum,
+                                gossip_step=spec.gossip_step if spec.HasField("gossip_step") else None,
+                                compression=spec.compression)
             if start:
                 outer.load_state_dict(shards["outer-0"])
             bundle = Bundle(cfg.cert.read_bytes(), cfg.key.read_bytes(), cfg.ca.read_bytes())
-            node = GossipNode(cfg.worker, cfg.job_id, bundle, deadline_s=ROUND_DEADLINE_S)
+            node = GossipNode(cfg.worker, cfg.job_id, bundle, deadline_s=ROUND_DEADLINE_S,
+                              on_refused=RefusalReports(reporter))
             reporter.gossip_endpoint(node.start())
-            exchange = ScreenedExchange(cfg, node, reporter, model, outer)
+            quarantine = Quarantine(cfg.worker)
+            exchange = GossipExchange(cfg, node, reporter, outer, quarantine)
+            screen = UpdateScreen(cfg, reporter, model, quarantine)
             current = wait_for_peers(reporter, cfg.workers)
             if current:  # a restarted worker: the job went on without it, so catch up
                 first_round = max(first_round, current + 1)
@@ -230,7 +259,10 @@ def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.E
                     loss = train_step(model, optimizer, feed, step, schedule.lr(min(step, spec.steps)),
                                       trace=spec.trace_samples)
                 if gossips:
-                    outer.round(t, exchange)
+                    exchanged = time.perf_counter()
+                    stats = outer.round(t, exchange, screen)
+                    reporter.round(t, [cfg.gossip_process(g) for g in stats.mixed],
+                                   [cfg.gossip_process(g) for g in stats.skipped], time.perf_counter() - exchanged)
                 sync_parameters(model, group)
                 step = min((t + 1) * local_steps, spec.steps)
                 if lead:

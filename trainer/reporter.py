@@ -58,6 +58,9 @@ class Reporter:
         self.send(anomaly=worker_pb2.Anomaly(peer=peer, round=round_, check=check, verdict=verdict, score=score,
                                              quarantined=quarantined))
 
+    def gossip_refused(self, address: str, principal: str, reason: str) -> None:
+        self.send(refused=worker_pb2.GossipRefused(address=address, principal=principal, reason=reason))
+
     def peers(self) -> tuple[dict[int, str], int, dict[int, int]]:
         """The job's registered gossip endpoints, the latest finished round, and each worker's."""
         reply = self._stub.GetPeers(worker_pb2.GetPeersRequest(job_id=self._job_id), timeout=REPORT_TIMEOUT,

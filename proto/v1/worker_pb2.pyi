@@ -90,8 +90,18 @@ class Anomaly(_message.Message):
     detail: str
     def __init__(self, peer: _Optional[int] = ..., round: _Optional[int] = ..., check: _Optional[str] = ..., verdict: _Optional[str] = ..., score: _Optional[float] = ..., quarantined: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
 
+class GossipRefused(_message.Message):
+    __slots__ = ("address", "principal", "reason")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    principal: str
+    reason: str
+    def __init__(self, address: _Optional[str] = ..., principal: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class WorkerReport(_message.Message):
-    __slots__ = ("job_id", "worker", "started", "progress", "eval", "checkpoint", "finished", "failed", "message", "gossip", "round", "anomaly")
+    __slots__ = ("job_id", "worker", "started", "progress", "eval", "checkpoint", "finished", "failed", "message", "gossip", "round", "anomaly", "refused")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
     STARTED_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +114,7 @@ class WorkerReport(_message.Message):
     GOSSIP_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     ANOMALY_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     worker: int
     started: bool
@@ -116,7 +127,8 @@ class WorkerReport(_message.Message):
     gossip: GossipEndpoint
     round: Round
     anomaly: Anomaly
-    def __init__(self, job_id: _Optional[str] = ..., worker: _Optional[int] = ..., started: _Optional[bool] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., eval: _Optional[_Union[Eval, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointWritten, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., failed: _Optional[_Union[Failed, _Mapping]] = ..., message: _Optional[_Union[Message, _Mapping]] = ..., gossip: _Optional[_Union[GossipEndpoint, _Mapping]] = ..., round: _Optional[_Union[Round, _Mapping]] = ..., anomaly: _Optional[_Union[Anomaly, _Mapping]] = ...) -> None: ...
+    refused: GossipRefused
+    def __init__(self, job_id: _Optional[str] = ..., worker: _Optional[int] = ..., started: _Optional[bool] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., eval: _Optional[_Union[Eval, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointWritten, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., failed: _Optional[_Union[Failed, _Mapping]] = ..., message: _Optional[_Union[Message, _Mapping]] = ..., gossip: _Optional[_Union[GossipEndpoint, _Mapping]] = ..., round: _Optional[_Union[Round, _Mapping]] = ..., anomaly: _Optional[_Union[Anomaly, _Mapping]] = ..., refused: _Optional[_Union[GossipRefused, _Mapping]] = ...) -> None: ...
 
 class WorkerReportReply(_message.Message):
     __slots__ = ("stop",)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 
 from cantata.proto.v1 import common_pb2, jobs_pb2, worker_pb2, worker_pb2_grpc
-from cantata.security.audit import Action
+from cantata.security.audit import Action, Outcome
 from cantata.server.auth import abort, caller
 from cantata.security.pki import Principal
 from cantata.server.store import AnomalyRecord, Store, utcnow
@@ -60,6 +60,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                                       message=f"round {r.round}: exchanged with {list(r.peers)}{skipped}")
         elif kind == "anomaly":
             event = self._anomaly(me, job, request.worker, request.anomaly)
+        elif kind == "refused":
+            event = self._gossip_refused(me, job, request.refused)
         else:
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, "empty report")
         if event is not None:
@@ -75,6 +77,14 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         peers = {w.idx: w.gossip_address for w in self._store.workers(me.name) if w.gossip_address}
         return worker_pb2.GetPeersReply(peers=peers, round=self._store.latest_round(me.name),
                                         rounds=self._store.rounds(me.name))
+
+    def _gossip_refused(self, me, job, r) -> jobs_pb2.JobEvent:
+        """A caller this job's gossip endpoint refused: audited as a denial, shown to the tenant as an event."""
+        principal = r.principal[:300] or "unauthenticated"
+        self._audit(principal, Action.AUTHZ_DENIED, resource=job.id, tenant=job.tenant, outcome=Outcome.DENIED,
+                    details={"service": "gossip", "reported_by": me.uri, "reason": r.reason[:500]},
+                    peer=r.address[:200])
+        return jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, message=f"gossip endpoint refused {principal}")
 
     def _anomaly(self, me, job, reporter: int, a) -> jobs_pb2.JobEvent:
         """Record a screened-out update: store, audit, and quarantine policy."""

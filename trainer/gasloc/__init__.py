@@ -4,7 +4,7 @@ DiLoCo is the complete-graph case (``make_topology("complete", n)``).
 """
 
 from .compression import COMPRESSIONS, Compressor, UnknownCompression
-from .outer import Exchange, GASLoCOuter, OuterStep, RoundStats, flatten
+from .outer import Exchange, GASLoCOuter, OuterStep, RoundStats, Screen, flatten
 from .simulator import Simulator
 from .topology import TOPOLOGIES, Topology, UnknownTopology, make_topology
 
@@ -16,6 +16,7 @@ __all__ = [
     "GASLoCOuter",
     "OuterStep",
     "RoundStats",
+    "Screen",
     "Simulator",
     "Topology",
     "UnknownCompression",

@@ -33,6 +33,10 @@ from .topology import Topology
 Exchange = Callable[[int, list[int], torch.Tensor], Mapping[int, torch.Tensor]]
 """``exchange(round, peers, wire) -> {peer: peer's wire}``; a missing peer was skipped."""
 
+Screen = Callable[["Proposal", dict[int, torch.Tensor]], Mapping[int, torch.Tensor]]
+"""``screen(proposal, decoded) -> {peer: value to mix}``: drops or clips the decoded
+payloads that fail screening; a dropped peer counts as skipped."""
+
 
 @dataclass(frozen=True)
 class RoundStats:
@@ -88,23 +92,32 @@ class OuterStep:
         peers = tuple(self.topology.neighbors(self.worker_index, t))
         return Proposal(t, theta_t, y, sent, wire, peers, float(g.norm()))
 
-    def finish(self, proposal: Proposal, received: Mapping[int, torch.Tensor]) -> tuple[torch.Tensor, RoundStats]:
-        """Steps 3-4: mix what arrived, take the accelerated step; return theta_{t+1}."""
+    def finish(
+        self, proposal: Proposal, received: Mapping[int, torch.Tensor], screen: Screen | None = None
+    ) -> tuple[torch.Tensor, RoundStats]:
+        """Steps 3-4: decode and ``screen`` what arrived, mix it, take the accelerated step; return theta_{t+1}.
+
+        Screening sees decoded float32 values, so a compressed payload is
+        screened exactly like an uncompressed one.
+        """
         unexpected = set(received) - set(proposal.peers)
         if unexpected:
             raise ValueError(f"payloads from workers {sorted(unexpected)} that are not round {proposal.round} peers")
-        alpha = self.topology.metropolis_step(proposal.round) if self.gossip_step is None else self.gossip_step
-        z = proposal.y.clone()
-        mixed = []
+        decoded = {}
         for peer in proposal.peers:
             if peer not in received:
                 continue
             try:
-                other = self.compressor.decompress(received[peer], proposal.y.numel())
-            except ValueError:
+                decoded[peer] = self.compressor.decompress(received[peer], proposal.y.numel())
+            except ValueError:  # malformed: the peer is skipped
                 continue
-            z.add_(other - proposal.sent, alpha=alpha)
-            mixed.append(peer)
+        if screen is not None and decoded:
+            decoded = dict(screen(proposal, decoded))
+        alpha = self.topology.metropolis_step(proposal.round) if self.gossip_step is None else self.gossip_step
+        z = proposal.y.clone()
+        mixed = [peer for peer in proposal.peers if peer in decoded]
+        for peer in mixed:
+            z.add_(decoded[peer] - proposal.sent, alpha=alpha)
         z_prev = proposal.theta if self.z_prev is None else self.z_prev
         theta_next = z + self.outer_momentum * (z - z_prev)
         self.z_prev = z
@@ -119,12 +132,13 @@ class OuterStep:
         return theta_next, stats
 
     def round(
-        self, t: int, theta_t: torch.Tensor, theta_after: torch.Tensor, exchange: Exchange
+        self, t: int, theta_t: torch.Tensor, theta_after: torch.Tensor, exchange: Exchange,
+        screen: Screen | None = None,
     ) -> tuple[torch.Tensor, RoundStats]:
         """A whole round: propose, ``exchange`` with the round's peers, finish."""
         proposal = self.propose(t, theta_t, theta_after)
         received = exchange(t, list(proposal.peers), proposal.wire) if proposal.peers else {}
-        return self.finish(proposal, received)
+        return self.finish(proposal, received, screen)
 
     def state_dict(self) -> dict[str, torch.Tensor | None]:
         return {"z_prev": self.z_prev, "residual": self.compressor.residual}
@@ -172,8 +186,8 @@ class GASLoCOuter:
         self.theta = flatten(self.params)
 
     @torch.no_grad()
-    def round(self, t: int, exchange: Exchange) -> RoundStats:
-        theta_next, stats = self.step.round(t, self.theta, flatten(self.params), exchange)
+    def round(self, t: int, exchange: Exchange, screen: Screen | None = None) -> RoundStats:
+        theta_next, stats = self.step.round(t, self.theta, flatten(self.params), exchange, screen)
         offset = 0
         for p in self.params:
             p.copy_(theta_next[offset: offset + p.numel()].view_as(p))

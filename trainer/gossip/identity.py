@@ -8,7 +8,11 @@ __all__ = ["PeerRefused", "authorize_peer", "gossip_server_name"]
 
 
 class PeerRefused(PermissionError):
-    """The caller is not another worker of this job."""
+    """The caller is not another worker of this job; ``principal`` is the URI its certificate names ("" if none)."""
+
+    def __init__(self, reason: str, principal: str = ""):
+        super().__init__(reason)
+        self.principal = principal
 
 
 def authorize_peer(auth_context: dict, job_id: str, own_index: int) -> Principal:
@@ -17,7 +21,7 @@ def authorize_peer(auth_context: dict, job_id: str, own_index: int) -> Principal
     if principal is None:
         raise PeerRefused("no verified client certificate")
     if principal.role != "worker" or principal.job_id != job_id:
-        raise PeerRefused(f"{principal.uri} is not a worker of job {job_id}")
+        raise PeerRefused(f"{principal.uri} is not a worker of job {job_id}", principal.uri)
     if principal.index == own_index:
-        raise PeerRefused(f"{principal.uri} is this worker itself")
+        raise PeerRefused(f"{principal.uri} is this worker itself", principal.uri)
     return principal

@@ -62,7 +62,7 @@ class GossipNode:
         self.chunk_bytes = chunk_bytes
         self.streams = streams
         self.mailbox = Mailbox()
-        self._on_refused = on_refused or (lambda peer, reason: None)
+        self._on_refused = on_refused or (lambda address, principal, reason: None)
         self._buckets: dict[int, TokenBucket] = {}
         self._channels: dict[tuple[int, str], list[grpc.Channel]] = {}
         self._lock = threading.Lock()

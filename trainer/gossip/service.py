@@ -11,14 +11,17 @@ import grpc
 from . import wire
 from .bandwidth import TokenBucket
 from .chunks import MAX_STRIPES, Assembly, to_chunks
+from cantata.security.pki import Principal
+
 from .identity import PeerRefused, authorize_peer
 from .mailbox import Mailbox
 from .wire import Chunk
 
 log = logging.getLogger(__name__)
 
-RefusalHook = Callable[[str, str], None]
-"""``on_refused(peer_address, reason)``: called for every refused caller (for the audit log)."""
+RefusalHook = Callable[[str, str, str], None]
+"""``on_refused(peer_address, principal, reason)``: called for every refused caller (for the audit log);
+``principal`` is the URI its verified certificate names, "" if none."""
 
 
 class GossipService:
@@ -47,11 +50,11 @@ class GossipService:
         try:
             return authorize_peer(context.auth_context(), self.job_id, self.worker_index).index
         except PeerRefused as refusal:
-            self._refuse(context, str(refusal))
+            self._refuse(context, refusal.principal, str(refusal))
 
-    def _refuse(self, context: grpc.ServicerContext, reason: str) -> None:
+    def _refuse(self, context: grpc.ServicerContext, principal: str, reason: str) -> None:
         log.warning("gossip refused %s: %s", context.peer(), reason)
-        self.on_refused(context.peer(), reason)
+        self.on_refused(context.peer(), principal, reason)
         context.abort(grpc.StatusCode.PERMISSION_DENIED, reason)
 
     def Exchange(self, request_iterator: Iterator[Chunk], context: grpc.ServicerContext) -> Iterator[Chunk]:
@@ -60,7 +63,7 @@ class GossipService:
         if first is None:
             return
         if first.sender != peer:
-            self._refuse(context, f"worker {peer} sent chunks as worker {first.sender}")
+            self._refuse(context, Principal.worker(self.job_id, peer).uri, f"worker {peer} sent chunks as worker {first.sender}")
         if not 0 <= first.stripe < first.stripes <= MAX_STRIPES:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"stripe {first.stripe} of {first.stripes}")
         payload = self.mailbox.outgoing(first.round, self.wait_s)
