@@ -1,8 +1,8 @@
 """Heterogeneous bandwidth: DiLoCo against GASLoC when one link of a ring of 8 is 10x slower.
 
-Training is ``bench_gasloc.py``'s (8 workers of a char-level GPT on
-``pydoc_data.topics``, batched in one process, the real ``cantata.trainer.gasloc``
-outer rounds); wall-clock is modelled by ``bandwidth_model.py``, because 8 real
+Training is ``bench_gasloc.py``'s (8 workers of a small GPT on
+``builtin:pystdlib`` or ``--corpus pydoc-topics``, batched in one process, the
+real ``cantata.trainer.gasloc`` outer rounds); wall-clock is modelled by ``bandwidth_model.py``, because 8 real
 workers on this 2-core machine would serialize their compute.
 
 Network (stated, all flags): every pair of workers has its own full-duplex link
@@ -13,7 +13,7 @@ as float32 (no compression).
 Compute: one local step of one worker takes ``--step-ms`` or, by default, the
 fastest measured time of one batched inner step divided by the 8 workers.
 
-Methods, at H local steps per round (outer lr 0.7, momentum 0.9):
+Methods, at H local steps per round (outer settings as in ``bench_gasloc.OUTER``):
   diloco                complete graph (exact averaging) as a ring all-reduce in
                         worker order, so every round waits for the slow link:
                         ``2 (n-1)/n * bytes / slowest + 2 (n-1) * latency``
@@ -64,12 +64,13 @@ import torch
 
 from bandwidth_model import Network, Round, allreduce_transfer, edge, gossip_transfers, schedule
 from bench_gasloc import (
-    OUTER,
+    CORPORA,
     WORKERS,
     StackedGPT,
     batches,
     inner_optimizer,
     load_text,
+    outer_settings,
     validation_loss,
     worker_shards,
 )
@@ -128,13 +129,14 @@ def plan(method: str, setup: Setup, local_steps: int, seed: int, rounds: int) ->
     return schedule(WORKERS, transfers, local_steps * setup.step_s, deadline)
 
 
-def train(method: str, local_steps: int, seed: int, rounds: list[Round], data, iid: bool) -> list[tuple]:
+def train(method: str, local_steps: int, seed: int, rounds: list[Round], data, iid: bool,
+          outer: tuple[float, float]) -> list[tuple]:
     """Train through ``rounds``; return ``(inner steps, modelled seconds, validation loss)`` after each."""
     train_text, val, vocab = data
     shards = worker_shards(train_text, iid)
     model = StackedGPT(vocab, seed)
     inner = inner_optimizer(model)
-    eta, gamma = OUTER.get(local_steps, OUTER[20])
+    eta, gamma = outer
     simulator = Simulator(make_topology(TOPOLOGY[method], WORKERS, seed=seed), outer_lr=eta, outer_momentum=gamma)
     generator = torch.Generator().manual_seed(1000 + seed)
     thetas = model.vectors()
@@ -211,7 +213,8 @@ def run_all(args, data, setup: Setup) -> list[dict]:
                     timings = plan(method, setup, h, seed, rounds * args.max_steps_factor)
                     timings = timings[:rounds_within(timings, budget, rounds)]
                 started = time.perf_counter()
-                curve = train(method, h, seed, timings, data, iid=args.shards == "iid")
+                curve = train(method, h, seed, timings, data, iid=args.shards == "iid",
+                              outer=outer_settings(args.corpus, h))
                 equal = timings[:rounds]
                 runs.append({
                     "method": method, "H": h, "seed": seed, "val_loss": curve[rounds][2], "curve": curve,
@@ -339,6 +342,7 @@ def main(argv=None) -> None:
     parser.add_argument("--local-steps", type=int, nargs="+", default=[20], help="H values (e.g. 20 5)")
     parser.add_argument("--max-steps-factor", type=int, default=2,
                         help="cap on GASLoC's steps within DiLoCo's wall-clock, as a multiple of --steps")
+    parser.add_argument("--corpus", choices=CORPORA, default="pystdlib")
     parser.add_argument("--shards", choices=("iid", "contiguous"), default="iid")
     parser.add_argument("--fast-mb-s", type=float, default=20.0, help="every link but the slow one, MB/s")
     parser.add_argument("--slow-mb-s", type=float, default=2.0, help="the ring link (0, 7), MB/s")
@@ -355,7 +359,7 @@ def main(argv=None) -> None:
         parser.error("--steps must be a multiple of every H, with at least 2 rounds")
     torch.set_num_threads(1)
     wall_started = time.perf_counter()
-    data = load_text()
+    data = load_text(args.corpus)
     nbytes = 4 * sum(p[0].numel() for p in StackedGPT(data[2], seed=0).params.values())
     network = Network(WORKERS, args.fast_mb_s * 1e6, args.latency_ms / 1e3, {SLOW_EDGE: args.slow_mb_s * 1e6})
     step_s = args.step_ms / 1e3 if args.step_ms else measure_step_seconds(data)
@@ -391,7 +395,8 @@ def main(argv=None) -> None:
     RESULTS.mkdir(exist_ok=True)
     total = time.perf_counter() - wall_started
     (RESULTS / "gasloc_bandwidth.json").write_text(json.dumps(
-        {"steps": args.steps, "seeds": args.seeds, "shards": args.shards, "max_steps_factor": args.max_steps_factor,
+        {"steps": args.steps, "seeds": args.seeds, "corpus": args.corpus, "shards": args.shards,
+         "max_steps_factor": args.max_steps_factor,
          "assumptions": assumptions, "rows": rows, "transport_validation": validation, "runs": runs,
          "benchmark_seconds": total}, indent=1))
     plot(runs, rows, RESULTS / "gasloc_bandwidth.png")
