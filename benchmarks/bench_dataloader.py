@@ -293,7 +293,7 @@ def plot(result: dict, path: Path) -> None:
     labels = [f"{r['store']}\n{r['form']}" for r in rows]
     x = np.arange(len(rows))
     width = 0.2
-    fig, ax = plt.subplots(figsize=(11, 5))
+    fig, ax = plt.subplots(figsize=(13, 5))
     ax.bar(x - 1.5 * width, [r["plain_read_tokens_per_s"] / 1e6 for r in rows], width, label="plain sequential read")
     ax.bar(x - 0.5 * width, [r.get("plain_read_unseal_tokens_per_s", np.nan) / 1e6 for r in rows], width,
            label="plain read + unseal")
@@ -308,7 +308,7 @@ def plot(result: dict, path: Path) -> None:
     ax.set_xticks(x, labels, fontsize=8)
     ax.set_title(f"Data loader throughput ({result['dataset']['tokens'] / 1e6:.0f}M uint16 tokens, "
                  f"{FETCHERS} fetchers, {result['method']['trials']} interleaved trials)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
