@@ -165,7 +165,12 @@ def load_average() -> float:
 
 
 def run(total_mib: int, trials: int, tiny_steps: int) -> dict:
-    workdir = Path(tempfile.mkdtemp(prefix="bench-dataloader-"))
+    with tempfile.TemporaryDirectory(prefix="bench-dataloader-") as workdir:
+        return measure(Path(workdir), total_mib, trials, tiny_steps)
+
+
+def measure(workdir: Path, total_mib: int, trials: int, tiny_steps: int) -> dict:
+    """Every measurement, with its shards, stores and servers under ``workdir``."""
     text = stdlib_tokens(total_mib << 19)
     counts = make_shards(workdir / "shards", text, SHARD_TOKENS)
     tokens = sum(counts)
