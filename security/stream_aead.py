@@ -365,6 +365,26 @@ class StreamDecryptor:
         self.summary: SealedSummary | None = None
 
     def __iter__(self) -> Iterator[bytes]:
+        for index, sealed, last in self._segments():
+            yield self._open_segment(index, sealed, last)
+
+    def read_into(self, buffer: bytearray | memoryview) -> int:
+        """Decrypt the whole plaintext straight into ``buffer`` and return its size.
+
+        ``buffer`` must be writable and hold at least the plaintext (else ``ValueError``).
+        """
+        view = memoryview(buffer).cast("B")
+        size = 0
+        for index, sealed, last in self._segments():
+            end = size + max(0, len(sealed) - TAG_SIZE)
+            if end > len(view):
+                raise ValueError(f"{self.header.context}: plaintext does not fit a buffer of {len(view)} bytes")
+            self._open_segment(index, sealed, last, view[size:end])
+            size = end
+        return size
+
+    def _segments(self) -> Iterator[tuple[int, bytes, bool]]:
+        """Each sealed segment, its index and whether it is the final one; the caller opens it before the next."""
         header = self.header
         sealed_segment = header.segment_size + TAG_SIZE
         digest = hashlib.sha256(header.digested_bytes)
@@ -379,24 +399,24 @@ class StreamDecryptor:
                 raise TruncatedStreamError(
                     f"{header.context}: object ends at {sealed_size + len(chunk)} of {self._expected_sealed_size} bytes"
                 )
-            plaintext = self._open_segment(index, chunk, last)
+            yield index, chunk, last
             digest.update(chunk[-TAG_SIZE:])
             sealed_size += len(chunk)
-            plaintext_size += len(plaintext)
-            yield plaintext
+            plaintext_size += len(chunk) - TAG_SIZE
             if last:
                 break
             chunk = following
             index += 1
         self.summary = SealedSummary(plaintext_size, sealed_size, digest.hexdigest(), index + 1)
 
-    def _open_segment(self, index: int, sealed: bytes, last: bool) -> bytes:
+    def _open_segment(self, index: int, sealed: bytes, last: bool, into: memoryview | None = None) -> bytes | memoryview:
+        """The authenticated plaintext of a segment (written into ``into`` when given)."""
         if len(sealed) < TAG_SIZE:
             raise TruncatedStreamError(f"{self.header.context}: segment {index} is cut short")
-        plaintext = self._try_open(index, sealed, last)
+        plaintext = self._try_open(index, sealed, last, into)
         if plaintext is not None:
             return plaintext
-        if self._try_open(index, sealed, not last) is None:
+        if self._try_open(index, sealed, not last, into) is None:
             raise SegmentAuthenticationError(
                 f"{self.header.context}: segment {index} failed authentication (modified, reordered or foreign)"
             )
@@ -404,9 +424,13 @@ class StreamDecryptor:
             raise TruncatedStreamError(f"{self.header.context}: stream ends after non-final segment {index}")
         raise TrailingDataError(f"{self.header.context}: data follows the final segment {index}")
 
-    def _try_open(self, index: int, sealed: bytes, last: bool) -> bytes | None:
+    def _try_open(self, index: int, sealed: bytes, last: bool, into: memoryview | None) -> bytes | memoryview | None:
+        nonce = segment_nonce(self.header.nonce_prefix, index, last)
         try:
-            return self._cipher.decrypt(segment_nonce(self.header.nonce_prefix, index, last), sealed, None)
+            if into is None:
+                return self._cipher.decrypt(nonce, sealed, None)
+            self._cipher.decrypt_into(nonce, sealed, None, into)
+            return into
         except InvalidTag:
             return None
 
@@ -422,8 +446,12 @@ def _length_prefixed(data: bytes) -> bytes:
 
 
 def _read_exact(source: BinaryIO, size: int) -> bytes:
-    parts = []
-    remaining = size
+    """``size`` bytes (fewer at the end); a whole part the source returned is passed on as it is, uncopied."""
+    part = source.read(size)
+    if not part or len(part) == size:
+        return part
+    parts = [part]
+    remaining = size - len(part)
     while remaining:
         part = source.read(remaining)
         if not part:
@@ -434,7 +462,7 @@ def _read_exact(source: BinaryIO, size: int) -> bytes:
 
 
 def _read_header_field(source: BinaryIO, size: int) -> bytes:
-    data = _read_exact(source, size)
+    data = bytes(_read_exact(source, size))
     if len(data) != size:
         raise TruncatedStreamError("object ends inside its header")
     return data

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from cantata.trainer.data import DataError, DataLoader, ShardChecksumError, ValidationSet, open_dataset
-from cantata.trainer.data.loader import window_split
+from cantata.trainer.data import loader as loader_module
+from cantata.trainer.data.loader import STAGE_TOKENS, window_split
 from cantata.trainer.data.shards import HEADER_SIZE, dtype_for, encode_shard
 
 SEQ = 8
@@ -38,6 +39,47 @@ def test_batches_hold_the_shards_windows_with_shifted_targets(dataset):
         start = (sample & 0xFFFFFFFF) * SEQ
         assert batch.inputs[row].tolist() == tokens[start : start + SEQ].tolist()
         assert batch.targets[row].tolist() == tokens[start + 1 : start + SEQ + 1].tolist()
+
+
+def _reference_stream(dataset, seed, rank, world, epochs):
+    """The documented order, window by window: (sample id, int64 window of SEQ + 1 tokens)."""
+    loader = DataLoader(dataset, batch_size=1, seq_len=SEQ, seed=seed, rank=rank, world=world)
+    for epoch in range(epochs):
+        for ordinal in loader.objects_of_epoch(epoch).tolist():
+            tokens = dataset.tokens(dataset.objects[ordinal], print).astype(np.int64)
+            train = window_split(tokens.size, SEQ, 0.05)[0]
+            for window in np.random.Generator(np.random.PCG64([seed, epoch, ordinal])).permutation(train).tolist():
+                yield ordinal << 32 | window, tokens[window * SEQ : window * SEQ + SEQ + 1]
+
+
+@pytest.mark.parametrize("stage_tokens", [1, 200, STAGE_TOKENS])
+@pytest.mark.parametrize("batch_size", [1, 7, 32])
+def test_batches_equal_a_plain_gather_of_the_documented_order(dataset, monkeypatch, batch_size, stage_tokens):
+    monkeypatch.setattr(loader_module, "STAGE_TOKENS", stage_tokens)
+    with DataLoader(dataset, batch_size=batch_size, seq_len=SEQ, seed=3, rank=1, world=2) as loader:
+        windows = _train_windows(loader.objects_of_epoch(0)) + _train_windows(loader.objects_of_epoch(1))
+        batches = [loader.next_batch() for _ in range(windows // batch_size)]
+    reference = list(_reference_stream(dataset, 3, 1, 2, epochs=2))[: len(batches) * batch_size]
+    ids = torch.cat([b.sample_ids for b in batches])
+    assert ids.dtype == torch.int64 and ids.tolist() == [sample for sample, _ in reference]
+    rows = torch.from_numpy(np.stack([row for _, row in reference]))
+    inputs, targets = torch.cat([b.inputs for b in batches]), torch.cat([b.targets for b in batches])
+    assert inputs.dtype == targets.dtype == torch.int64 and inputs.shape == (len(reference), SEQ)
+    assert torch.equal(inputs, rows[:, :-1]) and torch.equal(targets, rows[:, 1:])
+
+
+def test_validation_batches_equal_a_plain_gather_of_the_last_windows(dataset):
+    batches = ValidationSet(dataset, batch_size=3, seq_len=SEQ).batches(4)
+    expected = []
+    for ordinal, obj in enumerate(dataset.objects):
+        tokens = dataset.tokens(obj, print).astype(np.int64)
+        train, val = window_split(tokens.size, SEQ, 0.05)
+        expected += [(ordinal << 32 | w, tokens[w * SEQ : w * SEQ + SEQ + 1]) for w in range(train, train + val)]
+    expected = expected[:12]
+    assert torch.cat([b.sample_ids for b in batches]).tolist() == [sample for sample, _ in expected]
+    rows = torch.from_numpy(np.stack([row for _, row in expected]))
+    assert torch.equal(torch.cat([b.inputs for b in batches]), rows[:, :-1])
+    assert torch.equal(torch.cat([b.targets for b in batches]), rows[:, 1:])
 
 
 def test_same_seed_gives_the_same_stream_and_another_seed_does_not(dataset):

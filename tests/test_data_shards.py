@@ -27,6 +27,13 @@ def test_token_too_wide_for_dtype_is_refused():
         encode_shard(np.array([1, 70_000]), dtype_for("uint16"))
 
 
+def test_checksums_are_zlibs_crc32_of_the_header_and_of_the_tokens():
+    data = encode_shard(np.arange(100_000) % 60_000, dtype_for("uint16"))
+    _, _, _, _, _, tokens_crc, header_crc = struct.unpack_from("<4sBBHQII", data)
+    assert header_crc == zlib.crc32(data[:20])
+    assert tokens_crc == zlib.crc32(data[HEADER_SIZE:])
+
+
 def _shard() -> bytearray:
     return bytearray(encode_shard(np.arange(1000) % 256, dtype_for("uint16")))
 

@@ -94,6 +94,52 @@ def test_summary_matches_what_the_reader_verifies() -> None:
     assert written.segments == 4
 
 
+class _Views:
+    """A source that hands out memoryviews, as the dataset loader's does."""
+
+    def __init__(self, data: bytes) -> None:
+        self._view, self._offset = memoryview(data), 0
+
+    def read(self, size: int) -> memoryview:
+        part = self._view[self._offset : self._offset + size]
+        self._offset += len(part)
+        return part
+
+
+@pytest.mark.parametrize("size", [0, 1, SEGMENT, 3 * SEGMENT, 3 * SEGMENT + 100])
+def test_read_into_a_buffer_gives_the_plaintext_and_summary_of_iteration(size: int) -> None:
+    plaintext = os.urandom(size)
+    sealed = seal(plaintext)
+    iterated = StreamDecryptor(io.BytesIO(sealed), context=CONTEXT, unwrapper=KEYS)
+    assert b"".join(iterated) == plaintext
+    into = StreamDecryptor(_Views(sealed), context=CONTEXT, unwrapper=KEYS)
+    buffer = bytearray(len(sealed))
+    assert into.read_into(buffer) == size
+    assert buffer[:size] == plaintext
+    assert into.summary == iterated.summary
+
+
+@pytest.mark.parametrize("tamper, error", [
+    (lambda s: s[: segment_span(s, 1).start], TruncatedStreamError),
+    (lambda s: s[: segment_span(s, 1).start + 500], SegmentAuthenticationError),
+    (lambda s: s[: header_length(s)], TruncatedStreamError),
+    (lambda s: flip_bit(s, segment_span(s, 1).start + 5), SegmentAuthenticationError),
+    (lambda s: s + s[segment_span(s, 0)], TrailingDataError),
+])
+def test_read_into_refuses_what_iteration_refuses(tamper, error) -> None:
+    sealed = tamper(seal(os.urandom(2 * SEGMENT)))
+    with pytest.raises(error):
+        unseal(sealed)
+    with pytest.raises(error):
+        StreamDecryptor(_Views(sealed), context=CONTEXT, unwrapper=KEYS).read_into(bytearray(len(sealed)))
+
+
+def test_read_into_refuses_a_buffer_smaller_than_the_plaintext() -> None:
+    decryptor = StreamDecryptor(io.BytesIO(seal(PLAINTEXT)), context=CONTEXT, unwrapper=KEYS)
+    with pytest.raises(ValueError, match="does not fit a buffer of 3000 bytes"):
+        decryptor.read_into(bytearray(3000))
+
+
 def test_every_object_gets_a_fresh_data_key_salt_and_nonce_prefix() -> None:
     first, second = (StreamHeader.read(io.BytesIO(seal(PLAINTEXT))) for _ in range(2))
     assert first.key_envelope != second.key_envelope

@@ -21,6 +21,11 @@ trains, so memory is bounded by ``prefetch + 1`` objects; the trainer's
 thread only gathers windows. Time it spends blocked on an object still in
 flight is counted in :attr:`DataLoader.wait_seconds`.
 
+Batches. The trainer's thread gathers windows, widened to int64, straight
+into one buffer, whole batches of ~``STAGE_TOKENS`` tokens of an object at a
+time; a batch is a slice of that buffer (inputs and targets are two views of
+its rows), so small batches cost a few slices rather than a gather each.
+
 Resume. :meth:`DataLoader.state_dict` is the position after the last batch
 returned, ``(epoch, object, window)``; :meth:`DataLoader.load_state_dict`
 restores it, and the next batch is exactly the one that would have followed.
@@ -34,7 +39,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -47,6 +52,7 @@ DEFAULT_VAL_FRACTION = 0.05
 DEFAULT_PREFETCH = 4
 DEFAULT_FETCHERS = 2
 PROGRESS_INTERVAL_S = 5.0
+STAGE_TOKENS = 1 << 16  # small batches are gathered about this many int64 tokens (512 KiB) at a time
 STATE_VERSION = 1
 
 
@@ -65,17 +71,16 @@ def window_split(tokens: int, seq_len: int, val_fraction: float) -> tuple[int, i
     return windows - val, val
 
 
-def _gather(tokens: np.ndarray, windows: np.ndarray, seq_len: int) -> np.ndarray:
-    """Rows ``tokens[w * seq_len : w * seq_len + seq_len + 1]`` for each window ``w`` (one copy)."""
+def _windows(tokens: np.ndarray, seq_len: int) -> np.ndarray:
+    """The read-only view whose row ``w`` is ``tokens[w * seq_len : w * seq_len + seq_len + 1]`` (no copy)."""
     count = max(0, (tokens.size - 1) // seq_len)
-    view = np.lib.stride_tricks.as_strided(tokens, shape=(count, seq_len + 1),
+    return np.lib.stride_tricks.as_strided(tokens, shape=(count, seq_len + 1),
                                            strides=(seq_len * tokens.itemsize, tokens.itemsize), writeable=False)
-    return view[windows]
 
 
-def _batch(rows: list[np.ndarray], ids: list[np.ndarray]) -> Batch:
-    windows = torch.from_numpy(np.concatenate(rows).astype(np.int64))
-    return Batch(windows[:, :-1], windows[:, 1:], torch.from_numpy(np.concatenate(ids).astype(np.int64)))
+def _batch(rows: np.ndarray, ids: np.ndarray) -> Batch:
+    """The batch of int64 ``rows`` of ``seq_len + 1`` tokens: inputs and targets are views of them."""
+    return Batch(torch.from_numpy(rows[:, :-1]), torch.from_numpy(rows[:, 1:]), torch.from_numpy(ids))
 
 
 @dataclass
@@ -83,9 +88,13 @@ class _Fetched:
     epoch: int
     position: int  # index in this rank's object order for the epoch
     ordinal: int  # index in the dataset's object list
-    tokens: np.ndarray
+    windows: np.ndarray  # (windows, seq_len + 1) view of the object's tokens
     order: np.ndarray  # training windows, in this epoch's order
-    taken: int = 0
+    ids: np.ndarray  # their sample ids
+    taken: int = 0  # windows handed out
+    staged_from: int = 0  # windows [staged_from, staged_from + len(staged)) are gathered into ``staged``
+    staged: np.ndarray = field(default_factory=lambda: np.empty((0, 0), dtype=np.int64))
+    staged_ids: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -147,7 +156,9 @@ class DataLoader:
         tokens = self.dataset.tokens(self.dataset.objects[slot.ordinal], self._warn)
         train, _ = window_split(tokens.size, self.seq_len, self.val_fraction)
         generator = np.random.Generator(np.random.PCG64([self.seed, slot.epoch, slot.ordinal]))
-        return _Fetched(slot.epoch, slot.position, slot.ordinal, tokens, generator.permutation(train))
+        order = generator.permutation(train)
+        return _Fetched(slot.epoch, slot.position, slot.ordinal, _windows(tokens, self.seq_len), order,
+                        order | (slot.ordinal << 32))
 
     def _warn(self, message: str) -> None:
         self._on_event(DataEvent("warning", message))
@@ -195,20 +206,45 @@ class DataLoader:
 
     # ---- batches -------------------------------------------------------
     def next_batch(self) -> Batch:
-        rows: list[np.ndarray] = []
-        ids: list[np.ndarray] = []
-        wanted = self.batch_size
-        while wanted:
+        """The next batch: a slice of the whole batches staged from the current object, else gathered afresh."""
+        current, size = self._current, self.batch_size
+        if current is not None and current.taken + size <= current.order.size:
+            at = current.taken - current.staged_from
+            if at + size > len(current.staged):
+                self._stage(current)
+                at = 0
+            current.taken += size
+            self._window = current.taken
+            self.samples += size
+            return _batch(current.staged[at : at + size], current.staged_ids[at : at + size])
+        return self._gathered_batch()
+
+    def _stage(self, current: _Fetched) -> None:
+        """Gather (widening to int64) the next whole batches of ``current``, about STAGE_TOKENS tokens, at once."""
+        batches = max(1, STAGE_TOKENS // (self.batch_size * (self.seq_len + 1)))
+        start = current.taken
+        stop = start + min(batches, (current.order.size - start) // self.batch_size) * self.batch_size
+        staged = np.empty((stop - start, self.seq_len + 1), dtype=np.int64)
+        staged[:] = current.windows[current.order[start:stop]]
+        current.staged_from, current.staged, current.staged_ids = start, staged, current.ids[start:stop].copy()
+
+    def _gathered_batch(self) -> Batch:
+        """A batch gathered into its own buffer, across objects when the current one runs out."""
+        rows = np.empty((self.batch_size, self.seq_len + 1), dtype=np.int64)
+        ids = np.empty(self.batch_size, dtype=np.int64)
+        filled = 0
+        while filled < self.batch_size:
             current = self._current
             if current is None or current.taken == current.order.size:
                 current = self._current = self._next_object()
                 continue
-            chosen = current.order[current.taken : current.taken + wanted]
-            rows.append(_gather(current.tokens, chosen, self.seq_len))
-            ids.append((current.ordinal << 32) | chosen)
-            current.taken += chosen.size
-            wanted -= chosen.size
-            self._epoch, self._position, self._window = current.epoch, current.position, current.taken
+            start = current.taken
+            stop = min(current.order.size, start + self.batch_size - filled)
+            end = filled + stop - start
+            rows[filled:end] = current.windows[current.order[start:stop]]
+            ids[filled:end] = current.ids[start:stop]
+            current.taken, filled = stop, end
+            self._epoch, self._position, self._window = current.epoch, current.position, stop
         self.samples += self.batch_size
         return _batch(rows, ids)
 
@@ -285,23 +321,23 @@ class ValidationSet:
         """The first ``count`` validation batches (read once, then kept)."""
         if len(self._batches) >= count:
             return self._batches[:count]
-        rows: list[np.ndarray] = []
-        ids: list[np.ndarray] = []
-        wanted = count * self.batch_size
+        total = count * self.batch_size
+        rows = np.empty((total, self.seq_len + 1), dtype=np.int64)
+        ids = np.empty(total, dtype=np.int64)
+        filled = 0
         for ordinal, obj in enumerate(self.dataset.objects):
             tokens = self.dataset.tokens(obj, on_warning)
             train, val = window_split(tokens.size, self.seq_len, self.val_fraction)
-            chosen = np.arange(train, train + min(val, wanted))
-            rows.append(_gather(tokens, chosen, self.seq_len))
-            ids.append((ordinal << 32) | chosen)
-            wanted -= chosen.size
-            if wanted == 0:
+            chosen = np.arange(train, train + min(val, total - filled))
+            end = filled + chosen.size
+            rows[filled:end] = _windows(tokens, self.seq_len)[chosen]
+            ids[filled:end] = (ordinal << 32) | chosen
+            filled = end
+            if filled == total:
                 break
-        if wanted:
+        if filled < total:
             raise DataError(f"dataset {self.dataset.uri} has fewer than {count} validation batches of "
                             f"{self.batch_size} x {self.seq_len + 1} tokens")
-        whole = _batch(rows, ids)
-        self._batches = [Batch(whole.inputs[i : i + self.batch_size], whole.targets[i : i + self.batch_size],
-                               whole.sample_ids[i : i + self.batch_size])
-                         for i in range(0, count * self.batch_size, self.batch_size)]
+        self._batches = [_batch(rows[i : i + self.batch_size], ids[i : i + self.batch_size])
+                         for i in range(0, total, self.batch_size)]
         return self._batches

@@ -104,12 +104,29 @@ def seal(chunks: Iterable[bytes], sink, dataset_key: DatasetKey, key: str) -> in
     return encryptor.close().plaintext_size
 
 
-def unseal(source, dataset_key: DatasetKey, key: str, name: str) -> bytearray:
-    """Decrypt and authenticate the whole dataset object ``key`` (``name`` is its location, for errors)."""
-    plaintext = bytearray()
+def unseal(sealed: bytes, dataset_key: DatasetKey, key: str, name: str) -> bytearray:
+    """Decrypt and authenticate the whole dataset object ``key`` (``name`` is its location, for errors).
+
+    Segments are decrypted straight from views of ``sealed`` into one buffer.
+    """
+    source = _Views(sealed)
     try:
-        for segment in StreamDecryptor(source, context=object_context(dataset_key.tenant, key), unwrapper=dataset_key):
-            plaintext += segment
+        decryptor = StreamDecryptor(source, context=object_context(dataset_key.tenant, key), unwrapper=dataset_key)
+        plaintext = bytearray(len(sealed) - source.offset)  # the segments' tags make it a little larger than needed
+        del plaintext[decryptor.read_into(plaintext) :]
     except IntegrityError as error:
         raise SealedShardError(f"encrypted shard {name}: {error}") from None
     return plaintext
+
+
+class _Views:
+    """A file-like reader that hands out views of bytes already fetched."""
+
+    def __init__(self, data: bytes) -> None:
+        self._view, self.offset = memoryview(data), 0
+
+    def read(self, size: int = -1) -> memoryview:
+        end = len(self._view) if size < 0 else self.offset + size
+        part = self._view[self.offset : end]
+        self.offset += len(part)
+        return part

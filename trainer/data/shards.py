@@ -21,10 +21,10 @@ and tokens that fail theirs. Errors name the object.
 from __future__ import annotations
 
 import struct
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
+from zlib_ng.zlib_ng import crc32  # zlib's CRC-32, 5x faster (carry-less multiply)
 
 from cantata.trainer.data.errors import ShardChecksumError, ShardHeaderError, ShardTruncatedError
 
@@ -51,7 +51,7 @@ class ShardHeader:
 
     def encode(self) -> bytes:
         head = HEADER.pack(MAGIC, FORMAT_VERSION, self.dtype.itemsize, 0, self.count, self.tokens_crc, 0)
-        return head[:-4] + struct.pack("<I", zlib.crc32(head[:-4]))
+        return head[:-4] + struct.pack("<I", crc32(head[:-4]))
 
     @classmethod
     def decode(cls, data: bytes | memoryview, name: str) -> ShardHeader:
@@ -64,7 +64,7 @@ class ShardHeader:
             raise ShardHeaderError(f"shard {name}: unsupported format version {version}")
         if width not in _BY_WIDTH or reserved != 0:
             raise ShardHeaderError(f"shard {name}: unknown token width {width} or non-zero reserved field")
-        if zlib.crc32(data[: HEADER_SIZE - 4]) != header_crc:
+        if crc32(data[: HEADER_SIZE - 4]) != header_crc:
             raise ShardHeaderError(f"shard {name}: header checksum mismatch")
         return cls(_BY_WIDTH[width], count, tokens_crc)
 
@@ -82,7 +82,7 @@ def encode_shard(tokens: np.ndarray, dtype: np.dtype) -> bytes:
     if tokens.size and int(tokens.max()) > np.iinfo(dtype).max:
         raise ValueError(f"token {int(tokens.max())} does not fit {dtype.name}")
     body = np.ascontiguousarray(tokens, dtype=dtype).tobytes()
-    return ShardHeader(dtype, tokens.size, zlib.crc32(body)).encode() + body
+    return ShardHeader(dtype, tokens.size, crc32(body)).encode() + body
 
 
 def decode_shard(data: bytes | bytearray, name: str) -> np.ndarray:
@@ -94,6 +94,6 @@ def decode_shard(data: bytes | bytearray, name: str) -> np.ndarray:
     if len(data) > expected:
         raise ShardTruncatedError(f"shard {name}: {len(data) - expected} bytes follow its {header.count} tokens")
     body = memoryview(data)[HEADER_SIZE:]
-    if zlib.crc32(body) != header.tokens_crc:
+    if crc32(body) != header.tokens_crc:
         raise ShardChecksumError(f"shard {name}: token checksum mismatch (corrupted data)")
     return np.frombuffer(body, dtype=header.dtype)

@@ -286,21 +286,8 @@ class Dataset:
         if obj.kind is ObjectKind.SEALED_SHARD:
             assert self._dataset_key is not None
             plain_key = obj.key.removesuffix(SEALED_SUFFIX)
-            return decode_shard(unseal(_BytesSource(data), self._dataset_key, plain_key, name), name)
+            return decode_shard(unseal(data, self._dataset_key, plain_key, name), name)
         return tokenize_object(data, name, self._utf8_policy, warn)
-
-
-class _BytesSource:
-    """A file-like reader over bytes already fetched."""
-
-    def __init__(self, data: bytes) -> None:
-        self._view, self._offset = memoryview(data), 0
-
-    def read(self, size: int = -1) -> bytes:
-        end = len(self._view) if size < 0 else self._offset + size
-        part = self._view[self._offset : end]
-        self._offset += len(part)
-        return bytes(part)
 
 
 def open_dataset(uri: str, *, allowed_roots: Sequence[Path] = (), credentials: SourceCredentials | None = None,
