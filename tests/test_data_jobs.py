@@ -6,7 +6,9 @@ through the loader; the data sources are registered through the SDK.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import shutil
 import uuid
 from collections import defaultdict
@@ -22,6 +24,7 @@ from cantata.trainer.data import DatasetKey
 from cantata.trainer.data.prepare import prepare_shards
 from cantata.trainer.data.upload import upload_shards
 from tests.services import AZURITE_ACCOUNT, AZURITE_KEY, azurite_connection_string
+from tests.test_decentralized_jobs import _worker_of
 from tests.test_jobs import _pids_of, _wait_for
 
 SHARD_TOKENS = 40_000
@@ -64,6 +67,18 @@ def _losses(handle) -> list[float]:
     return [event.loss for event in handle.events() if event.kind == "PROGRESS"]
 
 
+def _s3_source(tenant, shards, moto_service, name: str) -> str:
+    """Upload the shards to a fresh moto bucket; register source ``name`` for it; return the dataset URI."""
+    bucket = f"data-{uuid.uuid4().hex[:12]}"
+    store = open_store(f"s3://{bucket}/python", endpoint_url=moto_service.endpoint, region_name="us-east-1",
+                       aws_access_key_id=MOTO_ACCESS_KEY, aws_secret_access_key=MOTO_SECRET)
+    store.client.create_bucket(Bucket=bucket)
+    upload_shards(shards, store)
+    tenant.register_data_source(name, kind="s3", endpoint=moto_service.endpoint,
+                                credentials={"access_key_id": MOTO_ACCESS_KEY, "secret_access_key": MOTO_SECRET})
+    return f"s3://{name}@{bucket}/python"
+
+
 def test_a_two_worker_job_trains_from_local_shards(tenant, local_dataset):
     handle = tenant.submit(Job(name="local-shards", dataset=local_dataset, workers=2, algorithm="allreduce", **QUICK))
     status = handle.wait(timeout=180)
@@ -76,15 +91,7 @@ def test_a_two_worker_job_trains_from_local_shards(tenant, local_dataset):
 
 
 def test_a_job_trains_from_s3_through_a_registered_data_source(platform, tenant, shards, moto_service):
-    bucket = f"data-{uuid.uuid4().hex[:12]}"
-    store = open_store(f"s3://{bucket}/python", endpoint_url=moto_service.endpoint, region_name="us-east-1",
-                       aws_access_key_id=MOTO_ACCESS_KEY, aws_secret_access_key=MOTO_SECRET)
-    store.client.create_bucket(Bucket=bucket)
-    upload_shards(shards, store)
-    tenant.register_data_source("lake", kind="s3", endpoint=moto_service.endpoint,
-                                credentials={"access_key_id": MOTO_ACCESS_KEY, "secret_access_key": MOTO_SECRET})
-
-    handle = tenant.submit(Job(name="s3-shards", dataset=f"s3://lake@{bucket}/python", **QUICK))
+    handle = tenant.submit(Job(name="s3-shards", dataset=_s3_source(tenant, shards, moto_service, "lake"), **QUICK))
     status = handle.wait(timeout=180)
     assert status.state == "SUCCEEDED", status.reason
     assert _losses(handle)[-1] < _losses(handle)[0] - 0.5
@@ -92,6 +99,47 @@ def test_a_job_trains_from_s3_through_a_registered_data_source(platform, tenant,
     seen = "\n".join(_messages(handle)) + "\n".join(line for _, line in handle.logs()) + platform.server_log()
     seen += "".join(p.read_text(errors="replace") for p in (platform.data_dir / "audit").rglob("*") if p.is_file())
     assert MOTO_SECRET not in seen and MOTO_ACCESS_KEY not in seen
+
+
+def _secret_files(workspace: Path) -> list[str]:
+    return sorted(p.name for p in workspace.iterdir() if p.name.endswith((".json", ".key")))
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
+
+
+def test_worker_secrets_are_on_disk_only_while_the_workers_run(platform, tenant, shards, moto_service):
+    dataset = _s3_source(tenant, shards, moto_service, "scrubbed")
+    handle = tenant.submit(Job(name="scrubbed", dataset=dataset, workers=2, algorithm="allreduce", **QUICK))
+    workspace = platform.paths.jobs / handle.id
+    _wait_for(lambda: MOTO_SECRET in _text(workspace / "worker-1.json"))  # the running workers' configs hold it
+    assert handle.wait(timeout=180).state == "SUCCEEDED"
+    assert _secret_files(workspace) == []  # configs and certificate keys gone with the job ...
+    assert any("finished, validation loss" in line for _, line in handle.logs())  # ... its logs kept
+
+    platform.stop()  # leftovers of a server that died before scrubbing are scrubbed at start
+    (workspace / "worker-0.json").write_text(json.dumps({"dataset_credentials": MOTO_SECRET}))
+    (workspace / "worker-0.key").write_text("-----BEGIN PRIVATE KEY-----")
+    platform.start()
+    assert _secret_files(workspace) == []
+
+
+def test_a_restarted_worker_gets_the_current_secrets_not_a_stale_copy(platform, tenant, shards, moto_service):
+    dataset = _s3_source(tenant, shards, moto_service, "doomed")
+    handle = tenant.submit(Job(name="doomed", dataset=dataset, workers=2, algorithm="gasloc", local_steps=5,
+                               steps=5000, eval_every=5000, checkpoint_every=5000, batch_size=4, seq_len=16))
+    _wait_for(lambda: handle.status().step >= 10, timeout=180)
+    tenant.delete_data_source("doomed")
+    os.kill(next(pid for pid in _pids_of(handle.id) if _worker_of(pid) == 1), 9)
+    status = handle.wait(timeout=120)
+    assert status.state == "FAILED"
+    assert "worker 1 exited with code -9" in status.reason, status.reason
+    assert "cannot restart it: data source 'doomed' not found" in status.reason, status.reason
+    assert _secret_files(platform.paths.jobs / handle.id) == []
 
 
 def test_a_job_trains_from_encrypted_shards_on_azure(tenant, shards, azurite_service):
