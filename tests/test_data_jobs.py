@@ -178,10 +178,12 @@ def test_a_dataset_must_name_a_data_source_of_the_tenant(platform, tenant):
         assert other.list() == []
 
 
-@pytest.mark.parametrize("case", ["missing bucket", "empty prefix", "wrong credentials"])
-def test_bad_datasets_fail_the_job_naming_the_object(tenant, shards, moto_service, azurite_service, case):
+@pytest.mark.parametrize("case", ["missing bucket", "empty prefix", "wrong azure credentials",
+                                  "wrong s3 credentials"])
+def test_bad_datasets_fail_the_job_naming_the_object(tenant, shards, moto_service, moto_auth_service, azurite_service,
+                                                     case):
     bucket = f"bad-{uuid.uuid4().hex[:12]}"
-    if case == "wrong credentials":
+    if case == "wrong azure credentials":
         store = open_store(f"az://{bucket}/python", connection_string=azurite_connection_string(azurite_service.endpoint))
         store.container.create_container()
         upload_shards(shards, store)
@@ -189,6 +191,16 @@ def test_bad_datasets_fail_the_job_naming_the_object(tenant, shards, moto_servic
         tenant.register_data_source(f"src-{bucket}", kind="az", endpoint=f"{azurite_service.endpoint}",
                                     credentials={"account_name": AZURITE_ACCOUNT, "account_key": wrong_key})
         dataset, expected = f"az://src-{bucket}@{bucket}/python", "DatasetAccessError"
+    elif case == "wrong s3 credentials":
+        s3 = moto_auth_service
+        store = open_store(f"s3://{bucket}/python", endpoint_url=s3.endpoint, region_name="us-east-1",
+                           aws_access_key_id=s3.access_key_id, aws_secret_access_key=s3.secret_access_key)
+        store.client.create_bucket(Bucket=bucket)
+        upload_shards(shards, store)
+        tenant.register_data_source(f"src-{bucket}", kind="s3", endpoint=s3.endpoint, credentials={
+            "access_key_id": s3.access_key_id, "secret_access_key": "not-" + s3.secret_access_key})
+        dataset = f"s3://src-{bucket}@{bucket}/python"
+        expected = f"DatasetAccessError: listing s3://{bucket}/python/: the store refused the credentials"
     else:
         if case == "empty prefix":
             store = open_store(f"s3://{bucket}/", endpoint_url=moto_service.endpoint, region_name="us-east-1",
