@@ -17,10 +17,14 @@ file; the worker rebuilds it with ``JobKeys.from_json`` and seals with
 ``job_keys.current``. The worker so holds only keys derived for its own job:
 it can neither read the tenant's other jobs nor learn the tenant's KEK.
 
+Data-source secrets: the server seals each tenant's stored data-source
+credentials under ``keyring.data_source_keys(tenant)``, derived like a job
+key but for a scope no job id can take, so no worker's job keys open them.
+
 Rotation: ``rotate(tenant)`` adds a new KEK version that becomes current; the
 server then re-wraps existing objects' data keys
 (:func:`cantata.security.sealed_checkpoint.rewrap_checkpoints`, bodies
-untouched) and retires the versions nothing uses any more
+untouched, and the data-source rows) and retires the versions nothing uses any more
 (:meth:`LocalKeyring.retire_unused`), which destroys their key material.
 
 Only :class:`LocalKeyring` ships; cloud key services (AWS KMS, Azure Key
@@ -55,6 +59,7 @@ ENVELOPE_SIZE = 4 + NONCE_SIZE + DATA_KEY_SIZE + 16
 _KEYRING_MAGIC = b"CNKR\x01"
 _JOB_KEY_INFO = b"cantata/job-kek/v1\x00"
 _WRAP_LABEL = b"cantata/dek-wrap/v1\x00"
+DATA_SOURCES_SCOPE = "@data-sources"  # job ids are "job-<hex>": none can derive this scope's keys
 
 
 class KeyringError(Exception):
@@ -259,6 +264,10 @@ class KeyProvider(ABC):
     @abstractmethod
     def versions(self, tenant: str) -> list[KeyVersion]:
         """Every KEK version the tenant has had, oldest first."""
+
+    def data_source_keys(self, tenant: str) -> JobKeys:
+        """The wrapping keys of the tenant's data-source secrets (every active KEK version)."""
+        return self.job_keys(tenant, DATA_SOURCES_SCOPE)
 
     def retire_unused(self, tenant: str, in_use: set[int]) -> list[int]:
         """Retire every active, non-current version not in ``in_use``; return them."""

@@ -10,10 +10,13 @@ sizes and sealed digest, written last::
 
 Every object uses :mod:`cantata.security.stream_aead` with a context naming
 its tenant, job, step and object, so an object copied to another place is
-refused. The manifest is authenticated by the same AEAD under the job's key:
-only a holder of the job key can make one. A checkpoint whose manifest is
-absent or invalid does not exist, so a save that dies midway leaves the
-previous checkpoint as the newest.
+refused. A worker that does not take part in the commit may seal small state
+of its own beside a checkpoint (:func:`read_unlisted_shard` reads it back):
+its context still binds it to its place, but no manifest vouches for it, so
+its reader must cope with its absence. The manifest is authenticated by the
+same AEAD under the job's key: only a holder of the job key can make one. A
+checkpoint whose manifest is absent or invalid does not exist, so a save that
+dies midway leaves the previous checkpoint as the newest.
 
 Loading verifies the manifest, then decrypts every shard, checking each
 segment's tag and finally its size and digest against the manifest, and only
@@ -351,6 +354,18 @@ def load_checkpoint(
             buffer.write(segment)
         plaintexts[shard.name] = buffer
     return {shard.name: _deserialise(shard.kind, plaintexts.pop(shard.name)) for shard in info.shards}
+
+
+def read_unlisted_shard(
+    store: BlobStore, *, tenant: str, job_id: str, step: int, name: str, keys: KeyUnwrapper
+) -> bytes | None:
+    """The plaintext of a shard sealed at ``step`` but not listed in a manifest, or None if it is absent."""
+    try:
+        reader = store.get(object_key(tenant, job_id, _checked_step(step), _checked_name(name, "shard name")))
+    except BlobNotFoundError:
+        return None
+    with reader:
+        return StreamDecryptor(reader, context=StreamContext(tenant, job_id, step, name), unwrapper=keys).read_all()
 
 
 def _deserialise(kind: str, buffer: io.BytesIO) -> Any:

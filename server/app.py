@@ -44,7 +44,7 @@ class ControlPlane:
         self.ca = CertificateAuthority.load(self.paths.ca_cert.read_bytes(), self.paths.ca_key.read_bytes())
         self.store = Store(self.paths.database)
         self.keyring = self.paths.open_keyring()
-        self.data_sources = DataSourceStore(self.paths.database, self.paths.datasource_secret())
+        self.data_sources = DataSourceStore(self.paths.database, self.keyring)
         self.audit = AuditLog.open(self.paths.audit)
         self.port: int | None = None
         self._stopping = threading.Event()
@@ -127,7 +127,7 @@ class ControlPlane:
         tenancy_pb2_grpc.add_TenancyServicer_to_server(tenancy, server)
         tenancy_pb2_grpc.add_TenancyServicer_to_server(tenancy, enrollment)
         admin_pb2_grpc.add_AdminServicer_to_server(
-            AdminService(self.store, self.ca, self.keyring, self.settings.default_quota,
+            AdminService(self.store, self.ca, self.keyring, self.data_sources, self.settings.default_quota,
                          self.settings.tenant_cert_days, self.record, self._suspend_jobs), server)
         jobs_pb2_grpc.add_JobsServicer_to_server(
             JobsService(self.store, self.scheduler, launcher.log_path, spec_defaults, self.record,

@@ -7,7 +7,6 @@
     D/state.db           SQLite control-plane state
     D/master.key         master key of the tenant keyring (0600), unless $CANTATA_MASTER_KEY is set
     D/keyring.sealed     tenants' key-encryption keys, encrypted under the master key
-    D/datasources.key    secret sealing tenants' data-source credentials (0600)
     D/audit/             tamper-evident audit log and its signing keys
     D/jobs/<job-id>/     per-job workspaces (worker configs, certificates, logs)
     D/checkpoints/       the default local checkpoint store
@@ -96,13 +95,6 @@ class DataDir:
         """The tenant keyring, under $CANTATA_MASTER_KEY if set, else ``master.key``."""
         master = MasterKey.from_env() if os.environ.get(MASTER_KEY_ENV) else MasterKey.from_file(self.master_key)
         return LocalKeyring(self.keyring, master)
-
-    def datasource_secret(self) -> bytes:
-        """The secret sealing data-source credentials; made on first use."""
-        path = self.root / "datasources.key"
-        if not path.exists():
-            write_private(path, os.urandom(32))
-        return path.read_bytes()
 
     @property
     def audit(self) -> Path:

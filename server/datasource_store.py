@@ -1,13 +1,16 @@
-"""Tenants' data sources: named S3 / Azure Blob credentials, encrypted at rest.
+"""Tenants' data sources: named S3 / Azure Blob credentials, sealed under the tenant's key.
 
 The sources live in their own table of the server's SQLite file, through a
 connection of their own (WAL mode, so it shares the file with the main store).
 Each row's secrets (the credential fields and the optional dataset key) are
-one AES-256-GCM ciphertext under a key derived with HKDF-SHA256 from the
-server secret and the tenant's name; the associated data binds tenant, name,
-kind and endpoint, so a ciphertext copied to another row or tenant does not
-open. Names are scoped to their tenant: another tenant's source is simply
-not found. Secrets leave this module only as a worker's credentials document
+one AES-256-GCM ciphertext under a fresh data key, stored as
+``envelope || nonce || ciphertext``: the envelope is the data key wrapped by
+the tenant's key-encryption key (``keyring.data_source_keys(tenant)``, see
+:mod:`cantata.security.keys`), and the associated data binds tenant, name,
+kind and endpoint, so a row copied to another tenant or source does not
+open. Key rotation re-wraps the envelopes only (:meth:`DataSourceStore.rewrap`).
+Names are scoped to their tenant: another tenant's source is simply not
+found. Secrets leave this module only as a worker's credentials document
 (``SourceCredentials.to_json()`` in :mod:`cantata.trainer.data.sources`) and
 the dataset key document (``DatasetKey.to_json()``).
 """
@@ -26,9 +29,10 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from cantata.security.keys import ENVELOPE_SIZE, KeyProvider, envelope_key_version
+from cantata.security.stream_aead import DATA_KEY_SIZE, IntegrityError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS data_sources (
@@ -48,7 +52,6 @@ SECRET_FIELDS = {"s3": ("access_key_id", "secret_access_key", "session_token", "
                  "az": ("connection_string", "account_name", "account_key", "sas_token")}
 DATASET_KEY_SIZE = 32
 NONCE_SIZE = 12
-_KEY_INFO = b"cantata/data-source-secrets/v1\x00"
 
 
 class DataSourceError(Exception):
@@ -68,7 +71,7 @@ class DataSourceExists(DataSourceError):
 
 
 class SealedSecretsError(DataSourceError):
-    """Stored secrets do not decrypt: wrong server secret or a modified row."""
+    """Stored secrets do not open: a key retired or from another keyring, or a modified or moved row."""
 
 
 @dataclass(frozen=True)
@@ -120,12 +123,10 @@ class DataSourceRecord:
 
 
 class DataSourceStore:
-    """Data sources in the server's SQLite file, secrets sealed under ``server_secret``."""
+    """Data sources in the server's SQLite file, secrets sealed under each tenant's key in ``keyring``."""
 
-    def __init__(self, path: Path, server_secret: bytes) -> None:
-        if len(server_secret) < 32:
-            raise ValueError("the server secret must have at least 32 bytes")
-        self._secret = server_secret
+    def __init__(self, path: Path, keyring: KeyProvider) -> None:
+        self._keyring = keyring
         self._lock = threading.Lock()
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -138,10 +139,6 @@ class DataSourceStore:
             self._db.close()
 
     # ---- sealing -------------------------------------------------------
-    def _cipher(self, tenant: str) -> AESGCM:
-        info = _KEY_INFO + tenant.encode()
-        return AESGCM(HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(self._secret))
-
     @staticmethod
     def _aad(tenant: str, name: str, kind: str, endpoint: str) -> bytes:
         return json.dumps([tenant, name, kind, endpoint]).encode()
@@ -149,17 +146,54 @@ class DataSourceStore:
     def _seal(self, tenant: str, spec: DataSourceSpec) -> bytes:
         document = {"secrets": spec.secrets,
                     "dataset_key": base64.b64encode(spec.dataset_key).decode() if spec.dataset_key else None}
-        nonce = os.urandom(NONCE_SIZE)
+        data_key, nonce = os.urandom(DATA_KEY_SIZE), os.urandom(NONCE_SIZE)
+        envelope = self._keyring.data_source_keys(tenant).current.wrap(data_key)
         aad = self._aad(tenant, spec.name, spec.kind, spec.endpoint)
-        return nonce + self._cipher(tenant).encrypt(nonce, json.dumps(document).encode(), aad)
+        return envelope + nonce + AESGCM(data_key).encrypt(nonce, json.dumps(document).encode(), aad)
 
     def _open(self, tenant: str, name: str, kind: str, endpoint: str, sealed: bytes) -> dict:
+        envelope, rest = sealed[:ENVELOPE_SIZE], sealed[ENVELOPE_SIZE:]
         try:
-            plaintext = self._cipher(tenant).decrypt(sealed[:NONCE_SIZE], sealed[NONCE_SIZE:],
-                                                     self._aad(tenant, name, kind, endpoint))
+            data_key = self._keyring.data_source_keys(tenant).unwrap(envelope)
+            plaintext = AESGCM(data_key).decrypt(rest[:NONCE_SIZE], rest[NONCE_SIZE:],
+                                                 self._aad(tenant, name, kind, endpoint))
+        except IntegrityError as error:
+            raise SealedSecretsError(f"secrets of data source {name!r} do not decrypt: {error}") from None
         except InvalidTag:
-            raise SealedSecretsError(f"secrets of data source {name!r} do not decrypt") from None
+            raise SealedSecretsError(f"secrets of data source {name!r} do not decrypt: "
+                                     "the row was modified or belongs to another source") from None
         return json.loads(plaintext)
+
+    def rewrap(self, tenant: str) -> int:
+        """Re-wrap every data key of the tenant's sources under its current KEK; return how many changed."""
+        keys = self._keyring.data_source_keys(tenant)
+        changed = 0
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                rows = self._db.execute("SELECT name, sealed FROM data_sources WHERE tenant = ?", (tenant,)).fetchall()
+                for name, sealed in rows:
+                    envelope = sealed[:ENVELOPE_SIZE]
+                    try:
+                        if envelope_key_version(envelope) == keys.current.version:
+                            continue
+                        rewrapped = keys.current.wrap(keys.unwrap(envelope))
+                    except IntegrityError as error:
+                        raise SealedSecretsError(f"secrets of data source {name!r} do not decrypt: {error}") from None
+                    self._db.execute("UPDATE data_sources SET sealed = ? WHERE tenant = ? AND name = ?",
+                                     (rewrapped + sealed[ENVELOPE_SIZE:], tenant, name))
+                    changed += 1
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return changed
+
+    def key_versions_in_use(self, tenant: str) -> set[int]:
+        """The KEK versions that wrap the data keys of the tenant's sources."""
+        with self._lock:
+            rows = self._db.execute("SELECT sealed FROM data_sources WHERE tenant = ?", (tenant,)).fetchall()
+        return {envelope_key_version(sealed[:ENVELOPE_SIZE]) for sealed, in rows}
 
     # ---- operations ----------------------------------------------------
     def register(self, tenant: str, spec: DataSourceSpec, *, replace: bool = False) -> DataSourceRecord:

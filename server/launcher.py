@@ -2,8 +2,12 @@
 
 Each job gets a workspace ``D/jobs/<job-id>/`` holding, per worker process, a
 certificate minted for that process only, a 0600 config file, and a log.
-Workers run as ``python -m cantata.trainer.worker --config FILE`` in their own
-process group, so stopping a job reaches every process it started. Processes
+The config (the job's keys and data-source secrets) and the certificate's
+key exist only while the job's workers run: :meth:`WorkerLauncher.scrub`
+deletes them once every worker has exited, and a restarted worker gets a
+config written afresh from the secrets as they are now. Workers run as
+``python -m cantata.trainer.worker --config FILE`` in their own process
+group, so stopping a job reaches every process it started. Processes
 that share a ``torch.distributed`` group (all of an all-reduce job, or the
 ranks of one decentralized worker group) share its rendezvous address.
 """
@@ -39,6 +43,8 @@ class WorkerExit:
 @dataclass
 class _Running:
     procs: dict[int, subprocess.Popen]
+    rendezvous: list[str]  # per torch.distributed group
+    attack: dict | None
     kill_at: float | None = None
     exited: dict[int, int] = field(default_factory=dict)
 
@@ -65,6 +71,11 @@ def process_alive(pid: int, job_id: str) -> bool:
     except OSError:
         return False
     return b"cantata.trainer.worker" in cmdline and job_id.encode() in cmdline
+
+
+def _group_size(job: JobRecord) -> int:
+    """Processes per ``torch.distributed`` group: a decentralized worker group, or the whole job."""
+    return job.spec.ranks_per_worker if job.spec.algorithm in DECENTRALIZED else processes(job.spec)
 
 
 def kill_group(pid: int, sig: int) -> None:
@@ -101,7 +112,46 @@ class WorkerLauncher:
         ws.mkdir(parents=True, exist_ok=True)
         ws.chmod(0o700)
         (ws / "ca.pem").write_bytes(self._ca.cert_pem)
-        shared = {
+        rendezvous = [f"tcp://127.0.0.1:{free_port()}" for _ in range(processes(job.spec) // _group_size(job))]
+        running = self._running[job.id] = _Running({}, rendezvous, attack)
+        try:
+            for i in range(processes(job.spec)):
+                running.procs[i] = self._spawn(job, i, secrets, on_certificate)
+        except BaseException:
+            self.release(job.id)  # stops what did start, and scrubs
+            raise
+        return {i: p.pid for i, p in running.procs.items()}
+
+    def relaunch(self, job: JobRecord, worker: int, *, secrets: dict, on_certificate) -> int:
+        """Start one exited worker of a running job again, with a fresh certificate and ``secrets``; returns its pid."""
+        running = self._running[job.id]
+        proc = self._spawn(job, worker, secrets, on_certificate)
+        running.procs[worker] = proc
+        running.exited.pop(worker, None)
+        return proc.pid
+
+    def scrub(self, job_id: str) -> None:
+        """Delete the secret-bearing files of the job's workspace: worker configs and certificate keys."""
+        ws = self.workspace(job_id)
+        for path in [*ws.glob("worker-*.json"), *ws.glob("worker-*.key")]:
+            path.unlink(missing_ok=True)
+
+    def scrub_all(self) -> None:
+        """Scrub every workspace (at start, when no worker runs: leftovers of a crash)."""
+        if self._jobs_dir.is_dir():
+            for ws in self._jobs_dir.iterdir():
+                self.scrub(ws.name)
+
+    def _spawn(self, job: JobRecord, i: int, secrets: dict, on_certificate) -> subprocess.Popen:
+        ws = self.workspace(job.id)
+        principal = Principal.worker(job.id, i)
+        bundle = self._ca.issue_bundle(principal, lifetime=self._cert_lifetime, server=True,
+                                       dns_names=[gossip_server_name(job.id, i)])
+        on_certificate(bundle.certificate, principal.uri)
+        (ws / f"worker-{i}.pem").write_bytes(bundle.cert_pem)
+        write_private(ws / f"worker-{i}.key", bundle.key_pem)
+        running = self._running[job.id]
+        config = {
             "job_id": job.id,
             "tenant": job.tenant,
             "workers": job.spec.workers,
@@ -110,40 +160,19 @@ class WorkerLauncher:
             "ca": str(ws / "ca.pem"),
             **secrets,
             "threads": max(1, (os.cpu_count() or 1) // processes(job.spec)),
-            "attack": attack,
+            "attack": running.attack,
             "spec": json_format.MessageToDict(job.spec, preserving_proto_field_name=True),
+            "rendezvous": running.rendezvous[i // _group_size(job)],
+            "worker": i,
+            "cert": str(ws / f"worker-{i}.pem"),
+            "key": str(ws / f"worker-{i}.key"),
         }
-        group_size = job.spec.ranks_per_worker if job.spec.algorithm in DECENTRALIZED else processes(job.spec)
-        rendezvous = [f"tcp://127.0.0.1:{free_port()}" for _ in range(processes(job.spec) // group_size)]
-        procs = {i: self._spawn(job.id, i, {**shared, "rendezvous": rendezvous[i // group_size]}, on_certificate)
-                 for i in range(processes(job.spec))}
-        self._running[job.id] = _Running(procs)
-        return {i: p.pid for i, p in procs.items()}
-
-    def relaunch(self, job_id: str, worker: int, on_certificate) -> int:
-        """Start one exited worker of a running job again, with a fresh certificate; returns its pid."""
-        running = self._running[job_id]
-        shared = json.loads((self.workspace(job_id) / f"worker-{worker}.json").read_text())
-        proc = self._spawn(job_id, worker, shared, on_certificate)
-        running.procs[worker] = proc
-        running.exited.pop(worker, None)
-        return proc.pid
-
-    def _spawn(self, job_id: str, i: int, shared: dict, on_certificate) -> subprocess.Popen:
-        ws = self.workspace(job_id)
-        principal = Principal.worker(job_id, i)
-        bundle = self._ca.issue_bundle(principal, lifetime=self._cert_lifetime, server=True,
-                                       dns_names=[gossip_server_name(job_id, i)])
-        on_certificate(bundle.certificate, principal.uri)
-        (ws / f"worker-{i}.pem").write_bytes(bundle.cert_pem)
-        write_private(ws / f"worker-{i}.key", bundle.key_pem)
-        config = {**shared, "worker": i, "cert": str(ws / f"worker-{i}.pem"), "key": str(ws / f"worker-{i}.key")}
         config_path = ws / f"worker-{i}.json"
         write_private(config_path, json.dumps(config, indent=2).encode())
         env = {**os.environ, "OMP_NUM_THREADS": str(config["threads"]), "PYTHONUNBUFFERED": "1"}
-        with open(self.log_path(job_id, i), "ab") as log:
+        with open(self.log_path(job.id, i), "ab") as log:
             return subprocess.Popen(
-                [sys.executable, "-m", "cantata.trainer.worker", "--config", str(config_path), "--job", job_id],
+                [sys.executable, "-m", "cantata.trainer.worker", "--config", str(config_path), "--job", job.id],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 cwd=ws, env=env, start_new_session=True)
 
@@ -189,9 +218,11 @@ class WorkerLauncher:
         return [job_id for job_id, r in self._running.items() if len(r.exited) == len(r.procs)]
 
     def release(self, job_id: str) -> None:
+        """Forget a job whose workers have all exited, and scrub its secrets from the workspace."""
         running = self._running.pop(job_id)
         for proc in running.procs.values():
             kill_group(proc.pid, signal.SIGKILL)  # stray children of a worker
+        self.scrub(job_id)
 
     def stop_all(self, grace: float) -> None:
         """Stop every job's workers and wait until they are gone."""

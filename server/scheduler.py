@@ -16,6 +16,7 @@ from collections.abc import Callable
 from cantata.proto.v1 import common_pb2 as pb
 from cantata.proto.v1 import jobs_pb2
 from cantata.security.audit import Action
+from cantata.server.datasource_store import DataSourceError
 from cantata.server.jobspec import DECENTRALIZED, processes
 from cantata.server.launcher import WorkerLauncher, kill_group, log_tail, process_alive
 from cantata.server.store import ACTIVE, JobRecord, Store, WorkerRecord
@@ -123,27 +124,38 @@ class Scheduler:
         detail = record.failure or log_tail(self._launcher.log_path(job_id, worker)) or "no output"
         reason = f"worker {worker} exited with code {code}: {detail}"
         if job.spec.algorithm in DECENTRALIZED:
-            if self._survive(job, record, reason):
+            reason = self._survive(job, record, reason)
+            if not reason:
                 return
-            reason += f"; fewer than min_workers={job.spec.min_workers} worker groups are left"
+        self._launcher.scrub(job_id)  # a failing job restarts no worker: its secrets go before it ends
         if self._store.transition(job_id, pb.FAILED, reason):
             self._audit_job(job, Action.JOB_FINISHED, state="FAILED", reason=reason)
         self._launcher.terminate(job_id, self._grace)
 
-    def _survive(self, job: JobRecord, worker: WorkerRecord, reason: str) -> bool:
-        """A decentralized job outlives a dead worker: restart it, or go on while a quorum is alive."""
+    def _survive(self, job: JobRecord, worker: WorkerRecord, reason: str) -> str:
+        """A decentralized job outlives a dead worker: restart it, or go on while a quorum is alive.
+
+        Returns "" if the job goes on, else why it fails. A restarted worker gets the job's
+        secrets as they are now: if its data source was deleted, it is not restarted.
+        """
+        message = ""
         if worker.restarts < self._max_restarts:
-            pid = self._launcher.relaunch(job.id, worker.idx, self._record_certificate)
-            self._store.restart_worker(job.id, worker.idx, pid)
-            message = f"{reason}; restarting it ({worker.restarts + 1}/{self._max_restarts})"
-        else:
+            try:
+                secrets = self._worker_secrets(job)
+            except DataSourceError as exc:
+                reason = f"{reason}; cannot restart it: {exc}"
+            else:
+                pid = self._launcher.relaunch(job, worker.idx, secrets=secrets, on_certificate=self._record_certificate)
+                self._store.restart_worker(job.id, worker.idx, pid)
+                message = f"{reason}; restarting it ({worker.restarts + 1}/{self._max_restarts})"
+        if not message:
             alive = self._launcher.alive_workers(job.id)
             if alive < quorum(job.spec):
-                return False
+                return f"{reason}; fewer than min_workers={job.spec.min_workers} worker groups are left"
             message = f"{reason}; continuing with {alive} of {processes(job.spec)} worker processes"
         self._store.append_event(job.id, jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, worker=worker.idx,
                                                            total_steps=job.spec.steps, message=message))
-        return True
+        return ""
 
     def _settle(self, job_id: str) -> None:
         """All workers of the job are gone: decide how it ended."""
@@ -170,12 +182,13 @@ class Scheduler:
             self._store.transition(job.id, pb.QUEUED, f"{why}; will resume from the last checkpoint")
 
     def _recover(self) -> None:
-        """After a crash: kill orphaned workers, then requeue or end every active job."""
+        """After a crash: kill orphaned workers, requeue or end every active job, scrub every workspace."""
         for job in self._store.jobs(states=ACTIVE):
             for worker in self._store.workers(job.id):
                 if process_alive(worker.pid, job.id):
                     kill_group(worker.pid, 9)
             self._settle_interrupted(job, "server restarted")
+        self._launcher.scrub_all()
 
     def _audit_job(self, job: JobRecord, action: str, **details) -> None:
         self._audit("server", action, resource=job.id, tenant=job.tenant, details=details)

@@ -2,12 +2,15 @@
 
 Load with ``pytest_plugins = ["tests.services"]`` (or ``pytest -p tests.services``).
 Each service starts once per session on a free port and is stopped at the end;
-each test gets its own fresh bucket or container. The ``blob_store`` fixture
+each test gets its own fresh bucket or container. moto accepts any credentials,
+so tests of wrong credentials use ``moto_auth_service``, a second moto server
+that checks them. The ``blob_store`` fixture
 is parametrized over the local directory, S3 and Azure Blob stores.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
@@ -18,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.error import URLError
-from urllib.request import urlopen
+from urllib.request import Request, urlopen
 
 import boto3
 import pytest
@@ -38,6 +41,15 @@ class RunningService:
 
     endpoint: str
     process: subprocess.Popen
+
+
+@dataclass(frozen=True)
+class AuthenticatingS3:
+    """A moto server that checks credentials, and the keys of its one IAM user (allowed every S3 action)."""
+
+    endpoint: str
+    access_key_id: str
+    secret_access_key: str
 
 
 def free_port() -> int:
@@ -128,6 +140,21 @@ def azurite_connection_string(endpoint: str) -> str:
 def moto_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningService]:
     service = start_moto(tmp_path_factory.mktemp("moto"))
     yield service
+    stop_service(service)
+
+
+@pytest.fixture(scope="session")
+def moto_auth_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthenticatingS3]:
+    service = start_moto(tmp_path_factory.mktemp("moto-auth"))
+    iam = boto3.client("iam", endpoint_url=service.endpoint, **S3_TEST_CREDENTIALS)
+    iam.create_user(UserName="tenant")
+    iam.put_user_policy(UserName="tenant", PolicyName="s3", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+    key = iam.create_access_key(UserName="tenant")["AccessKey"]
+    # From now on every request must be signed by a known key (moto's INITIAL_NO_AUTH_ACTION_COUNT, set to 0).
+    urlopen(Request(f"{service.endpoint}/moto-api/reset-auth", data=b"0", method="POST",
+                    headers={"Content-Type": "text/plain"}), timeout=10).close()
+    yield AuthenticatingS3(service.endpoint, key["AccessKeyId"], key["SecretAccessKey"])
     stop_service(service)
 
 

@@ -1,5 +1,6 @@
 """Data-source credentials: sealed at rest, scoped to their tenant, never echoed; the service over mutual TLS."""
 
+import base64
 import datetime as dt
 import json
 import sqlite3
@@ -10,6 +11,7 @@ import pytest
 
 from cantata.proto.v1 import datasources_pb2 as pb
 from cantata.proto.v1 import datasources_pb2_grpc
+from cantata.security.keys import ENVELOPE_SIZE, LocalKeyring, MasterKey, envelope_key_version
 from cantata.security.pki import CertificateAuthority, Principal
 from cantata.server.datasource_store import (DataSourceExists, DataSourceNotFound, DataSourceSpec, DataSourceStore,
                                              InvalidDataSource, SealedSecretsError)
@@ -18,12 +20,23 @@ from cantata.trainer.data import DatasetKey, SourceCredentials
 
 SECRET_KEY = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 S3_SECRETS = {"access_key_id": "AKIAEXAMPLE", "secret_access_key": SECRET_KEY}
-SERVER_SECRET = bytes(range(32))
+
+
+def _keyring(path):
+    ring = LocalKeyring(path, MasterKey(bytes(range(32))))
+    for tenant in ("acme", "globex"):
+        ring.ensure_tenant(tenant)
+    return ring
 
 
 @pytest.fixture
-def sources(tmp_path):
-    store = DataSourceStore(tmp_path / "cantata.db", SERVER_SECRET)
+def keyring(tmp_path):
+    return _keyring(tmp_path / "keyring.sealed")
+
+
+@pytest.fixture
+def sources(tmp_path, keyring):
+    store = DataSourceStore(tmp_path / "cantata.db", keyring)
     yield store
     store.close()
 
@@ -33,6 +46,10 @@ def test_secrets_are_encrypted_at_rest_and_reach_the_worker_intact(sources, tmp_
     sources.register("acme", DataSourceSpec("corpus", "s3", "http://127.0.0.1:9000", S3_SECRETS, key))
     raw = sqlite3.connect(tmp_path / "cantata.db").execute("SELECT * FROM data_sources").fetchall()
     assert SECRET_KEY.encode() not in repr(raw).encode() and b"AKIAEXAMPLE" not in repr(raw).encode()
+    sealed = raw[0][5]
+    for secret in (SECRET_KEY.encode(), b"AKIAEXAMPLE", key, base64.b64encode(key)):
+        assert secret not in sealed  # the column holds only the wrapped data key and ciphertext
+    assert envelope_key_version(sealed[:ENVELOPE_SIZE]) == 1  # wrapped by the tenant's KEK v1
     credentials = SourceCredentials.from_json(sources.worker_credentials("acme", "corpus"))
     assert (credentials.kind, credentials.endpoint, credentials.secrets) == ("s3", "http://127.0.0.1:9000", S3_SECRETS)
     assert credentials.store_options()["aws_secret_access_key"] == SECRET_KEY
@@ -57,16 +74,38 @@ def test_a_row_moved_to_another_tenant_does_not_decrypt(sources, tmp_path):
     with sqlite3.connect(tmp_path / "cantata.db") as db:
         sealed = db.execute("SELECT sealed FROM data_sources WHERE tenant = 'acme'").fetchone()[0]
         db.execute("UPDATE data_sources SET sealed = ? WHERE tenant = 'globex'", (sealed,))
-    with pytest.raises(SealedSecretsError, match="secrets of data source 'corpus' do not decrypt"):
+    with pytest.raises(SealedSecretsError, match="secrets of data source 'corpus' do not decrypt: .*globex"):
         sources.worker_credentials("globex", "corpus")
+    assert SourceCredentials.from_json(sources.worker_credentials("acme", "corpus")).secrets == S3_SECRETS
 
 
-def test_wrong_server_secret_cannot_open_secrets(sources, tmp_path):
+def test_a_row_copied_to_another_source_of_the_tenant_does_not_decrypt(sources, tmp_path):
     sources.register("acme", DataSourceSpec("corpus", "s3", "", S3_SECRETS))
-    other = DataSourceStore(tmp_path / "cantata.db", bytes(32))
-    with pytest.raises(SealedSecretsError):
+    sources.register("acme", DataSourceSpec("decoy", "s3", "", {**S3_SECRETS, "access_key_id": "OTHER"}))
+    with sqlite3.connect(tmp_path / "cantata.db") as db:
+        sealed = db.execute("SELECT sealed FROM data_sources WHERE name = 'corpus'").fetchone()[0]
+        db.execute("UPDATE data_sources SET sealed = ? WHERE name = 'decoy'", (sealed,))
+    with pytest.raises(SealedSecretsError, match="'decoy' do not decrypt: the row was modified or belongs to another"):
+        sources.worker_dataset_key("acme", "decoy")
+
+
+def test_another_keyring_cannot_open_secrets(sources, tmp_path):
+    sources.register("acme", DataSourceSpec("corpus", "s3", "", S3_SECRETS))
+    other = DataSourceStore(tmp_path / "cantata.db", _keyring(tmp_path / "other-keyring.sealed"))
+    with pytest.raises(SealedSecretsError, match="secrets of data source 'corpus' do not decrypt"):
         other.worker_credentials("acme", "corpus")
     other.close()
+
+
+def test_rotation_rewraps_the_data_keys_and_sources_still_open(sources, keyring):
+    sources.register("acme", DataSourceSpec("corpus", "s3", "", S3_SECRETS, bytes(range(32))))
+    sources.register("globex", DataSourceSpec("corpus", "s3", "", S3_SECRETS))
+    assert keyring.rotate("acme") == 2
+    assert sources.rewrap("acme") == 1 and sources.rewrap("acme") == 0
+    assert sources.key_versions_in_use("acme") == {2} and sources.key_versions_in_use("globex") == {1}
+    keyring.retire("acme", 1)  # v1's key material is destroyed: only the re-wrapped envelope opens now
+    assert SourceCredentials.from_json(sources.worker_credentials("acme", "corpus")).secrets == S3_SECRETS
+    assert DatasetKey.from_json(sources.worker_dataset_key("acme", "corpus")).secret == bytes(range(32))
 
 
 def test_duplicate_name_needs_replace(sources):
@@ -96,7 +135,7 @@ def service(tmp_path):
     ca = CertificateAuthority.create()
     hour = dt.timedelta(hours=1)
     server_bundle = ca.issue_bundle(None, dns_names=["localhost"], ips=["127.0.0.1"], lifetime=hour, server=True)
-    store = DataSourceStore(tmp_path / "cantata.db", SERVER_SECRET)
+    store = DataSourceStore(tmp_path / "cantata.db", _keyring(tmp_path / "keyring.sealed"))
     audit = []
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     datasources_pb2_grpc.add_DataSourcesServicer_to_server(

@@ -6,11 +6,16 @@ through the loader; the data sources are registered through the SDK.
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import re
 import shutil
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
+from urllib.parse import urlsplit
+from urllib.request import Request, urlopen
 
 import numpy as np
 import pytest
@@ -18,10 +23,12 @@ import pytest
 from cantata.sdk import InvalidJob, NotFound
 from cantata.sdk.job import Job
 from cantata.storage import open_store
-from cantata.trainer.data import DatasetKey
+from cantata.trainer.data import DataLoader, DatasetKey, SourceCredentials, open_dataset
 from cantata.trainer.data.prepare import prepare_shards
+from cantata.trainer.data.shards import dtype_for, encode_shard
 from cantata.trainer.data.upload import upload_shards
 from tests.services import AZURITE_ACCOUNT, AZURITE_KEY, azurite_connection_string
+from tests.test_decentralized_jobs import _events_so_far, _worker_of
 from tests.test_jobs import _pids_of, _wait_for
 
 SHARD_TOKENS = 40_000
@@ -64,6 +71,18 @@ def _losses(handle) -> list[float]:
     return [event.loss for event in handle.events() if event.kind == "PROGRESS"]
 
 
+def _s3_source(tenant, shards, moto_service, name: str) -> str:
+    """Upload the shards to a fresh moto bucket; register source ``name`` for it; return the dataset URI."""
+    bucket = f"data-{uuid.uuid4().hex[:12]}"
+    store = open_store(f"s3://{bucket}/python", endpoint_url=moto_service.endpoint, region_name="us-east-1",
+                       aws_access_key_id=MOTO_ACCESS_KEY, aws_secret_access_key=MOTO_SECRET)
+    store.client.create_bucket(Bucket=bucket)
+    upload_shards(shards, store)
+    tenant.register_data_source(name, kind="s3", endpoint=moto_service.endpoint,
+                                credentials={"access_key_id": MOTO_ACCESS_KEY, "secret_access_key": MOTO_SECRET})
+    return f"s3://{name}@{bucket}/python"
+
+
 def test_a_two_worker_job_trains_from_local_shards(tenant, local_dataset):
     handle = tenant.submit(Job(name="local-shards", dataset=local_dataset, workers=2, algorithm="allreduce", **QUICK))
     status = handle.wait(timeout=180)
@@ -76,15 +95,7 @@ def test_a_two_worker_job_trains_from_local_shards(tenant, local_dataset):
 
 
 def test_a_job_trains_from_s3_through_a_registered_data_source(platform, tenant, shards, moto_service):
-    bucket = f"data-{uuid.uuid4().hex[:12]}"
-    store = open_store(f"s3://{bucket}/python", endpoint_url=moto_service.endpoint, region_name="us-east-1",
-                       aws_access_key_id=MOTO_ACCESS_KEY, aws_secret_access_key=MOTO_SECRET)
-    store.client.create_bucket(Bucket=bucket)
-    upload_shards(shards, store)
-    tenant.register_data_source("lake", kind="s3", endpoint=moto_service.endpoint,
-                                credentials={"access_key_id": MOTO_ACCESS_KEY, "secret_access_key": MOTO_SECRET})
-
-    handle = tenant.submit(Job(name="s3-shards", dataset=f"s3://lake@{bucket}/python", **QUICK))
+    handle = tenant.submit(Job(name="s3-shards", dataset=_s3_source(tenant, shards, moto_service, "lake"), **QUICK))
     status = handle.wait(timeout=180)
     assert status.state == "SUCCEEDED", status.reason
     assert _losses(handle)[-1] < _losses(handle)[0] - 0.5
@@ -92,6 +103,47 @@ def test_a_job_trains_from_s3_through_a_registered_data_source(platform, tenant,
     seen = "\n".join(_messages(handle)) + "\n".join(line for _, line in handle.logs()) + platform.server_log()
     seen += "".join(p.read_text(errors="replace") for p in (platform.data_dir / "audit").rglob("*") if p.is_file())
     assert MOTO_SECRET not in seen and MOTO_ACCESS_KEY not in seen
+
+
+def _secret_files(workspace: Path) -> list[str]:
+    return sorted(p.name for p in workspace.iterdir() if p.name.endswith((".json", ".key")))
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
+
+
+def test_worker_secrets_are_on_disk_only_while_the_workers_run(platform, tenant, shards, moto_service):
+    dataset = _s3_source(tenant, shards, moto_service, "scrubbed")
+    handle = tenant.submit(Job(name="scrubbed", dataset=dataset, workers=2, algorithm="allreduce", **QUICK))
+    workspace = platform.paths.jobs / handle.id
+    _wait_for(lambda: MOTO_SECRET in _text(workspace / "worker-1.json"))  # the running workers' configs hold it
+    assert handle.wait(timeout=180).state == "SUCCEEDED"
+    assert _secret_files(workspace) == []  # configs and certificate keys gone with the job ...
+    assert any("finished, validation loss" in line for _, line in handle.logs())  # ... its logs kept
+
+    platform.stop()  # leftovers of a server that died before scrubbing are scrubbed at start
+    (workspace / "worker-0.json").write_text(json.dumps({"dataset_credentials": MOTO_SECRET}))
+    (workspace / "worker-0.key").write_text("-----BEGIN PRIVATE KEY-----")
+    platform.start()
+    assert _secret_files(workspace) == []
+
+
+def test_a_restarted_worker_gets_the_current_secrets_not_a_stale_copy(platform, tenant, shards, moto_service):
+    dataset = _s3_source(tenant, shards, moto_service, "doomed")
+    handle = tenant.submit(Job(name="doomed", dataset=dataset, workers=2, algorithm="gasloc", local_steps=5,
+                               steps=5000, eval_every=5000, checkpoint_every=5000, batch_size=4, seq_len=16))
+    _wait_for(lambda: handle.status().step >= 10, timeout=180)
+    tenant.delete_data_source("doomed")
+    os.kill(next(pid for pid in _pids_of(handle.id) if _worker_of(pid) == 1), 9)
+    status = handle.wait(timeout=120)
+    assert status.state == "FAILED"
+    assert "worker 1 exited with code -9" in status.reason, status.reason
+    assert "cannot restart it: data source 'doomed' not found" in status.reason, status.reason
+    assert _secret_files(platform.paths.jobs / handle.id) == []
 
 
 def test_a_job_trains_from_encrypted_shards_on_azure(tenant, shards, azurite_service):
@@ -130,10 +182,12 @@ def test_a_dataset_must_name_a_data_source_of_the_tenant(platform, tenant):
         assert other.list() == []
 
 
-@pytest.mark.parametrize("case", ["missing bucket", "empty prefix", "wrong credentials"])
-def test_bad_datasets_fail_the_job_naming_the_object(tenant, shards, moto_service, azurite_service, case):
+@pytest.mark.parametrize("case", ["missing bucket", "empty prefix", "wrong azure credentials",
+                                  "wrong s3 credentials"])
+def test_bad_datasets_fail_the_job_naming_the_object(tenant, shards, moto_service, moto_auth_service, azurite_service,
+                                                     case):
     bucket = f"bad-{uuid.uuid4().hex[:12]}"
-    if case == "wrong credentials":
+    if case == "wrong azure credentials":
         store = open_store(f"az://{bucket}/python", connection_string=azurite_connection_string(azurite_service.endpoint))
         store.container.create_container()
         upload_shards(shards, store)
@@ -141,6 +195,16 @@ def test_bad_datasets_fail_the_job_naming_the_object(tenant, shards, moto_servic
         tenant.register_data_source(f"src-{bucket}", kind="az", endpoint=f"{azurite_service.endpoint}",
                                     credentials={"account_name": AZURITE_ACCOUNT, "account_key": wrong_key})
         dataset, expected = f"az://src-{bucket}@{bucket}/python", "DatasetAccessError"
+    elif case == "wrong s3 credentials":
+        s3 = moto_auth_service
+        store = open_store(f"s3://{bucket}/python", endpoint_url=s3.endpoint, region_name="us-east-1",
+                           aws_access_key_id=s3.access_key_id, aws_secret_access_key=s3.secret_access_key)
+        store.client.create_bucket(Bucket=bucket)
+        upload_shards(shards, store)
+        tenant.register_data_source(f"src-{bucket}", kind="s3", endpoint=s3.endpoint, credentials={
+            "access_key_id": s3.access_key_id, "secret_access_key": "not-" + s3.secret_access_key})
+        dataset = f"s3://src-{bucket}@{bucket}/python"
+        expected = f"DatasetAccessError: listing s3://{bucket}/python/: the store refused the credentials"
     else:
         if case == "empty prefix":
             store = open_store(f"s3://{bucket}/", endpoint_url=moto_service.endpoint, region_name="us-east-1",
@@ -213,3 +277,90 @@ def test_a_job_killed_with_its_server_resumes_at_the_exact_next_batch(platform, 
         assert second[0][1] != expected[worker][1]  # (not from the start of the stream)
         for step, ids in first + [line for line in second if line[0] <= 200]:
             assert ids == expected[worker][step], f"worker {worker} step {step}"
+
+
+@pytest.fixture(scope="module")
+def small_shards(tmp_path_factory) -> Path:
+    """40 shards of 1,000 random tokens: at 16 tokens a window, 4 a batch, a rank moves to a new one every ~15 steps."""
+    out = tmp_path_factory.mktemp("small-shards")
+    rng = np.random.default_rng(0)
+    for index in range(40):
+        (out / f"shard-{index:05d}.tok").write_bytes(encode_shard(rng.integers(0, 256, 1000), dtype_for("uint16")))
+    return out
+
+
+def _moto_recorder(moto_service, action: str) -> bytes:
+    """Drive moto's request recorder (``reset-recording``, ``start-recording``, ``stop-recording``, ``download-recording``)."""
+    method = "GET" if action == "download-recording" else "POST"
+    with urlopen(Request(f"{moto_service.endpoint}/moto-api/recorder/{action}", method=method,
+                         data=b"" if method == "POST" else None), timeout=30) as reply:
+        return reply.read()
+
+
+def _traced_so_far(platform, job_id: str) -> dict[int, int]:
+    """How many ``samples`` lines each worker's log holds now (read in the workspace: the server may be down)."""
+    return {int(log.stem.split("-")[1]): sum(line.startswith("samples step=") for line in log.read_text().splitlines())
+            for log in (platform.paths.jobs / job_id).glob("worker-*.log")}
+
+
+def _objects_of(lines) -> set[int]:
+    """The dataset ordinals the traced batches drew from (a sample id is ``object << 32 | window``)."""
+    return {int(sample) >> 32 for _, ids in lines for sample in ids.split(",")}
+
+
+def test_a_gasloc_job_resumes_at_the_exact_next_batch_without_refetching_what_it_read(platform, tenant, small_shards,
+                                                                                       moto_service):
+    dataset = _s3_source(tenant, small_shards, moto_service, "rounds")
+    bucket = dataset.split("@", 1)[1].split("/", 1)[0]
+    _moto_recorder(moto_service, "reset-recording")
+    _moto_recorder(moto_service, "start-recording")
+    try:
+        handle = tenant.submit(Job(name="gasloc-resume", dataset=dataset, algorithm="gasloc", workers=2, local_steps=5,
+                                   model="gpt-tiny", steps=5000, eval_every=5000, checkpoint_every=40, batch_size=4,
+                                   seq_len=16, seed=7, trace_samples=True))
+        _wait_for(lambda: any(c.step >= 40 for c in tenant.checkpoints(handle.id)), timeout=180)
+        platform.kill()
+        _wait_for(lambda: not _pids_of(handle.id), timeout=15)
+        resumes = _traced_so_far(platform, handle.id)  # where each worker's second attempt begins
+        platform.start()
+        _wait_for(lambda: all(n > resumes[w] + 20 for w, n in _traced_so_far(platform, handle.id).items()), timeout=180)
+    finally:
+        _moto_recorder(moto_service, "stop-recording")
+    recorded = [json.loads(line) for line in _moto_recorder(moto_service, "download-recording").splitlines() if line]
+    fetches = Counter(urlsplit(r["url"]).path for r in recorded if r["method"] == "GET")
+
+    # A worker restarted later jumps to the job's round: it seeks to the first batch of that round.
+    victim = next(pid for pid in _pids_of(handle.id) if _worker_of(pid) == 1)
+    os.kill(victim, 9)
+    _wait_for(lambda: victim not in _pids_of(handle.id), timeout=15)
+    rejoins = _traced_so_far(platform, handle.id)[1]
+    rejoined = _wait_for(lambda: [m for m in (e.message for e in _events_so_far(handle))
+                                  if m.startswith("worker 1 rejoins at round")], timeout=120)
+    _wait_for(lambda: _traced_so_far(platform, handle.id)[1] > rejoins, timeout=60)
+    handle.cancel()
+    handle.wait(timeout=60)
+    resumed = [m for m in _messages(handle) if m.startswith("resumed from checkpoint at step")]
+    assert resumed, "the job did not resume from a checkpoint"
+    resumed_at = int(resumed[0].rsplit(" ", 1)[1])
+    assert resumed_at >= 40 and resumed_at % 40 == 0
+    rejoin_round = int(re.match(r"worker 1 rejoins at round (\d+)", rejoined[0]).group(1))
+
+    credentials = SourceCredentials("rounds", "s3", moto_service.endpoint,
+                                    {"access_key_id": MOTO_ACCESS_KEY, "secret_access_key": MOTO_SECRET})
+    source = open_dataset(dataset, credentials=credentials)
+    keys = [f"/{bucket}/python/{obj.key}" for obj in source.objects]
+    for worker, lines in _traced_samples(handle).items():
+        with DataLoader(source, batch_size=4, seq_len=16, seed=7, rank=worker, world=2) as loader:
+            expected = {step: ",".join(map(str, loader.next_batch().sample_ids.tolist()))
+                        for step in range(1, max(step for step, _ in lines) + 1)}
+        assert all(ids == expected[step] for step, ids in lines), f"worker {worker}"
+        first, second = lines[:resumes[worker]], lines[resumes[worker]:]
+        assert second[0] == (resumed_at + 1, expected[resumed_at + 1])  # the exact batch after the checkpoint
+        if worker == 1:  # restarted later, it jumped to the job's round: that round's first batch
+            assert lines[rejoins] == (rejoin_round * 5 + 1, expected[rejoin_round * 5 + 1])
+
+        read_before = _objects_of(line for line in first if line[0] < resumed_at)
+        still_open = _objects_of(line for line in first + second if line[0] >= resumed_at)
+        finished = read_before - still_open
+        assert len(finished) >= 2
+        assert {keys[o]: fetches[keys[o]] for o in finished} == {keys[o]: 1 for o in finished}  # never fetched again

@@ -136,6 +136,24 @@ def test_wrong_azure_credentials_name_the_store(azure_store, azurite_service):
         open_dataset(f"az://acme-blob@{container}/ckpt", credentials=wrong, retries=0)
 
 
+def test_wrong_s3_credentials_name_the_store(moto_auth_service):
+    s3 = moto_auth_service
+    bucket = f"auth-{uuid.uuid4().hex[:12]}"
+    store = open_store(f"s3://{bucket}/corpus", endpoint_url=s3.endpoint, region_name="us-east-1",
+                       aws_access_key_id=s3.access_key_id, aws_secret_access_key=s3.secret_access_key)
+    store.client.create_bucket(Bucket=bucket)
+    store.put("s.tok", encode_shard(np.arange(100) % 256, dtype_for("uint16")))
+    uri = f"s3://acme-s3@{bucket}/corpus"
+    right = SourceCredentials("acme-s3", "s3", s3.endpoint,
+                              {"access_key_id": s3.access_key_id, "secret_access_key": s3.secret_access_key})
+    assert [obj.key for obj in open_dataset(uri, credentials=right).objects] == ["s.tok"]
+    wrong = SourceCredentials("acme-s3", "s3", s3.endpoint,
+                              {"access_key_id": s3.access_key_id, "secret_access_key": "not-" + s3.secret_access_key})
+    with pytest.raises(DatasetAccessError, match=f"listing s3://{bucket}/corpus/: the store refused the credentials "
+                                                 "\\(SignatureDoesNotMatch\\)"):
+        open_dataset(uri, credentials=wrong, retries=0)
+
+
 def test_named_source_requires_its_credentials():
     with pytest.raises(DataError, match="names data source 'acme-s3', whose credentials were not given"):
         open_dataset("s3://acme-s3@bucket/prefix")

@@ -23,10 +23,10 @@ S3 = {"access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY}
 AZURITE = "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=c2VjcmV0;BlobEndpoint=http://h/a"
 
 
-@pytest.fixture(scope="module")
-def server_sources(platform):
-    """The server's own data-source table, to see what it stored."""
-    store = DataSourceStore(platform.paths.database, platform.paths.datasource_secret())
+@pytest.fixture
+def server_sources(platform, tenant):
+    """The server's own data-source table, opened with its keyring as it is now, to see what it stored."""
+    store = DataSourceStore(platform.paths.database, platform.paths.open_keyring())
     yield store
     store.close()
 
@@ -189,3 +189,19 @@ def test_cli_sends_the_profiles_dataset_key(platform, tenant, server_sources):
     assert profile_key.tenant == "acme"
     assert DatasetKey.from_json(server_sources.worker_dataset_key("acme", "sealed")) == profile_key
     tenant.delete_data_source("sealed")
+
+
+# ---- key rotation ----------------------------------------------------------
+def test_key_rotation_rewraps_data_sources_and_they_still_open(platform, tenant):
+    tenant.register_data_source("rotated", kind="s3", credentials=S3, dataset_key=bytes(range(32)))
+    with platform.admin() as admin:
+        rotation = admin.rotate_tenant_key("acme", retire_unused=True)
+    assert rotation.objects_rewrapped >= 1 and rotation.version - 1 in rotation.retired
+    store = DataSourceStore(platform.paths.database, platform.paths.open_keyring())  # the keyring after rotation
+    try:
+        assert store.key_versions_in_use("acme") == {rotation.version}
+        assert SourceCredentials.from_json(store.worker_credentials("acme", "rotated")).secrets == S3
+        assert DatasetKey.from_json(store.worker_dataset_key("acme", "rotated")).secret == bytes(range(32))
+    finally:
+        store.close()
+    tenant.delete_data_source("rotated")

@@ -99,6 +99,15 @@ def test_job_keys_are_scoped_to_their_job_and_tenant(keyring: LocalKeyring) -> N
             keyring.job_keys(tenant, job).unwrap(envelope)
 
 
+def test_data_source_keys_are_no_jobs_keys(keyring: LocalKeyring) -> None:
+    keyring.ensure_tenant("globex")
+    envelope = keyring.data_source_keys("acme").current.wrap(DATA_KEY)
+    assert keyring.data_source_keys("acme").unwrap(envelope) == DATA_KEY
+    for keys in (keyring.job_keys("acme", "job-1"), keyring.data_source_keys("globex")):
+        with pytest.raises(KeyUnwrapError):  # a worker's job keys, or another tenant's, do not open it
+            keys.unwrap(envelope)
+
+
 def test_unknown_tenant(keyring: LocalKeyring) -> None:
     with pytest.raises(UnknownTenantError):
         keyring.job_keys("nobody", "job-1")

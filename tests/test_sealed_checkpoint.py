@@ -30,6 +30,7 @@ from cantata.security.sealed_checkpoint import (
     list_checkpoints,
     load_checkpoint,
     object_key,
+    read_unlisted_shard,
     rewrap_checkpoints,
     save_checkpoint,
     write_shard,
@@ -178,6 +179,17 @@ def test_ranks_write_their_own_shards_and_one_commits(local_store: BlobStore, ke
         commit_checkpoint(local_store, tenant="acme", job_id="job-1", step=100, shards=written + written[:1], kek=keys.current)
     commit_checkpoint(local_store, tenant="acme", job_id="job-1", step=100, shards=written, kek=keys.current)
     assert_state_equal(load(local_store, keys, 100), state)
+
+
+def test_a_shard_beside_a_checkpoint_reads_back_only_in_its_place(local_store: BlobStore, keys: JobKeys) -> None:
+    where = {"tenant": "acme", "job_id": "job-1"}
+    write_shard(local_store, **where, step=100, name="data-3", state=b'{"object": 7}', kek=keys.current)
+    assert read_unlisted_shard(local_store, **where, step=100, name="data-3", keys=keys) == b'{"object": 7}'
+    assert read_unlisted_shard(local_store, **where, step=100, name="data-2", keys=keys) is None
+    assert b"object" not in local_store.get_bytes(object_key("acme", "job-1", 100, "data-3"))
+    local_store.put(object_key("acme", "job-1", 200, "data-3"), local_store.get_bytes(object_key("acme", "job-1", 100, "data-3")))
+    with pytest.raises(ContextMismatchError):  # copied to another step
+        read_unlisted_shard(local_store, **where, step=200, name="data-3", keys=keys)
 
 
 def test_missing_checkpoint(blob_store: BlobStore, keys: JobKeys) -> None:

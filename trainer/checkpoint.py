@@ -2,17 +2,22 @@
 
 Every rank seals its own optimizer shard; the lead rank seals the model, then
 commits the manifest that makes the checkpoint exist (see
-``cantata.security.sealed_checkpoint``). The worker holds only its job's
-derived keys, handed over by the server in its 0600 config file.
+``cantata.security.sealed_checkpoint``). In decentralized training, where
+one worker group commits for all, every rank also seals its data position
+beside the checkpoint (:meth:`JobCheckpoints.save_position`). The worker
+holds only its job's derived keys, handed over by the server in its 0600
+config file.
 """
 
 from __future__ import annotations
+
+import json
 
 import torch.distributed as dist
 
 from cantata.security.keys import JobKeys
 from cantata.security.sealed_checkpoint import (begin_checkpoint, commit_checkpoint, latest_checkpoint,
-                                                load_checkpoint, write_shard)
+                                                load_checkpoint, read_unlisted_shard, write_shard)
 from cantata.storage import open_store
 
 KEEP_LAST = 3
@@ -50,3 +55,13 @@ class JobCheckpoints:
         commit_checkpoint(self._store, step=step, shards=infos, kek=self._keys.current, keep_last=KEEP_LAST,
                           **self._where)
         return sum(info.sealed_size for info in infos)
+
+    def save_position(self, step: int, worker: int, state: dict) -> None:
+        """Seal ``worker``'s data position (a feed's plain ``state_dict()``) beside checkpoint ``step``."""
+        write_shard(self._store, step=step, name=f"data-{worker}", state=json.dumps(state).encode(),
+                    kek=self._keys.current, **self._where)
+
+    def load_position(self, step: int, worker: int) -> dict | None:
+        """The data position ``worker`` saved beside checkpoint ``step``, or None if it saved none."""
+        raw = read_unlisted_shard(self._store, step=step, name=f"data-{worker}", keys=self._keys, **self._where)
+        return None if raw is None else json.loads(raw)

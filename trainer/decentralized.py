@@ -7,8 +7,9 @@ applies the accelerated outer step. Peers are found through the control
 plane; a dead or slow peer is skipped for the round (its weight goes back to
 self). A restarted worker resumes from the job's latest checkpoint, jumps to
 the job's current round and rejoins with one exchange. Workers read disjoint
-parts of the dataset; a worker's data position is the number of local steps
-before its first round, so it needs no checkpoint of its own.
+parts of the dataset; every process seals its data position beside each
+checkpoint and restores it when it resumes at that step, while a worker that
+rejoins at a later round seeks to where that round's batches begin.
 
 Worker groups: with ``ranks_per_worker`` R > 1 a worker is a group of R
 processes training one model data-parallel (gradients averaged over their
@@ -247,7 +248,12 @@ def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.E
         rounds = math.ceil(spec.steps / local_steps)
         tokens_per_round = spec.batch_size * seq_len * local_steps * cfg.workers * cfg.ranks_per_worker
         val_loss = float("nan")
-        feed.seek(first_round * local_steps)
+        resumes_at_checkpoint = start and start == first_round * local_steps
+        position = checkpoints.load_position(start, cfg.worker) if resumes_at_checkpoint else None
+        if position is not None:
+            feed.load_state_dict(position)
+        elif first_round:  # rejoining later than the checkpoint (or it holds no position): that round's first batch
+            feed.seek(first_round * local_steps)
         try:
             began = time.perf_counter()
             for t in range(first_round, rounds):
@@ -272,8 +278,11 @@ def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.E
                     val_loss = evaluate(model, feed)
                     if lead:
                         reporter.eval(step, val_loss)
-                if saves and (step // spec.checkpoint_every > (step - local_steps) // spec.checkpoint_every
-                              or step == spec.steps):
+                due = (step // spec.checkpoint_every > (step - local_steps) // spec.checkpoint_every
+                       or step == spec.steps)
+                if due:
+                    checkpoints.save_position(step, cfg.worker, feed.state_dict())
+                if saves and due:
                     shards = {f"optim-{cfg.group_rank}": optimizer.state_dict()}
                     if gossips:
                         shards.update({"model": model.state_dict(), "outer-0": outer.state_dict()})

@@ -16,6 +16,7 @@ from cantata.security.keys import KeyProvider, UnknownTenantError
 from cantata.security.sealed_checkpoint import key_versions_in_use, rewrap_checkpoints
 from cantata.security.pki import CertificateAuthority, Principal, load_csr
 from cantata.server.auth import abort, caller
+from cantata.server.datasource_store import DataSourceStore
 from cantata.server.store import Conflict, NotFound, Store, Tenant
 from cantata.storage import open_store
 
@@ -26,11 +27,12 @@ ATTACK_STRENGTH = {"scale": "scale", "gaussian": "sigma", "alie": "alie_z", "ipm
 
 
 class AdminService(admin_pb2_grpc.AdminServicer):
-    def __init__(self, store: Store, ca: CertificateAuthority, keyring: KeyProvider, default_quota: dict,
-                 tenant_cert_days: int, audit, on_suspend):
+    def __init__(self, store: Store, ca: CertificateAuthority, keyring: KeyProvider, data_sources: DataSourceStore,
+                 default_quota: dict, tenant_cert_days: int, audit, on_suspend):
         self._store = store
         self._ca = ca
         self._keyring = keyring
+        self._data_sources = data_sources
         self._default_quota = default_quota
         self._cert_lifetime = dt.timedelta(days=tenant_cert_days)
         self._audit = audit
@@ -125,7 +127,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             version = self._keyring.rotate(request.tenant)
         except (NotFound, UnknownTenantError) as exc:
             abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
-        rewrapped, in_use = 0, set()
+        sources_rewrapped = self._data_sources.rewrap(request.tenant)
+        rewrapped, in_use = sources_rewrapped, self._data_sources.key_versions_in_use(request.tenant)
         for job in self._store.jobs(tenant=request.tenant):
             store = open_store(job.spec.checkpoint_store)
             rewrapped += rewrap_checkpoints(store, tenant=job.tenant, job_id=job.id,
@@ -133,7 +136,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             in_use |= key_versions_in_use(store, tenant=job.tenant, job_id=job.id)
         retired = self._keyring.retire_unused(request.tenant, in_use | {version}) if request.retire_unused else []
         self._record(context, Action.KEY_ROTATED, request.tenant, key_version=version, objects_rewrapped=rewrapped,
-                     retired_versions=retired)
+                     data_sources_rewrapped=sources_rewrapped, retired_versions=retired)
         return admin_pb2.RotateTenantKeyReply(version=version, objects_rewrapped=rewrapped, retired=retired)
 
     def ListAnomalies(self, request, context):
