@@ -68,12 +68,17 @@ def test_names_are_scoped_to_their_tenant(sources):
     assert sources.sources("acme")[0].name == "corpus"
 
 
+def _copy_sealed(db_path, column: str, source: str, target: str) -> None:
+    """Overwrite the sealed secrets of the row whose ``column`` is ``target`` with those of ``source``'s row."""
+    with sqlite3.connect(db_path) as db:
+        sealed = db.execute(f"SELECT sealed FROM data_sources WHERE {column} = ?", (source,)).fetchone()[0]
+        db.execute(f"UPDATE data_sources SET sealed = ? WHERE {column} = ?", (sealed, target))
+
+
 def test_a_row_moved_to_another_tenant_does_not_decrypt(sources, tmp_path):
     sources.register("acme", DataSourceSpec("corpus", "s3", "", S3_SECRETS))
     sources.register("globex", DataSourceSpec("corpus", "s3", "", {**S3_SECRETS, "access_key_id": "OTHER"}))
-    with sqlite3.connect(tmp_path / "cantata.db") as db:
-        sealed = db.execute("SELECT sealed FROM data_sources WHERE tenant = 'acme'").fetchone()[0]
-        db.execute("UPDATE data_sources SET sealed = ? WHERE tenant = 'globex'", (sealed,))
+    _copy_sealed(tmp_path / "cantata.db", "tenant", "acme", "globex")
     with pytest.raises(SealedSecretsError, match="secrets of data source 'corpus' do not decrypt: .*globex"):
         sources.worker_credentials("globex", "corpus")
     assert SourceCredentials.from_json(sources.worker_credentials("acme", "corpus")).secrets == S3_SECRETS
@@ -82,9 +87,7 @@ def test_a_row_moved_to_another_tenant_does_not_decrypt(sources, tmp_path):
 def test_a_row_copied_to_another_source_of_the_tenant_does_not_decrypt(sources, tmp_path):
     sources.register("acme", DataSourceSpec("corpus", "s3", "", S3_SECRETS))
     sources.register("acme", DataSourceSpec("decoy", "s3", "", {**S3_SECRETS, "access_key_id": "OTHER"}))
-    with sqlite3.connect(tmp_path / "cantata.db") as db:
-        sealed = db.execute("SELECT sealed FROM data_sources WHERE name = 'corpus'").fetchone()[0]
-        db.execute("UPDATE data_sources SET sealed = ? WHERE name = 'decoy'", (sealed,))
+    _copy_sealed(tmp_path / "cantata.db", "name", "corpus", "decoy")
     with pytest.raises(SealedSecretsError, match="'decoy' do not decrypt: the row was modified or belongs to another"):
         sources.worker_dataset_key("acme", "decoy")
 

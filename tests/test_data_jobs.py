@@ -270,10 +270,15 @@ def test_a_job_killed_with_its_server_resumes_at_the_exact_next_batch(platform, 
     assert 20 <= resumed_at < 200
 
     for worker, lines in _traced_samples(handle).items():
-        restart = next(i for i in range(1, len(lines)) if lines[i][0] <= lines[i - 1][0])
+        steps = [step for step, _ in lines]
+        assert resumed_at + 1 in steps, f"worker {worker} never trained step {resumed_at + 1}"
+        # The second attempt starts at the last step after the checkpoint; the first may have
+        # stopped anywhere at or past the checkpoint (exactly at it, nothing is replayed).
+        restart = len(steps) - 1 - steps[::-1].index(resumed_at + 1)
         first, second = lines[:restart], lines[restart:]
-        assert second[0][0] == resumed_at + 1  # the second attempt starts after the checkpoint ...
-        assert second[0][1] == expected[worker][resumed_at + 1]  # ... with exactly the batch that follows it
+        assert [s for s, _ in first] == list(range(1, len(first) + 1)) and len(first) >= resumed_at
+        assert [s for s, _ in second] == list(range(resumed_at + 1, resumed_at + 1 + len(second)))
+        assert second[0][1] == expected[worker][resumed_at + 1]  # exactly the batch after the checkpoint
         assert second[0][1] != expected[worker][1]  # (not from the start of the stream)
         for step, ids in first + [line for line in second if line[0] <= 200]:
             assert ids == expected[worker][step], f"worker {worker} step {step}"

@@ -136,6 +136,7 @@ def kill_after_round_3(handle, worker: int) -> None:
     """SIGKILL one worker process of a running decentralized job once round 3 is done."""
     _wait_for(lambda: any(e.kind == "ROUND" and e.step >= 3 for e in _events_so_far(handle)), timeout=180)
     victim = [pid for pid in _pids_of(handle.id) if _worker_of(pid) == worker]
+    assert victim, f"worker {worker} is not running: {handle.status()}"
     os.kill(victim[0], 9)
 
 
