@@ -39,9 +39,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from byzantine_sim import AGGREGATOR_DEFENCES, RunResult, RunSpec, Setup, Simulation  # noqa: E402
+from byzantine_sim import AGGREGATOR_DEFENCES, RunResult, RunSpec, Setup, Simulation
 
-from cantata.security.anomaly import AttackConfig, AttackKind, QuarantinePolicy, ScreeningConfig  # noqa: E402
+from cantata.security.anomaly import AttackConfig, AttackKind, QuarantinePolicy, ScreeningConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TOPOLOGIES = ("ring", "complete")
@@ -189,8 +189,11 @@ def plot(rows: list[dict], path: Path) -> None:
     for axis, (topology, byzantine) in zip(axes, panels):
         columns = defences(topology)
         width = 0.8 / len(columns)
-        index = {(r["attack"], r["defence"]): r for r in rows
-                 if r["topology"] == topology and (r["byzantine"] == byzantine or r["attack"] == "clean")}
+        index = {
+            (r["attack"], r["defence"]): r
+            for r in rows
+            if r["topology"] == topology and (r["byzantine"] == byzantine or r["attack"] == "clean")
+        }
         for k, defence in enumerate(columns):
             heights = []
             for attack in attacks:
@@ -247,7 +250,9 @@ def write_report(outcomes, args, setup: Setup, started: float, complete: bool, o
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="6 rounds of 5 inner steps (about 10 minutes on 2 idle cores)")
+    parser.add_argument(
+        "--quick", action="store_true", help="6 rounds of 5 inner steps (about 10 minutes on 2 idle cores)"
+    )
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--processes", type=int, default=2)
     args = parser.parse_args()
@@ -268,7 +273,9 @@ def main() -> None:
     fractions = [r["screening_overhead"] for r in summary["rows"] if r["defence"] == "screened"]
     print(f"\nscreening overhead per round: {min(fractions):.3f}..{max(fractions):.3f} of round time")
     print(f"at the full setup's rounds (complete graph): {overhead['fraction']:.3f}")
-    failed = [f"{name}: {check}" for name, checks in summary["targets"].items() for check, ok in checks.items() if not ok]
+    failed = [
+        f"{name}: {check}" for name, checks in summary["targets"].items() for check, ok in checks.items() if not ok
+    ]
     print("targets missed:" if failed else "all targets met", *failed, sep="\n  ")
 
 

@@ -28,15 +28,21 @@ from pathlib import Path
 from cantata.security.audit import Action, AuditLog, Durability, init_audit, verify
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ROUNDS = 4          # buffered appends and verification: 4 turns per side
-SYNCED_ROUNDS = 8   # fsync-per-record appends: short turns, as the disk's fsync latency drifts
+ROUNDS = 4  # buffered appends and verification: 4 turns per side
+SYNCED_ROUNDS = 8  # fsync-per-record appends: short turns, as the disk's fsync latency drifts
 
 
 def sample(i: int) -> dict:
     tenant = ("acme", "globex", "initech")[i % 3]
-    return {"actor": f"spiffe://cantata/tenant/{tenant}", "action": Action.JOB_SUBMITTED.value,
-            "resource": f"job-{i:06d}", "tenant": tenant, "outcome": "ok", "peer": "ipv4:10.0.0.7:40112",
-            "details": {"workers": 4, "algorithm": "gasloc", "steps": 300}}
+    return {
+        "actor": f"spiffe://cantata/tenant/{tenant}",
+        "action": Action.JOB_SUBMITTED.value,
+        "resource": f"job-{i:06d}",
+        "tenant": tenant,
+        "outcome": "ok",
+        "peer": "ipv4:10.0.0.7:40112",
+        "details": {"workers": 4, "algorithm": "gasloc", "steps": 300},
+    }
 
 
 def audit_append(directory: Path, first: int, count: int, durability: Durability) -> float:
@@ -93,14 +99,21 @@ def alternate(rounds: int, audit: Callable[[int], float], plain: Callable[[int],
 
 def plot(results: dict, path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     labels = ["append\nat_checkpoint", "append\neach_record", "verify / read"]
-    audit = [results["append"]["at_checkpoint"]["audit_records_per_s"],
-             results["append"]["each_record"]["audit_records_per_s"], results["verify"]["audit_records_per_s"]]
-    plain = [results["append"]["at_checkpoint"]["plain_records_per_s"],
-             results["append"]["each_record"]["plain_records_per_s"], results["verify"]["plain_records_per_s"]]
+    audit = [
+        results["append"]["at_checkpoint"]["audit_records_per_s"],
+        results["append"]["each_record"]["audit_records_per_s"],
+        results["verify"]["audit_records_per_s"],
+    ]
+    plain = [
+        results["append"]["at_checkpoint"]["plain_records_per_s"],
+        results["append"]["each_record"]["plain_records_per_s"],
+        results["verify"]["plain_records_per_s"],
+    ]
     fig, ax = plt.subplots(figsize=(7, 4))
     xs = range(len(labels))
     ax.bar([x - 0.2 for x in xs], audit, width=0.4, label="audit log (chained, signed)")
@@ -125,30 +138,48 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-audit-", dir=os.environ.get("BENCH_DIR")))
     try:
         buffered_audit, buffered_plain = alternate(
-            ROUNDS, lambda r: audit_append(work / "audit", r * batch, batch, Durability.AT_CHECKPOINT),
-            lambda r: plain_append(work / "plain.jsonl", r * batch, batch, fsync_each=False))
+            ROUNDS,
+            lambda r: audit_append(work / "audit", r * batch, batch, Durability.AT_CHECKPOINT),
+            lambda r: plain_append(work / "plain.jsonl", r * batch, batch, fsync_each=False),
+        )
         synced_audit, synced_plain = alternate(
-            SYNCED_ROUNDS, lambda r: audit_append(work / "audit-synced", r * synced, synced, Durability.EACH_RECORD),
-            lambda r: plain_append(work / "plain-synced.jsonl", r * synced, synced, fsync_each=True))
+            SYNCED_ROUNDS,
+            lambda r: audit_append(work / "audit-synced", r * synced, synced, Durability.EACH_RECORD),
+            lambda r: plain_append(work / "plain-synced.jsonl", r * synced, synced, fsync_each=True),
+        )
         verify_audit, read_plain = alternate(
-            ROUNDS, lambda _: audit_verify(work / "audit", count), lambda _: plain_read(work / "plain.jsonl", count))
+            ROUNDS, lambda _: audit_verify(work / "audit", count), lambda _: plain_read(work / "plain.jsonl", count)
+        )
         audit_bytes = sum(p.stat().st_size for p in (work / "audit" / "segments").iterdir())
         plain_bytes = (work / "plain.jsonl").stat().st_size
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
     def pair(audit: float, plain: float, records: int, policy: str) -> dict:
-        return {"records": records, "fsync_policy": policy, "audit_records_per_s": round(audit),
-                "plain_records_per_s": round(plain), "audit_over_plain": round(audit / plain, 3)}
+        return {
+            "records": records,
+            "fsync_policy": policy,
+            "audit_records_per_s": round(audit),
+            "plain_records_per_s": round(plain),
+            "audit_over_plain": round(audit / plain, 3),
+        }
 
     results = {
-        "benchmark": "bench_audit", "records": count, "quick": args.quick,
+        "benchmark": "bench_audit",
+        "records": count,
+        "quick": args.quick,
         "machine": {"python": platform.python_version(), "cpu_count": os.cpu_count(), "platform": platform.platform()},
         "append": {
-            "at_checkpoint": pair(buffered_audit, buffered_plain, count,
-                                  "OS-buffered; audit fsyncs segment + signs a checkpoint every 1000 records; "
-                                  "plain fsyncs once at the end"),
-            "each_record": pair(synced_audit, synced_plain, synced * SYNCED_ROUNDS, "fdatasync after every record (both)")
+            "at_checkpoint": pair(
+                buffered_audit,
+                buffered_plain,
+                count,
+                "OS-buffered; audit fsyncs segment + signs a checkpoint every 1000 records; "
+                "plain fsyncs once at the end",
+            ),
+            "each_record": pair(
+                synced_audit, synced_plain, synced * SYNCED_ROUNDS, "fdatasync after every record (both)"
+            )
             | {"note": "bound by the disk's fsync latency, which drifts on a shared machine; expect a ratio near 1"},
         },
         "verify": pair(verify_audit, read_plain, count, "n/a (read path)")

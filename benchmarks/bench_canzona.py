@@ -199,9 +199,7 @@ def _step_worker(rank: int, world: int, init_file: str, out_file: str, layers: i
 def optimizer_step(world: int, layers: int, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         out_file = Path(scratch) / "result.json"
-        mp.spawn(
-            _step_worker, args=(world, str(Path(scratch) / "init"), str(out_file), layers, steps), nprocs=world
-        )
+        mp.spawn(_step_worker, args=(world, str(Path(scratch) / "init"), str(out_file), layers, steps), nprocs=world)
         results = json.loads(out_file.read_text())
     redundant = results["(i) redundant (DDP)"]
     ideal = redundant["compute_mean_s"] / world

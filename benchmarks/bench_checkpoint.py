@@ -171,7 +171,9 @@ def plot(results: list[dict], path: Path) -> None:
     stores = sorted({r["store"] for r in results}, key=["local", "s3", "azure"].index)
     for axis, operation in zip(axes, ["save", "load"]):
         for offset, mode in enumerate(["plaintext", "sealed"]):
-            values = [next(r[f"{operation}_mb_s"] for r in results if r["store"] == s and r["mode"] == mode) for s in stores]
+            values = [
+                next(r[f"{operation}_mb_s"] for r in results if r["store"] == s and r["mode"] == mode) for s in stores
+            ]
             axis.bar([i + offset * 0.4 for i in range(len(stores))], values, width=0.4, label=mode)
         axis.set_xticks([i + 0.2 for i in range(len(stores))], stores)
         axis.set_title(f"{operation} throughput")
@@ -245,7 +247,9 @@ def main() -> None:
             stop_service(azurite)
     ratios = {}
     for name in ("local", "s3", "azure"):
-        plain, sealed = (next(r for r in results if r["store"] == name and r["mode"] == m) for m in ("plaintext", "sealed"))
+        plain, sealed = (
+            next(r for r in results if r["store"] == name and r["mode"] == m) for m in ("plaintext", "sealed")
+        )
         ratios[name] = {op: sealed[f"{op}_mb_s"] / plain[f"{op}_mb_s"] for op in ("save", "load")}
         print(f"{name:6} sealed/plaintext: save {ratios[name]['save']:.2f}x  load {ratios[name]['load']:.2f}x")
     stream_row = {"size_mib": stream_mib, **stream, "mb_s": stream_mib * MIB / 1e6 / stream["seconds"]}

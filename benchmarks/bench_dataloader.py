@@ -155,9 +155,15 @@ def tiny_training_wait(dataset, steps: int) -> dict:
         elapsed = time.perf_counter() - started
         state = loader.state_dict()
     shards = state["object"] + 1 + state["epoch"] * len(dataset.objects)
-    return {"steps": steps, "seconds": elapsed, "shards_read": shards, "data_wait_s": loader.wait_seconds,
-            "first_batch_wait_s": first_wait, "data_wait_fraction": loader.wait_seconds / elapsed,
-            "data_wait_fraction_after_first_batch": (loader.wait_seconds - first_wait) / elapsed}
+    return {
+        "steps": steps,
+        "seconds": elapsed,
+        "shards_read": shards,
+        "data_wait_s": loader.wait_seconds,
+        "first_batch_wait_s": first_wait,
+        "data_wait_fraction": loader.wait_seconds / elapsed,
+        "data_wait_fraction_after_first_batch": (loader.wait_seconds - first_wait) / elapsed,
+    }
 
 
 def load_average() -> float:
@@ -185,8 +191,11 @@ def measure(workdir: Path, total_mib: int, trials: int, tiny_steps: int) -> dict
         az_options = {"connection_string": azurite_connection_string(azurite.endpoint)}
         open_store(f"s3://{bucket}/x", **s3_options).client.create_bucket(Bucket=bucket)
         open_store(f"az://{container}/x", **az_options).container.create_container()
-        stores = {"local": ((workdir / "store").as_uri(), {}), "s3 (moto)": (f"s3://{bucket}", s3_options),
-                  "azure (azurite)": (f"az://{container}", az_options)}
+        stores = {
+            "local": ((workdir / "store").as_uri(), {}),
+            "s3 (moto)": (f"s3://{bucket}", s3_options),
+            "azure (azurite)": (f"az://{container}", az_options),
+        }
 
         # Every measurement of every store and form, as a name and a function returning seconds.
         cases = []
@@ -198,21 +207,31 @@ def measure(workdir: Path, total_mib: int, trials: int, tiny_steps: int) -> dict
                 store = open_store(uri, **options)
                 keys = upload_shards(workdir / "shards", store, dataset_key=sealed_key)
                 dataset = open_dataset(uri, allowed_roots=[workdir], dataset_key=key, **options)
-                windows = {shape: sum(window_split(n, shape[1], DEFAULT_VAL_FRACTION)[0] for n in counts)
-                           for shape in (TINY_SHAPE, GPU_SHAPE)}
+                windows = {
+                    shape: sum(window_split(n, shape[1], DEFAULT_VAL_FRACTION)[0] for n in counts)
+                    for shape in (TINY_SHAPE, GPU_SHAPE)
+                }
                 measures = {"plain_read": lambda s=store, k=keys: timed(lambda: plain_read(s, k))}
                 if sealed_key:
                     measures["plain_read_unseal"] = lambda s=store, k=keys: timed(lambda: read_and_unseal(s, k, key))
                 for shape, fetchers in ((TINY_SHAPE, FETCHERS), (GPU_SHAPE, FETCHERS), (GPU_SHAPE, 1)):
                     name = f"loader_{shape[0]}x{shape[1]}" + ("_1_fetcher" if fetchers == 1 else "")
-                    measures[name] = (lambda d=dataset, sh=shape, f=fetchers, w=windows[shape]:
-                                      loader_epoch(d, sh, w, f))
-                cases.append({"store": store_name, "form": form, "bytes": sum(len(store.get_bytes(k)) for k in keys),
-                              "windows": windows, "measures": measures, "seconds": {m: [] for m in measures}})
+                    measures[name] = lambda d=dataset, sh=shape, f=fetchers, w=windows[shape]: loader_epoch(d, sh, w, f)
+                cases.append(
+                    {
+                        "store": store_name,
+                        "form": form,
+                        "bytes": sum(len(store.get_bytes(k)) for k in keys),
+                        "windows": windows,
+                        "measures": measures,
+                        "seconds": {m: [] for m in measures},
+                    }
+                )
                 wait_uri = f"{base.rstrip('/')}/wait-{form}"
                 upload_shards(workdir / "wait-shards", open_store(wait_uri, **options), dataset_key=sealed_key)
-                wait_datasets[f"{store_name} {form}"] = open_dataset(wait_uri, allowed_roots=[workdir],
-                                                                     dataset_key=key, **options)
+                wait_datasets[f"{store_name} {form}"] = open_dataset(
+                    wait_uri, allowed_roots=[workdir], dataset_key=key, **options
+                )
 
         for case in cases:  # warm-up: page cache, servers' first requests, allocator
             for measure in case["measures"].values():
@@ -235,10 +254,20 @@ def measure(workdir: Path, total_mib: int, trials: int, tiny_steps: int) -> dict
 
     rows = [summarize(case, tokens) for case in cases]
     for row in rows:
-        print(f"{row['store']:16} {row['form']:9} plain {row['plain_read_tokens_per_s'] / 1e6:7.1f} M tok/s   "
-              + "   ".join(f"{shape} {row[f'loader_tokens_per_s_{shape}'] / 1e6:6.1f} M ({row[f'ratio_{shape}']:.2f}x"
-                           + (f", {row[f'ratio_vs_read_unseal_{shape}']:.2f}x of read+unseal" if row["form"] == "encrypted"
-                              else "") + ")" for shape in ("16x64", "32x1024")), flush=True)
+        print(
+            f"{row['store']:16} {row['form']:9} plain {row['plain_read_tokens_per_s'] / 1e6:7.1f} M tok/s   "
+            + "   ".join(
+                f"{shape} {row[f'loader_tokens_per_s_{shape}'] / 1e6:6.1f} M ({row[f'ratio_{shape}']:.2f}x"
+                + (
+                    f", {row[f'ratio_vs_read_unseal_{shape}']:.2f}x of read+unseal"
+                    if row["form"] == "encrypted"
+                    else ""
+                )
+                + ")"
+                for shape in ("16x64", "32x1024")
+            ),
+            flush=True,
+        )
     need_tiny = tiny_rate * TINY_SHAPE[0] * TINY_SHAPE[1]
     need_gpu = GPU_MODEL["steps_per_s"] * GPU_SHAPE[0] * GPU_SHAPE[1]
     slowest_tiny = min(r["loader_tokens_per_s_16x64"] for r in rows)
@@ -247,31 +276,50 @@ def measure(workdir: Path, total_mib: int, trials: int, tiny_steps: int) -> dict
         "benchmark": "dataloader",
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}",
         "load_average_1m": loads,
-        "method": {"trials": trials, "statistic": "median of the trials after one untimed warm-up round, "
-                   "all measurements interleaved in each trial",
-                   "baseline": "store.get_bytes of every object, one at a time (plain_read_unseal: each then "
-                               "unsealed)",
-                   "loader": f"DataLoader with {FETCHERS} concurrent fetchers (and 1 at 32x1024), the second "
-                             "epoch of a continuing run timed; tokens/s counts input tokens delivered",
-                   "ratio": "loader tokens/s over the plain read's tokens/s of the same bytes; "
-                            "ratio_vs_read_unseal: over the read-and-unseal baseline"},
+        "method": {
+            "trials": trials,
+            "statistic": "median of the trials after one untimed warm-up round, "
+            "all measurements interleaved in each trial",
+            "baseline": "store.get_bytes of every object, one at a time (plain_read_unseal: each then unsealed)",
+            "loader": f"DataLoader with {FETCHERS} concurrent fetchers (and 1 at 32x1024), the second "
+            "epoch of a continuing run timed; tokens/s counts input tokens delivered",
+            "ratio": "loader tokens/s over the plain read's tokens/s of the same bytes; "
+            "ratio_vs_read_unseal: over the read-and-unseal baseline",
+        },
         "dataset": {"tokens": tokens, "dtype": "uint16", "shards": len(counts), "shard_tokens": SHARD_TOKENS},
         "rows": rows,
-        "gpt_tiny": {"batch": TINY_SHAPE, "threads": 1, "steps_per_s": tiny_rate, "tokens_per_s_needed": need_tiny,
-                     "slowest_loader_tokens_per_s": slowest_tiny, "keeps_up": slowest_tiny >= need_tiny,
-                     "headroom": slowest_tiny / need_tiny, "wait_shard_tokens": wait_shard_tokens,
-                     "training_runs": waits},
-        "gpu_model": {**GPU_MODEL, "tokens_per_s_needed": need_gpu, "slowest_loader_tokens_per_s": slowest_gpu,
-                      "keeps_up": slowest_gpu >= need_gpu, "headroom": slowest_gpu / need_gpu},
+        "gpt_tiny": {
+            "batch": TINY_SHAPE,
+            "threads": 1,
+            "steps_per_s": tiny_rate,
+            "tokens_per_s_needed": need_tiny,
+            "slowest_loader_tokens_per_s": slowest_tiny,
+            "keeps_up": slowest_tiny >= need_tiny,
+            "headroom": slowest_tiny / need_tiny,
+            "wait_shard_tokens": wait_shard_tokens,
+            "training_runs": waits,
+        },
+        "gpu_model": {
+            **GPU_MODEL,
+            "tokens_per_s_needed": need_gpu,
+            "slowest_loader_tokens_per_s": slowest_gpu,
+            "keeps_up": slowest_gpu >= need_gpu,
+            "headroom": slowest_gpu / need_gpu,
+        },
     }
 
 
 def summarize(case: dict, tokens: int) -> dict:
     """Medians, rates and ratios of one store and form (every trial's seconds kept)."""
     seconds = {name: statistics.median(values) for name, values in case["seconds"].items()}
-    row = {"store": case["store"], "form": case["form"], "bytes": case["bytes"], "tokens": tokens,
-           "plain_read_tokens_per_s": tokens / seconds["plain_read"],
-           "plain_read_mib_per_s": case["bytes"] / seconds["plain_read"] / (1 << 20)}
+    row = {
+        "store": case["store"],
+        "form": case["form"],
+        "bytes": case["bytes"],
+        "tokens": tokens,
+        "plain_read_tokens_per_s": tokens / seconds["plain_read"],
+        "plain_read_mib_per_s": case["bytes"] / seconds["plain_read"] / (1 << 20),
+    }
     if "plain_read_unseal" in seconds:
         row["plain_read_unseal_tokens_per_s"] = tokens / seconds["plain_read_unseal"]
     for name, value in seconds.items():
@@ -300,19 +348,35 @@ def plot(result: dict, path: Path) -> None:
     width = 0.2
     fig, ax = plt.subplots(figsize=(13, 5))
     ax.bar(x - 1.5 * width, [r["plain_read_tokens_per_s"] / 1e6 for r in rows], width, label="plain sequential read")
-    ax.bar(x - 0.5 * width, [r.get("plain_read_unseal_tokens_per_s", np.nan) / 1e6 for r in rows], width,
-           label="plain read + unseal")
-    ax.bar(x + 0.5 * width, [r["loader_tokens_per_s_32x1024"] / 1e6 for r in rows], width, label="loader, batch 32x1024")
+    ax.bar(
+        x - 0.5 * width,
+        [r.get("plain_read_unseal_tokens_per_s", np.nan) / 1e6 for r in rows],
+        width,
+        label="plain read + unseal",
+    )
+    ax.bar(
+        x + 0.5 * width, [r["loader_tokens_per_s_32x1024"] / 1e6 for r in rows], width, label="loader, batch 32x1024"
+    )
     ax.bar(x + 1.5 * width, [r["loader_tokens_per_s_16x64"] / 1e6 for r in rows], width, label="loader, batch 16x64")
-    ax.axhline(result["gpu_model"]["tokens_per_s_needed"] / 1e6, color="red", linestyle="--",
-               label=f"needed by {result['gpu_model']['name']}")
-    ax.axhline(result["gpt_tiny"]["tokens_per_s_needed"] / 1e6, color="black", linestyle=":",
-               label="needed by gpt-tiny (1 CPU thread)")
+    ax.axhline(
+        result["gpu_model"]["tokens_per_s_needed"] / 1e6,
+        color="red",
+        linestyle="--",
+        label=f"needed by {result['gpu_model']['name']}",
+    )
+    ax.axhline(
+        result["gpt_tiny"]["tokens_per_s_needed"] / 1e6,
+        color="black",
+        linestyle=":",
+        label="needed by gpt-tiny (1 CPU thread)",
+    )
     ax.set_yscale("log")
     ax.set_ylabel("million tokens/s (median of trials)")
     ax.set_xticks(x, labels, fontsize=8)
-    ax.set_title(f"Data loader throughput ({result['dataset']['tokens'] / 1e6:.0f}M uint16 tokens, "
-                 f"{FETCHERS} fetchers, {result['method']['trials']} interleaved trials)")
+    ax.set_title(
+        f"Data loader throughput ({result['dataset']['tokens'] / 1e6:.0f}M uint16 tokens, "
+        f"{FETCHERS} fetchers, {result['method']['trials']} interleaved trials)"
+    )
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -328,14 +392,20 @@ def main() -> None:
     (RESULTS / "bench_dataloader.json").write_text(json.dumps(result, indent=2) + "\n")
     plot(result, RESULTS / "bench_dataloader.png")
     tiny, gpu = result["gpt_tiny"], result["gpu_model"]
-    print(f"gpt-tiny: {tiny['steps_per_s']:.1f} steps/s needs {tiny['tokens_per_s_needed']:,.0f} tok/s; slowest loader "
-          f"{tiny['slowest_loader_tokens_per_s']:,.0f} ({tiny['headroom']:.0f}x headroom)")
+    print(
+        f"gpt-tiny: {tiny['steps_per_s']:.1f} steps/s needs {tiny['tokens_per_s_needed']:,.0f} tok/s; slowest loader "
+        f"{tiny['slowest_loader_tokens_per_s']:,.0f} ({tiny['headroom']:.0f}x headroom)"
+    )
     for name, wait in tiny["training_runs"].items():
-        print(f"  gpt-tiny run fed from {name}: {wait['shards_read']} shards, data wait "
-              f"{100 * wait['data_wait_fraction']:.2f}% of wall time "
-              f"({100 * wait['data_wait_fraction_after_first_batch']:.2f}% after the first batch)")
-    print(f"{gpu['name']}: needs {gpu['tokens_per_s_needed']:,.0f} tok/s; slowest loader "
-          f"{gpu['slowest_loader_tokens_per_s']:,.0f} ({gpu['headroom']:.1f}x)")
+        print(
+            f"  gpt-tiny run fed from {name}: {wait['shards_read']} shards, data wait "
+            f"{100 * wait['data_wait_fraction']:.2f}% of wall time "
+            f"({100 * wait['data_wait_fraction_after_first_batch']:.2f}% after the first batch)"
+        )
+    print(
+        f"{gpu['name']}: needs {gpu['tokens_per_s_needed']:,.0f} tok/s; slowest loader "
+        f"{gpu['slowest_loader_tokens_per_s']:,.0f} ({gpu['headroom']:.1f}x)"
+    )
 
 
 if __name__ == "__main__":

@@ -61,6 +61,8 @@ def outer_settings(corpus: str, local_steps: int) -> tuple[float, float]:
     """(eta, gamma) for ``corpus`` at H = ``local_steps`` (H other than 1 takes the H = 20 setting)."""
     table = OUTER[corpus]
     return table.get(local_steps, table[20])
+
+
 METHODS = ("allreduce", "diloco", "gasloc-ring", "gasloc-one-peer", "gossip-ring", "isolated")
 
 
@@ -99,10 +101,14 @@ class StackedGPT:
         self.params = {"tok": normal(vocab, DIM), "pos": normal(CONTEXT, DIM)}
         for layer in range(LAYERS):
             self.params |= {
-                f"ln1_w{layer}": const(1.0, DIM), f"ln1_b{layer}": const(0.0, DIM),
-                f"qkv{layer}": normal(DIM, 3 * DIM), f"proj{layer}": normal(DIM, DIM, std=residual_std),
-                f"ln2_w{layer}": const(1.0, DIM), f"ln2_b{layer}": const(0.0, DIM),
-                f"fc{layer}": normal(DIM, 4 * DIM), f"out{layer}": normal(4 * DIM, DIM, std=residual_std),
+                f"ln1_w{layer}": const(1.0, DIM),
+                f"ln1_b{layer}": const(0.0, DIM),
+                f"qkv{layer}": normal(DIM, 3 * DIM),
+                f"proj{layer}": normal(DIM, DIM, std=residual_std),
+                f"ln2_w{layer}": const(1.0, DIM),
+                f"ln2_b{layer}": const(0.0, DIM),
+                f"fc{layer}": normal(DIM, 4 * DIM),
+                f"out{layer}": normal(4 * DIM, DIM, std=residual_std),
             }
         self.params |= {"lnf_w": const(1.0, DIM), "lnf_b": const(0.0, DIM), "head": normal(DIM, vocab)}
         self.vocab = vocab
@@ -124,8 +130,9 @@ class StackedGPT:
             att = F.scaled_dot_product_attention(*heads, is_causal=True).transpose(1, 2).reshape(w, b, t, DIM)
             h = h + torch.einsum("wbtd,wde->wbte", att, p[f"proj{layer}"])
             a = self._norm(h, p[f"ln2_w{layer}"], p[f"ln2_b{layer}"])
-            h = h + torch.einsum("wbtf,wfd->wbtd", F.gelu(torch.einsum("wbtd,wdf->wbtf", a, p[f"fc{layer}"])),
-                                 p[f"out{layer}"])
+            h = h + torch.einsum(
+                "wbtf,wfd->wbtd", F.gelu(torch.einsum("wbtd,wdf->wbtf", a, p[f"fc{layer}"])), p[f"out{layer}"]
+            )
         logits = torch.einsum("wbtd,wdv->wbtv", self._norm(h, p["lnf_w"], p["lnf_b"]), p["head"])
         ce = F.cross_entropy(logits.reshape(-1, self.vocab), y.reshape(-1), reduction="none")
         return ce.view(w, -1).mean(dim=1)
@@ -141,7 +148,7 @@ class StackedGPT:
         offset = 0
         for p in self.params.values():
             size = p[0].numel()
-            p.copy_(flat[:, offset: offset + size].view_as(p))
+            p.copy_(flat[:, offset : offset + size].view_as(p))
             offset += size
 
 
@@ -149,7 +156,7 @@ def batches(shards: list[torch.Tensor], generator: torch.Generator) -> tuple[tor
     xs, ys = [], []
     for shard in shards:
         starts = torch.randint(0, len(shard) - CONTEXT - 1, (BATCH,), generator=generator)
-        window = torch.stack([shard[s: s + CONTEXT + 1] for s in starts.tolist()])
+        window = torch.stack([shard[s : s + CONTEXT + 1] for s in starts.tolist()])
         xs.append(window[:, :-1])
         ys.append(window[:, 1:])
     return torch.stack(xs), torch.stack(ys)
@@ -158,7 +165,7 @@ def batches(shards: list[torch.Tensor], generator: torch.Generator) -> tuple[tor
 def worker_shards(train: torch.Tensor, iid: bool) -> list[torch.Tensor]:
     """What each worker samples from: all the training text, or its own contiguous eighth."""
     shard = len(train) // WORKERS
-    return [train] * WORKERS if iid else [train[i * shard: (i + 1) * shard] for i in range(WORKERS)]
+    return [train] * WORKERS if iid else [train[i * shard : (i + 1) * shard] for i in range(WORKERS)]
 
 
 def inner_optimizer(model: StackedGPT) -> torch.optim.AdamW:
@@ -177,15 +184,20 @@ def validation_loss(model: StackedGPT, val: torch.Tensor) -> float:
     return float(total.mean() / rounds)
 
 
-def run(method: str, local_steps: int, seed: int, steps: int, data, eval_every: int, iid: bool,
-        outer: tuple[float, float]) -> dict:
+def run(
+    method: str, local_steps: int, seed: int, steps: int, data, eval_every: int, iid: bool, outer: tuple[float, float]
+) -> dict:
     train, val, vocab = data
     shards = worker_shards(train, iid)
     model = StackedGPT(vocab, seed)
     inner = inner_optimizer(model)
     eta, gamma = outer
-    topology_name = {"diloco": "complete", "gasloc-ring": "ring", "gasloc-one-peer": "one-peer",
-                     "gossip-ring": "ring"}.get(method)
+    topology_name = {
+        "diloco": "complete",
+        "gasloc-ring": "ring",
+        "gasloc-one-peer": "one-peer",
+        "gossip-ring": "ring",
+    }.get(method)
     simulator = None
     if topology_name:
         if method == "gossip-ring":
@@ -217,8 +229,16 @@ def run(method: str, local_steps: int, seed: int, steps: int, data, eval_every: 
         bytes_sent = statistics.mean(simulator.bytes_sent)
     else:
         bytes_sent = 0
-    return {"method": method, "H": local_steps, "seed": seed, "val_loss": curve[-1][1], "curve": curve,
-            "bytes_sent_per_worker": bytes_sent, "seconds": time.perf_counter() - started, "params": numel}
+    return {
+        "method": method,
+        "H": local_steps,
+        "seed": seed,
+        "val_loss": curve[-1][1],
+        "curve": curve,
+        "bytes_sent_per_worker": bytes_sent,
+        "seconds": time.perf_counter() - started,
+        "params": numel,
+    }
 
 
 def summarize(runs: list[dict]) -> list[dict]:
@@ -229,9 +249,16 @@ def summarize(runs: list[dict]) -> list[dict]:
             if not mine:
                 continue
             losses = [r["val_loss"] for r in mine]
-            rows.append({"method": method, "H": h, "seeds": len(mine), "val_loss_mean": statistics.mean(losses),
-                         "val_loss_std": statistics.stdev(losses) if len(losses) > 1 else 0.0,
-                         "mb_sent_per_worker": mine[0]["bytes_sent_per_worker"] / 1e6})
+            rows.append(
+                {
+                    "method": method,
+                    "H": h,
+                    "seeds": len(mine),
+                    "val_loss_mean": statistics.mean(losses),
+                    "val_loss_std": statistics.stdev(losses) if len(losses) > 1 else 0.0,
+                    "mb_sent_per_worker": mine[0]["bytes_sent_per_worker"] / 1e6,
+                }
+            )
     return rows
 
 
@@ -265,8 +292,12 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--corpus", choices=CORPORA, default="pystdlib")
-    parser.add_argument("--shards", choices=("iid", "contiguous"), default="iid",
-                        help="each worker samples all training text, or its own contiguous eighth")
+    parser.add_argument(
+        "--shards",
+        choices=("iid", "contiguous"),
+        default="iid",
+        help="each worker samples all training text, or its own contiguous eighth",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     steps = args.steps or (200 if args.quick else 400)
@@ -277,24 +308,48 @@ def main(argv=None) -> None:
             if method == "allreduce" and h != 1:
                 continue  # all-reduce does not depend on H; reported under H = 1
             for seed in range(args.seeds):
-                result = run(method, h, seed, steps, data, eval_every=max(20, steps // 10),
-                             iid=args.shards == "iid", outer=outer_settings(args.corpus, h))
+                result = run(
+                    method,
+                    h,
+                    seed,
+                    steps,
+                    data,
+                    eval_every=max(20, steps // 10),
+                    iid=args.shards == "iid",
+                    outer=outer_settings(args.corpus, h),
+                )
                 runs.append(result)
-                print(f"H={h:>2} {method:>16} seed {seed}: val {result['val_loss']:.3f} "
-                      f"({result['seconds']:.0f} s)", flush=True)
+                print(
+                    f"H={h:>2} {method:>16} seed {seed}: val {result['val_loss']:.3f} ({result['seconds']:.0f} s)",
+                    flush=True,
+                )
     rows = summarize(runs)
-    print(f"\n{steps} inner steps, {WORKERS} workers, {runs[0]['params']} parameters, {args.seeds} seeds, "
-          f"{args.corpus}, {args.shards} shards")
+    print(
+        f"\n{steps} inner steps, {WORKERS} workers, {runs[0]['params']} parameters, {args.seeds} seeds, "
+        f"{args.corpus}, {args.shards} shards"
+    )
     print("| H | method | validation loss (mean ± std) | MB sent per worker |")
     print("|---|---|---|---|")
     for r in rows:
-        print(f"| {r['H']} | {r['method']} | {r['val_loss_mean']:.3f} ± {r['val_loss_std']:.3f} "
-              f"| {r['mb_sent_per_worker']:.1f} |")
+        print(
+            f"| {r['H']} | {r['method']} | {r['val_loss_mean']:.3f} ± {r['val_loss_std']:.3f} "
+            f"| {r['mb_sent_per_worker']:.1f} |"
+        )
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "gasloc.json").write_text(json.dumps(
-        {"steps": steps, "workers": WORKERS, "seeds": args.seeds, "corpus": args.corpus, "shards": args.shards,
-         "rows": rows, "runs": runs},
-        indent=1))
+    (RESULTS / "gasloc.json").write_text(
+        json.dumps(
+            {
+                "steps": steps,
+                "workers": WORKERS,
+                "seeds": args.seeds,
+                "corpus": args.corpus,
+                "shards": args.shards,
+                "rows": rows,
+                "runs": runs,
+            },
+            indent=1,
+        )
+    )
     plot(runs, RESULTS / "gasloc.png")
     print(f"wrote {RESULTS / 'gasloc.json'} and {RESULTS / 'gasloc.png'}")
 

@@ -61,7 +61,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
-
 from bandwidth_model import Network, Round, allreduce_transfer, edge, gossip_transfers, schedule
 from bench_gasloc import (
     CORPORA,
@@ -74,12 +73,12 @@ from bench_gasloc import (
     validation_loss,
     worker_shards,
 )
+
 from cantata.trainer.gasloc import Simulator, make_topology
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("diloco", "gasloc-ring", "gasloc-ring-deadline", "gasloc-one-peer")
-TOPOLOGY = {"diloco": "complete", "gasloc-ring": "ring", "gasloc-ring-deadline": "ring",
-            "gasloc-one-peer": "one-peer"}
+TOPOLOGY = {"diloco": "complete", "gasloc-ring": "ring", "gasloc-ring-deadline": "ring", "gasloc-one-peer": "one-peer"}
 SLOW_EDGE = (0, WORKERS - 1)
 VALIDATION_TOLERANCE = 0.2  # relative, for measured against modelled transport times
 
@@ -129,8 +128,9 @@ def plan(method: str, setup: Setup, local_steps: int, seed: int, rounds: int) ->
     return schedule(WORKERS, transfers, local_steps * setup.step_s, deadline)
 
 
-def train(method: str, local_steps: int, seed: int, rounds: list[Round], data, iid: bool,
-          outer: tuple[float, float]) -> list[tuple]:
+def train(
+    method: str, local_steps: int, seed: int, rounds: list[Round], data, iid: bool, outer: tuple[float, float]
+) -> list[tuple]:
     """Train through ``rounds``; return ``(inner steps, modelled seconds, validation loss)`` after each."""
     train_text, val, vocab = data
     shards = worker_shards(train_text, iid)
@@ -163,8 +163,14 @@ def first_time_at_or_below(curve: list[tuple], target: float) -> float | None:
 def mean_curve(runs: list[dict]) -> list[tuple]:
     """``(steps, mean seconds, mean loss)`` over seeds, as far as every seed's curve goes."""
     length = min(len(r["curve"]) for r in runs)
-    return [(runs[0]["curve"][k][0], statistics.mean(r["curve"][k][1] for r in runs),
-             statistics.mean(r["curve"][k][2] for r in runs)) for k in range(length)]
+    return [
+        (
+            runs[0]["curve"][k][0],
+            statistics.mean(r["curve"][k][1] for r in runs),
+            statistics.mean(r["curve"][k][2] for r in runs),
+        )
+        for k in range(length)
+    ]
 
 
 def summarize(runs: list[dict], steps: int) -> list[dict]:
@@ -181,21 +187,28 @@ def summarize(runs: list[dict], steps: int) -> list[dict]:
             else:
                 to_target = first_time_at_or_below(mean_curve(mine), target)
                 per_seed = [first_time_at_or_below(r["curve"], target) for r in mine]
-            rows.append({
-                "method": method, "H": h, "seeds": len(mine), "steps": steps,
-                "val_loss_mean": statistics.mean(losses), "val_loss_std": statistics.stdev(losses),
-                "seconds_for_steps": statistics.mean(r["seconds_for_steps"] for r in mine),
-                "seconds_per_round_last": statistics.mean(r["seconds_per_round_last"] for r in mine),
-                "diloco_final_loss": target,
-                "seconds_to_diloco_loss": to_target,
-                "seconds_to_diloco_loss_per_seed": per_seed,
-                "diloco_over_method": diloco_seconds / to_target if to_target else None,
-                "steps_run": [r["curve"][-1][0] for r in mine],
-                "val_loss_at_diloco_seconds": statistics.mean(
-                    [loss for _, s, loss in r["curve"] if s <= diloco_seconds * (1 + 1e-9)][-1] for r in mine),
-                "mb_sent_per_worker": statistics.mean(r["bytes_sent_per_worker"] for r in mine) / 1e6,
-                "skipped_edge_rounds": statistics.mean(r["skipped_edge_rounds"] for r in mine),
-            })
+            rows.append(
+                {
+                    "method": method,
+                    "H": h,
+                    "seeds": len(mine),
+                    "steps": steps,
+                    "val_loss_mean": statistics.mean(losses),
+                    "val_loss_std": statistics.stdev(losses),
+                    "seconds_for_steps": statistics.mean(r["seconds_for_steps"] for r in mine),
+                    "seconds_per_round_last": statistics.mean(r["seconds_per_round_last"] for r in mine),
+                    "diloco_final_loss": target,
+                    "seconds_to_diloco_loss": to_target,
+                    "seconds_to_diloco_loss_per_seed": per_seed,
+                    "diloco_over_method": diloco_seconds / to_target if to_target else None,
+                    "steps_run": [r["curve"][-1][0] for r in mine],
+                    "val_loss_at_diloco_seconds": statistics.mean(
+                        [loss for _, s, loss in r["curve"] if s <= diloco_seconds * (1 + 1e-9)][-1] for r in mine
+                    ),
+                    "mb_sent_per_worker": statistics.mean(r["bytes_sent_per_worker"] for r in mine) / 1e6,
+                    "skipped_edge_rounds": statistics.mean(r["skipped_edge_rounds"] for r in mine),
+                }
+            )
     return rows
 
 
@@ -211,27 +224,38 @@ def run_all(args, data, setup: Setup) -> list[dict]:
                     budget = max(timings[-1].finish)
                 else:
                     timings = plan(method, setup, h, seed, rounds * args.max_steps_factor)
-                    timings = timings[:rounds_within(timings, budget, rounds)]
+                    timings = timings[: rounds_within(timings, budget, rounds)]
                 started = time.perf_counter()
-                curve = train(method, h, seed, timings, data, iid=args.shards == "iid",
-                              outer=outer_settings(args.corpus, h))
+                curve = train(
+                    method, h, seed, timings, data, iid=args.shards == "iid", outer=outer_settings(args.corpus, h)
+                )
                 equal = timings[:rounds]
-                runs.append({
-                    "method": method, "H": h, "seed": seed, "val_loss": curve[rounds][2], "curve": curve,
-                    "seconds_for_steps": max(equal[-1].finish),
-                    "seconds_per_round_last": max(equal[-1].finish) - max(equal[-2].finish),
-                    "bytes_sent_per_worker": statistics.mean(sum(r.sent[i] for r in equal) for i in range(WORKERS)),
-                    "skipped_edge_rounds": sum(len(r.skipped) for r in equal),
-                    "cpu_seconds": time.perf_counter() - started,
-                })
-                print(f"H={h:>2} {method:>21} seed {seed}: val {curve[rounds][2]:.3f} at {args.steps} steps, "
-                      f"{max(equal[-1].finish):.2f} s modelled; ran {curve[-1][0]} steps "
-                      f"({runs[-1]['cpu_seconds']:.0f} s)", flush=True)
+                runs.append(
+                    {
+                        "method": method,
+                        "H": h,
+                        "seed": seed,
+                        "val_loss": curve[rounds][2],
+                        "curve": curve,
+                        "seconds_for_steps": max(equal[-1].finish),
+                        "seconds_per_round_last": max(equal[-1].finish) - max(equal[-2].finish),
+                        "bytes_sent_per_worker": statistics.mean(sum(r.sent[i] for r in equal) for i in range(WORKERS)),
+                        "skipped_edge_rounds": sum(len(r.skipped) for r in equal),
+                        "cpu_seconds": time.perf_counter() - started,
+                    }
+                )
+                print(
+                    f"H={h:>2} {method:>21} seed {seed}: val {curve[rounds][2]:.3f} at {args.steps} steps, "
+                    f"{max(equal[-1].finish):.2f} s modelled; ran {curve[-1][0]} steps "
+                    f"({runs[-1]['cpu_seconds']:.0f} s)",
+                    flush=True,
+                )
     return runs
 
 
-def validate_transport(payload_bytes: int = 4 << 20, fast: float = 20e6, slow: float = 2e6,
-                       chunk_bytes: int = 128 << 10, repeats: int = 3) -> dict:
+def validate_transport(
+    payload_bytes: int = 4 << 20, fast: float = 20e6, slow: float = 2e6, chunk_bytes: int = 128 << 10, repeats: int = 3
+) -> dict:
     """Time ring rounds of 4 real mTLS ``GossipNode``s whose link (0, 3) is capped 10x below the others.
 
     The model's swap time is ``latency + (payload - burst) / rate``: the latency
@@ -245,9 +269,21 @@ def validate_transport(payload_bytes: int = 4 << 20, fast: float = 20e6, slow: f
 
     job, n = "bench-bandwidth", 4
     ca = CertificateAuthority.create()
-    nodes = [GossipNode(i, job, ca.issue_bundle(Principal.worker(job, i), dns_names=[gossip_server_name(job, i)],
-                                                lifetime=timedelta(hours=1), server=True),
-                        deadline_s=60.0, chunk_bytes=chunk_bytes) for i in range(n)]
+    nodes = [
+        GossipNode(
+            i,
+            job,
+            ca.issue_bundle(
+                Principal.worker(job, i),
+                dns_names=[gossip_server_name(job, i)],
+                lifetime=timedelta(hours=1),
+                server=True,
+            ),
+            deadline_s=60.0,
+            chunk_bytes=chunk_bytes,
+        )
+        for i in range(n)
+    ]
     addresses = [node.start() for node in nodes]
     ring = [(i, (i + 1) % n) for i in range(n)]
     slow_edge = (0, n - 1)
@@ -292,19 +328,27 @@ def validate_transport(payload_bytes: int = 4 << 20, fast: float = 20e6, slow: f
     finally:
         for node in nodes:
             node.stop()
-    skipped_ok = (n - 1 not in received[0] and 0 not in received[n - 1]
-                  and all(len(received[i]) == 2 for i in fast_ends))
+    skipped_ok = n - 1 not in received[0] and 0 not in received[n - 1] and all(len(received[i]) == 2 for i in fast_ends)
     errors = [abs(m - p) / p for m, p in zip(median, predicted)]
     errors += [abs(measured_ratio - model_ratio) / model_ratio]
     errors += [abs(elapsed[i] - deadline) / deadline for i in slow_ends]
     return {
-        "nodes": n, "payload_bytes": payload_bytes, "chunk_bytes": chunk_bytes, "fast_bytes_per_s": fast,
-        "slow_bytes_per_s": slow, "slow_edge": slow_edge, "latency_seconds": latency,
-        "measured_seconds": median, "modelled_seconds": predicted,
-        "measured_slow_over_fast": measured_ratio, "modelled_slow_over_fast": model_ratio,
-        "deadline_seconds": deadline, "deadline_round_seconds": elapsed,
+        "nodes": n,
+        "payload_bytes": payload_bytes,
+        "chunk_bytes": chunk_bytes,
+        "fast_bytes_per_s": fast,
+        "slow_bytes_per_s": slow,
+        "slow_edge": slow_edge,
+        "latency_seconds": latency,
+        "measured_seconds": median,
+        "modelled_seconds": predicted,
+        "measured_slow_over_fast": measured_ratio,
+        "modelled_slow_over_fast": model_ratio,
+        "deadline_seconds": deadline,
+        "deadline_round_seconds": elapsed,
         "deadline_round_peers": [sorted(r) for r in received],
-        "max_relative_error": max(errors), "tolerance": VALIDATION_TOLERANCE,
+        "max_relative_error": max(errors),
+        "tolerance": VALIDATION_TOLERANCE,
         "passed": max(errors) <= VALIDATION_TOLERANCE and skipped_ok,
     }
 
@@ -340,8 +384,12 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, help="inner steps per worker (default 400)")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--local-steps", type=int, nargs="+", default=[20], help="H values (e.g. 20 5)")
-    parser.add_argument("--max-steps-factor", type=int, default=2,
-                        help="cap on GASLoC's steps within DiLoCo's wall-clock, as a multiple of --steps")
+    parser.add_argument(
+        "--max-steps-factor",
+        type=int,
+        default=2,
+        help="cap on GASLoC's steps within DiLoCo's wall-clock, as a multiple of --steps",
+    )
     parser.add_argument("--corpus", choices=CORPORA, default="pystdlib")
     parser.add_argument("--shards", choices=("iid", "contiguous"), default="iid")
     parser.add_argument("--fast-mb-s", type=float, default=20.0, help="every link but the slow one, MB/s")
@@ -349,8 +397,11 @@ def main(argv=None) -> None:
     parser.add_argument("--latency-ms", type=float, default=1.0, help="per message")
     parser.add_argument("--step-ms", type=float, help="one worker's local step (default: measured)")
     parser.add_argument("--deadline-ms", type=float, help="gossip round deadline (default: 3x a fast swap)")
-    parser.add_argument("--validate-transport", action="store_true",
-                        help="also time real mTLS GossipNodes with capped links against the model")
+    parser.add_argument(
+        "--validate-transport",
+        action="store_true",
+        help="also time real mTLS GossipNodes with capped links against the model",
+    )
     args = parser.parse_args(argv)
     if args.seeds < 2:
         parser.error("--seeds must be at least 2 (the table reports a standard deviation)")
@@ -366,9 +417,14 @@ def main(argv=None) -> None:
     deadline_s = args.deadline_ms / 1e3 if args.deadline_ms else 3 * network.swap_seconds(1, 2, nbytes)
     setup = Setup(network, step_s, deadline_s, nbytes)
     assumptions = {
-        "workers": WORKERS, "parameter_bytes": nbytes, "fast_bytes_per_s": network.bandwidth,
-        "slow_bytes_per_s": args.slow_mb_s * 1e6, "slow_edge": SLOW_EDGE, "latency_s": network.latency_s,
-        "step_seconds": step_s, "step_seconds_source": "flag" if args.step_ms else "measured",
+        "workers": WORKERS,
+        "parameter_bytes": nbytes,
+        "fast_bytes_per_s": network.bandwidth,
+        "slow_bytes_per_s": args.slow_mb_s * 1e6,
+        "slow_edge": SLOW_EDGE,
+        "latency_s": network.latency_s,
+        "step_seconds": step_s,
+        "step_seconds_source": "flag" if args.step_ms else "measured",
         "deadline_seconds": deadline_s,
         "fast_swap_seconds": network.swap_seconds(1, 2, nbytes),
         "slow_swap_seconds": network.swap_seconds(*SLOW_EDGE, nbytes),
@@ -379,26 +435,44 @@ def main(argv=None) -> None:
     runs = run_all(args, data, setup)
     rows = summarize(runs, args.steps)
     validation = validate_transport() if args.validate_transport else None
-    print(f"\n{args.steps} inner steps, {WORKERS} workers, {args.seeds} seeds; GASLoC continues up to DiLoCo's "
-          f"wall-clock (at most {args.max_steps_factor}x the steps)")
-    print("| H | method | val loss at equal steps | modelled s for the steps | s to DiLoCo's final loss "
-          "| DiLoCo s / method s | val loss at DiLoCo's s | MB sent per worker |")
+    print(
+        f"\n{args.steps} inner steps, {WORKERS} workers, {args.seeds} seeds; GASLoC continues up to DiLoCo's "
+        f"wall-clock (at most {args.max_steps_factor}x the steps)"
+    )
+    print(
+        "| H | method | val loss at equal steps | modelled s for the steps | s to DiLoCo's final loss "
+        "| DiLoCo s / method s | val loss at DiLoCo's s | MB sent per worker |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         reached = f"{r['seconds_to_diloco_loss']:.2f}" if r["seconds_to_diloco_loss"] else "not reached"
         ratio = f"{r['diloco_over_method']:.2f}x" if r["diloco_over_method"] else "-"
-        print(f"| {r['H']} | {r['method']} | {r['val_loss_mean']:.3f} ± {r['val_loss_std']:.3f} "
-              f"| {r['seconds_for_steps']:.2f} | {reached} | {ratio} | {r['val_loss_at_diloco_seconds']:.3f} "
-              f"| {r['mb_sent_per_worker']:.1f} |")
+        print(
+            f"| {r['H']} | {r['method']} | {r['val_loss_mean']:.3f} ± {r['val_loss_std']:.3f} "
+            f"| {r['seconds_for_steps']:.2f} | {reached} | {ratio} | {r['val_loss_at_diloco_seconds']:.3f} "
+            f"| {r['mb_sent_per_worker']:.1f} |"
+        )
     if validation:
         print("transport validation:", json.dumps(validation, indent=1))
     RESULTS.mkdir(exist_ok=True)
     total = time.perf_counter() - wall_started
-    (RESULTS / "gasloc_bandwidth.json").write_text(json.dumps(
-        {"steps": args.steps, "seeds": args.seeds, "corpus": args.corpus, "shards": args.shards,
-         "max_steps_factor": args.max_steps_factor,
-         "assumptions": assumptions, "rows": rows, "transport_validation": validation, "runs": runs,
-         "benchmark_seconds": total}, indent=1))
+    (RESULTS / "gasloc_bandwidth.json").write_text(
+        json.dumps(
+            {
+                "steps": args.steps,
+                "seeds": args.seeds,
+                "corpus": args.corpus,
+                "shards": args.shards,
+                "max_steps_factor": args.max_steps_factor,
+                "assumptions": assumptions,
+                "rows": rows,
+                "transport_validation": validation,
+                "runs": runs,
+                "benchmark_seconds": total,
+            },
+            indent=1,
+        )
+    )
     plot(runs, rows, RESULTS / "gasloc_bandwidth.png")
     print(f"wrote {RESULTS / 'gasloc_bandwidth.json'} and {RESULTS / 'gasloc_bandwidth.png'} ({total:.0f} s)")
 

@@ -76,8 +76,9 @@ def _reset_peak_rss() -> None:
 
 
 def _grpc_node(worker, bundle, secure, chunk_bytes, streams):
-    import grpc
     from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
 
     from cantata.trainer.gossip import GossipNode
     from cantata.trainer.gossip.node import GRPC_OPTIONS
@@ -95,8 +96,15 @@ def _grpc_node(worker, bundle, secure, chunk_bytes, streams):
 
         def start(self):
             server = grpc.server(ThreadPoolExecutor(max_workers=8), options=GRPC_OPTIONS)
-            service = PlaintextService(JOB, self.worker_index, self.mailbox, self.deadline_s,
-                                       self.chunk_bytes, self._buckets.get, self._on_refused)
+            service = PlaintextService(
+                JOB,
+                self.worker_index,
+                self.mailbox,
+                self.deadline_s,
+                self.chunk_bytes,
+                self._buckets.get,
+                self._on_refused,
+            )
             add_gossip_service(service, server)
             port = server.add_insecure_port("127.0.0.1:0")
             server.start()
@@ -108,8 +116,9 @@ def _grpc_node(worker, bundle, secure, chunk_bytes, streams):
             with self._lock:
                 if address not in self._channels:
                     options = GRPC_OPTIONS + [("grpc.use_local_subchannel_pool", 1)]
-                    self._channels[address] = [grpc.insecure_channel(address, options=options)
-                                               for _ in range(self.streams)]
+                    self._channels[address] = [
+                        grpc.insecure_channel(address, options=options) for _ in range(self.streams)
+                    ]
                 return self._channels[address]
 
     return PlaintextNode(worker, JOB, bundle, deadline_s=600, chunk_bytes=chunk_bytes, streams=streams)
@@ -136,7 +145,7 @@ def _ssl_contexts(bundle, workdir):
 
 def _send_all(sock, view, chunk):
     for start in range(0, len(view), chunk):
-        sock.sendall(view[start: start + chunk])
+        sock.sendall(view[start : start + chunk])
 
 
 def _recv_all(sock, view):
@@ -226,8 +235,9 @@ def _worker(worker, transport, size, repeats, chunk_bytes, streams, bundle, conn
         start = time.perf_counter()
         exchange(round)
         times.append(time.perf_counter() - start)
-    conn.send({"times": times, "cpu_s": time.process_time() - cpu_before,
-               "extra_peak_bytes": _peak_rss_bytes() - rss_before})
+    conn.send(
+        {"times": times, "cpu_s": time.process_time() - cpu_before, "extra_peak_bytes": _peak_rss_bytes() - rss_before}
+    )
     barrier.wait()
 
 
@@ -236,8 +246,10 @@ def measure(transport, size, repeats, chunk_bytes, streams, bundles, workdir):
     barrier = ctx.Barrier(2)
     pipes = [ctx.Pipe() for _ in range(2)]
     procs = [
-        ctx.Process(target=_worker, args=(w, transport, size, repeats, chunk_bytes, streams, bundles[w],
-                                          pipes[w][1], barrier, workdir))
+        ctx.Process(
+            target=_worker,
+            args=(w, transport, size, repeats, chunk_bytes, streams, bundles[w], pipes[w][1], barrier, workdir),
+        )
         for w in range(2)
     ]
     for p in procs:
@@ -264,9 +276,12 @@ def best_of(trials):
     """One row from several trials of a transport and size: the fastest exchange, the lowest
     CPU cost (the least disturbed by other load on the machine), and the highest peak memory."""
     fastest = min(trials, key=lambda r: r["seconds"])
-    return {**fastest, "trials": len(trials),
-            "cpu_s_per_gb": min(r["cpu_s_per_gb"] for r in trials),
-            "extra_peak_over_size": max(r["extra_peak_over_size"] for r in trials)}
+    return {
+        **fastest,
+        "trials": len(trials),
+        "cpu_s_per_gb": min(r["cpu_s_per_gb"] for r in trials),
+        "extra_peak_over_size": max(r["extra_peak_over_size"] for r in trials),
+    }
 
 
 def plot(rows, path):
@@ -309,8 +324,9 @@ def main(argv=None):
 
     ca = CertificateAuthority.create()
     bundles = [
-        ca.issue_bundle(Principal.worker(JOB, w), dns_names=[gossip_server_name(JOB, w)],
-                        lifetime=timedelta(hours=2), server=True)
+        ca.issue_bundle(
+            Principal.worker(JOB, w), dns_names=[gossip_server_name(JOB, w)], lifetime=timedelta(hours=2), server=True
+        )
         for w in range(2)
     ]
     sizes = [64 * MIB, 256 * MIB] if args.quick else [64 * MIB, 256 * MIB, 1024 * MIB]
@@ -322,26 +338,45 @@ def main(argv=None):
                 for transport, done in trials.items():
                     row = measure(transport, size, args.repeats, args.chunk_mib * MIB, args.streams, bundles, workdir)
                     done.append(row)
-                    print(f"{transport:>15} {row['size_mib']:>5} MiB  trial {trial}  {row['seconds']:.3f} s  "
-                          f"{row['gb_per_s']:.2f} GB/s  {row['cpu_s_per_gb']:.2f} CPU s/GB  "
-                          f"extra peak {row['extra_peak_over_size']:.2f}x", flush=True)
+                    print(
+                        f"{transport:>15} {row['size_mib']:>5} MiB  trial {trial}  {row['seconds']:.3f} s  "
+                        f"{row['gb_per_s']:.2f} GB/s  {row['cpu_s_per_gb']:.2f} CPU s/GB  "
+                        f"extra peak {row['extra_peak_over_size']:.2f}x",
+                        flush=True,
+                    )
             rows.extend(best_of(done) for done in trials.values())
     for row in rows:
         limit = next((r for r in rows if r["transport"] == "raw_mtls" and r["size_mib"] == row["size_mib"]), None)
         row["ratio_vs_raw_mtls"] = row["gb_per_s"] / limit["gb_per_s"] if limit else None
         row["cpu_efficiency_vs_raw_mtls"] = limit["cpu_s_per_gb"] / row["cpu_s_per_gb"] if limit else None
-    print("\n| transport | size MiB | s/exchange | GB/s per direction | vs raw mTLS | CPU s per GB moved "
-          "| CPU efficiency vs raw mTLS | extra peak / size |")
+    print(
+        "\n| transport | size MiB | s/exchange | GB/s per direction | vs raw mTLS | CPU s per GB moved "
+        "| CPU efficiency vs raw mTLS | extra peak / size |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         ratio = f"{r['ratio_vs_raw_mtls']:.2f}x" if r["ratio_vs_raw_mtls"] else "-"
         efficiency = f"{r['cpu_efficiency_vs_raw_mtls']:.2f}x" if r["cpu_efficiency_vs_raw_mtls"] else "-"
-        print(f"| {r['transport']} | {r['size_mib']} | {r['seconds']:.3f} | {r['gb_per_s']:.2f} | {ratio} "
-              f"| {r['cpu_s_per_gb']:.2f} | {efficiency} | {r['extra_peak_over_size']:.2f} |")
+        print(
+            f"| {r['transport']} | {r['size_mib']} | {r['seconds']:.3f} | {r['gb_per_s']:.2f} | {ratio} "
+            f"| {r['cpu_s_per_gb']:.2f} | {efficiency} | {r['extra_peak_over_size']:.2f} |"
+        )
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "gossip_transport.json"
-    out.write_text(json.dumps({"quick": args.quick, "chunk_mib": args.chunk_mib, "streams": args.streams,
-                               "repeats": args.repeats, "trials": args.trials, "cpus": os.cpu_count(), "rows": rows}, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "quick": args.quick,
+                "chunk_mib": args.chunk_mib,
+                "streams": args.streams,
+                "repeats": args.repeats,
+                "trials": args.trials,
+                "cpus": os.cpu_count(),
+                "rows": rows,
+            },
+            indent=2,
+        )
+    )
     plot(rows, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png').name}")
 

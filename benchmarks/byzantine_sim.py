@@ -18,10 +18,10 @@ screening, hence this simulation of the same outer round.
 from __future__ import annotations
 
 import math
+import pydoc_data.topics
 import time
 from dataclasses import dataclass, field
 
-import pydoc_data.topics
 import torch
 import torch.nn.functional as F
 
@@ -68,12 +68,18 @@ class ModelShape:
         shapes = [("embed", (self.vocab, d)), ("position", (self.context, d))]
         for k in range(self.layers):
             shapes += [
-                (f"h{k}.ln1.w", (d,)), (f"h{k}.ln1.b", (d,)),
-                (f"h{k}.qkv.w", (d, 3 * d)), (f"h{k}.qkv.b", (3 * d,)),
-                (f"h{k}.proj.w", (d, d)), (f"h{k}.proj.b", (d,)),
-                (f"h{k}.ln2.w", (d,)), (f"h{k}.ln2.b", (d,)),
-                (f"h{k}.fc.w", (d, 4 * d)), (f"h{k}.fc.b", (4 * d,)),
-                (f"h{k}.out.w", (4 * d, d)), (f"h{k}.out.b", (d,)),
+                (f"h{k}.ln1.w", (d,)),
+                (f"h{k}.ln1.b", (d,)),
+                (f"h{k}.qkv.w", (d, 3 * d)),
+                (f"h{k}.qkv.b", (3 * d,)),
+                (f"h{k}.proj.w", (d, d)),
+                (f"h{k}.proj.b", (d,)),
+                (f"h{k}.ln2.w", (d,)),
+                (f"h{k}.ln2.b", (d,)),
+                (f"h{k}.fc.w", (d, 4 * d)),
+                (f"h{k}.fc.b", (4 * d,)),
+                (f"h{k}.out.w", (4 * d, d)),
+                (f"h{k}.out.b", (d,)),
             ]
         return shapes + [("lnf.w", (d,)), ("lnf.b", (d,)), ("head.w", (d, self.vocab)), ("head.b", (self.vocab,))]
 
@@ -242,8 +248,21 @@ class Simulation:
                         for j in neighbours
                     }
                     crafting += time.perf_counter() - crafted_at
-                    z[i] = self._defend(spec, round, i, theta[i], y[i], sent[i], messages, mixing, tolerated,
-                                        screeners, quarantines, centered, result)
+                    z[i] = self._defend(
+                        spec,
+                        round,
+                        i,
+                        theta[i],
+                        y[i],
+                        sent[i],
+                        messages,
+                        mixing,
+                        tolerated,
+                        screeners,
+                        quarantines,
+                        centered,
+                        result,
+                    )
                 for b in byzantine:
                     z[b] = y[b] + sum(mixing[b, j] * (y[j] - y[b]) for j in topology.neighbors(b, round))
                 theta_next = z + setup.outer_momentum * (z - z_previous)
@@ -280,8 +299,22 @@ class Simulation:
         )
         return anchor + craft(spec.attack, view, noise)
 
-    def _defend(self, spec, round, i, theta_i, y_i, sent_i, messages, mixing, tolerated,
-                screeners, quarantines, centered, result) -> torch.Tensor:
+    def _defend(
+        self,
+        spec,
+        round,
+        i,
+        theta_i,
+        y_i,
+        sent_i,
+        messages,
+        mixing,
+        tolerated,
+        screeners,
+        quarantines,
+        centered,
+        result,
+    ) -> torch.Tensor:
         """Worker i's mixed point z_i under the run's defence."""
         defence = spec.defence
         if defence == "undefended":

@@ -53,8 +53,11 @@ def stale_files() -> list[str]:
     """Names of generated files that differ from a fresh generation."""
     with tempfile.TemporaryDirectory() as tmp:
         fresh = generate(Path(tmp))
-        stale = [f.name for f in fresh if not (GENERATED / f.name).exists()
-                 or not filecmp.cmp(f, GENERATED / f.name, shallow=False)]
+        stale = [
+            f.name
+            for f in fresh
+            if not (GENERATED / f.name).exists() or not filecmp.cmp(f, GENERATED / f.name, shallow=False)
+        ]
         known = {f.name for f in fresh}
         stale += [f.name for f in GENERATED.glob("*.py*") if f.name not in known]
         return sorted(stale)

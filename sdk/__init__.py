@@ -1,12 +1,39 @@
 """The Cantata SDK: ``Client.from_profile(name).submit(Job(...))``."""
 
 from cantata.sdk.client import Checkpoint, Client, DataSource, Event, JobHandle, JobStatus, Tenant
-from cantata.sdk.errors import (CantataError, Conflict, DataLoss, InvalidArgument, InvalidJob, NotFound, PermissionDenied,
-                                QuotaExceeded, StreamInterrupted, Unauthenticated, Unavailable)
+from cantata.sdk.errors import (
+    CantataError,
+    Conflict,
+    DataLoss,
+    InvalidArgument,
+    InvalidJob,
+    NotFound,
+    PermissionDenied,
+    QuotaExceeded,
+    StreamInterrupted,
+    Unauthenticated,
+    Unavailable,
+)
 from cantata.sdk.job import Job
 
 __all__ = [
-    "CantataError", "Checkpoint", "Client", "Conflict", "DataLoss", "DataSource", "Event", "InvalidArgument",
-    "InvalidJob", "Job", "JobHandle", "JobStatus", "NotFound", "PermissionDenied", "QuotaExceeded", "StreamInterrupted",
-    "Tenant", "Unauthenticated", "Unavailable",
+    "CantataError",
+    "Checkpoint",
+    "Client",
+    "Conflict",
+    "DataLoss",
+    "DataSource",
+    "Event",
+    "InvalidArgument",
+    "InvalidJob",
+    "Job",
+    "JobHandle",
+    "JobStatus",
+    "NotFound",
+    "PermissionDenied",
+    "QuotaExceeded",
+    "StreamInterrupted",
+    "Tenant",
+    "Unauthenticated",
+    "Unavailable",
 ]

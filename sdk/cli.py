@@ -49,9 +49,15 @@ def _print(args, rows, text_lines) -> None:
 def cmd_tenant_request(args) -> int:
     ca_pem = Path(args.ca_file).read_bytes()
     status = enroll.request_tenancy(args.name, args.server, ca_pem, args.enroll_server or "")
-    _print(args, asdict(status), [f"requested tenancy {status.name}: {status.status}",
-                                  f"CSR fingerprint: {status.fingerprint}",
-                                  "ask an admin to approve it with this fingerprint"])
+    _print(
+        args,
+        asdict(status),
+        [
+            f"requested tenancy {status.name}: {status.status}",
+            f"CSR fingerprint: {status.fingerprint}",
+            "ask an admin to approve it with this fingerprint",
+        ],
+    )
     return 0
 
 
@@ -66,16 +72,21 @@ def cmd_tenant_status(args) -> int:
 
 def cmd_tenant_renew(args) -> int:
     expires = enroll.renew_certificate(args.name)
-    _print(args, {"name": args.name, "expires": expires}, [f"renewed {args.name}: new key and certificate, "
-                                                             f"valid until {expires}"])
+    _print(
+        args,
+        {"name": args.name, "expires": expires},
+        [f"renewed {args.name}: new key and certificate, valid until {expires}"],
+    )
     return 0
 
 
 # ---- admin tenants ------------------------------------------------------
 def _tenant_line(t) -> str:
     cert = f"  cert {t.certificate_serial} until {t.certificate_expires[:10]}" if t.certificate_serial else ""
-    return (f"{t.name:<20} {t.status:<10} jobs {t.running_jobs}/{t.max_concurrent_jobs or '-'}  "
-            f"workers<={t.max_workers_per_job or '-'}  steps<={t.max_total_steps or '-'}  {t.fingerprint}{cert}")
+    return (
+        f"{t.name:<20} {t.status:<10} jobs {t.running_jobs}/{t.max_concurrent_jobs or '-'}  "
+        f"workers<={t.max_workers_per_job or '-'}  steps<={t.max_total_steps or '-'}  {t.fingerprint}{cert}"
+    )
 
 
 def cmd_admin_list(args) -> int:
@@ -87,16 +98,25 @@ def cmd_admin_list(args) -> int:
 
 def cmd_admin_approve(args) -> int:
     with _client(args) as client:
-        t = client.approve_tenant(args.name, args.fingerprint, max_concurrent_jobs=args.max_jobs,
-                                  max_workers_per_job=args.max_workers, max_total_steps=args.max_steps)
+        t = client.approve_tenant(
+            args.name,
+            args.fingerprint,
+            max_concurrent_jobs=args.max_jobs,
+            max_workers_per_job=args.max_workers,
+            max_total_steps=args.max_steps,
+        )
     _print(args, asdict(t), [f"approved {t.name}: " + _tenant_line(t)])
     return 0
 
 
 def cmd_admin_set_quota(args) -> int:
     with _client(args) as client:
-        t = client.set_quota(args.name, max_concurrent_jobs=args.max_jobs, max_workers_per_job=args.max_workers,
-                             max_total_steps=args.max_steps)
+        t = client.set_quota(
+            args.name,
+            max_concurrent_jobs=args.max_jobs,
+            max_workers_per_job=args.max_workers,
+            max_total_steps=args.max_steps,
+        )
     _print(args, asdict(t), [f"quota of {t.name}: " + _tenant_line(t)])
     return 0
 
@@ -104,8 +124,7 @@ def cmd_admin_set_quota(args) -> int:
 def cmd_admin_revoke_cert(args) -> int:
     with _client(args) as client:
         principal = client.revoke_certificate(args.serial, args.reason)
-    _print(args, {"serial": args.serial, "principal": principal},
-           [f"revoked certificate {args.serial} of {principal}"])
+    _print(args, {"serial": args.serial, "principal": principal}, [f"revoked certificate {args.serial} of {principal}"])
     return 0
 
 
@@ -113,17 +132,25 @@ def cmd_admin_keys_rotate(args) -> int:
     with _client(args) as client:
         r = client.rotate_tenant_key(args.tenant, retire_unused=args.retire_unused)
     retired = f"; retired versions {r.retired}" if r.retired else ""
-    _print(args, asdict(r), [f"{args.tenant}: key version {r.version}, {r.objects_rewrapped} objects re-wrapped"
-                             f"{retired}"])
+    _print(
+        args, asdict(r), [f"{args.tenant}: key version {r.version}, {r.objects_rewrapped} objects re-wrapped{retired}"]
+    )
     return 0
 
 
 def cmd_admin_anomalies(args) -> int:
     with _client(args) as client:
         found = client.anomalies(args.job_id)
-    _print(args, [asdict(a) for a in found],
-           [f"round {a.round:>5}  worker {a.reporter} {a.verdict}ed worker {a.peer} ({a.check}, score {a.score:.3g})"
-            + ("  QUARANTINED" if a.quarantined else "") for a in found] or ["no anomalies"])
+    _print(
+        args,
+        [asdict(a) for a in found],
+        [
+            f"round {a.round:>5}  worker {a.reporter} {a.verdict}ed worker {a.peer} ({a.check}, score {a.score:.3g})"
+            + ("  QUARANTINED" if a.quarantined else "")
+            for a in found
+        ]
+        or ["no anomalies"],
+    )
     return 0
 
 
@@ -133,17 +160,35 @@ def _tenant_action(verb: str):
             t = getattr(client, f"{verb}_tenant")(args.name, args.reason)
         _print(args, asdict(t), [f"{t.name}: now {t.status}"])
         return 0
+
     return run
 
 
 # ---- jobs ---------------------------------------------------------------
 JOB_FLAGS = {  # Job field -> type of its `jobs submit` flag
-    "name": str, "model": str, "dataset": str, "algorithm": str, "workers": int, "optimizer": str, "steps": int,
-    "checkpoint_every": int, "checkpoint_store": str, "eval_every": int, "batch_size": int, "seq_len": int,
-    "lr": float, "seed": int,
+    "name": str,
+    "model": str,
+    "dataset": str,
+    "algorithm": str,
+    "workers": int,
+    "optimizer": str,
+    "steps": int,
+    "checkpoint_every": int,
+    "checkpoint_store": str,
+    "eval_every": int,
+    "batch_size": int,
+    "seq_len": int,
+    "lr": float,
+    "seed": int,
     # gasloc / diloco
-    "topology": str, "local_steps": int, "outer_lr": float, "outer_momentum": float, "gossip_step": float,
-    "compression": str, "ranks_per_worker": int, "min_workers": int,
+    "topology": str,
+    "local_steps": int,
+    "outer_lr": float,
+    "outer_momentum": float,
+    "gossip_step": float,
+    "compression": str,
+    "ranks_per_worker": int,
+    "min_workers": int,
 }
 
 
@@ -213,6 +258,7 @@ def cmd_jobs_cancel(args) -> int:
 
 def cmd_jobs_plot(args) -> int:
     from cantata.sdk.plot import plot_losses
+
     with _client(args) as client:
         status = client.get(args.job_id)
         events = list(client.job(args.job_id).events()) if status.terminal else []
@@ -233,8 +279,11 @@ def cmd_jobs_logs(args) -> int:
 def cmd_checkpoints_list(args) -> int:
     with _client(args) as client:
         ckpts = client.checkpoints(args.job_id)
-    _print(args, [asdict(c) for c in ckpts],
-           [f"step {c.step:>8}  {c.size_bytes:>12,} bytes  {c.created}" for c in ckpts] or ["no checkpoints"])
+    _print(
+        args,
+        [asdict(c) for c in ckpts],
+        [f"step {c.step:>8}  {c.size_bytes:>12,} bytes  {c.created}" for c in ckpts] or ["no checkpoints"],
+    )
     return 0
 
 
@@ -246,8 +295,12 @@ def cmd_checkpoints_download(args) -> int:
 
 
 # ---- data sources -------------------------------------------------------
-S3_ENV = {"access_key_id": "AWS_ACCESS_KEY_ID", "secret_access_key": "AWS_SECRET_ACCESS_KEY",
-          "session_token": "AWS_SESSION_TOKEN", "region": "AWS_DEFAULT_REGION"}
+S3_ENV = {
+    "access_key_id": "AWS_ACCESS_KEY_ID",
+    "secret_access_key": "AWS_SECRET_ACCESS_KEY",
+    "session_token": "AWS_SESSION_TOKEN",
+    "region": "AWS_DEFAULT_REGION",
+}
 S3_REQUIRED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 AZURE_CONNECTION_STRING_ENV = "AZURE_STORAGE_CONNECTION_STRING"
 AZURE_ACCOUNT_ENV = "AZURE_STORAGE_ACCOUNT"
@@ -269,10 +322,14 @@ def data_source_credentials(kind: str, environ: Mapping[str, str]) -> dict[str, 
     if environ.get(AZURE_SAS_ENV):
         return {"sas_token": environ[AZURE_SAS_ENV]}
     if environ.get(AZURE_ACCOUNT_ENV):
-        raise CommandError(f"Azure credentials come from the environment: {AZURE_ACCOUNT_ENV} is set, "
-                           f"set {AZURE_KEY_ENV} or {AZURE_SAS_ENV}")
-    raise CommandError(f"Azure credentials come from the environment: set {AZURE_CONNECTION_STRING_ENV}, "
-                       f"or {AZURE_ACCOUNT_ENV} and {AZURE_KEY_ENV}, or {AZURE_SAS_ENV}")
+        raise CommandError(
+            f"Azure credentials come from the environment: {AZURE_ACCOUNT_ENV} is set, "
+            f"set {AZURE_KEY_ENV} or {AZURE_SAS_ENV}"
+        )
+    raise CommandError(
+        f"Azure credentials come from the environment: set {AZURE_CONNECTION_STRING_ENV}, "
+        f"or {AZURE_ACCOUNT_ENV} and {AZURE_KEY_ENV}, or {AZURE_SAS_ENV}"
+    )
 
 
 def _azure_account_url(environ: Mapping[str, str]) -> str:
@@ -300,8 +357,14 @@ def cmd_data_sources_add(args) -> int:
     endpoint = args.endpoint or (_azure_account_url(os.environ) if args.kind == "az" else "")
     with _client(args) as client:
         dataset_key = _profile_dataset_key(args.profile) if args.with_dataset_key else None
-        source = client.register_data_source(args.name, kind=args.kind, endpoint=endpoint, credentials=credentials,
-                                             dataset_key=dataset_key, replace=args.replace)
+        source = client.register_data_source(
+            args.name,
+            kind=args.kind,
+            endpoint=endpoint,
+            credentials=credentials,
+            dataset_key=dataset_key,
+            replace=args.replace,
+        )
     _print(args, asdict(source), [f"registered data source {_data_source_line(source)}"])
     return 0
 
@@ -339,8 +402,12 @@ def cmd_audit_report_remote(args) -> int:
 # ---- parser -------------------------------------------------------------
 def _client_flags(parser: argparse.ArgumentParser, default: str | None, json_flag: bool = True) -> None:
     value = default_profile(default or "")
-    parser.add_argument("--profile", default=value or None, required=not value,
-                        help=f"client profile (default: $CANTATA_PROFILE{' or ' + default if default else ''})")
+    parser.add_argument(
+        "--profile",
+        default=value or None,
+        required=not value,
+        help=f"client profile (default: $CANTATA_PROFILE{' or ' + default if default else ''})",
+    )
     if json_flag:
         parser.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -420,9 +487,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     p.add_argument("--watch", action="store_true", help="follow the job with a progress bar until it ends")
     _client_flags(p, None)
     p.set_defaults(func=cmd_jobs_submit)
-    for verb, func, helptext in (("status", cmd_jobs_status, "one job's state"),
-                                 ("watch", cmd_jobs_watch, "follow a job live (progress bar)"),
-                                 ("cancel", cmd_jobs_cancel, "cancel a job")):
+    for verb, func, helptext in (
+        ("status", cmd_jobs_status, "one job's state"),
+        ("watch", cmd_jobs_watch, "follow a job live (progress bar)"),
+        ("cancel", cmd_jobs_cancel, "cancel a job"),
+    ):
         p = jobs.add_parser(verb, help=helptext)
         p.add_argument("job_id")
         _client_flags(p, None)
@@ -456,19 +525,29 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     data = root.add_parser("data", help="tenant datasets: data sources, preparing and uploading shards")
     data_commands = data.add_subparsers(dest="sub", required=True)
     sources = data_commands.add_parser(
-        "sources", help="named S3 / Azure Blob credentials your jobs read datasets with").add_subparsers(
-        dest="action", required=True)
-    p = sources.add_parser("add", help="register a data source; secrets come from the environment",
-                           description="Secrets are read from the environment, never from flags. S3: "
-                           "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, optional AWS_SESSION_TOKEN and "
-                           "AWS_DEFAULT_REGION. Azure: AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT "
-                           "and AZURE_STORAGE_KEY, or AZURE_STORAGE_SAS_TOKEN.")
+        "sources", help="named S3 / Azure Blob credentials your jobs read datasets with"
+    ).add_subparsers(dest="action", required=True)
+    p = sources.add_parser(
+        "add",
+        help="register a data source; secrets come from the environment",
+        description="Secrets are read from the environment, never from flags. S3: "
+        "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, optional AWS_SESSION_TOKEN and "
+        "AWS_DEFAULT_REGION. Azure: AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT "
+        "and AZURE_STORAGE_KEY, or AZURE_STORAGE_SAS_TOKEN.",
+    )
     p.add_argument("name", help="the name jobs use: s3://NAME@bucket/prefix or az://NAME@container/prefix")
     p.add_argument("--kind", required=True, choices=["s3", "az"])
-    p.add_argument("--endpoint", default="", help="S3-compatible endpoint URL, or the Azure account URL "
-                   "(default: AWS S3; https://$AZURE_STORAGE_ACCOUNT.blob.core.windows.net)")
-    p.add_argument("--with-dataset-key", action="store_true",
-                   help="also send your profile's dataset key, so jobs can read shards uploaded with --encrypt")
+    p.add_argument(
+        "--endpoint",
+        default="",
+        help="S3-compatible endpoint URL, or the Azure account URL "
+        "(default: AWS S3; https://$AZURE_STORAGE_ACCOUNT.blob.core.windows.net)",
+    )
+    p.add_argument(
+        "--with-dataset-key",
+        action="store_true",
+        help="also send your profile's dataset key, so jobs can read shards uploaded with --encrypt",
+    )
     p.add_argument("--replace", action="store_true", help="overwrite a data source of the same name")
     _client_flags(p, None)
     p.set_defaults(func=cmd_data_sources_add)

@@ -11,11 +11,20 @@ from pathlib import Path
 
 import grpc
 
-from cantata.proto.v1 import (admin_pb2, admin_pb2_grpc, audit_pb2, audit_pb2_grpc, checkpoints_pb2,
-                              checkpoints_pb2_grpc, common_pb2, datasources_pb2, datasources_pb2_grpc, jobs_pb2,
-                              jobs_pb2_grpc)
-from cantata.sdk.errors import (CantataError, InvalidArgument, InvalidJob, StreamInterrupted, Unavailable,
-                                from_rpc_error)
+from cantata.proto.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    audit_pb2,
+    audit_pb2_grpc,
+    checkpoints_pb2,
+    checkpoints_pb2_grpc,
+    common_pb2,
+    datasources_pb2,
+    datasources_pb2_grpc,
+    jobs_pb2,
+    jobs_pb2_grpc,
+)
+from cantata.sdk.errors import CantataError, InvalidArgument, InvalidJob, StreamInterrupted, Unavailable, from_rpc_error
 from cantata.sdk.job import Job
 from cantata.sdk.profiles import Profile
 
@@ -25,8 +34,10 @@ MAX_REQUEST_BYTES = 4 << 20
 TERMINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
 DATA_SOURCE_KINDS = {"s3": datasources_pb2.S3, "az": datasources_pb2.AZURE_BLOB}
 DATA_SOURCE_KIND_NAMES = {value: name for name, value in DATA_SOURCE_KINDS.items()}
-DATA_SOURCE_SECRETS = {"s3": ("access_key_id", "secret_access_key", "session_token", "region"),
-                       "az": ("connection_string", "account_name", "account_key", "sas_token")}
+DATA_SOURCE_SECRETS = {
+    "s3": ("access_key_id", "secret_access_key", "session_token", "region"),
+    "az": ("connection_string", "account_name", "account_key", "sas_token"),
+}
 DATASET_KEY_SIZE = 32
 
 
@@ -51,9 +62,20 @@ class JobStatus:
 
     @classmethod
     def from_proto(cls, info: common_pb2.JobInfo) -> JobStatus:
-        return cls(info.id, info.spec.name, info.tenant, common_pb2.JobState.Name(info.state), info.reason,
-                   info.step, info.spec.steps, info.loss, info.val_loss, info.spec.algorithm, info.spec.workers,
-                   info.created.ToJsonString())
+        return cls(
+            info.id,
+            info.spec.name,
+            info.tenant,
+            common_pb2.JobState.Name(info.state),
+            info.reason,
+            info.step,
+            info.spec.steps,
+            info.loss,
+            info.val_loss,
+            info.spec.algorithm,
+            info.spec.workers,
+            info.created.ToJsonString(),
+        )
 
 
 @dataclass(frozen=True)
@@ -73,8 +95,20 @@ class Event:
 
     @classmethod
     def from_proto(cls, e: jobs_pb2.JobEvent) -> Event:
-        return cls(e.seq, e.time.ToJsonString(), jobs_pb2.EventKind.Name(e.kind), common_pb2.JobState.Name(e.state),
-                   e.terminal, e.step, e.total_steps, e.loss, e.val_loss, e.tokens_per_s, e.message, e.worker)
+        return cls(
+            e.seq,
+            e.time.ToJsonString(),
+            jobs_pb2.EventKind.Name(e.kind),
+            common_pb2.JobState.Name(e.state),
+            e.terminal,
+            e.step,
+            e.total_steps,
+            e.loss,
+            e.val_loss,
+            e.tokens_per_s,
+            e.message,
+            e.worker,
+        )
 
 
 @dataclass(frozen=True)
@@ -126,9 +160,18 @@ class Tenant:
 
     @classmethod
     def from_proto(cls, t: admin_pb2.TenantInfo) -> Tenant:
-        return cls(t.name, t.status, t.csr_fingerprint, t.quota.max_concurrent_jobs, t.quota.max_workers_per_job,
-                   t.quota.max_total_steps, t.running_jobs, t.approved_by, t.certificate_serial,
-                   t.certificate_expires)
+        return cls(
+            t.name,
+            t.status,
+            t.csr_fingerprint,
+            t.quota.max_concurrent_jobs,
+            t.quota.max_workers_per_job,
+            t.quota.max_total_steps,
+            t.running_jobs,
+            t.approved_by,
+            t.certificate_serial,
+            t.certificate_expires,
+        )
 
 
 @dataclass(frozen=True)
@@ -143,12 +186,18 @@ class DataSource:
 
     @classmethod
     def from_proto(cls, info: datasources_pb2.DataSourceInfo) -> DataSource:
-        return cls(info.name, DATA_SOURCE_KIND_NAMES[info.kind], info.endpoint, info.has_dataset_key,
-                   info.created.ToJsonString())
+        return cls(
+            info.name,
+            DATA_SOURCE_KIND_NAMES[info.kind],
+            info.endpoint,
+            info.has_dataset_key,
+            info.created.ToJsonString(),
+        )
 
 
-def data_source_request(name: str, kind: str, endpoint: str, credentials: dict[str, str], dataset_key: bytes | None,
-                        replace: bool) -> datasources_pb2.RegisterDataSourceRequest:
+def data_source_request(
+    name: str, kind: str, endpoint: str, credentials: dict[str, str], dataset_key: bytes | None, replace: bool
+) -> datasources_pb2.RegisterDataSourceRequest:
     """A registration request, refusing what is wrong before it is sent (the server checks it all again)."""
     if kind not in DATA_SOURCE_KINDS:
         raise InvalidArgument(f"kind: must be one of {', '.join(DATA_SOURCE_KINDS)}, not {kind!r}")
@@ -167,11 +216,17 @@ def data_source_request(name: str, kind: str, endpoint: str, credentials: dict[s
         raise InvalidArgument("credentials: account_key needs account_name")
     if dataset_key is not None and len(dataset_key) != DATASET_KEY_SIZE:
         raise InvalidArgument(f"dataset_key: must be {DATASET_KEY_SIZE} bytes, not {len(dataset_key)}")
-    field, message = (("s3", datasources_pb2.S3Credentials) if kind == "s3"
-                      else ("azure", datasources_pb2.AzureCredentials))
-    return datasources_pb2.RegisterDataSourceRequest(name=name, kind=DATA_SOURCE_KINDS[kind], endpoint=endpoint,
-                                                     dataset_key=dataset_key or b"", replace=replace,
-                                                     **{field: message(**credentials)})
+    field, message = (
+        ("s3", datasources_pb2.S3Credentials) if kind == "s3" else ("azure", datasources_pb2.AzureCredentials)
+    )
+    return datasources_pb2.RegisterDataSourceRequest(
+        name=name,
+        kind=DATA_SOURCE_KINDS[kind],
+        endpoint=endpoint,
+        dataset_key=dataset_key or b"",
+        replace=replace,
+        **{field: message(**credentials)},
+    )
 
 
 def _read(path_or_pem: str | os.PathLike | bytes) -> bytes:
@@ -185,11 +240,11 @@ class Client:
         creds = grpc.ssl_channel_credentials(
             root_certificates=_read(ca),
             private_key=_read(key) if key is not None else None,
-            certificate_chain=_read(cert) if cert is not None else None)
+            certificate_chain=_read(cert) if cert is not None else None,
+        )
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.secure_channel(address, creds, options=[
-            ("grpc.max_receive_message_length", 8 << 20)])
+        self._channel = grpc.secure_channel(address, creds, options=[("grpc.max_receive_message_length", 8 << 20)])
         self._jobs = jobs_pb2_grpc.JobsStub(self._channel)
         self._checkpoints = checkpoints_pb2_grpc.CheckpointsStub(self._channel)
         self._admin = admin_pb2_grpc.AdminStub(self._channel)
@@ -235,7 +290,7 @@ class Client:
                 error = from_rpc_error(err)
                 if not isinstance(error, Unavailable) or attempt == 2:
                     raise error from None
-                time.sleep(0.5 * 2 ** attempt)  # idempotent: safe to retry
+                time.sleep(0.5 * 2**attempt)  # idempotent: safe to retry
         raise AssertionError("unreachable")
 
     def get(self, job_id: str) -> JobStatus:
@@ -280,7 +335,7 @@ class Client:
             failures += 1
             if failures > STREAM_RETRIES:
                 raise StreamInterrupted(f"event stream of {job_id} dropped after event {cursor}")
-            time.sleep(min(0.2 * 2 ** failures, 5.0))
+            time.sleep(min(0.2 * 2**failures, 5.0))
 
     def logs(self, job_id: str, *, follow: bool = False) -> Iterator[tuple[int, str]]:
         """(worker, line) pairs of the job's worker logs."""
@@ -318,8 +373,16 @@ class Client:
         return path
 
     # ---- data sources --------------------------------------------------
-    def register_data_source(self, name: str, *, kind: str, endpoint: str = "", credentials: dict[str, str],
-                             dataset_key: bytes | None = None, replace: bool = False) -> DataSource:
+    def register_data_source(
+        self,
+        name: str,
+        *,
+        kind: str,
+        endpoint: str = "",
+        credentials: dict[str, str],
+        dataset_key: bytes | None = None,
+        replace: bool = False,
+    ) -> DataSource:
         """Register S3 (``kind="s3"``) or Azure Blob (``"az"``) credentials under ``name`` for this tenant's jobs.
 
         ``credentials`` holds S3's ``access_key_id``, ``secret_access_key`` and
@@ -342,8 +405,9 @@ class Client:
     # ---- audit ---------------------------------------------------------
     def audit_report(self, *, tenant: str = "", since: str = "", until: str = "", fmt: str = "text") -> AuditReport:
         """A verified audit report: a tenant gets its own records, an admin any tenant's or all."""
-        reply = self._call(self._audit.GetReport, audit_pb2.GetReportRequest(tenant=tenant, since=since,
-                                                                              until=until, format=fmt))
+        reply = self._call(
+            self._audit.GetReport, audit_pb2.GetReportRequest(tenant=tenant, since=since, until=until, format=fmt)
+        )
         return AuditReport(reply.intact, reply.verdict, reply.content)
 
     # ---- administration ------------------------------------------------
@@ -351,42 +415,62 @@ class Client:
         reply = self._call(self._admin.ListTenants, admin_pb2.ListTenantsRequest(status=status))
         return [Tenant.from_proto(t) for t in reply.tenants]
 
-    def approve_tenant(self, name: str, fingerprint: str, *, max_concurrent_jobs: int = 0,
-                       max_workers_per_job: int = 0, max_total_steps: int = 0) -> Tenant:
-        quota = common_pb2.Quota(max_concurrent_jobs=max_concurrent_jobs, max_workers_per_job=max_workers_per_job,
-                                 max_total_steps=max_total_steps)
+    def approve_tenant(
+        self,
+        name: str,
+        fingerprint: str,
+        *,
+        max_concurrent_jobs: int = 0,
+        max_workers_per_job: int = 0,
+        max_total_steps: int = 0,
+    ) -> Tenant:
+        quota = common_pb2.Quota(
+            max_concurrent_jobs=max_concurrent_jobs,
+            max_workers_per_job=max_workers_per_job,
+            max_total_steps=max_total_steps,
+        )
         request = admin_pb2.ApproveTenantRequest(name=name, csr_fingerprint=fingerprint, quota=quota)
         return Tenant.from_proto(self._call(self._admin.ApproveTenant, request))
 
-    def set_quota(self, name: str, *, max_concurrent_jobs: int = 0, max_workers_per_job: int = 0,
-                  max_total_steps: int = 0) -> Tenant:
+    def set_quota(
+        self, name: str, *, max_concurrent_jobs: int = 0, max_workers_per_job: int = 0, max_total_steps: int = 0
+    ) -> Tenant:
         """Change a tenant's limits; zero keeps a limit as it is."""
-        quota = common_pb2.Quota(max_concurrent_jobs=max_concurrent_jobs, max_workers_per_job=max_workers_per_job,
-                                 max_total_steps=max_total_steps)
+        quota = common_pb2.Quota(
+            max_concurrent_jobs=max_concurrent_jobs,
+            max_workers_per_job=max_workers_per_job,
+            max_total_steps=max_total_steps,
+        )
         return Tenant.from_proto(self._call(self._admin.SetQuota, admin_pb2.SetQuotaRequest(name=name, quota=quota)))
 
     def revoke_certificate(self, serial: str, reason: str = "") -> str:
         """Refuse one certificate from now on; returns the principal it named."""
-        reply = self._call(self._admin.RevokeCertificate, admin_pb2.RevokeCertificateRequest(serial=serial,
-                                                                                              reason=reason))
+        reply = self._call(
+            self._admin.RevokeCertificate, admin_pb2.RevokeCertificateRequest(serial=serial, reason=reason)
+        )
         return reply.principal
 
     def rotate_tenant_key(self, tenant: str, *, retire_unused: bool = False) -> KeyRotation:
         """New key version for ``tenant``; stored checkpoints are re-wrapped, bodies untouched."""
-        reply = self._call(self._admin.RotateTenantKey,
-                           admin_pb2.RotateTenantKeyRequest(tenant=tenant, retire_unused=retire_unused))
+        reply = self._call(
+            self._admin.RotateTenantKey, admin_pb2.RotateTenantKeyRequest(tenant=tenant, retire_unused=retire_unused)
+        )
         return KeyRotation(reply.version, reply.objects_rewrapped, list(reply.retired))
 
     def simulate_attack(self, job_id: str, workers: list[int], attack: str, strength: float = 0.0) -> None:
         """Evaluation only (admins): make some workers of a queued job send malicious updates."""
-        self._call(self._admin.SimulateAttack, admin_pb2.SimulateAttackRequest(
-            job_id=job_id, workers=workers, attack=attack, strength=strength))
+        self._call(
+            self._admin.SimulateAttack,
+            admin_pb2.SimulateAttackRequest(job_id=job_id, workers=workers, attack=attack, strength=strength),
+        )
 
     def anomalies(self, job_id: str) -> list[Anomaly]:
         """Updates that the job's workers screened out (admins)."""
         reply = self._call(self._admin.ListAnomalies, admin_pb2.ListAnomaliesRequest(job_id=job_id))
-        return [Anomaly(a.reporter, a.peer, a.round, a.check, a.verdict, a.score, a.quarantined, a.time)
-                for a in reply.anomalies]
+        return [
+            Anomaly(a.reporter, a.peer, a.round, a.check, a.verdict, a.score, a.quarantined, a.time)
+            for a in reply.anomalies
+        ]
 
     def _tenant_action(self, method, name: str, reason: str) -> Tenant:
         return Tenant.from_proto(self._call(method, admin_pb2.TenantActionRequest(name=name, reason=reason)))
@@ -429,6 +513,7 @@ class JobHandle:
         bar = None
         if progress:
             from cantata.sdk.progress import ProgressBar
+
             bar = ProgressBar(self.id)
         try:
             for event in self.events():

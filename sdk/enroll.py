@@ -38,15 +38,18 @@ def status_message(name: str, unix_time: int) -> bytes:
 def _key_and_csr(name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.CertificateSigningRequest]:
     """A fresh P-256 key and a CSR for it (the CA ignores the CSR's names and sets its own)."""
     key = ec.generate_private_key(ec.SECP256R1())
-    csr = (x509.CertificateSigningRequestBuilder()
-           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-           .sign(key, hashes.SHA256()))
+    csr = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .sign(key, hashes.SHA256())
+    )
     return key, csr
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def _stub(address: str, ca_pem: bytes) -> tuple[grpc.Channel, tenancy_pb2_grpc.TenancyStub]:
@@ -90,7 +93,8 @@ def fetch_status(name: str) -> EnrollmentStatus:
     channel, stub = _stub(profile.enroll_server, profile.ca.read_bytes())
     try:
         reply = stub.GetTenancyStatus(
-            tenancy_pb2.GetTenancyStatusRequest(name=name, unix_time=now, signature=signature), timeout=TIMEOUT)
+            tenancy_pb2.GetTenancyStatusRequest(name=name, unix_time=now, signature=signature), timeout=TIMEOUT
+        )
     except grpc.RpcError as err:
         raise from_rpc_error(err) from None
     finally:
@@ -110,13 +114,14 @@ def renew_certificate(name: str) -> str:
     """
     profile = Profile.named(name)
     key, csr = _key_and_csr(name)
-    credentials = grpc.ssl_channel_credentials(profile.ca.read_bytes(), profile.key.read_bytes(),
-                                               profile.cert.read_bytes())
+    credentials = grpc.ssl_channel_credentials(
+        profile.ca.read_bytes(), profile.key.read_bytes(), profile.cert.read_bytes()
+    )
     channel = grpc.secure_channel(profile.server, credentials)
     try:
         reply = tenancy_pb2_grpc.TenancyStub(channel).RenewCertificate(
-            tenancy_pb2.RenewCertificateRequest(csr_pem=csr.public_bytes(serialization.Encoding.PEM)),
-            timeout=TIMEOUT)
+            tenancy_pb2.RenewCertificateRequest(csr_pem=csr.public_bytes(serialization.Encoding.PEM)), timeout=TIMEOUT
+        )
     except grpc.RpcError as err:
         raise from_rpc_error(err) from None
     finally:

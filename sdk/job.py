@@ -46,6 +46,7 @@ class Job:
 
     def validate(self) -> None:
         """Raise ``InvalidJob`` naming the first bad field (the server checks again)."""
+
         def bad(field_name: str, why: str) -> InvalidJob:
             return InvalidJob(f"{field_name}: {why}", field=field_name)
 
@@ -55,8 +56,16 @@ class Job:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise bad(name, "must be a positive integer")
-        for name in ("checkpoint_every", "eval_every", "batch_size", "seq_len", "local_steps", "seed",
-                     "ranks_per_worker", "min_workers"):
+        for name in (
+            "checkpoint_every",
+            "eval_every",
+            "batch_size",
+            "seq_len",
+            "local_steps",
+            "seed",
+            "ranks_per_worker",
+            "min_workers",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise bad(name, "must be a non-negative integer")

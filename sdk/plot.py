@@ -7,9 +7,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from cantata.sdk.client import Event, JobStatus  # noqa: E402
+from cantata.sdk.client import Event, JobStatus
 
 
 def plot_losses(status: JobStatus, events: list[Event], out: Path) -> Path:

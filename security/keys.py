@@ -42,7 +42,7 @@ import tempfile
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
@@ -134,7 +134,9 @@ class MasterKey:
         if sealed[:header] != _KEYRING_MAGIC:
             raise KeyringCorruptError("not a Cantata keyring file")
         try:
-            return self._aead.decrypt(sealed[header : header + NONCE_SIZE], sealed[header + NONCE_SIZE :], _KEYRING_MAGIC)
+            return self._aead.decrypt(
+                sealed[header : header + NONCE_SIZE], sealed[header + NONCE_SIZE :], _KEYRING_MAGIC
+            )
         except InvalidTag:
             raise KeyringCorruptError("the keyring does not decrypt: wrong master key or modified file") from None
 
@@ -324,7 +326,10 @@ class LocalKeyring(KeyProvider):
     def job_keys(self, tenant: str, job_id: str) -> JobKeys:
         with self._lock:
             active = {v: e["key"] for v, e in self._versions_of(tenant).items() if e["key"] is not None}
-        keys = {v: JobKey(tenant, job_id, v, _derive_job_key(base64.b64decode(k), tenant, job_id)) for v, k in active.items()}
+        keys = {
+            v: JobKey(tenant, job_id, v, _derive_job_key(base64.b64decode(k), tenant, job_id))
+            for v, k in active.items()
+        }
         return JobKeys(tenant, job_id, keys)
 
     def rotate(self, tenant: str) -> int:
@@ -365,4 +370,4 @@ def _derive_job_key(tenant_key: bytes, tenant: str, job_id: str) -> bytes:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")

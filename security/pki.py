@@ -75,7 +75,7 @@ class Principal:
         """Parse a SPIFFE URI SAN; raise ``ValueError`` for anything not ours."""
         if not uri.startswith(SPIFFE_PREFIX):
             raise ValueError(f"not a Cantata identity: {uri!r}")
-        path = uri[len(SPIFFE_PREFIX):]
+        path = uri[len(SPIFFE_PREFIX) :]
         match = _WORKER_URI.match(path)
         if match:
             return cls("worker", match.group(1), int(match.group(2)))
@@ -173,7 +173,7 @@ def verify_message(public_key: ec.EllipticCurvePublicKey, signature: bytes, mess
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 class CertificateAuthority:
@@ -199,9 +199,15 @@ class CertificateAuthority:
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .add_extension(
                 x509.KeyUsage(
-                    digital_signature=False, content_commitment=False, key_encipherment=False,
-                    data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                    crl_sign=True, encipher_only=False, decipher_only=False,
+                    digital_signature=False,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
                 ),
                 critical=True,
             )
@@ -252,9 +258,7 @@ class CertificateAuthority:
             .not_valid_after(not_after)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()), critical=False
-            )
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()), critical=False)
         )
         if sans:
             builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
@@ -271,8 +275,7 @@ class CertificateAuthority:
     ) -> Bundle:
         """Make a fresh key and a certificate for it."""
         key = new_key()
-        cert = self.sign(key.public_key(), principal, lifetime=lifetime,
-                         dns_names=dns_names, ips=ips, server=server)
+        cert = self.sign(key.public_key(), principal, lifetime=lifetime, dns_names=dns_names, ips=ips, server=server)
         return Bundle(cert.public_bytes(serialization.Encoding.PEM), key_to_pem(key), self.cert_pem)
 
 

@@ -47,7 +47,7 @@ import logging
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import torch
@@ -175,7 +175,14 @@ def save_checkpoint(
     begin_checkpoint(store, tenant=tenant, job_id=job_id, step=step)
     written = [
         write_shard(
-            store, tenant=tenant, job_id=job_id, step=step, name=name, state=shards[name], kek=kek, segment_size=segment_size
+            store,
+            tenant=tenant,
+            job_id=job_id,
+            step=step,
+            name=name,
+            state=shards[name],
+            kek=kek,
+            segment_size=segment_size,
         )
         for name in sorted(shards)
     ]
@@ -233,7 +240,7 @@ def commit_checkpoint(
     if keep_last is not None and keep_last < 1:
         raise InvalidCheckpointError("keep_last must be at least 1")
     info = CheckpointInfo(
-        tenant, job_id, _checked_step(step), datetime.now(timezone.utc).isoformat(), tuple(sorted(shards, key=lambda s: s.name))
+        tenant, job_id, _checked_step(step), datetime.now(UTC).isoformat(), tuple(sorted(shards, key=lambda s: s.name))
     )
     manifest = json.dumps({"format": MANIFEST_FORMAT, **asdict(info)}).encode()
     with store.writer(object_key(tenant, job_id, step, MANIFEST)) as upload:
@@ -286,7 +293,9 @@ def read_manifest(store: BlobStore, *, tenant: str, job_id: str, step: int, keys
     except BlobNotFoundError:
         raise CheckpointNotFoundError(f"no checkpoint of {tenant}/{job_id} at step {step}") from None
     with reader:
-        plaintext = StreamDecryptor(reader, context=StreamContext(tenant, job_id, step, MANIFEST), unwrapper=keys).read_all()
+        plaintext = StreamDecryptor(
+            reader, context=StreamContext(tenant, job_id, step, MANIFEST), unwrapper=keys
+        ).read_all()
     return _parse_manifest(plaintext, tenant, job_id, step)
 
 
@@ -342,9 +351,7 @@ def read_shard(
         raise ShardMismatchError(f"shard {shard.name!r} of {tenant}/{job_id} step {step} differs from its manifest")
 
 
-def load_checkpoint(
-    store: BlobStore, *, tenant: str, job_id: str, step: int, keys: KeyUnwrapper
-) -> dict[str, Any]:
+def load_checkpoint(store: BlobStore, *, tenant: str, job_id: str, step: int, keys: KeyUnwrapper) -> dict[str, Any]:
     """Verify the whole checkpoint at ``step``, then deserialise and return its shards."""
     info = read_manifest(store, tenant=tenant, job_id=job_id, step=step, keys=keys)
     plaintexts = {}

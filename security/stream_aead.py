@@ -207,7 +207,9 @@ class StreamHeader:
         if algorithm != ALGORITHM_AES256_GCM_HKDF_SHA256:
             raise UnsupportedFormatError(f"unknown algorithm {algorithm}")
         envelope = _read_header_field(source, struct.unpack(">H", _read_header_field(source, 2))[0])
-        context = StreamContext.decode(_read_header_field(source, struct.unpack(">H", _read_header_field(source, 2))[0]))
+        context = StreamContext.decode(
+            _read_header_field(source, struct.unpack(">H", _read_header_field(source, 2))[0])
+        )
         (segment_size,) = struct.unpack(">I", _read_header_field(source, 4))
         if not MIN_SEGMENT_SIZE <= segment_size <= MAX_SEGMENT_SIZE:
             raise MalformedHeaderError(f"segment size {segment_size} is out of range")
@@ -395,7 +397,11 @@ class StreamDecryptor:
         while True:
             following = _read_exact(self._source, sealed_segment) if len(chunk) == sealed_segment else b""
             last = not following
-            if last and self._expected_sealed_size is not None and sealed_size + len(chunk) < self._expected_sealed_size:
+            if (
+                last
+                and self._expected_sealed_size is not None
+                and sealed_size + len(chunk) < self._expected_sealed_size
+            ):
                 raise TruncatedStreamError(
                     f"{header.context}: object ends at {sealed_size + len(chunk)} of {self._expected_sealed_size} bytes"
                 )
@@ -409,7 +415,9 @@ class StreamDecryptor:
             index += 1
         self.summary = SealedSummary(plaintext_size, sealed_size, digest.hexdigest(), index + 1)
 
-    def _open_segment(self, index: int, sealed: bytes, last: bool, into: memoryview | None = None) -> bytes | memoryview:
+    def _open_segment(
+        self, index: int, sealed: bytes, last: bool, into: memoryview | None = None
+    ) -> bytes | memoryview:
         """The authenticated plaintext of a segment (written into ``into`` when given)."""
         if len(sealed) < TAG_SIZE:
             raise TruncatedStreamError(f"{self.header.context}: segment {index} is cut short")

@@ -11,8 +11,15 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from cantata.proto.v1 import (admin_pb2_grpc, audit_pb2_grpc, checkpoints_pb2_grpc, datasources_pb2_grpc,
-                              jobs_pb2_grpc, tenancy_pb2_grpc, worker_pb2_grpc)
+from cantata.proto.v1 import (
+    admin_pb2_grpc,
+    audit_pb2_grpc,
+    checkpoints_pb2_grpc,
+    datasources_pb2_grpc,
+    jobs_pb2_grpc,
+    tenancy_pb2_grpc,
+    worker_pb2_grpc,
+)
 from cantata.security.audit import Action, AuditLog
 from cantata.security.pki import CertificateAuthority
 from cantata.server.auth import AuthInterceptor, Gatekeeper
@@ -77,24 +84,39 @@ class ControlPlane:
     def _worker_secrets(self, job) -> dict:
         """What only this job's workers may hold: its derived checkpoint keys, its data source's credentials."""
         keys = self.keyring.job_keys(job.tenant, job.id)
-        self.record("server", Action.KEY_UNWRAPPED, resource=job.id, tenant=job.tenant,
-                    details={"purpose": "job keys for workers", "versions": keys.versions})
-        grants = {"checkpoint_keys": keys.to_json(),
-                  "dataset_roots": [str(root) for root in self.paths.allowed_roots(self.settings)]}
+        self.record(
+            "server",
+            Action.KEY_UNWRAPPED,
+            resource=job.id,
+            tenant=job.tenant,
+            details={"purpose": "job keys for workers", "versions": keys.versions},
+        )
+        grants = {
+            "checkpoint_keys": keys.to_json(),
+            "dataset_roots": [str(root) for root in self.paths.allowed_roots(self.settings)],
+        }
         source = dataset_source(job.spec.dataset)
         if source:
             grants["dataset_credentials"] = self.data_sources.worker_credentials(job.tenant, source)
             grants["dataset_key"] = self.data_sources.worker_dataset_key(job.tenant, source)
-            self.record("server", Action.DATA_SOURCE_RELEASED, resource=source, tenant=job.tenant,
-                        details={"job": job.id, "with_shard_decryption": grants["dataset_key"] is not None})
+            self.record(
+                "server",
+                Action.DATA_SOURCE_RELEASED,
+                resource=source,
+                tenant=job.tenant,
+                details={"job": job.id, "with_shard_decryption": grants["dataset_key"] is not None},
+            )
         return grants
 
     def _grpc_server(self, gatekeeper: Gatekeeper) -> grpc.Server:
         return grpc.server(
             futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="rpc"),
             interceptors=[AuthInterceptor(gatekeeper, self.record)],
-            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ],
+        )
 
     def start(self) -> int:
         """Bind, start the scheduler and serve; returns the bound port."""
@@ -102,42 +124,69 @@ class ControlPlane:
         server = self._grpc_server(gatekeeper)
         files = (self.paths.server_cert, self.paths.server_key, self.paths.trust_bundle)
         self.port = server.add_secure_port(
-            self.listen, RotatingCredentials(*files, require_client_auth=True).credentials())
+            self.listen, RotatingCredentials(*files, require_client_auth=True).credentials()
+        )
         if not self.port:
             raise OSError(f"cannot listen on {self.listen}")
         # gRPC Python cannot ask for an optional client certificate, so enrollment
         # (the only call made before a tenant has one) gets its own listener.
         enrollment = self._grpc_server(gatekeeper)
-        if not enrollment.add_secure_port(self.settings.enroll_listen,
-                                          RotatingCredentials(*files, require_client_auth=False).credentials()):
+        if not enrollment.add_secure_port(
+            self.settings.enroll_listen, RotatingCredentials(*files, require_client_auth=False).credentials()
+        ):
             raise OSError(f"cannot listen on {self.settings.enroll_listen}")
         host = self.listen.rpartition(":")[0]
         connect_host = "127.0.0.1" if host in ("0.0.0.0", "", "[::]") else host
 
-        launcher = WorkerLauncher(self.paths.jobs, self.ca, f"{connect_host}:{self.port}",
-                                  dt.timedelta(hours=self.settings.worker_cert_hours))
+        launcher = WorkerLauncher(
+            self.paths.jobs, self.ca, f"{connect_host}:{self.port}", dt.timedelta(hours=self.settings.worker_cert_hours)
+        )
         self.scheduler = Scheduler(
-            self.store, launcher, slots=self.settings.max_workers_on_node, grace=self.settings.cancel_grace_seconds,
-            max_attempts=self.settings.max_job_attempts, max_restarts=self.settings.max_worker_restarts,
+            self.store,
+            launcher,
+            slots=self.settings.max_workers_on_node,
+            grace=self.settings.cancel_grace_seconds,
+            max_attempts=self.settings.max_job_attempts,
+            max_restarts=self.settings.max_worker_restarts,
             worker_secrets=self._worker_secrets,
-            record_certificate=self._record_certificate, audit=self.record)
-        spec_defaults = {"default_store": self.paths.checkpoints.resolve().as_uri(),
-                         "roots": self.paths.allowed_roots(self.settings)}
+            record_certificate=self._record_certificate,
+            audit=self.record,
+        )
+        spec_defaults = {
+            "default_store": self.paths.checkpoints.resolve().as_uri(),
+            "roots": self.paths.allowed_roots(self.settings),
+        }
         tenancy = TenancyService(self.store, self.ca, self.settings.tenant_cert_days, self.record)
         tenancy_pb2_grpc.add_TenancyServicer_to_server(tenancy, server)
         tenancy_pb2_grpc.add_TenancyServicer_to_server(tenancy, enrollment)
         admin_pb2_grpc.add_AdminServicer_to_server(
-            AdminService(self.store, self.ca, self.keyring, self.data_sources, self.settings.default_quota,
-                         self.settings.tenant_cert_days, self.record, self._suspend_jobs), server)
+            AdminService(
+                self.store,
+                self.ca,
+                self.keyring,
+                self.data_sources,
+                self.settings.default_quota,
+                self.settings.tenant_cert_days,
+                self.record,
+                self._suspend_jobs,
+            ),
+            server,
+        )
         jobs_pb2_grpc.add_JobsServicer_to_server(
-            JobsService(self.store, self.scheduler, launcher.log_path, spec_defaults, self.record,
-                        self.data_sources.exists), server)
+            JobsService(
+                self.store, self.scheduler, launcher.log_path, spec_defaults, self.record, self.data_sources.exists
+            ),
+            server,
+        )
         checkpoints_pb2_grpc.add_CheckpointsServicer_to_server(
-            CheckpointsService(self.store, self.keyring, self.record), server)
+            CheckpointsService(self.store, self.keyring, self.record), server
+        )
         worker_pb2_grpc.add_WorkerServicer_to_server(
-            WorkerService(self.store, self.record, revoke_quarantined=self.settings.revoke_quarantined_workers), server)
+            WorkerService(self.store, self.record, revoke_quarantined=self.settings.revoke_quarantined_workers), server
+        )
         datasources_pb2_grpc.add_DataSourcesServicer_to_server(
-            DataSourcesService(self.data_sources, self.record), server)
+            DataSourcesService(self.data_sources, self.record), server
+        )
         audit_pb2_grpc.add_AuditServicer_to_server(AuditService(self.paths.audit, self.audit.checkpoint), server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
@@ -148,8 +197,11 @@ class ControlPlane:
         self._server, self._enrollment = server, enrollment
         self.scheduler.start()
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        self.record("server", Action.SERVER_STARTED,
-                    details={"listen": self.listen, "port": self.port, "enroll_listen": self.settings.enroll_listen})
+        self.record(
+            "server",
+            Action.SERVER_STARTED,
+            details={"listen": self.listen, "port": self.port, "enroll_listen": self.settings.enroll_listen},
+        )
         return self.port
 
     def stop(self, grace: float = 5.0) -> None:

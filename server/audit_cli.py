@@ -52,10 +52,12 @@ def _add_location(parser: argparse.ArgumentParser, *, remote: bool = False) -> N
     where.add_argument("--log", type=Path, help="audit log directory")
     if remote:
         where.add_argument("--profile", help="ask the server, as this client profile (a tenant sees its own records)")
-    parser.add_argument("--pubkey", type=Path,
-                        help="PEM file of trusted audit public key(s); default: the log's own root key")
-    parser.add_argument("--anchor", metavar="URI",
-                        help="blob store (file://, s3://, az://) holding exported checkpoint copies")
+    parser.add_argument(
+        "--pubkey", type=Path, help="PEM file of trusted audit public key(s); default: the log's own root key"
+    )
+    parser.add_argument(
+        "--anchor", metavar="URI", help="blob store (file://, s3://, az://) holding exported checkpoint copies"
+    )
 
 
 def register(subparsers: argparse._SubParsersAction, remote_report=None) -> None:
@@ -120,8 +122,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
 def run_report(args: argparse.Namespace) -> int:
     try:
-        report = build_report(_audit_dir(args), tenant=args.tenant, since=args.since, until=args.until,
-                              **_trust(args))
+        report = build_report(_audit_dir(args), tenant=args.tenant, since=args.since, until=args.until, **_trust(args))
     except (AuditError, StoreError) as exc:
         return _fail("report", str(exc), EXIT_UNCHECKABLE)
     rendered = render_report(report, args.format)

@@ -61,7 +61,6 @@ ERROR_KIND_KEY = "cantata-error"
 _request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
 
 
-
 def request_id() -> str:
     return _request_id.get()
 
@@ -93,8 +92,12 @@ class Decision:
 class Gatekeeper:
     """Decides whether a verified peer may call a method, given live platform state."""
 
-    def __init__(self, is_revoked: Callable[[int], bool], tenant_status: Callable[[str], str | None],
-                 job_active: Callable[[str], bool]):
+    def __init__(
+        self,
+        is_revoked: Callable[[int], bool],
+        tenant_status: Callable[[str], str | None],
+        job_active: Callable[[str], bool],
+    ):
         self._is_revoked = is_revoked
         self._tenant_status = tenant_status
         self._job_active = job_active
@@ -111,13 +114,18 @@ class Gatekeeper:
         if self._is_revoked(peer.serial):
             return Decision(False, grpc.StatusCode.UNAUTHENTICATED, "certificate revoked", principal)
         if principal.role not in roles:
-            return Decision(False, grpc.StatusCode.PERMISSION_DENIED,
-                            f"{principal.role} may not call {method}", principal)
+            return Decision(
+                False, grpc.StatusCode.PERMISSION_DENIED, f"{principal.role} may not call {method}", principal
+            )
         if principal.role == TENANT:
             status = self._tenant_status(principal.name)
             if status != "APPROVED":
-                return Decision(False, grpc.StatusCode.PERMISSION_DENIED,
-                                f"tenant {principal.name} is {(status or 'unknown').lower()}", principal)
+                return Decision(
+                    False,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"tenant {principal.name} is {(status or 'unknown').lower()}",
+                    principal,
+                )
         if principal.role == WORKER and not self._job_active(principal.name):
             return Decision(False, grpc.StatusCode.PERMISSION_DENIED, "the job is not running", principal)
         return Decision(True, principal=principal)
@@ -141,11 +149,13 @@ class AuthInterceptor(grpc.ServerInterceptor):
             return grpc.unary_unary_rpc_method_handler(
                 self._guard_unary(method, handler.unary_unary),
                 request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
+                response_serializer=handler.response_serializer,
+            )
         return grpc.unary_stream_rpc_method_handler(
             self._guard_stream(method, handler.unary_stream),
             request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer)
+            response_serializer=handler.response_serializer,
+        )
 
     def _admit(self, method: str, context: grpc.ServicerContext) -> None:
         _request_id.set(uuid.uuid4().hex)
@@ -155,19 +165,27 @@ class AuthInterceptor(grpc.ServerInterceptor):
             return
         action = Action.AUTH_FAILED if decision.code == grpc.StatusCode.UNAUTHENTICATED else Action.AUTHZ_DENIED
         principal = decision.principal
-        self._audit(principal.uri if principal else "anonymous", action, resource=method,
-                    tenant=principal.name if principal and principal.role == TENANT else "",
-                    outcome="denied", details={"reason": decision.reason}, peer=context.peer())
+        self._audit(
+            principal.uri if principal else "anonymous",
+            action,
+            resource=method,
+            tenant=principal.name if principal and principal.role == TENANT else "",
+            outcome="denied",
+            details={"reason": decision.reason},
+            peer=context.peer(),
+        )
         abort(context, decision.code, decision.reason)
 
     def _guard_unary(self, method: str, behaviour):
         def guarded(request, context):
             self._admit(method, context)
             return behaviour(request, context)
+
         return guarded
 
     def _guard_stream(self, method: str, behaviour):
         def guarded(request, context):
             self._admit(method, context)
             yield from behaviour(request, context)
+
         return guarded

@@ -37,13 +37,14 @@ def server_names(listen: str) -> tuple[list[str], list[str]]:
     return dns, ips
 
 
-def write_profile(name: str, address: str, enroll_address: str, ca_pem: bytes, cert_pem: bytes,
-                  key_pem: bytes) -> Path:
+def write_profile(name: str, address: str, enroll_address: str, ca_pem: bytes, cert_pem: bytes, key_pem: bytes) -> Path:
     """Write a client profile in the layout DESIGN.md fixes."""
     folder = cantata_home() / "profiles" / name
     folder.mkdir(parents=True, exist_ok=True)
     folder.chmod(0o700)
-    (folder / "profile.json").write_text(json.dumps({"name": name, "server": address, "enroll_server": enroll_address}, indent=2) + "\n")
+    (folder / "profile.json").write_text(
+        json.dumps({"name": name, "server": address, "enroll_server": enroll_address}, indent=2) + "\n"
+    )
     (folder / "ca.pem").write_bytes(ca_pem)
     (folder / "cert.pem").write_bytes(cert_pem)
     write_private(folder / "key.pem", key_pem)
@@ -82,7 +83,10 @@ def init_data_dir(root: Path, *, listen: str, enroll_listen: str = "", admin: st
     store.close()
 
     paths.save_settings(settings)
+
     def connect(address: str) -> str:
         return address.replace("0.0.0.0", "127.0.0.1")
-    return write_profile(admin, connect(listen), connect(settings.enroll_listen), ca.cert_pem, bundle.cert_pem,
-                         bundle.key_pem)
+
+    return write_profile(
+        admin, connect(listen), connect(settings.enroll_listen), ca.cert_pem, bundle.cert_pem, bundle.key_pem
+    )

@@ -13,8 +13,9 @@ from cantata.server.tls import rotate_server_certificate
 
 
 def cmd_init(args) -> int:
-    profile = init_data_dir(Path(args.data_dir), listen=args.listen, enroll_listen=args.enroll_listen or "",
-                            admin=args.admin)
+    profile = init_data_dir(
+        Path(args.data_dir), listen=args.listen, enroll_listen=args.enroll_listen or "", admin=args.admin
+    )
     print(f"initialised {args.data_dir}: CA at {Path(args.data_dir) / 'ca.pem'}, listening on {args.listen}")
     print(f"admin profile {args.admin!r} written to {profile}")
     return 0
@@ -41,13 +42,15 @@ def cmd_rotate_cert(args) -> int:
 
 
 def register(groups: dict[str, argparse._SubParsersAction]) -> None:
-    server = groups["root"].add_parser("server", help="run a control-plane server").add_subparsers(
-        dest="sub", required=True)
+    server = (
+        groups["root"].add_parser("server", help="run a control-plane server").add_subparsers(dest="sub", required=True)
+    )
     p = server.add_parser("init", help="create a data directory: CA, server certificate, admin profile")
     p.add_argument("--data-dir", required=True)
     p.add_argument("--listen", default="127.0.0.1:7443", help="HOST:PORT to serve on (mutual TLS)")
-    p.add_argument("--enroll-listen", help="HOST:PORT for enrollment without a client certificate "
-                                           "(default: the --listen port + 1)")
+    p.add_argument(
+        "--enroll-listen", help="HOST:PORT for enrollment without a client certificate (default: the --listen port + 1)"
+    )
     p.add_argument("--admin", default="admin", help="name of the first admin (and its profile)")
     p.set_defaults(func=cmd_init)
     p = server.add_parser("start", help="serve until SIGTERM/SIGINT")

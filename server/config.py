@@ -1,15 +1,15 @@
 """The server's data directory: its layout and its ``server.json`` settings.
 
-    D/server.json        settings written by ``cantata server init``
-    D/ca.pem, D/ca.key   the platform CA (key mode 0600)
-    D/trust.pem          CA certificates accepted from clients (reloaded on change)
-    D/server.pem/.key    the server's TLS certificate
-    D/state.db           SQLite control-plane state
-    D/master.key         master key of the tenant keyring (0600), unless $CANTATA_MASTER_KEY is set
-    D/keyring.sealed     tenants' key-encryption keys, encrypted under the master key
-    D/audit/             tamper-evident audit log and its signing keys
-    D/jobs/<job-id>/     per-job workspaces (worker configs, certificates, logs)
-    D/checkpoints/       the default local checkpoint store
+D/server.json        settings written by ``cantata server init``
+D/ca.pem, D/ca.key   the platform CA (key mode 0600)
+D/trust.pem          CA certificates accepted from clients (reloaded on change)
+D/server.pem/.key    the server's TLS certificate
+D/state.db           SQLite control-plane state
+D/master.key         master key of the tenant keyring (0600), unless $CANTATA_MASTER_KEY is set
+D/keyring.sealed     tenants' key-encryption keys, encrypted under the master key
+D/audit/             tamper-evident audit log and its signing keys
+D/jobs/<job-id>/     per-job workspaces (worker configs, certificates, logs)
+D/checkpoints/       the default local checkpoint store
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ class ServerSettings:
     listen: str = "127.0.0.1:7443"  # mutual TLS: every service
     enroll_listen: str = ""  # server-authenticated TLS: enrollment only; default port + 1
     max_workers_on_node: int = 8  # worker processes this node runs at once
-    default_quota: dict = field(default_factory=lambda: {
-        "max_concurrent_jobs": 4, "max_workers_per_job": 8, "max_total_steps": 100_000})
+    default_quota: dict = field(
+        default_factory=lambda: {"max_concurrent_jobs": 4, "max_workers_per_job": 8, "max_total_steps": 100_000}
+    )
     allowed_roots: list[str] = field(default_factory=list)  # extra file:// roots for stores and data
     cancel_grace_seconds: float = 5.0
     max_job_attempts: int = 3  # starts of one job, counting resumes after a server restart

@@ -48,8 +48,10 @@ CREATE TABLE IF NOT EXISTS data_sources (
 """
 KINDS = ("s3", "az")
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
-SECRET_FIELDS = {"s3": ("access_key_id", "secret_access_key", "session_token", "region"),
-                 "az": ("connection_string", "account_name", "account_key", "sas_token")}
+SECRET_FIELDS = {
+    "s3": ("access_key_id", "secret_access_key", "session_token", "region"),
+    "az": ("connection_string", "account_name", "account_key", "sas_token"),
+}
 DATASET_KEY_SIZE = 32
 NONCE_SIZE = 12
 
@@ -144,8 +146,10 @@ class DataSourceStore:
         return json.dumps([tenant, name, kind, endpoint]).encode()
 
     def _seal(self, tenant: str, spec: DataSourceSpec) -> bytes:
-        document = {"secrets": spec.secrets,
-                    "dataset_key": base64.b64encode(spec.dataset_key).decode() if spec.dataset_key else None}
+        document = {
+            "secrets": spec.secrets,
+            "dataset_key": base64.b64encode(spec.dataset_key).decode() if spec.dataset_key else None,
+        }
         data_key, nonce = os.urandom(DATA_KEY_SIZE), os.urandom(NONCE_SIZE)
         envelope = self._keyring.data_source_keys(tenant).current.wrap(data_key)
         aad = self._aad(tenant, spec.name, spec.kind, spec.endpoint)
@@ -155,13 +159,15 @@ class DataSourceStore:
         envelope, rest = sealed[:ENVELOPE_SIZE], sealed[ENVELOPE_SIZE:]
         try:
             data_key = self._keyring.data_source_keys(tenant).unwrap(envelope)
-            plaintext = AESGCM(data_key).decrypt(rest[:NONCE_SIZE], rest[NONCE_SIZE:],
-                                                 self._aad(tenant, name, kind, endpoint))
+            plaintext = AESGCM(data_key).decrypt(
+                rest[:NONCE_SIZE], rest[NONCE_SIZE:], self._aad(tenant, name, kind, endpoint)
+            )
         except IntegrityError as error:
             raise SealedSecretsError(f"secrets of data source {name!r} do not decrypt: {error}") from None
         except InvalidTag:
-            raise SealedSecretsError(f"secrets of data source {name!r} do not decrypt: "
-                                     "the row was modified or belongs to another source") from None
+            raise SealedSecretsError(
+                f"secrets of data source {name!r} do not decrypt: the row was modified or belongs to another source"
+            ) from None
         return json.loads(plaintext)
 
     def rewrap(self, tenant: str) -> int:
@@ -180,8 +186,10 @@ class DataSourceStore:
                         rewrapped = keys.current.wrap(keys.unwrap(envelope))
                     except IntegrityError as error:
                         raise SealedSecretsError(f"secrets of data source {name!r} do not decrypt: {error}") from None
-                    self._db.execute("UPDATE data_sources SET sealed = ? WHERE tenant = ? AND name = ?",
-                                     (rewrapped + sealed[ENVELOPE_SIZE:], tenant, name))
+                    self._db.execute(
+                        "UPDATE data_sources SET sealed = ? WHERE tenant = ? AND name = ?",
+                        (rewrapped + sealed[ENVELOPE_SIZE:], tenant, name),
+                    )
                     changed += 1
                 self._db.execute("COMMIT")
             except BaseException:
@@ -193,20 +201,34 @@ class DataSourceStore:
         """The KEK versions that wrap the data keys of the tenant's sources."""
         with self._lock:
             rows = self._db.execute("SELECT sealed FROM data_sources WHERE tenant = ?", (tenant,)).fetchall()
-        return {envelope_key_version(sealed[:ENVELOPE_SIZE]) for sealed, in rows}
+        return {envelope_key_version(sealed[:ENVELOPE_SIZE]) for (sealed,) in rows}
 
     # ---- operations ----------------------------------------------------
     def register(self, tenant: str, spec: DataSourceSpec, *, replace: bool = False) -> DataSourceRecord:
-        record = DataSourceRecord(tenant, spec.name, spec.kind, spec.endpoint, spec.dataset_key is not None,
-                                  dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+        record = DataSourceRecord(
+            tenant,
+            spec.name,
+            spec.kind,
+            spec.endpoint,
+            spec.dataset_key is not None,
+            dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        )
         verb = "INSERT OR REPLACE" if replace else "INSERT"
         with self._lock:
             try:
                 self._db.execute(
                     f"{verb} INTO data_sources (tenant, name, kind, endpoint, has_dataset_key, sealed, created_at) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (tenant, spec.name, spec.kind, spec.endpoint, int(record.has_dataset_key),
-                     self._seal(tenant, spec), record.created_at))
+                    (
+                        tenant,
+                        spec.name,
+                        spec.kind,
+                        spec.endpoint,
+                        int(record.has_dataset_key),
+                        self._seal(tenant, spec),
+                        record.created_at,
+                    ),
+                )
             except sqlite3.IntegrityError:
                 raise DataSourceExists(f"data source {spec.name!r} already exists") from None
         return record
@@ -215,7 +237,9 @@ class DataSourceStore:
         with self._lock:
             rows = self._db.execute(
                 "SELECT tenant, name, kind, endpoint, has_dataset_key, created_at FROM data_sources "
-                "WHERE tenant = ? ORDER BY name", (tenant,)).fetchall()
+                "WHERE tenant = ? ORDER BY name",
+                (tenant,),
+            ).fetchall()
         return [DataSourceRecord(t, n, k, e, bool(h), c) for t, n, k, e, h, c in rows]
 
     def exists(self, tenant: str, name: str) -> bool:
@@ -233,18 +257,23 @@ class DataSourceStore:
         with self._lock:
             row = self._db.execute(
                 "SELECT kind, endpoint, has_dataset_key, sealed, created_at FROM data_sources "
-                "WHERE tenant = ? AND name = ?", (tenant, name)).fetchone()
+                "WHERE tenant = ? AND name = ?",
+                (tenant, name),
+            ).fetchone()
         if row is None:
             raise DataSourceNotFound(f"data source {name!r} not found")
         kind, endpoint, has_key, sealed, created_at = row
-        return (DataSourceRecord(tenant, name, kind, endpoint, bool(has_key), created_at),
-                self._open(tenant, name, kind, endpoint, sealed))
+        return (
+            DataSourceRecord(tenant, name, kind, endpoint, bool(has_key), created_at),
+            self._open(tenant, name, kind, endpoint, sealed),
+        )
 
     def worker_credentials(self, tenant: str, name: str) -> str:
         """The credentials document a job's worker gets (``SourceCredentials`` JSON)."""
         record, document = self._secrets(tenant, name)
-        return json.dumps({"name": name, "kind": record.kind, "endpoint": record.endpoint,
-                           "secrets": document["secrets"]})
+        return json.dumps(
+            {"name": name, "kind": record.kind, "endpoint": record.endpoint, "secrets": document["secrets"]}
+        )
 
     def worker_dataset_key(self, tenant: str, name: str) -> str | None:
         """The tenant's dataset key registered with the source (``DatasetKey`` JSON), if any."""

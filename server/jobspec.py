@@ -59,8 +59,7 @@ def local_path(uri: str, field: str, roots: list[Path]) -> Path:
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     _require(os.path.realpath(probe) == str(probe), field, "paths through symbolic links are not allowed")
-    _require(any(path == root or root in path.parents for root in roots), field,
-             f"{path} is outside the allowed roots")
+    _require(any(path == root or root in path.parents for root in roots), field, f"{path} is outside the allowed roots")
     return path
 
 
@@ -73,8 +72,9 @@ def parse_job_spec(spec: common_pb2.JobSpec, *, default_store: str, roots: list[
     """Return a copy of ``spec`` with defaults filled in, or raise ``InvalidField``."""
     s = common_pb2.JobSpec()
     s.CopyFrom(spec)
-    _require(0 < len(s.name) <= MAX_NAME and s.name.isprintable(), "name",
-             f"1-{MAX_NAME} printable characters required")
+    _require(
+        0 < len(s.name) <= MAX_NAME and s.name.isprintable(), "name", f"1-{MAX_NAME} printable characters required"
+    )
     s.model = s.model or "gpt-tiny"
     _require(s.model in MODELS, "model", f"unknown model {s.model!r} (known: {', '.join(MODELS)})")
     s.dataset = s.dataset or "builtin:pystdlib"
@@ -94,8 +94,11 @@ def parse_job_spec(spec: common_pb2.JobSpec, *, default_store: str, roots: list[
             _require(not getattr(s, name), name, "only for gasloc or diloco")
         for name in OUTER_FIELDS:
             _require(not s.HasField(name), name, "only for gasloc or diloco")
-        _require(s.ranks_per_worker == 1, "ranks_per_worker",
-                 "worker groups are for gasloc or diloco (allreduce already spreads one model over its workers)")
+        _require(
+            s.ranks_per_worker == 1,
+            "ranks_per_worker",
+            "worker groups are for gasloc or diloco (allreduce already spreads one model over its workers)",
+        )
     _require(s.on_bad_utf8 in UTF8_POLICIES, "on_bad_utf8", f"one of {', '.join(UTF8_POLICIES[1:])}")
     s.optimizer = s.optimizer or "adamw"
     _require(s.optimizer in OPTIMIZERS, "optimizer", f"unknown optimizer {s.optimizer!r}")
@@ -126,21 +129,31 @@ def _parse_decentralized(s: common_pb2.JobSpec) -> None:
     if s.algorithm == "diloco":
         _require(s.topology in ("", "complete"), "topology", "diloco always averages over the complete graph")
         _require(not s.HasField("gossip_step"), "gossip_step", "diloco mixes with alpha = 1/workers")
-    _require(not s.topology or s.topology in TOPOLOGIES, "topology",
-             f"topology {s.topology!r}: one of {', '.join(TOPOLOGIES)}")
+    _require(
+        not s.topology or s.topology in TOPOLOGIES,
+        "topology",
+        f"topology {s.topology!r}: one of {', '.join(TOPOLOGIES)}",
+    )
     s.topology = s.topology or topology
-    _require(not s.compression or s.compression in COMPRESSIONS, "compression",
-             f"compression {s.compression!r}: one of {', '.join(COMPRESSIONS)}")
+    _require(
+        not s.compression or s.compression in COMPRESSIONS,
+        "compression",
+        f"compression {s.compression!r}: one of {', '.join(COMPRESSIONS)}",
+    )
     s.compression = s.compression or "none"
     if not s.HasField("outer_lr"):
         s.outer_lr = outer_lr
     _require(math.isfinite(s.outer_lr) and 0 < s.outer_lr <= 10, "outer_lr", "must be a number in (0, 10]")
     if not s.HasField("outer_momentum"):
         s.outer_momentum = outer_momentum
-    _require(math.isfinite(s.outer_momentum) and 0 <= s.outer_momentum < 1, "outer_momentum",
-             "must be a number in [0, 1)")
-    _require(not s.HasField("gossip_step") or (math.isfinite(s.gossip_step) and 0 < s.gossip_step <= 1),
-             "gossip_step", "must be a number in (0, 1]")
+    _require(
+        math.isfinite(s.outer_momentum) and 0 <= s.outer_momentum < 1, "outer_momentum", "must be a number in [0, 1)"
+    )
+    _require(
+        not s.HasField("gossip_step") or (math.isfinite(s.gossip_step) and 0 < s.gossip_step <= 1),
+        "gossip_step",
+        "must be a number in (0, 1]",
+    )
     _require(0 <= s.min_workers <= s.workers, "min_workers", f"must be 1..{s.workers} (0: a majority)")
     s.min_workers = s.min_workers or s.workers // 2 + 1
 
@@ -165,11 +178,17 @@ def check_dataset(dataset: str, roots: list[Path]) -> None:
         local_path(dataset, "dataset", roots)
         return
     scheme, _, rest = dataset.partition("://")
-    _require(scheme in ("s3", "az"), "dataset",
-             f"unknown dataset {dataset!r} (use builtin:pystdlib, file://, s3://SOURCE@bucket/prefix or "
-             "az://SOURCE@container/prefix)")
-    _require(bool(dataset_source(dataset)), "dataset",
-             f"{dataset!r} names no data source: register one and write {scheme}://SOURCE@{rest}")
+    _require(
+        scheme in ("s3", "az"),
+        "dataset",
+        f"unknown dataset {dataset!r} (use builtin:pystdlib, file://, s3://SOURCE@bucket/prefix or "
+        "az://SOURCE@container/prefix)",
+    )
+    _require(
+        bool(dataset_source(dataset)),
+        "dataset",
+        f"{dataset!r} names no data source: register one and write {scheme}://SOURCE@{rest}",
+    )
     check_store(f"{scheme}://{rest.partition('@')[2]}", "dataset", roots)
 
 

@@ -88,8 +88,9 @@ def kill_group(pid: int, sig: int) -> None:
 class WorkerLauncher:
     """Spawns, signals and reaps worker processes; knows nothing of job states."""
 
-    def __init__(self, jobs_dir: Path, ca: CertificateAuthority, server_address: str,
-                 worker_cert_lifetime: dt.timedelta):
+    def __init__(
+        self, jobs_dir: Path, ca: CertificateAuthority, server_address: str, worker_cert_lifetime: dt.timedelta
+    ):
         self._jobs_dir = jobs_dir
         self._ca = ca
         self._server_address = server_address
@@ -102,8 +103,7 @@ class WorkerLauncher:
     def log_path(self, job_id: str, worker: int) -> Path:
         return self.workspace(job_id) / f"worker-{worker}.log"
 
-    def launch(self, job: JobRecord, *, secrets: dict, on_certificate, attack: dict | None = None
-               ) -> dict[int, int]:
+    def launch(self, job: JobRecord, *, secrets: dict, on_certificate, attack: dict | None = None) -> dict[int, int]:
         """Start every worker process of ``job``; returns process index -> pid.
 
         ``secrets`` (the job's keys and data-source credentials) go only into the 0600 config files.
@@ -145,8 +145,9 @@ class WorkerLauncher:
     def _spawn(self, job: JobRecord, i: int, secrets: dict, on_certificate) -> subprocess.Popen:
         ws = self.workspace(job.id)
         principal = Principal.worker(job.id, i)
-        bundle = self._ca.issue_bundle(principal, lifetime=self._cert_lifetime, server=True,
-                                       dns_names=[gossip_server_name(job.id, i)])
+        bundle = self._ca.issue_bundle(
+            principal, lifetime=self._cert_lifetime, server=True, dns_names=[gossip_server_name(job.id, i)]
+        )
         on_certificate(bundle.certificate, principal.uri)
         (ws / f"worker-{i}.pem").write_bytes(bundle.cert_pem)
         write_private(ws / f"worker-{i}.key", bundle.key_pem)
@@ -173,8 +174,13 @@ class WorkerLauncher:
         with open(self.log_path(job.id, i), "ab") as log:
             return subprocess.Popen(
                 [sys.executable, "-m", "cantata.trainer.worker", "--config", str(config_path), "--job", job.id],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=ws, env=env, start_new_session=True)
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=ws,
+                env=env,
+                start_new_session=True,
+            )
 
     def alive_workers(self, job_id: str) -> int:
         running = self._running.get(job_id)

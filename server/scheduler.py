@@ -30,9 +30,20 @@ def quorum(spec: pb.JobSpec) -> int:
 
 
 class Scheduler:
-    def __init__(self, store: Store, launcher: WorkerLauncher, *, slots: int, grace: float,
-                 max_attempts: int, max_restarts: int, worker_secrets: Callable[[JobRecord], dict],
-                 record_certificate: Callable, audit: Callable[..., object], interval: float = 0.2):
+    def __init__(
+        self,
+        store: Store,
+        launcher: WorkerLauncher,
+        *,
+        slots: int,
+        grace: float,
+        max_attempts: int,
+        max_restarts: int,
+        worker_secrets: Callable[[JobRecord], dict],
+        record_certificate: Callable,
+        audit: Callable[..., object],
+        interval: float = 0.2,
+    ):
         self._store = store
         self._launcher = launcher
         self._slots = slots
@@ -104,10 +115,12 @@ class Scheduler:
                 continue
             try:
                 attack = self._store.attack(job.id)
-                pids = self._launcher.launch(self._store.job(job.id),
-                                             secrets=self._worker_secrets(job),
-                                             on_certificate=self._record_certificate,
-                                             attack=json.loads(attack) if attack else None)
+                pids = self._launcher.launch(
+                    self._store.job(job.id),
+                    secrets=self._worker_secrets(job),
+                    on_certificate=self._record_certificate,
+                    attack=json.loads(attack) if attack else None,
+                )
             except Exception as exc:
                 log.exception("launch of %s failed", job.id)
                 self._store.transition(job.id, pb.FAILED, f"could not start workers: {exc}")
@@ -153,8 +166,10 @@ class Scheduler:
             if alive < quorum(job.spec):
                 return f"{reason}; fewer than min_workers={job.spec.min_workers} worker groups are left"
             message = f"{reason}; continuing with {alive} of {processes(job.spec)} worker processes"
-        self._store.append_event(job.id, jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, worker=worker.idx,
-                                                           total_steps=job.spec.steps, message=message))
+        self._store.append_event(
+            job.id,
+            jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, worker=worker.idx, total_steps=job.spec.steps, message=message),
+        )
         return ""
 
     def _settle(self, job_id: str) -> None:

@@ -100,16 +100,20 @@ ACTIVE = frozenset({common_pb2.STARTING, common_pb2.RUNNING, common_pb2.CANCELLI
 # itself was stopped or killed: the job resumes from its last checkpoint.
 TRANSITIONS = {
     common_pb2.QUEUED: {common_pb2.STARTING, common_pb2.CANCELLED, common_pb2.FAILED},
-    common_pb2.STARTING: {common_pb2.RUNNING, common_pb2.CANCELLING, common_pb2.FAILED,
-                          common_pb2.QUEUED, common_pb2.SUCCEEDED},
-    common_pb2.RUNNING: {common_pb2.CANCELLING, common_pb2.SUCCEEDED, common_pb2.FAILED,
-                         common_pb2.QUEUED},
+    common_pb2.STARTING: {
+        common_pb2.RUNNING,
+        common_pb2.CANCELLING,
+        common_pb2.FAILED,
+        common_pb2.QUEUED,
+        common_pb2.SUCCEEDED,
+    },
+    common_pb2.RUNNING: {common_pb2.CANCELLING, common_pb2.SUCCEEDED, common_pb2.FAILED, common_pb2.QUEUED},
     common_pb2.CANCELLING: {common_pb2.CANCELLED, common_pb2.FAILED},
 }
 
 
 def utcnow() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
 class StoreError(Exception):
@@ -216,8 +220,7 @@ class Store:
     # ---- tenants -------------------------------------------------------
     def add_tenancy_request(self, name: str, csr_pem: bytes, fingerprint: str) -> Tenant:
         with self._tx() as db:
-            if db.execute("SELECT 1 FROM rejected_fingerprints WHERE fingerprint=?",
-                          (fingerprint,)).fetchone():
+            if db.execute("SELECT 1 FROM rejected_fingerprints WHERE fingerprint=?", (fingerprint,)).fetchone():
                 raise Conflict("this CSR was rejected and cannot be requested again")
             row = db.execute("SELECT status, csr_fingerprint FROM tenants WHERE name=?", (name,)).fetchone()
             if row is not None:
@@ -244,29 +247,47 @@ class Store:
             max_workers_per_job=row["max_workers_per_job"],
             max_total_steps=row["max_total_steps"],
         )
-        return Tenant(row["name"], row["status"], row["csr_pem"], row["csr_fingerprint"],
-                      row["cert_pem"], quota, row["requested_at"], row["approved_by"])
+        return Tenant(
+            row["name"],
+            row["status"],
+            row["csr_pem"],
+            row["csr_fingerprint"],
+            row["cert_pem"],
+            quota,
+            row["requested_at"],
+            row["approved_by"],
+        )
 
     def tenants(self, status: str = "") -> list[Tenant]:
         with self._lock:
-            names = [r[0] for r in self._db.execute(
-                "SELECT name FROM tenants WHERE (?='' OR status=?) ORDER BY name", (status, status))]
+            names = [
+                r[0]
+                for r in self._db.execute(
+                    "SELECT name FROM tenants WHERE (?='' OR status=?) ORDER BY name", (status, status)
+                )
+            ]
             return [self._tenant(self._db, n) for n in names]
 
-    def approve_tenant(self, name: str, fingerprint: str, cert_pem: bytes, quota: common_pb2.Quota,
-                       approved_by: str) -> Tenant:
+    def approve_tenant(
+        self, name: str, fingerprint: str, cert_pem: bytes, quota: common_pb2.Quota, approved_by: str
+    ) -> Tenant:
         with self._tx() as db:
             tenant = self._tenant(db, name)
             if tenant.status != "PENDING":
                 raise Conflict(f"tenant {name!r} is {tenant.status}, not PENDING")
             if tenant.csr_fingerprint != fingerprint:
-                raise Conflict(f"fingerprint mismatch for {name!r}: the pending request is "
-                               f"{tenant.csr_fingerprint}")
+                raise Conflict(f"fingerprint mismatch for {name!r}: the pending request is {tenant.csr_fingerprint}")
             db.execute(
                 "UPDATE tenants SET status='APPROVED', cert_pem=?, max_concurrent_jobs=?, "
                 "max_workers_per_job=?, max_total_steps=?, approved_by=? WHERE name=?",
-                (cert_pem, quota.max_concurrent_jobs, quota.max_workers_per_job,
-                 quota.max_total_steps, approved_by, name),
+                (
+                    cert_pem,
+                    quota.max_concurrent_jobs,
+                    quota.max_workers_per_job,
+                    quota.max_total_steps,
+                    approved_by,
+                    name,
+                ),
             )
             return self._tenant(db, name)
 
@@ -275,8 +296,9 @@ class Store:
             tenant = self._tenant(db, name)
             if tenant.status != "PENDING":
                 raise Conflict(f"tenant {name!r} is {tenant.status}, not PENDING")
-            db.execute("INSERT OR IGNORE INTO rejected_fingerprints VALUES (?, ?, ?)",
-                       (tenant.csr_fingerprint, name, utcnow()))
+            db.execute(
+                "INSERT OR IGNORE INTO rejected_fingerprints VALUES (?, ?, ?)", (tenant.csr_fingerprint, name, utcnow())
+            )
             db.execute("DELETE FROM tenants WHERE name=?", (name,))
             tenant.status = "REJECTED"
             return tenant
@@ -306,8 +328,10 @@ class Store:
     # ---- certificates --------------------------------------------------
     def record_certificate(self, serial: int, principal: str, not_after: dt.datetime) -> None:
         with self._tx() as db:
-            db.execute("INSERT OR REPLACE INTO certificates (serial, principal, not_after) VALUES (?,?,?)",
-                       (format(serial, "x"), principal, not_after.isoformat()))
+            db.execute(
+                "INSERT OR REPLACE INTO certificates (serial, principal, not_after) VALUES (?,?,?)",
+                (format(serial, "x"), principal, not_after.isoformat()),
+            )
 
     def revoke_certificate(self, serial: str) -> str:
         """Refuse certificate ``serial`` (hex) from now on; returns its principal."""
@@ -321,14 +345,16 @@ class Store:
     def current_certificate(self, principal: str) -> tuple[str, str] | None:
         """(serial, not_after) of the newest unrevoked certificate issued to ``principal``."""
         with self._lock:
-            row = self._db.execute("SELECT serial, not_after FROM certificates WHERE principal=? AND revoked=0 "
-                                   "ORDER BY rowid DESC LIMIT 1", (principal,)).fetchone()
+            row = self._db.execute(
+                "SELECT serial, not_after FROM certificates WHERE principal=? AND revoked=0 "
+                "ORDER BY rowid DESC LIMIT 1",
+                (principal,),
+            ).fetchone()
             return (row["serial"], row["not_after"]) if row else None
 
     def is_revoked(self, serial: int) -> bool:
         with self._lock:
-            row = self._db.execute("SELECT revoked FROM certificates WHERE serial=?",
-                                   (format(serial, "x"),)).fetchone()
+            row = self._db.execute("SELECT revoked FROM certificates WHERE serial=?", (format(serial, "x"),)).fetchone()
             return bool(row and row["revoked"])
 
     # ---- jobs ----------------------------------------------------------
@@ -339,8 +365,9 @@ class Store:
         submits cannot both take the last free slot. Returns (job, created).
         """
         with self._tx() as db:
-            row = db.execute("SELECT id FROM jobs WHERE tenant=? AND request_id=?",
-                             (tenant.name, request_id)).fetchone()
+            row = db.execute(
+                "SELECT id FROM jobs WHERE tenant=? AND request_id=?", (tenant.name, request_id)
+            ).fetchone()
             if row is not None:
                 return self._job(db, row["id"]), False
             quota = tenant.quota
@@ -350,8 +377,8 @@ class Store:
                 raise QuotaExceeded("steps per job", quota.max_total_steps, spec.steps)
             if quota.max_concurrent_jobs:
                 active = db.execute(
-                    f"SELECT COUNT(*) FROM jobs WHERE tenant=? AND state NOT IN ({_in(TERMINAL)})",
-                    (tenant.name,)).fetchone()[0]
+                    f"SELECT COUNT(*) FROM jobs WHERE tenant=? AND state NOT IN ({_in(TERMINAL)})", (tenant.name,)
+                ).fetchone()[0]
                 if active >= quota.max_concurrent_jobs:
                     raise QuotaExceeded("concurrent jobs", quota.max_concurrent_jobs, active)
             job_id = "job-" + uuid.uuid4().hex[:16]
@@ -361,8 +388,13 @@ class Store:
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (job_id, tenant.name, request_id, spec.SerializeToString(), common_pb2.QUEUED, now, now),
             )
-            self._append_event(db, job_id, jobs_pb2.JobEvent(
-                kind=jobs_pb2.STATE, state=common_pb2.QUEUED, total_steps=spec.steps, message="queued"))
+            self._append_event(
+                db,
+                job_id,
+                jobs_pb2.JobEvent(
+                    kind=jobs_pb2.STATE, state=common_pb2.QUEUED, total_steps=spec.steps, message="queued"
+                ),
+            )
             return self._job(db, job_id), True
 
     def job(self, job_id: str, tenant: str | None = None) -> JobRecord:
@@ -378,12 +410,24 @@ class Store:
         if row is None:
             raise NotFound(f"job {job_id!r} not found")
         spec = common_pb2.JobSpec.FromString(row["spec"])
-        return JobRecord(row["id"], row["tenant"], row["request_id"], spec, row["state"], row["reason"],
-                         row["step"], row["loss"], row["val_loss"], row["attempts"],
-                         row["created_at"], row["updated_at"])
+        return JobRecord(
+            row["id"],
+            row["tenant"],
+            row["request_id"],
+            spec,
+            row["state"],
+            row["reason"],
+            row["step"],
+            row["loss"],
+            row["val_loss"],
+            row["attempts"],
+            row["created_at"],
+            row["updated_at"],
+        )
 
-    def jobs(self, *, tenant: str | None = None, states: frozenset[int] | None = None,
-             after: str = "", limit: int = 1000) -> list[JobRecord]:
+    def jobs(
+        self, *, tenant: str | None = None, states: frozenset[int] | None = None, after: str = "", limit: int = 1000
+    ) -> list[JobRecord]:
         """Jobs in creation order; ``after`` is a page token (the last id seen)."""
         clauses, args = [], []
         if tenant is not None:
@@ -396,8 +440,12 @@ class Store:
             args.append(after)
         where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
         with self._lock:
-            ids = [r[0] for r in self._db.execute(
-                f"SELECT id FROM jobs {where} ORDER BY created_at, id LIMIT ?", (*args, limit))]
+            ids = [
+                r[0]
+                for r in self._db.execute(
+                    f"SELECT id FROM jobs {where} ORDER BY created_at, id LIMIT ?", (*args, limit)
+                )
+            ]
             return [self._job(self._db, i) for i in ids]
 
     def transition(self, job_id: str, state: int, reason: str = "", *, message: str = "") -> bool:
@@ -411,17 +459,28 @@ class Store:
             if state not in TRANSITIONS.get(job.state, ()):
                 return False
             attempts = job.attempts + (1 if state == common_pb2.STARTING else 0)
-            db.execute("UPDATE jobs SET state=?, reason=?, attempts=?, updated_at=? WHERE id=?",
-                       (state, reason or job.reason if state not in TERMINAL else reason,
-                        attempts, utcnow(), job_id))
-            self._append_event(db, job_id, jobs_pb2.JobEvent(
-                kind=jobs_pb2.STATE, state=state, terminal=state in TERMINAL, step=job.step,
-                total_steps=job.spec.steps, message=message or reason or common_pb2.JobState.Name(state).lower(),
-                val_loss=job.val_loss))
+            db.execute(
+                "UPDATE jobs SET state=?, reason=?, attempts=?, updated_at=? WHERE id=?",
+                (state, reason or job.reason if state not in TERMINAL else reason, attempts, utcnow(), job_id),
+            )
+            self._append_event(
+                db,
+                job_id,
+                jobs_pb2.JobEvent(
+                    kind=jobs_pb2.STATE,
+                    state=state,
+                    terminal=state in TERMINAL,
+                    step=job.step,
+                    total_steps=job.spec.steps,
+                    message=message or reason or common_pb2.JobState.Name(state).lower(),
+                    val_loss=job.val_loss,
+                ),
+            )
             return True
 
-    def record_progress(self, job_id: str, *, step: int, loss: float | None = None,
-                        val_loss: float | None = None) -> None:
+    def record_progress(
+        self, job_id: str, *, step: int, loss: float | None = None, val_loss: float | None = None
+    ) -> None:
         # SQLite stores NaN as NULL: a non-finite loss is reported in events, not kept here
         loss = loss if loss is not None and math.isfinite(loss) else None
         val_loss = val_loss if val_loss is not None and math.isfinite(val_loss) else None
@@ -441,12 +500,10 @@ class Store:
             return self._append_event(db, job_id, event)
 
     def _append_event(self, db: sqlite3.Connection, job_id: str, event: jobs_pb2.JobEvent) -> int:
-        seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE job_id=?",
-                         (job_id,)).fetchone()[0]
+        seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE job_id=?", (job_id,)).fetchone()[0]
         event.seq = seq
         event.time.GetCurrentTime()
-        db.execute("INSERT INTO events (job_id, seq, body) VALUES (?, ?, ?)",
-                   (job_id, seq, event.SerializeToString()))
+        db.execute("INSERT INTO events (job_id, seq, body) VALUES (?, ?, ?)", (job_id, seq, event.SerializeToString()))
         self._events.notify_all()
         return seq
 
@@ -460,27 +517,40 @@ class Store:
             return [jobs_pb2.JobEvent.FromString(r[0]) for r in rows]
 
     def _fetch_events(self, job_id: str, cursor: int) -> list[sqlite3.Row]:
-        return self._db.execute("SELECT body FROM events WHERE job_id=? AND seq>? ORDER BY seq LIMIT 500",
-                                (job_id, cursor)).fetchall()
+        return self._db.execute(
+            "SELECT body FROM events WHERE job_id=? AND seq>? ORDER BY seq LIMIT 500", (job_id, cursor)
+        ).fetchall()
 
     # ---- workers -------------------------------------------------------
     def set_workers(self, job_id: str, pids: dict[int, int]) -> None:
         with self._tx() as db:
             db.execute("DELETE FROM workers WHERE job_id=?", (job_id,))
-            db.executemany("INSERT INTO workers (job_id, idx, pid) VALUES (?, ?, ?)",
-                           [(job_id, i, pid) for i, pid in pids.items()])
+            db.executemany(
+                "INSERT INTO workers (job_id, idx, pid) VALUES (?, ?, ?)", [(job_id, i, pid) for i, pid in pids.items()]
+            )
 
     def workers(self, job_id: str) -> list[WorkerRecord]:
         with self._lock:
-            return [WorkerRecord(r["job_id"], r["idx"], r["pid"], bool(r["finished"]), r["failure"], r["restarts"],
-                                 r["gossip_address"])
-                    for r in self._db.execute("SELECT * FROM workers WHERE job_id=? ORDER BY idx", (job_id,))]
+            return [
+                WorkerRecord(
+                    r["job_id"],
+                    r["idx"],
+                    r["pid"],
+                    bool(r["finished"]),
+                    r["failure"],
+                    r["restarts"],
+                    r["gossip_address"],
+                )
+                for r in self._db.execute("SELECT * FROM workers WHERE job_id=? ORDER BY idx", (job_id,))
+            ]
 
     def restart_worker(self, job_id: str, idx: int, pid: int) -> None:
         """A relaunched worker: new pid, no gossip endpoint until it registers again."""
         with self._tx() as db:
-            db.execute("UPDATE workers SET pid=?, restarts=restarts+1, failure='', gossip_address='' "
-                       "WHERE job_id=? AND idx=?", (pid, job_id, idx))
+            db.execute(
+                "UPDATE workers SET pid=?, restarts=restarts+1, failure='', gossip_address='' WHERE job_id=? AND idx=?",
+                (pid, job_id, idx),
+            )
 
     def set_round(self, job_id: str, idx: int, round_: int) -> None:
         with self._tx() as db:
@@ -492,8 +562,9 @@ class Store:
 
     def latest_round(self, job_id: str) -> int:
         with self._lock:
-            return self._db.execute("SELECT COALESCE(MAX(round), 0) FROM workers WHERE job_id=?",
-                                    (job_id,)).fetchone()[0]
+            return self._db.execute("SELECT COALESCE(MAX(round), 0) FROM workers WHERE job_id=?", (job_id,)).fetchone()[
+                0
+            ]
 
     def set_gossip_address(self, job_id: str, idx: int, address: str) -> None:
         with self._tx() as db:
@@ -512,19 +583,25 @@ class Store:
 
     def add_anomaly(self, a: AnomalyRecord) -> None:
         with self._tx() as db:
-            db.execute("INSERT INTO anomalies VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       (a.job_id, a.reporter, a.peer, a.round, a.check, a.verdict, a.score, int(a.quarantined),
-                        a.time))
+            db.execute(
+                "INSERT INTO anomalies VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (a.job_id, a.reporter, a.peer, a.round, a.check, a.verdict, a.score, int(a.quarantined), a.time),
+            )
 
     def anomalies(self, job_id: str) -> list[AnomalyRecord]:
         with self._lock:
-            return [AnomalyRecord(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8]) for r in
-                    self._db.execute("SELECT * FROM anomalies WHERE job_id=? ORDER BY rowid", (job_id,))]
+            return [
+                AnomalyRecord(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8])
+                for r in self._db.execute("SELECT * FROM anomalies WHERE job_id=? ORDER BY rowid", (job_id,))
+            ]
 
     def mark_worker(self, job_id: str, idx: int, *, finished: bool = False, failure: str = "") -> None:
         with self._tx() as db:
-            db.execute("UPDATE workers SET finished=MAX(finished, ?), failure=CASE WHEN ?='' THEN failure "
-                       "ELSE ? END WHERE job_id=? AND idx=?", (int(finished), failure, failure, job_id, idx))
+            db.execute(
+                "UPDATE workers SET finished=MAX(finished, ?), failure=CASE WHEN ?='' THEN failure "
+                "ELSE ? END WHERE job_id=? AND idx=?",
+                (int(finished), failure, failure, job_id, idx),
+            )
 
 
 def _in(values: frozenset[int]) -> str:

@@ -30,7 +30,8 @@ class RotatingCredentials:
     def _configuration(self) -> grpc.ServerCertificateConfiguration:
         cert, key, trust = (f.read_bytes() for f in self._files)
         return grpc.ssl_server_certificate_configuration(
-            [(key, cert)], root_certificates=trust if self._require else None)
+            [(key, cert)], root_certificates=trust if self._require else None
+        )
 
     def _fetch(self) -> grpc.ServerCertificateConfiguration | None:
         with self._lock:
@@ -41,8 +42,9 @@ class RotatingCredentials:
             return self._configuration()
 
     def credentials(self) -> grpc.ServerCredentials:
-        return grpc.dynamic_ssl_server_credentials(self._configuration(), self._fetch,
-                                                   require_client_authentication=self._require)
+        return grpc.dynamic_ssl_server_credentials(
+            self._configuration(), self._fetch, require_client_authentication=self._require
+        )
 
 
 def rotate_server_certificate(paths: DataDir, dns_names: list[str], ips: list[str]) -> int:

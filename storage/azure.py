@@ -38,8 +38,8 @@ from cantata.storage.base import (
     StoreConfigError,
     StoreError,
     StoreUnavailableError,
-    validate_key,
     store_prefix,
+    validate_key,
     validate_prefix,
 )
 
@@ -68,7 +68,9 @@ class AzureBlobStore(BlobStore):
         self._prefix = store_prefix(prefix)
         self._block_size = block_size
         options: dict[str, Any] = {
-            "retry_policy": ExponentialRetry(initial_backoff=1, increment_base=2, retry_total=retries, random_jitter_range=1),
+            "retry_policy": ExponentialRetry(
+                initial_backoff=1, increment_base=2, retry_total=retries, random_jitter_range=1
+            ),
             "connection_timeout": connection_timeout,
             "max_chunk_get_size": block_size,
             "max_single_get_size": block_size,

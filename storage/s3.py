@@ -19,7 +19,8 @@ from typing import Any
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, ConnectionError as BotoConnectionError, HTTPClientError
+from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
+from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from cantata.storage.base import (
     BlobNotFoundError,
@@ -29,8 +30,8 @@ from cantata.storage.base import (
     StoreConfigError,
     StoreError,
     StoreUnavailableError,
-    validate_key,
     store_prefix,
+    validate_key,
     validate_prefix,
 )
 

@@ -26,10 +26,13 @@ def free_port() -> int:
 
 def cli(*args: str, env: dict | None = None, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run the real ``cantata`` CLI in a subprocess."""
-    result = subprocess.run([sys.executable, "-m", "cantata.sdk.cli", *args], capture_output=True, text=True,
-                            env=env, timeout=timeout)
+    result = subprocess.run(
+        [sys.executable, "-m", "cantata.sdk.cli", *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
     if check and result.returncode != 0:
-        raise AssertionError(f"cantata {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+        raise AssertionError(
+            f"cantata {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+        )
     return result
 
 
@@ -47,15 +50,27 @@ class Platform:
         self.env = {**os.environ, **(env or {}), "CANTATA_HOME": str(self.home)}
         os.environ["CANTATA_HOME"] = str(self.home)
         self.proc: subprocess.Popen | None = None
-        cli("server", "init", "--data-dir", str(self.data_dir), "--listen", self.address,
-            "--enroll-listen", self.enroll_address, env=self.env)
+        cli(
+            "server",
+            "init",
+            "--data-dir",
+            str(self.data_dir),
+            "--listen",
+            self.address,
+            "--enroll-listen",
+            self.enroll_address,
+            env=self.env,
+        )
         self.ca_pem = (self.data_dir / "ca.pem").read_bytes()
 
     def start(self) -> None:
         self.log = open(self.root / "server.log", "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cantata.sdk.cli", "server", "start", "--data-dir", str(self.data_dir)],
-            stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+        )
         self.wait_healthy()
 
     def wait_healthy(self, timeout: float = 30) -> None:
@@ -67,8 +82,10 @@ class Platform:
                 if self.proc is not None and self.proc.poll() is not None:
                     raise RuntimeError(f"server exited: {(self.root / 'server.log').read_text()[-3000:]}")
                 try:
-                    if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == \
-                            health_pb2.HealthCheckResponse.SERVING:
+                    if (
+                        stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status
+                        == health_pb2.HealthCheckResponse.SERVING
+                    ):
                         return
                 except grpc.RpcError:
                     time.sleep(0.1)

@@ -131,8 +131,7 @@ def start_azurite(workdir: Path) -> RunningService:
 
 def azurite_connection_string(endpoint: str) -> str:
     return (
-        f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
-        f"AccountKey={AZURITE_KEY};BlobEndpoint={endpoint};"
+        f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};BlobEndpoint={endpoint};"
     )
 
 
@@ -148,12 +147,21 @@ def moto_auth_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Auth
     service = start_moto(tmp_path_factory.mktemp("moto-auth"))
     iam = boto3.client("iam", endpoint_url=service.endpoint, **S3_TEST_CREDENTIALS)
     iam.create_user(UserName="tenant")
-    iam.put_user_policy(UserName="tenant", PolicyName="s3", PolicyDocument=json.dumps(
-        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+    iam.put_user_policy(
+        UserName="tenant",
+        PolicyName="s3",
+        PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
+        ),
+    )
     key = iam.create_access_key(UserName="tenant")["AccessKey"]
     # From now on every request must be signed by a known key (moto's INITIAL_NO_AUTH_ACTION_COUNT, set to 0).
-    urlopen(Request(f"{service.endpoint}/moto-api/reset-auth", data=b"0", method="POST",
-                    headers={"Content-Type": "text/plain"}), timeout=10).close()
+    urlopen(
+        Request(
+            f"{service.endpoint}/moto-api/reset-auth", data=b"0", method="POST", headers={"Content-Type": "text/plain"}
+        ),
+        timeout=10,
+    ).close()
     yield AuthenticatingS3(service.endpoint, key["AccessKeyId"], key["SecretAccessKey"])
     stop_service(service)
 
@@ -176,7 +184,11 @@ def s3_store(moto_service: RunningService, boto3_session: boto3.session.Session)
     """An S3 store on a fresh moto bucket."""
     bucket = f"test-{uuid.uuid4().hex[:20]}"
     store = open_store(
-        f"s3://{bucket}/ckpt", endpoint_url=moto_service.endpoint, session=boto3_session, retries=1, **S3_TEST_CREDENTIALS
+        f"s3://{bucket}/ckpt",
+        endpoint_url=moto_service.endpoint,
+        session=boto3_session,
+        retries=1,
+        **S3_TEST_CREDENTIALS,
     )
     store.client.create_bucket(Bucket=bucket)
     return store

@@ -82,7 +82,9 @@ def test_warm_up_uses_the_prior(own, generator):
     config = ScreeningConfig()
     screener = UpdateScreener(LAYOUT, config)
     limit = config.prior_ratio + config.reject_z * config.prior_spread
-    far = own + (limit * 1.2) * own.norm() * torch.nn.functional.normalize(torch.randn(own.shape, generator=generator), dim=0)
+    far = own + (limit * 1.2) * own.norm() * torch.nn.functional.normalize(
+        torch.randn(own.shape, generator=generator), dim=0
+    )
     near = honest(own, generator)
     assert screener.screen(1, far, own).verdict is Verdict.REJECT
     assert screener.screen(2, near, own).verdict is Verdict.ACCEPT

@@ -44,8 +44,17 @@ def test_verify_intact_log_exits_zero_with_summary(data_dir, capsys):
 
 def test_verify_by_log_path_with_external_public_key(data_dir, capsys):
     root = json.loads((data_dir / "audit" / "log.json").read_bytes())["root_key"]
-    assert cli("audit", "verify", "--log", str(data_dir / "audit"),
-               "--pubkey", str(data_dir / "audit" / "keys" / f"{root}.pub")) == 0
+    assert (
+        cli(
+            "audit",
+            "verify",
+            "--log",
+            str(data_dir / "audit"),
+            "--pubkey",
+            str(data_dir / "audit" / "keys" / f"{root}.pub"),
+        )
+        == 0
+    )
 
 
 def test_verify_broken_log_names_the_break_in_one_line(data_dir, capsys):
@@ -56,11 +65,14 @@ def test_verify_broken_log_names_the_break_in_one_line(data_dir, capsys):
     assert err == [err[0]] and err[0].startswith("cantata audit verify: audit log broken at seq 2: modified")
 
 
-@pytest.mark.parametrize("problem, expected", [
-    ("no_log", "no audit log at"),
-    ("missing_pubkey", "public key file not found"),
-    ("bad_pubkey", "no PEM public key found"),
-])
+@pytest.mark.parametrize(
+    "problem, expected",
+    [
+        ("no_log", "no audit log at"),
+        ("missing_pubkey", "public key file not found"),
+        ("bad_pubkey", "no PEM public key found"),
+    ],
+)
 def test_verify_cannot_start_exits_two_with_a_clear_reason(data_dir, tmp_path, capsys, problem, expected):
     args = ["audit", "verify", "--data-dir", str(data_dir)]
     if problem == "no_log":
@@ -76,15 +88,29 @@ def test_verify_cannot_start_exits_two_with_a_clear_reason(data_dir, tmp_path, c
 
 def test_report_for_a_tenant_to_a_file(data_dir, tmp_path, capsys):
     out = tmp_path / "acme.html"
-    assert cli("audit", "report", "--data-dir", str(data_dir), "--tenant", "acme", "--since", "2000-01-01",
-               "--format", "html", "--out", str(out)) == 0
+    assert (
+        cli(
+            "audit",
+            "report",
+            "--data-dir",
+            str(data_dir),
+            "--tenant",
+            "acme",
+            "--since",
+            "2000-01-01",
+            "--format",
+            "html",
+            "--out",
+            str(out),
+        )
+        == 0
+    )
     page = out.read_text()
     assert "INTACT" in page and "tenant_approved" in page and "198.51.100.4" not in page
 
 
 def test_report_period_in_the_future_is_empty(data_dir, capsys):
-    assert cli("audit", "report", "--data-dir", str(data_dir), "--since", "2999-01-01T00:00Z",
-               "--format", "json") == 0
+    assert cli("audit", "report", "--data-dir", str(data_dir), "--since", "2999-01-01T00:00Z", "--format", "json") == 0
     assert json.loads(capsys.readouterr().out)["records"] == 0
 
 
@@ -109,16 +135,20 @@ def test_rotate_key_while_the_server_holds_the_log_is_refused(data_dir, capsys):
 
 
 def test_exit_status_through_a_real_process(data_dir):
-    harness = ("import argparse, sys\n"
-               "from cantata.server.audit_cli import register\n"
-               "p = argparse.ArgumentParser(prog='cantata'); register(p.add_subparsers(required=True))\n"
-               "a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))\n")
-    intact = subprocess.run([sys.executable, "-c", harness, "audit", "verify", "--data-dir", str(data_dir)],
-                            capture_output=True, text=True)
+    harness = (
+        "import argparse, sys\n"
+        "from cantata.server.audit_cli import register\n"
+        "p = argparse.ArgumentParser(prog='cantata'); register(p.add_subparsers(required=True))\n"
+        "a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))\n"
+    )
+    intact = subprocess.run(
+        [sys.executable, "-c", harness, "audit", "verify", "--data-dir", str(data_dir)], capture_output=True, text=True
+    )
     assert intact.returncode == 0, intact.stderr
     (data_dir / "audit" / "checkpoints.jsonl").write_bytes(b"")
-    broken = subprocess.run([sys.executable, "-c", harness, "audit", "verify", "--data-dir", str(data_dir)],
-                            capture_output=True, text=True)
+    broken = subprocess.run(
+        [sys.executable, "-c", harness, "audit", "verify", "--data-dir", str(data_dir)], capture_output=True, text=True
+    )
     assert broken.returncode == 1 and broken.stderr.count("\n") == 1
 
 

@@ -55,28 +55,42 @@ def test_init_creates_layout_and_refuses_to_overwrite(tmp_path):
 def test_every_action_produces_a_readable_record(audit_dir):
     with AuditLog.open(audit_dir) as log:
         for action in Action:
-            record = log.append(ADMIN, action, resource=f"res-{action}", tenant="acme",
-                                details={"step": 3, "reason": "test"}, peer="ipv4:10.0.0.7:4242")
+            record = log.append(
+                ADMIN,
+                action,
+                resource=f"res-{action}",
+                tenant="acme",
+                details={"step": 3, "reason": "test"},
+                peer="ipv4:10.0.0.7:4242",
+            )
             assert record.action == action.value
     stored = list(read_records(audit_dir))
     assert [r.action for r in stored] == [a.value for a in Action]
     assert [r.seq for r in stored] == list(range(1, len(Action) + 1))
     first = stored[0]
     assert (first.actor, first.tenant, first.resource, first.peer, first.outcome) == (
-        ADMIN, "acme", f"res-{Action.TENANCY_REQUESTED}", "ipv4:10.0.0.7:4242", "ok")
+        ADMIN,
+        "acme",
+        f"res-{Action.TENANCY_REQUESTED}",
+        "ipv4:10.0.0.7:4242",
+        "ok",
+    )
     assert first.time.tzinfo is not None and dict(first.details) == {"step": 3, "reason": "test"}
     assert verify(audit_dir).ok
 
 
-@pytest.mark.parametrize("details", [
-    {"password": "hunter2"},
-    {"client_secret": "s"},
-    {"apiToken": "t"},
-    {"data_key": "00ff"},
-    {"tls": {"private_key": "x"}},
-    {"note": "-----BEGIN PRIVATE KEY-----\nMC4CAQ...\n-----END PRIVATE KEY-----"},
-    {"blob": b"\x01\x02"},
-])
+@pytest.mark.parametrize(
+    "details",
+    [
+        {"password": "hunter2"},
+        {"client_secret": "s"},
+        {"apiToken": "t"},
+        {"data_key": "00ff"},
+        {"tls": {"private_key": "x"}},
+        {"note": "-----BEGIN PRIVATE KEY-----\nMC4CAQ...\n-----END PRIVATE KEY-----"},
+        {"blob": b"\x01\x02"},
+    ],
+)
 def test_secret_material_is_refused(audit_dir, details):
     with AuditLog.open(audit_dir) as log:
         with pytest.raises(SecretMaterialError):
@@ -90,21 +104,30 @@ def test_references_to_keys_are_allowed(audit_dir):
     assert dict(record.details) == {"key_id": "kek-1", "kek_fingerprint": "ab"}
 
 
-@pytest.mark.parametrize("bad", [{"actor": ""}, {"action": "Job Submitted"}, {"outcome": ""},
-                                 {"details": {"x": float("nan")}}, {"details": {"x": object()}}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"actor": ""},
+        {"action": "Job Submitted"},
+        {"outcome": ""},
+        {"details": {"x": float("nan")}},
+        {"details": {"x": object()}},
+    ],
+)
 def test_malformed_appends_are_refused(audit_dir, bad):
     call = {"actor": ADMIN, "action": Action.JOB_SUBMITTED} | bad
     actor, action = call.pop("actor"), call.pop("action")
-    with AuditLog.open(audit_dir) as log:
-        with pytest.raises(ValueError):
-            log.append(actor, action, **call)
+    with AuditLog.open(audit_dir) as log, pytest.raises(ValueError):
+        log.append(actor, action, **call)
 
 
 def test_concurrent_appends_form_one_chain(audit_dir):
     with AuditLog.open(audit_dir, checkpoint_every_records=50) as log:
+
         def worker(n: int) -> None:
             for i in range(100):
                 log.append(f"spiffe://cantata/job/j/worker/{n}", Action.CHECKPOINT_WRITTEN, resource=f"{n}-{i}")
+
         threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
         for thread in threads:
             thread.start()
@@ -210,8 +233,10 @@ def test_rotated_keys_keep_old_segments_verifiable(audit_dir, tmp_path):
     signers = {c["key"] for c in checkpoints(audit_dir)}
     assert signers == {root, second, third}
     rotations = [r for r in read_records(audit_dir) if r.action == Action.AUDIT_KEY_ROTATED]
-    assert [dict(r.details) for r in rotations] == [{"old_key_id": root, "new_key_id": second},
-                                                    {"old_key_id": second, "new_key_id": third}]
+    assert [dict(r.details) for r in rotations] == [
+        {"old_key_id": root, "new_key_id": second},
+        {"old_key_id": second, "new_key_id": third},
+    ]
 
     result = verify(audit_dir, public_keys=load_public_keys_file(root_pem))
     assert result.ok, result.summary()
@@ -226,8 +251,12 @@ def test_hash_from_the_stored_line_equals_the_hash_of_the_body(audit_dir):
     from cantata.security.audit.record import body_hash, canonical_line_hash
 
     with AuditLog.open(audit_dir) as log:
-        record = log.append(ADMIN, Action.CHECKPOINT_WRITTEN, resource='a,"hash":"x"',
-                            details={"hash": "0" * 64, "nested": {"hash": "y"}})
+        record = log.append(
+            ADMIN,
+            Action.CHECKPOINT_WRITTEN,
+            resource='a,"hash":"x"',
+            details={"hash": "0" * 64, "nested": {"hash": "y"}},
+        )
     line = record.to_line().rstrip(b"\n")
     assert canonical_line_hash(line, record.hash) == body_hash(record.body()) == record.hash
     assert verify(audit_dir).ok

@@ -36,16 +36,38 @@ def history(tmp_path_factory) -> tuple[Path, object]:
             log.append("anonymous", Action.TENANCY_REQUESTED, resource=name, tenant=name, peer="ipv4:10.1.1.1:1")
             log.append(ADMIN, Action.TENANT_APPROVED, resource=name, tenant=name, details={"max_workers": 4})
         log.append(_tenant("acme"), Action.JOB_SUBMITTED, resource="job-a1", tenant="acme")
-        log.append("anonymous", Action.AUTH_FAILED, resource="/cantata.v1.Jobs/Submit", outcome="denied",
-                   details={"reason": "no client certificate"}, peer="ipv4:203.0.113.9:5555")
-        second_period = log.append(_tenant("globex"), Action.AUTHZ_DENIED, resource="/cantata.v1.Admin/Approve",
-                                   tenant="globex", outcome="denied", details={"reason": "not an admin"},
-                                   peer="ipv4:10.2.2.2:2")
+        log.append(
+            "anonymous",
+            Action.AUTH_FAILED,
+            resource="/cantata.v1.Jobs/Submit",
+            outcome="denied",
+            details={"reason": "no client certificate"},
+            peer="ipv4:203.0.113.9:5555",
+        )
+        second_period = log.append(
+            _tenant("globex"),
+            Action.AUTHZ_DENIED,
+            resource="/cantata.v1.Admin/Approve",
+            tenant="globex",
+            outcome="denied",
+            details={"reason": "not an admin"},
+            peer="ipv4:10.2.2.2:2",
+        )
         log.append(_tenant("acme"), Action.JOB_SUBMITTED, resource="job-a2", tenant="acme")
-        log.append("spiffe://cantata/job/job-a2/worker/1", Action.GRADIENT_ANOMALY_DETECTED, resource="job-a2",
-                   tenant="acme", details={"peer_worker": 3, "norm_ratio": 41.5})
-        log.append("spiffe://cantata/job/job-a2/worker/1", Action.PEER_QUARANTINED, resource="job-a2",
-                   tenant="acme", details={"peer_worker": 3})
+        log.append(
+            "spiffe://cantata/job/job-a2/worker/1",
+            Action.GRADIENT_ANOMALY_DETECTED,
+            resource="job-a2",
+            tenant="acme",
+            details={"peer_worker": 3, "norm_ratio": 41.5},
+        )
+        log.append(
+            "spiffe://cantata/job/job-a2/worker/1",
+            Action.PEER_QUARANTINED,
+            resource="job-a2",
+            tenant="acme",
+            details={"peer_worker": 3},
+        )
         log.append(_tenant("globex"), Action.JOB_SUBMITTED, resource="job-g1", tenant="globex")
     return directory, second_period
 

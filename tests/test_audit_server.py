@@ -22,8 +22,9 @@ def history(platform, tmp_path_factory):
     job = acme.submit(Job(name="recorded", **QUICK))
     assert job.wait(timeout=120).state == "SUCCEEDED"
     acme.download_checkpoint(job.id, 10, tmp_path_factory.mktemp("dl") / "m.pt")
-    doomed = acme.submit(Job(name="doomed", steps=100_000, batch_size=4, seq_len=16, eval_every=50_000,
-                             checkpoint_every=50_000))
+    doomed = acme.submit(
+        Job(name="doomed", steps=100_000, batch_size=4, seq_len=16, eval_every=50_000, checkpoint_every=50_000)
+    )
     doomed.cancel()
     doomed.wait(timeout=60)
     with pytest.raises(errors.PermissionDenied):
@@ -49,13 +50,31 @@ def _actions(platform) -> set[str]:
     return {r.action for r in read_records(platform.data_dir / "audit")}
 
 
-@pytest.mark.parametrize("action", [
-    Action.TENANCY_REQUESTED, Action.TENANT_APPROVED, Action.CERTIFICATE_ISSUED, Action.QUOTA_CHANGED,
-    Action.TENANT_SUSPENDED, Action.TENANT_RESUMED, Action.CERTIFICATE_REVOKED, Action.AUTHZ_DENIED, Action.AUTH_FAILED,
-    Action.JOB_SUBMITTED, Action.JOB_STARTED, Action.JOB_CANCEL_REQUESTED, Action.JOB_CANCELLED,
-    Action.JOB_FINISHED, Action.CHECKPOINT_WRITTEN, Action.CHECKPOINT_DOWNLOADED, Action.SERVER_STARTED,
-    Action.TENANT_REJECTED, Action.KEY_CREATED, Action.KEY_UNWRAPPED,
-])
+@pytest.mark.parametrize(
+    "action",
+    [
+        Action.TENANCY_REQUESTED,
+        Action.TENANT_APPROVED,
+        Action.CERTIFICATE_ISSUED,
+        Action.QUOTA_CHANGED,
+        Action.TENANT_SUSPENDED,
+        Action.TENANT_RESUMED,
+        Action.CERTIFICATE_REVOKED,
+        Action.AUTHZ_DENIED,
+        Action.AUTH_FAILED,
+        Action.JOB_SUBMITTED,
+        Action.JOB_STARTED,
+        Action.JOB_CANCEL_REQUESTED,
+        Action.JOB_CANCELLED,
+        Action.JOB_FINISHED,
+        Action.CHECKPOINT_WRITTEN,
+        Action.CHECKPOINT_DOWNLOADED,
+        Action.SERVER_STARTED,
+        Action.TENANT_REJECTED,
+        Action.KEY_CREATED,
+        Action.KEY_UNWRAPPED,
+    ],
+)
 def test_every_act_is_recorded(platform, history, action):
     _wait_for(lambda: action in _actions(platform), timeout=10)
 

@@ -32,8 +32,14 @@ def _fill(directory: Path) -> None:
     with AuditLog.open(directory, segment_max_bytes=1 << 20, durability=Durability.AT_CHECKPOINT) as log:
         for i in range(RECORDS):
             tenant = TENANTS[i % 3]
-            log.append(f"spiffe://cantata/tenant/{tenant}", Action.JOB_SUBMITTED, resource=f"job-{i:05d}",
-                       tenant=tenant, details={"workers": i % 8}, peer="ipv4:127.0.0.1:5000")
+            log.append(
+                f"spiffe://cantata/tenant/{tenant}",
+                Action.JOB_SUBMITTED,
+                resource=f"job-{i:05d}",
+                tenant=tenant,
+                details={"workers": i % 8},
+                peer="ipv4:127.0.0.1:5000",
+            )
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +111,7 @@ def test_one_byte_changed_in_a_middle_record(log_dir):
     path, index = locate(log_dir, 5000)
     lines = read_lines(path)
     position = lines[index].index(b"job-04999") + len(b"job-0499")
-    lines[index] = lines[index][:position] + b"8" + lines[index][position + 1:]
+    lines[index] = lines[index][:position] + b"8" + lines[index][position + 1 :]
     path.write_bytes(b"".join(lines))
     result = assert_break(log_dir, 5000, BreakKind.MODIFIED)
     assert (result.records_valid, result.records_total) == (RECORDS - 1, RECORDS)
@@ -203,9 +209,16 @@ def _rewrite_checkpoint(directory: Path, seq: int, *, keep_key_id: bool) -> None
     index = next(i for i, line in enumerate(lines) if json.loads(line)["seq"] == seq)
     original = Checkpoint.from_stored(json.loads(lines[index]))
     impostor = Ed25519PrivateKey.generate()
-    forged = Checkpoint.sign(impostor, index=original.index, seq=original.seq, chain_hash=original.hash,
-                             time=original.time, log_id=original.log_id, prev=original.prev,
-                             within=original.within)
+    forged = Checkpoint.sign(
+        impostor,
+        index=original.index,
+        seq=original.seq,
+        chain_hash=original.hash,
+        time=original.time,
+        log_id=original.log_id,
+        prev=original.prev,
+        within=original.within,
+    )
     if keep_key_id:
         stored = json.loads(forged.to_line())
         stored["key"] = original.key_id

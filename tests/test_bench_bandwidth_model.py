@@ -53,8 +53,9 @@ def test_ring_allreduce_is_bounded_by_the_slowest_link(network):
 
 def test_a_transfer_waits_for_its_latest_member(network):
     # round 0: only (0, 7) swaps, so 0 and 7 fall behind; round 1: 0 swaps with 1, which must wait for 0
-    rounds = schedule(N, [gossip_transfers(network, [(0, 7)], NBYTES), gossip_transfers(network, [(0, 1)], NBYTES)],
-                      COMPUTE)
+    rounds = schedule(
+        N, [gossip_transfers(network, [(0, 7)], NBYTES), gossip_transfers(network, [(0, 1)], NBYTES)], COMPUTE
+    )
     slow = LATENCY + NBYTES / SLOW
     assert rounds[0].finish[0] == rounds[0].finish[7] == pytest.approx(COMPUTE + slow)
     assert rounds[0].finish[1] == pytest.approx(COMPUTE)

@@ -183,9 +183,7 @@ def worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
                 save_params(model, out / f"ckpt-{before}to{after}-model.pt")
         dist.barrier()
         if rank < after:
-            shards = [
-                torch.load(out / f"ckpt-{before}to{after}-rank{r}.pt", weights_only=True) for r in range(before)
-            ]
+            shards = [torch.load(out / f"ckpt-{before}to{after}-rank{r}.pt", weights_only=True) for r in range(before)]
             model = fresh_model()
             model.load_state_dict(torch.load(out / f"ckpt-{before}to{after}-model.pt", weights_only=True))
             optimizer = build_optimizer(

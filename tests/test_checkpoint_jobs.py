@@ -25,9 +25,13 @@ def stores(moto_service, azurite_service):
     s3.client.create_bucket(Bucket=bucket)
     az = open_store(f"az://{container}/jobs", connection_string=connection)
     az.container.create_container()
-    env = {"AWS_ENDPOINT_URL": moto_service.endpoint, "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AZURE_STORAGE_CONNECTION_STRING": connection}
+    env = {
+        "AWS_ENDPOINT_URL": moto_service.endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AZURE_STORAGE_CONNECTION_STRING": connection,
+    }
     return {"s3": (f"s3://{bucket}/jobs", s3), "az": (f"az://{container}/jobs", az), "env": env}
 
 

@@ -9,9 +9,19 @@ from tests.platform import cli
 
 def test_enroll_approve_submit_watch_and_list_through_the_cli(platform):
     env = platform.env
-    request = cli("tenant", "request", "cli-co", "--server", platform.address,
-                  "--ca-file", str(platform.data_dir / "ca.pem"), "--enroll-server", platform.enroll_address, "--json",
-                  env=env)
+    request = cli(
+        "tenant",
+        "request",
+        "cli-co",
+        "--server",
+        platform.address,
+        "--ca-file",
+        str(platform.data_dir / "ca.pem"),
+        "--enroll-server",
+        platform.enroll_address,
+        "--json",
+        env=env,
+    )
     fingerprint = json.loads(request.stdout)["fingerprint"]
     listed = cli("admin", "tenants", "list", "--status", "pending", env=env).stdout
     assert "cli-co" in listed and fingerprint in listed
@@ -20,13 +30,31 @@ def test_enroll_approve_submit_watch_and_list_through_the_cli(platform):
     assert wrong.returncode != 0
     assert wrong.stderr.count("\n") == 1 and "fingerprint mismatch" in wrong.stderr
 
-    assert "approved cli-co" in cli("admin", "tenants", "approve", "cli-co", "--fingerprint", fingerprint,
-                                    env=env).stdout
+    assert (
+        "approved cli-co" in cli("admin", "tenants", "approve", "cli-co", "--fingerprint", fingerprint, env=env).stdout
+    )
     assert "certificate installed" in cli("tenant", "status", "cli-co", env=env).stdout
 
-    submitted = cli("jobs", "submit", "--profile", "cli-co", "--name", "cli-job", "--steps", "40",
-                    "--eval-every", "20", "--checkpoint-every", "20", "--batch-size", "8", "--seq-len", "32",
-                    "--watch", env=env)
+    submitted = cli(
+        "jobs",
+        "submit",
+        "--profile",
+        "cli-co",
+        "--name",
+        "cli-job",
+        "--steps",
+        "40",
+        "--eval-every",
+        "20",
+        "--checkpoint-every",
+        "20",
+        "--batch-size",
+        "8",
+        "--seq-len",
+        "32",
+        "--watch",
+        env=env,
+    )
     assert "SUCCEEDED" in submitted.stdout
     assert "step" in submitted.stderr  # the progress bar is drawn on stderr
     jobs = json.loads(cli("jobs", "list", "--profile", "cli-co", "--json", env=env).stdout)

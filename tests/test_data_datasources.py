@@ -13,8 +13,14 @@ from cantata.proto.v1 import datasources_pb2 as pb
 from cantata.proto.v1 import datasources_pb2_grpc
 from cantata.security.keys import ENVELOPE_SIZE, LocalKeyring, MasterKey, envelope_key_version
 from cantata.security.pki import CertificateAuthority, Principal
-from cantata.server.datasource_store import (DataSourceExists, DataSourceNotFound, DataSourceSpec, DataSourceStore,
-                                             InvalidDataSource, SealedSecretsError)
+from cantata.server.datasource_store import (
+    DataSourceExists,
+    DataSourceNotFound,
+    DataSourceSpec,
+    DataSourceStore,
+    InvalidDataSource,
+    SealedSecretsError,
+)
 from cantata.server.services.datasources import DataSourcesService
 from cantata.trainer.data import DatasetKey, SourceCredentials
 
@@ -119,14 +125,17 @@ def test_duplicate_name_needs_replace(sources):
     assert json.loads(sources.worker_credentials("acme", "corpus"))["secrets"]["region"] == "eu-west-1"
 
 
-@pytest.mark.parametrize("spec, message", [
-    (("Bad Name", "s3", "", S3_SECRETS), "name:"),
-    (("corpus", "gcs", "", S3_SECRETS), "kind:"),
-    (("corpus", "s3", "", {"access_key_id": "A"}), "S3 needs access_key_id and secret_access_key"),
-    (("corpus", "s3", "http://user:pw@host", S3_SECRETS), "endpoint: an http\\(s\\) URL without user part"),
-    (("corpus", "az", "", {"sas_token": "sv=1"}), "endpoint: the account URL is required"),
-    (("corpus", "az", "http://h/acct", {"account_key": "k"}), "account_key needs account_name"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (("Bad Name", "s3", "", S3_SECRETS), "name:"),
+        (("corpus", "gcs", "", S3_SECRETS), "kind:"),
+        (("corpus", "s3", "", {"access_key_id": "A"}), "S3 needs access_key_id and secret_access_key"),
+        (("corpus", "s3", "http://user:pw@host", S3_SECRETS), "endpoint: an http\\(s\\) URL without user part"),
+        (("corpus", "az", "", {"sas_token": "sv=1"}), "endpoint: the account URL is required"),
+        (("corpus", "az", "http://h/acct", {"account_key": "k"}), "account_key needs account_name"),
+    ],
+)
 def test_invalid_registrations_name_the_field(spec, message):
     with pytest.raises(InvalidDataSource, match=message):
         DataSourceSpec(*spec)
@@ -142,17 +151,20 @@ def service(tmp_path):
     audit = []
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     datasources_pb2_grpc.add_DataSourcesServicer_to_server(
-        DataSourcesService(store, lambda *args, **kwargs: audit.append((args, kwargs))), server)
-    credentials = grpc.ssl_server_credentials([(server_bundle.key_pem, server_bundle.cert_pem)],
-                                              root_certificates=ca.cert_pem, require_client_auth=True)
+        DataSourcesService(store, lambda *args, **kwargs: audit.append((args, kwargs))), server
+    )
+    credentials = grpc.ssl_server_credentials(
+        [(server_bundle.key_pem, server_bundle.cert_pem)], root_certificates=ca.cert_pem, require_client_auth=True
+    )
     port = server.add_secure_port("127.0.0.1:0", credentials)
     server.start()
     channels = []
 
     def client(tenant):
         bundle = ca.issue_bundle(Principal.tenant(tenant), lifetime=hour)
-        channel = grpc.secure_channel(f"127.0.0.1:{port}", grpc.ssl_channel_credentials(
-            ca.cert_pem, bundle.key_pem, bundle.cert_pem))
+        channel = grpc.secure_channel(
+            f"127.0.0.1:{port}", grpc.ssl_channel_credentials(ca.cert_pem, bundle.key_pem, bundle.cert_pem)
+        )
         channels.append(channel)
         return datasources_pb2_grpc.DataSourcesStub(channel)
 
@@ -166,8 +178,13 @@ def service(tmp_path):
 def test_service_registers_lists_and_deletes_without_echoing_secrets(service):
     client, audit = service
     acme = client("acme")
-    request = pb.RegisterDataSourceRequest(name="corpus", kind=pb.S3, endpoint="http://127.0.0.1:9000",
-                                           s3=pb.S3Credentials(**S3_SECRETS), dataset_key=bytes(32))
+    request = pb.RegisterDataSourceRequest(
+        name="corpus",
+        kind=pb.S3,
+        endpoint="http://127.0.0.1:9000",
+        s3=pb.S3Credentials(**S3_SECRETS),
+        dataset_key=bytes(32),
+    )
     info = acme.RegisterDataSource(request)
     assert (info.name, info.kind, info.has_dataset_key) == ("corpus", pb.S3, True)
     listed = acme.ListDataSources(pb.ListDataSourcesRequest())
@@ -181,8 +198,9 @@ def test_service_registers_lists_and_deletes_without_echoing_secrets(service):
 
 def test_service_hides_another_tenants_source(service):
     client, _ = service
-    client("acme").RegisterDataSource(pb.RegisterDataSourceRequest(
-        name="corpus", kind=pb.S3, s3=pb.S3Credentials(**S3_SECRETS)))
+    client("acme").RegisterDataSource(
+        pb.RegisterDataSourceRequest(name="corpus", kind=pb.S3, s3=pb.S3Credentials(**S3_SECRETS))
+    )
     globex = client("globex")
     assert list(globex.ListDataSources(pb.ListDataSourcesRequest()).sources) == []
     with pytest.raises(grpc.RpcError) as caught:
@@ -194,7 +212,8 @@ def test_service_hides_another_tenants_source(service):
 def test_service_refuses_credentials_of_the_wrong_kind(service):
     client, _ = service
     with pytest.raises(grpc.RpcError) as caught:
-        client("acme").RegisterDataSource(pb.RegisterDataSourceRequest(
-            name="corpus", kind=pb.AZURE_BLOB, s3=pb.S3Credentials(**S3_SECRETS)))
+        client("acme").RegisterDataSource(
+            pb.RegisterDataSourceRequest(name="corpus", kind=pb.AZURE_BLOB, s3=pb.S3Credentials(**S3_SECRETS))
+        )
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "credentials: a az source needs azure credentials" in caught.value.details()

@@ -74,12 +74,21 @@ def _losses(handle) -> list[float]:
 def _s3_source(tenant, shards, moto_service, name: str) -> str:
     """Upload the shards to a fresh moto bucket; register source ``name`` for it; return the dataset URI."""
     bucket = f"data-{uuid.uuid4().hex[:12]}"
-    store = open_store(f"s3://{bucket}/python", endpoint_url=moto_service.endpoint, region_name="us-east-1",
-                       aws_access_key_id=MOTO_ACCESS_KEY, aws_secret_access_key=MOTO_SECRET)
+    store = open_store(
+        f"s3://{bucket}/python",
+        endpoint_url=moto_service.endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=MOTO_ACCESS_KEY,
+        aws_secret_access_key=MOTO_SECRET,
+    )
     store.client.create_bucket(Bucket=bucket)
     upload_shards(shards, store)
-    tenant.register_data_source(name, kind="s3", endpoint=moto_service.endpoint,
-                                credentials={"access_key_id": MOTO_ACCESS_KEY, "secret_access_key": MOTO_SECRET})
+    tenant.register_data_source(
+        name,
+        kind="s3",
+        endpoint=moto_service.endpoint,
+        credentials={"access_key_id": MOTO_ACCESS_KEY, "secret_access_key": MOTO_SECRET},
+    )
     return f"s3://{name}@{bucket}/python"
 
 
@@ -134,8 +143,20 @@ def test_worker_secrets_are_on_disk_only_while_the_workers_run(platform, tenant,
 
 def test_a_restarted_worker_gets_the_current_secrets_not_a_stale_copy(platform, tenant, shards, moto_service):
     dataset = _s3_source(tenant, shards, moto_service, "doomed")
-    handle = tenant.submit(Job(name="doomed", dataset=dataset, workers=2, algorithm="gasloc", local_steps=5,
-                               steps=5000, eval_every=5000, checkpoint_every=5000, batch_size=4, seq_len=16))
+    handle = tenant.submit(
+        Job(
+            name="doomed",
+            dataset=dataset,
+            workers=2,
+            algorithm="gasloc",
+            local_steps=5,
+            steps=5000,
+            eval_every=5000,
+            checkpoint_every=5000,
+            batch_size=4,
+            seq_len=16,
+        )
+    )
     _wait_for(lambda: handle.status().step >= 10, timeout=180)
     tenant.delete_data_source("doomed")
     os.kill(next(pid for pid in _pids_of(handle.id) if _worker_of(pid) == 1), 9)
@@ -155,16 +176,22 @@ def test_a_job_trains_from_encrypted_shards_on_azure(tenant, shards, azurite_ser
     keys = upload_shards(shards, store, dataset_key=key)
     assert all(k.endswith(".tok.sealed") for k in keys)
     assert b"import" not in store.get_bytes(keys[0])  # the store holds ciphertext only
-    tenant.register_data_source("vault", kind="az", credentials={"connection_string": connection},
-                                dataset_key=key.secret)
+    tenant.register_data_source(
+        "vault", kind="az", credentials={"connection_string": connection}, dataset_key=key.secret
+    )
 
     handle = tenant.submit(Job(name="sealed-shards", dataset=f"az://vault@{container}/python", **QUICK))
     status = handle.wait(timeout=180)
     assert status.state == "SUCCEEDED", status.reason
     assert _losses(handle)[-1] < _losses(handle)[0] - 0.5
 
-    tenant.register_data_source("vault", kind="az", credentials={"connection_string": connection},
-                                dataset_key=DatasetKey.generate("acme").secret, replace=True)
+    tenant.register_data_source(
+        "vault",
+        kind="az",
+        credentials={"connection_string": connection},
+        dataset_key=DatasetKey.generate("acme").secret,
+        replace=True,
+    )
     status = tenant.submit(Job(name="wrong-key", dataset=f"az://vault@{container}/python", **QUICK)).wait(timeout=120)
     assert status.state == "FAILED"
     assert "SealedShardError: encrypted shard" in status.reason and container in status.reason
@@ -182,36 +209,60 @@ def test_a_dataset_must_name_a_data_source_of_the_tenant(platform, tenant):
         assert other.list() == []
 
 
-@pytest.mark.parametrize("case", ["missing bucket", "empty prefix", "wrong azure credentials",
-                                  "wrong s3 credentials"])
-def test_bad_datasets_fail_the_job_naming_the_object(tenant, shards, moto_service, moto_auth_service, azurite_service,
-                                                     case):
+@pytest.mark.parametrize("case", ["missing bucket", "empty prefix", "wrong azure credentials", "wrong s3 credentials"])
+def test_bad_datasets_fail_the_job_naming_the_object(
+    tenant, shards, moto_service, moto_auth_service, azurite_service, case
+):
     bucket = f"bad-{uuid.uuid4().hex[:12]}"
     if case == "wrong azure credentials":
-        store = open_store(f"az://{bucket}/python", connection_string=azurite_connection_string(azurite_service.endpoint))
+        store = open_store(
+            f"az://{bucket}/python", connection_string=azurite_connection_string(azurite_service.endpoint)
+        )
         store.container.create_container()
         upload_shards(shards, store)
         wrong_key = AZURITE_KEY[:-8] + "AAAAAAA="
-        tenant.register_data_source(f"src-{bucket}", kind="az", endpoint=f"{azurite_service.endpoint}",
-                                    credentials={"account_name": AZURITE_ACCOUNT, "account_key": wrong_key})
+        tenant.register_data_source(
+            f"src-{bucket}",
+            kind="az",
+            endpoint=f"{azurite_service.endpoint}",
+            credentials={"account_name": AZURITE_ACCOUNT, "account_key": wrong_key},
+        )
         dataset, expected = f"az://src-{bucket}@{bucket}/python", "DatasetAccessError"
     elif case == "wrong s3 credentials":
         s3 = moto_auth_service
-        store = open_store(f"s3://{bucket}/python", endpoint_url=s3.endpoint, region_name="us-east-1",
-                           aws_access_key_id=s3.access_key_id, aws_secret_access_key=s3.secret_access_key)
+        store = open_store(
+            f"s3://{bucket}/python",
+            endpoint_url=s3.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=s3.access_key_id,
+            aws_secret_access_key=s3.secret_access_key,
+        )
         store.client.create_bucket(Bucket=bucket)
         upload_shards(shards, store)
-        tenant.register_data_source(f"src-{bucket}", kind="s3", endpoint=s3.endpoint, credentials={
-            "access_key_id": s3.access_key_id, "secret_access_key": "not-" + s3.secret_access_key})
+        tenant.register_data_source(
+            f"src-{bucket}",
+            kind="s3",
+            endpoint=s3.endpoint,
+            credentials={"access_key_id": s3.access_key_id, "secret_access_key": "not-" + s3.secret_access_key},
+        )
         dataset = f"s3://src-{bucket}@{bucket}/python"
         expected = f"DatasetAccessError: listing s3://{bucket}/python/: the store refused the credentials"
     else:
         if case == "empty prefix":
-            store = open_store(f"s3://{bucket}/", endpoint_url=moto_service.endpoint, region_name="us-east-1",
-                               aws_access_key_id=MOTO_ACCESS_KEY, aws_secret_access_key=MOTO_SECRET)
+            store = open_store(
+                f"s3://{bucket}/",
+                endpoint_url=moto_service.endpoint,
+                region_name="us-east-1",
+                aws_access_key_id=MOTO_ACCESS_KEY,
+                aws_secret_access_key=MOTO_SECRET,
+            )
             store.client.create_bucket(Bucket=bucket)
-        tenant.register_data_source(f"src-{bucket}", kind="s3", endpoint=moto_service.endpoint,
-                                    credentials={"access_key_id": MOTO_ACCESS_KEY, "secret_access_key": MOTO_SECRET})
+        tenant.register_data_source(
+            f"src-{bucket}",
+            kind="s3",
+            endpoint=moto_service.endpoint,
+            credentials={"access_key_id": MOTO_ACCESS_KEY, "secret_access_key": MOTO_SECRET},
+        )
         dataset = f"s3://src-{bucket}@{bucket}/python"
         expected = "DatasetNotFoundError"
     status = tenant.submit(Job(name=case.replace(" ", "-"), dataset=dataset, **QUICK)).wait(timeout=120)
@@ -250,8 +301,17 @@ def _traced_samples(handle) -> dict[int, list[tuple[int, str]]]:
 
 
 def test_a_job_killed_with_its_server_resumes_at_the_exact_next_batch(platform, tenant, local_dataset):
-    spec = dict(dataset=local_dataset, workers=2, algorithm="allreduce", model="gpt-tiny", eval_every=1000,
-                checkpoint_every=20, batch_size=4, seq_len=16, trace_samples=True)
+    spec = dict(
+        dataset=local_dataset,
+        workers=2,
+        algorithm="allreduce",
+        model="gpt-tiny",
+        eval_every=1000,
+        checkpoint_every=20,
+        batch_size=4,
+        seq_len=16,
+        trace_samples=True,
+    )
     reference = tenant.submit(Job(name="reference", steps=200, **spec))
     assert reference.wait(timeout=180).state == "SUCCEEDED"
     expected = {worker: dict(lines) for worker, lines in _traced_samples(reference).items()}
@@ -297,15 +357,21 @@ def small_shards(tmp_path_factory) -> Path:
 def _moto_recorder(moto_service, action: str) -> bytes:
     """Drive moto's request recorder (``reset-recording``, ``start-recording``, ``stop-recording``, ``download-recording``)."""
     method = "GET" if action == "download-recording" else "POST"
-    with urlopen(Request(f"{moto_service.endpoint}/moto-api/recorder/{action}", method=method,
-                         data=b"" if method == "POST" else None), timeout=30) as reply:
+    with urlopen(
+        Request(
+            f"{moto_service.endpoint}/moto-api/recorder/{action}", method=method, data=b"" if method == "POST" else None
+        ),
+        timeout=30,
+    ) as reply:
         return reply.read()
 
 
 def _traced_so_far(platform, job_id: str) -> dict[int, int]:
     """How many ``samples`` lines each worker's log holds now (read in the workspace: the server may be down)."""
-    return {int(log.stem.split("-")[1]): sum(line.startswith("samples step=") for line in log.read_text().splitlines())
-            for log in (platform.paths.jobs / job_id).glob("worker-*.log")}
+    return {
+        int(log.stem.split("-")[1]): sum(line.startswith("samples step=") for line in log.read_text().splitlines())
+        for log in (platform.paths.jobs / job_id).glob("worker-*.log")
+    }
 
 
 def _objects_of(lines) -> set[int]:
@@ -313,16 +379,31 @@ def _objects_of(lines) -> set[int]:
     return {int(sample) >> 32 for _, ids in lines for sample in ids.split(",")}
 
 
-def test_a_gasloc_job_resumes_at_the_exact_next_batch_without_refetching_what_it_read(platform, tenant, small_shards,
-                                                                                       moto_service):
+def test_a_gasloc_job_resumes_at_the_exact_next_batch_without_refetching_what_it_read(
+    platform, tenant, small_shards, moto_service
+):
     dataset = _s3_source(tenant, small_shards, moto_service, "rounds")
     bucket = dataset.split("@", 1)[1].split("/", 1)[0]
     _moto_recorder(moto_service, "reset-recording")
     _moto_recorder(moto_service, "start-recording")
     try:
-        handle = tenant.submit(Job(name="gasloc-resume", dataset=dataset, algorithm="gasloc", workers=2, local_steps=5,
-                                   model="gpt-tiny", steps=5000, eval_every=5000, checkpoint_every=40, batch_size=4,
-                                   seq_len=16, seed=7, trace_samples=True))
+        handle = tenant.submit(
+            Job(
+                name="gasloc-resume",
+                dataset=dataset,
+                algorithm="gasloc",
+                workers=2,
+                local_steps=5,
+                model="gpt-tiny",
+                steps=5000,
+                eval_every=5000,
+                checkpoint_every=40,
+                batch_size=4,
+                seq_len=16,
+                seed=7,
+                trace_samples=True,
+            )
+        )
         _wait_for(lambda: any(c.step >= 40 for c in tenant.checkpoints(handle.id)), timeout=180)
         platform.kill()
         _wait_for(lambda: not _pids_of(handle.id), timeout=15)
@@ -339,8 +420,10 @@ def test_a_gasloc_job_resumes_at_the_exact_next_batch_without_refetching_what_it
     os.kill(victim, 9)
     _wait_for(lambda: victim not in _pids_of(handle.id), timeout=15)
     rejoins = _traced_so_far(platform, handle.id)[1]
-    rejoined = _wait_for(lambda: [m for m in (e.message for e in _events_so_far(handle))
-                                  if m.startswith("worker 1 rejoins at round")], timeout=120)
+    rejoined = _wait_for(
+        lambda: [m for m in (e.message for e in _events_so_far(handle)) if m.startswith("worker 1 rejoins at round")],
+        timeout=120,
+    )
     _wait_for(lambda: _traced_so_far(platform, handle.id)[1] > rejoins, timeout=60)
     handle.cancel()
     handle.wait(timeout=60)
@@ -350,16 +433,19 @@ def test_a_gasloc_job_resumes_at_the_exact_next_batch_without_refetching_what_it
     assert resumed_at >= 40 and resumed_at % 40 == 0
     rejoin_round = int(re.match(r"worker 1 rejoins at round (\d+)", rejoined[0]).group(1))
 
-    credentials = SourceCredentials("rounds", "s3", moto_service.endpoint,
-                                    {"access_key_id": MOTO_ACCESS_KEY, "secret_access_key": MOTO_SECRET})
+    credentials = SourceCredentials(
+        "rounds", "s3", moto_service.endpoint, {"access_key_id": MOTO_ACCESS_KEY, "secret_access_key": MOTO_SECRET}
+    )
     source = open_dataset(dataset, credentials=credentials)
     keys = [f"/{bucket}/python/{obj.key}" for obj in source.objects]
     for worker, lines in _traced_samples(handle).items():
         with DataLoader(source, batch_size=4, seq_len=16, seed=7, rank=worker, world=2) as loader:
-            expected = {step: ",".join(map(str, loader.next_batch().sample_ids.tolist()))
-                        for step in range(1, max(step for step, _ in lines) + 1)}
+            expected = {
+                step: ",".join(map(str, loader.next_batch().sample_ids.tolist()))
+                for step in range(1, max(step for step, _ in lines) + 1)
+            }
         assert all(ids == expected[step] for step, ids in lines), f"worker {worker}"
-        first, second = lines[:resumes[worker]], lines[resumes[worker]:]
+        first, second = lines[: resumes[worker]], lines[resumes[worker] :]
         assert second[0] == (resumed_at + 1, expected[resumed_at + 1])  # the exact batch after the checkpoint
         if worker == 1:  # restarted later, it jumped to the job's round: that round's first batch
             assert lines[rejoins] == (rejoin_round * 5 + 1, expected[rejoin_round * 5 + 1])

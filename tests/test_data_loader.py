@@ -83,9 +83,11 @@ def test_validation_batches_equal_a_plain_gather_of_the_last_windows(dataset):
 
 
 def test_same_seed_gives_the_same_stream_and_another_seed_does_not(dataset):
-    with DataLoader(dataset, batch_size=5, seq_len=SEQ, seed=3) as a, \
-         DataLoader(dataset, batch_size=5, seq_len=SEQ, seed=3) as b, \
-         DataLoader(dataset, batch_size=5, seq_len=SEQ, seed=4) as c:
+    with (
+        DataLoader(dataset, batch_size=5, seq_len=SEQ, seed=3) as a,
+        DataLoader(dataset, batch_size=5, seq_len=SEQ, seed=3) as b,
+        DataLoader(dataset, batch_size=5, seq_len=SEQ, seed=4) as c,
+    ):
         first, second, other = _ids(a, 30), _ids(b, 30), _ids(c, 30)
     assert first == second
     assert first != other
@@ -189,4 +191,5 @@ def test_first_pass_reports_progress_events(dataset):
         _ids(loader, _train_windows(loader.objects_of_epoch(0)) + 1)
     assert [(e.kind, e.message) for e in events] == [
         ("progress", f"{dataset.uri}: fetched 1/6 objects of rank 0"),
-        ("progress", f"{dataset.uri}: fetched 6/6 objects of rank 0")]
+        ("progress", f"{dataset.uri}: fetched 6/6 objects of rank 0"),
+    ]

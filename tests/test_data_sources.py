@@ -8,9 +8,20 @@ import numpy as np
 import pytest
 
 from cantata.storage import open_store
-from cantata.trainer.data import (DataError, DatasetAccessError, DatasetKey, DatasetNotFoundError, DatasetPathError,
-                                  DatasetURI, DatasetURIError, SealedShardError, SourceCredentials, TextEncodingError,
-                                  Utf8Policy, open_dataset)
+from cantata.trainer.data import (
+    DataError,
+    DatasetAccessError,
+    DatasetKey,
+    DatasetNotFoundError,
+    DatasetPathError,
+    DatasetURI,
+    DatasetURIError,
+    SealedShardError,
+    SourceCredentials,
+    TextEncodingError,
+    Utf8Policy,
+    open_dataset,
+)
 from cantata.trainer.data.shards import dtype_for, encode_shard
 from cantata.trainer.data.upload import upload_shards
 from tests.services import AZURITE_ACCOUNT, S3_TEST_CREDENTIALS, azurite_connection_string
@@ -110,14 +121,18 @@ def test_jsonl_record_without_text_names_the_line(tmp_path):
 def test_empty_s3_prefix_names_the_prefix(s3_store, moto_service):
     bucket = s3_store.bucket
     uri = f"s3://{bucket}/empty/prefix"
-    with pytest.raises(DatasetNotFoundError, match=f"dataset {uri}: no data objects .* under s3://{bucket}/empty/prefix/"):
+    with pytest.raises(
+        DatasetNotFoundError, match=f"dataset {uri}: no data objects .* under s3://{bucket}/empty/prefix/"
+    ):
         open_dataset(uri, endpoint_url=moto_service.endpoint, **S3_TEST_CREDENTIALS)
 
 
 def test_missing_s3_bucket_names_the_bucket(moto_service):
     bucket = f"missing-{uuid.uuid4().hex[:12]}"
-    with pytest.raises(DatasetNotFoundError, match=f"listing s3://{bucket}/corpus/: the bucket or container does "
-                                                   "not exist \\(NoSuchBucket\\)"):
+    with pytest.raises(
+        DatasetNotFoundError,
+        match=f"listing s3://{bucket}/corpus/: the bucket or container does not exist \\(NoSuchBucket\\)",
+    ):
         open_dataset(f"s3://{bucket}/corpus", endpoint_url=moto_service.endpoint, **S3_TEST_CREDENTIALS)
 
 
@@ -130,8 +145,12 @@ def test_missing_azure_container_names_the_container(azurite_service):
 def test_wrong_azure_credentials_name_the_store(azure_store, azurite_service):
     azure_store.put("s.tok", encode_shard(np.arange(100) % 256, dtype_for("uint16")))
     container = azure_store.container.container_name
-    wrong = SourceCredentials("acme-blob", "az", f"{azurite_service.endpoint}",
-                              {"account_name": AZURITE_ACCOUNT, "account_key": "d3Jvbmcta2V5" * 8})
+    wrong = SourceCredentials(
+        "acme-blob",
+        "az",
+        f"{azurite_service.endpoint}",
+        {"account_name": AZURITE_ACCOUNT, "account_key": "d3Jvbmcta2V5" * 8},
+    )
     with pytest.raises(DatasetAccessError, match=f"listing az://{container}/ckpt/: the store refused the credentials"):
         open_dataset(f"az://acme-blob@{container}/ckpt", credentials=wrong, retries=0)
 
@@ -139,18 +158,30 @@ def test_wrong_azure_credentials_name_the_store(azure_store, azurite_service):
 def test_wrong_s3_credentials_name_the_store(moto_auth_service):
     s3 = moto_auth_service
     bucket = f"auth-{uuid.uuid4().hex[:12]}"
-    store = open_store(f"s3://{bucket}/corpus", endpoint_url=s3.endpoint, region_name="us-east-1",
-                       aws_access_key_id=s3.access_key_id, aws_secret_access_key=s3.secret_access_key)
+    store = open_store(
+        f"s3://{bucket}/corpus",
+        endpoint_url=s3.endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=s3.access_key_id,
+        aws_secret_access_key=s3.secret_access_key,
+    )
     store.client.create_bucket(Bucket=bucket)
     store.put("s.tok", encode_shard(np.arange(100) % 256, dtype_for("uint16")))
     uri = f"s3://acme-s3@{bucket}/corpus"
-    right = SourceCredentials("acme-s3", "s3", s3.endpoint,
-                              {"access_key_id": s3.access_key_id, "secret_access_key": s3.secret_access_key})
+    right = SourceCredentials(
+        "acme-s3", "s3", s3.endpoint, {"access_key_id": s3.access_key_id, "secret_access_key": s3.secret_access_key}
+    )
     assert [obj.key for obj in open_dataset(uri, credentials=right).objects] == ["s.tok"]
-    wrong = SourceCredentials("acme-s3", "s3", s3.endpoint,
-                              {"access_key_id": s3.access_key_id, "secret_access_key": "not-" + s3.secret_access_key})
-    with pytest.raises(DatasetAccessError, match=f"listing s3://{bucket}/corpus/: the store refused the credentials "
-                                                 "\\(SignatureDoesNotMatch\\)"):
+    wrong = SourceCredentials(
+        "acme-s3",
+        "s3",
+        s3.endpoint,
+        {"access_key_id": s3.access_key_id, "secret_access_key": "not-" + s3.secret_access_key},
+    )
+    with pytest.raises(
+        DatasetAccessError,
+        match=f"listing s3://{bucket}/corpus/: the store refused the credentials \\(SignatureDoesNotMatch\\)",
+    ):
         open_dataset(uri, credentials=wrong, retries=0)
 
 

@@ -42,8 +42,9 @@ def test_register_list_and_delete_through_the_sdk(platform, tenant):
     s3 = tenant.register_data_source("corpus", kind="s3", endpoint="http://127.0.0.1:9000", credentials=S3)
     assert (s3.name, s3.kind, s3.endpoint, s3.has_dataset_key) == ("corpus", "s3", "http://127.0.0.1:9000", False)
     assert s3.created.endswith("Z")
-    tenant.register_data_source("blobs", kind="az", credentials={"connection_string": AZURITE},
-                                dataset_key=bytes(range(32)))
+    tenant.register_data_source(
+        "blobs", kind="az", credentials={"connection_string": AZURITE}, dataset_key=bytes(range(32))
+    )
     listed = tenant.data_sources()
     assert all(isinstance(s, DataSource) for s in listed)
     assert [(s.name, s.kind, s.has_dataset_key) for s in listed] == [("blobs", "az", True), ("corpus", "s3", False)]
@@ -62,8 +63,9 @@ def test_an_existing_name_is_a_conflict_until_replaced(tenant, server_sources):
     with pytest.raises(Conflict, match="data source 'twice' already exists") as caught:
         tenant.register_data_source("twice", kind="s3", endpoint="https://s3.example.com", credentials=S3)
     assert caught.value.code == grpc.StatusCode.ALREADY_EXISTS
-    replaced = tenant.register_data_source("twice", kind="s3", endpoint="https://s3.example.com",
-                                           credentials={**S3, "region": "eu-west-1"}, replace=True)
+    replaced = tenant.register_data_source(
+        "twice", kind="s3", endpoint="https://s3.example.com", credentials={**S3, "region": "eu-west-1"}, replace=True
+    )
     assert replaced.endpoint == "https://s3.example.com"
     assert [s.endpoint for s in tenant.data_sources() if s.name == "twice"] == ["https://s3.example.com"]
     stored = SourceCredentials.from_json(server_sources.worker_credentials("acme", "twice"))
@@ -83,25 +85,31 @@ def test_another_tenant_neither_sees_nor_deletes_a_source(platform, tenant):
     tenant.delete_data_source("private")
 
 
-@pytest.mark.parametrize("kind, credentials, dataset_key, message", [
-    ("gcs", S3, None, "kind: must be one of s3, az, not 'gcs'"),
-    ("s3", {"access_key_id": ACCESS_KEY}, None, "credentials: S3 needs access_key_id and secret_access_key"),
-    ("s3", {**S3, "account_key": "k"}, None, r"credentials: unknown fields \['account_key'\] for s3"),
-    ("s3", {**S3, "region": 1}, None, r"credentials: \['region'\] must be strings"),
-    ("az", {"account_name": "acct"}, None, "credentials: Azure needs connection_string, account_key or sas_token"),
-    ("az", {"account_key": "k"}, None, "credentials: account_key needs account_name"),
-    ("s3", S3, bytes(16), "dataset_key: must be 32 bytes, not 16"),
-])
+@pytest.mark.parametrize(
+    "kind, credentials, dataset_key, message",
+    [
+        ("gcs", S3, None, "kind: must be one of s3, az, not 'gcs'"),
+        ("s3", {"access_key_id": ACCESS_KEY}, None, "credentials: S3 needs access_key_id and secret_access_key"),
+        ("s3", {**S3, "account_key": "k"}, None, r"credentials: unknown fields \['account_key'\] for s3"),
+        ("s3", {**S3, "region": 1}, None, r"credentials: \['region'\] must be strings"),
+        ("az", {"account_name": "acct"}, None, "credentials: Azure needs connection_string, account_key or sas_token"),
+        ("az", {"account_key": "k"}, None, "credentials: account_key needs account_name"),
+        ("s3", S3, bytes(16), "dataset_key: must be 32 bytes, not 16"),
+    ],
+)
 def test_bad_registrations_are_refused_before_anything_is_sent(platform, kind, credentials, dataset_key, message):
     nothing_listens = Client(f"127.0.0.1:{free_port()}", ca=platform.ca_pem)  # a sent request would be Unavailable
     with nothing_listens, pytest.raises(InvalidArgument, match=message):
         nothing_listens.register_data_source("corpus", kind=kind, credentials=credentials, dataset_key=dataset_key)
 
 
-@pytest.mark.parametrize("name, kind, credentials, message", [
-    ("Bad Name", "s3", S3, "name: 1-63 of a-z"),
-    ("corpus", "az", {"sas_token": "sv=1"}, "endpoint: the account URL is required without a connection string"),
-])
+@pytest.mark.parametrize(
+    "name, kind, credentials, message",
+    [
+        ("Bad Name", "s3", S3, "name: 1-63 of a-z"),
+        ("corpus", "az", {"sas_token": "sv=1"}, "endpoint: the account URL is required without a connection string"),
+    ],
+)
 def test_the_servers_refusals_are_typed(tenant, name, kind, credentials, message):
     with pytest.raises(InvalidArgument, match=message) as caught:
         tenant.register_data_source(name, kind=kind, credentials=credentials)
@@ -109,31 +117,62 @@ def test_the_servers_refusals_are_typed(tenant, name, kind, credentials, message
 
 
 # ---- secrets from the environment ---------------------------------------
-@pytest.mark.parametrize("kind, environ, expected", [
-    ("s3", {"AWS_ACCESS_KEY_ID": "A", "AWS_SECRET_ACCESS_KEY": "S", "AWS_SESSION_TOKEN": "T",
-            "AWS_DEFAULT_REGION": "eu-west-1", "AZURE_STORAGE_KEY": "ignored"},
-     {"access_key_id": "A", "secret_access_key": "S", "session_token": "T", "region": "eu-west-1"}),
-    ("s3", {"AWS_ACCESS_KEY_ID": "A", "AWS_SECRET_ACCESS_KEY": "S", "AWS_SESSION_TOKEN": ""},
-     {"access_key_id": "A", "secret_access_key": "S"}),
-    ("az", {"AZURE_STORAGE_CONNECTION_STRING": "C", "AZURE_STORAGE_ACCOUNT": "acct", "AZURE_STORAGE_KEY": "K"},
-     {"connection_string": "C"}),
-    ("az", {"AZURE_STORAGE_ACCOUNT": "acct", "AZURE_STORAGE_KEY": "K", "AZURE_STORAGE_SAS_TOKEN": "sv=1"},
-     {"account_name": "acct", "account_key": "K"}),
-    ("az", {"AZURE_STORAGE_SAS_TOKEN": "sv=1"}, {"sas_token": "sv=1"}),
-])
+@pytest.mark.parametrize(
+    "kind, environ, expected",
+    [
+        (
+            "s3",
+            {
+                "AWS_ACCESS_KEY_ID": "A",
+                "AWS_SECRET_ACCESS_KEY": "S",
+                "AWS_SESSION_TOKEN": "T",
+                "AWS_DEFAULT_REGION": "eu-west-1",
+                "AZURE_STORAGE_KEY": "ignored",
+            },
+            {"access_key_id": "A", "secret_access_key": "S", "session_token": "T", "region": "eu-west-1"},
+        ),
+        (
+            "s3",
+            {"AWS_ACCESS_KEY_ID": "A", "AWS_SECRET_ACCESS_KEY": "S", "AWS_SESSION_TOKEN": ""},
+            {"access_key_id": "A", "secret_access_key": "S"},
+        ),
+        (
+            "az",
+            {"AZURE_STORAGE_CONNECTION_STRING": "C", "AZURE_STORAGE_ACCOUNT": "acct", "AZURE_STORAGE_KEY": "K"},
+            {"connection_string": "C"},
+        ),
+        (
+            "az",
+            {"AZURE_STORAGE_ACCOUNT": "acct", "AZURE_STORAGE_KEY": "K", "AZURE_STORAGE_SAS_TOKEN": "sv=1"},
+            {"account_name": "acct", "account_key": "K"},
+        ),
+        ("az", {"AZURE_STORAGE_SAS_TOKEN": "sv=1"}, {"sas_token": "sv=1"}),
+    ],
+)
 def test_credentials_come_from_the_conventional_variables(kind, environ, expected):
     assert data_source_credentials(kind, environ) == expected
 
 
-@pytest.mark.parametrize("kind, environ, message", [
-    ("s3", {"AWS_ACCESS_KEY_ID": "A"}, "set AWS_SECRET_ACCESS_KEY$"),
-    ("s3", {}, "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY$"),
-    ("az", {"AZURE_STORAGE_ACCOUNT": "acct"},
-     "AZURE_STORAGE_ACCOUNT is set, set AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN$"),
-    ("az", {"AZURE_STORAGE_KEY": "K"},
-     ("set AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT and AZURE_STORAGE_KEY, "
-      "or AZURE_STORAGE_SAS_TOKEN$")),
-])
+@pytest.mark.parametrize(
+    "kind, environ, message",
+    [
+        ("s3", {"AWS_ACCESS_KEY_ID": "A"}, "set AWS_SECRET_ACCESS_KEY$"),
+        ("s3", {}, "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY$"),
+        (
+            "az",
+            {"AZURE_STORAGE_ACCOUNT": "acct"},
+            "AZURE_STORAGE_ACCOUNT is set, set AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN$",
+        ),
+        (
+            "az",
+            {"AZURE_STORAGE_KEY": "K"},
+            (
+                "set AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT and AZURE_STORAGE_KEY, "
+                "or AZURE_STORAGE_SAS_TOKEN$"
+            ),
+        ),
+    ],
+)
 def test_missing_variables_are_named(kind, environ, message):
     with pytest.raises(CommandError, match=message):
         data_source_credentials(kind, environ)
@@ -148,13 +187,30 @@ def test_the_data_group_holds_the_sources_and_the_plugin_commands():
 
 
 def test_cli_adds_lists_and_removes_with_secrets_from_the_environment(platform, tenant, server_sources):
-    env = cli_env(platform, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY,
-                  AWS_DEFAULT_REGION="eu-west-1")
-    added = cli("data", "sources", "add", "cli-s3", "--kind", "s3", "--endpoint", "http://127.0.0.1:9000",
-                "--profile", "acme", "--json", env=env)
+    env = cli_env(
+        platform, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY, AWS_DEFAULT_REGION="eu-west-1"
+    )
+    added = cli(
+        "data",
+        "sources",
+        "add",
+        "cli-s3",
+        "--kind",
+        "s3",
+        "--endpoint",
+        "http://127.0.0.1:9000",
+        "--profile",
+        "acme",
+        "--json",
+        env=env,
+    )
     shown = json.loads(added.stdout)
     assert {k: v for k, v in shown.items() if k != "created"} == {
-        "name": "cli-s3", "kind": "s3", "endpoint": "http://127.0.0.1:9000", "has_dataset_key": False}
+        "name": "cli-s3",
+        "kind": "s3",
+        "endpoint": "http://127.0.0.1:9000",
+        "has_dataset_key": False,
+    }
     stored = SourceCredentials.from_json(server_sources.worker_credentials("acme", "cli-s3"))
     assert stored.secrets == {**S3, "region": "eu-west-1"}
 
@@ -169,19 +225,38 @@ def test_cli_adds_lists_and_removes_with_secrets_from_the_environment(platform, 
 
 
 def test_cli_names_a_missing_variable_in_one_line(platform, tenant):
-    result = cli("data", "sources", "add", "half", "--kind", "s3", "--profile", "acme",
-                 env=cli_env(platform, AWS_ACCESS_KEY_ID=ACCESS_KEY), check=False)
+    result = cli(
+        "data",
+        "sources",
+        "add",
+        "half",
+        "--kind",
+        "s3",
+        "--profile",
+        "acme",
+        env=cli_env(platform, AWS_ACCESS_KEY_ID=ACCESS_KEY),
+        check=False,
+    )
     assert result.returncode != 0
-    assert result.stderr == ("cantata: error: S3 credentials come from the environment: "
-                             "set AWS_SECRET_ACCESS_KEY\n")
+    assert result.stderr == ("cantata: error: S3 credentials come from the environment: set AWS_SECRET_ACCESS_KEY\n")
     assert "half" not in [s.name for s in tenant.data_sources()]
 
 
 def test_cli_sends_the_profiles_dataset_key(platform, tenant, server_sources):
     key_file = Profile.named("acme").folder / KEY_FILE
     assert not key_file.exists()
-    added = cli("data", "sources", "add", "sealed", "--kind", "az", "--with-dataset-key", "--profile", "acme",
-                env=cli_env(platform, AZURE_STORAGE_CONNECTION_STRING=AZURITE))
+    added = cli(
+        "data",
+        "sources",
+        "add",
+        "sealed",
+        "--kind",
+        "az",
+        "--with-dataset-key",
+        "--profile",
+        "acme",
+        env=cli_env(platform, AZURE_STORAGE_CONNECTION_STRING=AZURITE),
+    )
     assert added.stdout.startswith("registered data source sealed") and added.stdout.endswith("dataset key\n")
     assert [s.has_dataset_key for s in tenant.data_sources() if s.name == "sealed"] == [True]
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600

@@ -32,16 +32,20 @@ def prepared(tmp_path, capsys):
     (source / "a.txt").write_text(TEXT[: len(TEXT) // 2])
     (source / "b.jsonl").write_text(json.dumps({"text": TEXT[len(TEXT) // 2 :]}) + "\n")
     out = tmp_path / "shards"
-    summary = cantata_data(["data", "prepare", str(source), "--out", str(out), "--shard-tokens", "4000", "--json"],
-                           capsys)
+    summary = cantata_data(
+        ["data", "prepare", str(source), "--out", str(out), "--shard-tokens", "4000", "--json"], capsys
+    )
     assert summary["tokens"] == len(TEXT) and summary["files"] == 2 and len(summary["shards"]) == 6
     return out
 
 
 def _credentials(kind, store, service):
     if kind == "s3":
-        secrets = {"access_key_id": S3_TEST_CREDENTIALS["aws_access_key_id"], "region": "us-east-1",
-                   "secret_access_key": S3_TEST_CREDENTIALS["aws_secret_access_key"]}
+        secrets = {
+            "access_key_id": S3_TEST_CREDENTIALS["aws_access_key_id"],
+            "region": "us-east-1",
+            "secret_access_key": S3_TEST_CREDENTIALS["aws_secret_access_key"],
+        }
         return SourceCredentials("acme-src", "s3", service.endpoint, secrets), f"s3://acme-src@{store.bucket}/data"
     secrets = {"account_name": AZURITE_ACCOUNT, "account_key": AZURITE_KEY}
     container = store.container.container_name
@@ -56,8 +60,7 @@ def _stream_text(dataset, batches):
 
 @pytest.mark.parametrize("encrypted", [False, True], ids=["raw", "encrypted"])
 @pytest.mark.parametrize("kind", ["local", "s3", "az"])
-def test_uploaded_dataset_streams_the_prepared_text(kind, encrypted, prepared, tmp_path, capsys, monkeypatch,
-                                                     request):
+def test_uploaded_dataset_streams_the_prepared_text(kind, encrypted, prepared, tmp_path, capsys, monkeypatch, request):
     monkeypatch.setenv("CANTATA_HOME", str(tmp_path / "home"))
     (tmp_path / "home" / "profiles" / "acme").mkdir(parents=True)
     options, credentials = {}, None
@@ -75,9 +78,11 @@ def test_uploaded_dataset_streams_the_prepared_text(kind, encrypted, prepared, t
                 monkeypatch.setenv("AWS_ENDPOINT_URL", value)
             elif name.startswith("aws_") and value:
                 monkeypatch.setenv(name.upper(), value)
-        monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING",
-                           f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
-                           f"BlobEndpoint={credentials.endpoint};")
+        monkeypatch.setenv(
+            "AZURE_STORAGE_CONNECTION_STRING",
+            f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+            f"BlobEndpoint={credentials.endpoint};",
+        )
         monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     flags = ["--encrypt", "--profile", "acme"] if encrypted else []
     uploaded = cantata_data(["data", "upload", str(prepared), "--store", uri, *flags, "--json"], capsys)

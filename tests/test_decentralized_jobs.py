@@ -22,11 +22,13 @@ from tests.test_jobs import _pids_of, _wait_for
 SMALL = dict(workers=4, local_steps=5, steps=60, eval_every=30, checkpoint_every=20, batch_size=8, seq_len=32)
 
 
-@pytest.mark.parametrize("algorithm,topology,compression", [
-    ("gasloc", "ring", ""), ("diloco", "", ""), ("gasloc", "one-peer", "int8")])
+@pytest.mark.parametrize(
+    "algorithm,topology,compression", [("gasloc", "ring", ""), ("diloco", "", ""), ("gasloc", "one-peer", "int8")]
+)
 def test_decentralized_job_succeeds_with_falling_loss(tenant, algorithm, topology, compression):
-    handle = tenant.submit(Job(name=algorithm, algorithm=algorithm, topology=topology, compression=compression,
-                               **SMALL))
+    handle = tenant.submit(
+        Job(name=algorithm, algorithm=algorithm, topology=topology, compression=compression, **SMALL)
+    )
     status = handle.wait(timeout=300)
     assert status.state == "SUCCEEDED", status.reason
     events = list(handle.events())
@@ -40,16 +42,25 @@ def test_decentralized_job_succeeds_with_falling_loss(tenant, algorithm, topolog
 
 
 def test_killed_worker_is_skipped_restarted_and_rejoins(tenant):
-    messages = _kill_mid_job_and_finish(tenant.submit(Job(name="resilient", algorithm="gasloc",
-                                                           **{**SMALL, "steps": 150})), worker=2)
+    messages = _kill_mid_job_and_finish(
+        tenant.submit(Job(name="resilient", algorithm="gasloc", **{**SMALL, "steps": 150})), worker=2
+    )
     assert any("worker 2 exited with code -9" in m and "restarting it (1/3)" in m for m in messages)
     assert any("skipped [2]" in m for m in messages)
     assert any(m.startswith("worker 2 rejoins at round") for m in messages)
 
 
 def test_worker_groups_train_data_parallel_inside_and_gossip_from_rank_0(tenant):
-    handle = tenant.submit(Job(name="groups", algorithm="gasloc", optimizer="muon", ranks_per_worker=2,
-                               trace_samples=True, **{**SMALL, "workers": 2, "steps": 40}))
+    handle = tenant.submit(
+        Job(
+            name="groups",
+            algorithm="gasloc",
+            optimizer="muon",
+            ranks_per_worker=2,
+            trace_samples=True,
+            **{**SMALL, "workers": 2, "steps": 40},
+        )
+    )
     status = handle.wait(timeout=300)
     assert status.state == "SUCCEEDED", status.reason
     events = list(handle.events())
@@ -68,15 +79,29 @@ def test_worker_groups_train_data_parallel_inside_and_gossip_from_rank_0(tenant)
 
 
 def test_a_group_that_loses_a_rank_restarts_together_and_rejoins(tenant):
-    messages = _kill_mid_job_and_finish(tenant.submit(Job(name="group-fault", algorithm="gasloc", ranks_per_worker=2,
-                                                           **{**SMALL, "workers": 2, "steps": 150})), worker=3)
+    messages = _kill_mid_job_and_finish(
+        tenant.submit(
+            Job(name="group-fault", algorithm="gasloc", ranks_per_worker=2, **{**SMALL, "workers": 2, "steps": 150})
+        ),
+        worker=3,
+    )
     assert any("worker 3 exited with code -9" in m and "restarting it" in m for m in messages)
     assert any(m.startswith("worker 2 rejoins at round") for m in messages)  # the group's gossiping rank
 
 
 def test_sign_flipping_worker_is_quarantined_and_the_job_still_learns(platform, tenant):
-    blocker = tenant.submit(Job(name="blocker", algorithm="allreduce", workers=8, steps=100_000, batch_size=2,
-                                seq_len=8, eval_every=50_000, checkpoint_every=50_000))
+    blocker = tenant.submit(
+        Job(
+            name="blocker",
+            algorithm="allreduce",
+            workers=8,
+            steps=100_000,
+            batch_size=2,
+            seq_len=8,
+            eval_every=50_000,
+            checkpoint_every=50_000,
+        )
+    )
     attacked = tenant.submit(Job(name="attacked", algorithm="diloco", **{**SMALL, "steps": 100}))
     with platform.admin() as admin:
         admin.simulate_attack(attacked.id, [1], "sign_flip")
@@ -100,23 +125,29 @@ def test_a_peer_of_another_job_is_refused_and_audited(platform, tenant):
     handle = tenant.submit(Job(name="guarded", algorithm="gasloc", **{**SMALL, "workers": 2, "steps": 100_000}))
     _wait_for(lambda: any(e.kind == "ROUND" for e in _events_so_far(handle)), timeout=180)
     with sqlite3.connect(f"file:{platform.data_dir / 'state.db'}?mode=ro", uri=True) as db:
-        (address,), = db.execute("SELECT gossip_address FROM workers WHERE job_id=? AND idx=0", (handle.id,))
+        ((address,),) = db.execute("SELECT gossip_address FROM workers WHERE job_id=? AND idx=0", (handle.id,))
     ca = CertificateAuthority.load(platform.paths.ca_cert.read_bytes(), platform.paths.ca_key.read_bytes())
-    intruder = ca.issue_bundle(Principal.worker("job-other", 1), dns_names=[gossip_server_name("job-other", 1)],
-                               lifetime=timedelta(hours=1), server=True)  # a valid certificate of another job
+    intruder = ca.issue_bundle(
+        Principal.worker("job-other", 1),
+        dns_names=[gossip_server_name("job-other", 1)],
+        lifetime=timedelta(hours=1),
+        server=True,
+    )  # a valid certificate of another job
     credentials = grpc.ssl_channel_credentials(intruder.ca_pem, intruder.key_pem, intruder.cert_pem)
     options = [("grpc.ssl_target_name_override", gossip_server_name(handle.id, 0))]
-    with grpc.secure_channel(address, credentials, options=options) as channel, \
-            pytest.raises(grpc.RpcError) as refused:
-        exchange_with([channel], 0, 1, torch.zeros(10), Assembly(0, 0, bytearray(40)), timeout=10,
-                      chunk_bytes=1 << 20)
+    with grpc.secure_channel(address, credentials, options=options) as channel, pytest.raises(grpc.RpcError) as refused:
+        exchange_with([channel], 0, 1, torch.zeros(10), Assembly(0, 0, bytearray(40)), timeout=10, chunk_bytes=1 << 20)
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
     def refusals():
-        return [r for r in read_records(platform.data_dir / "audit")
-                if r.action == Action.AUTHZ_DENIED and r.resource == handle.id]
+        return [
+            r
+            for r in read_records(platform.data_dir / "audit")
+            if r.action == Action.AUTHZ_DENIED and r.resource == handle.id
+        ]
+
     _wait_for(refusals, timeout=30)
-    record, = refusals()
+    (record,) = refusals()
     assert record.actor == "spiffe://cantata/job/job-other/worker/1" and record.tenant == "acme"
     assert record.details["service"] == "gossip" and "not a worker of job" in record.details["reason"]
     assert record.details["reported_by"] == Principal.worker(handle.id, 0).uri
@@ -142,6 +173,7 @@ def kill_after_round_3(handle, worker: int) -> None:
 
 def _events_so_far(handle):
     from tests.test_server_faults import _events_until_now
+
     return _events_until_now(handle._client, handle.id)
 
 

@@ -21,8 +21,9 @@ def platform(tmp_path_factory):
 
 
 def test_a_job_goes_on_while_min_workers_are_alive(tenant):
-    handle = tenant.submit(Job(name="quorate", algorithm="gasloc", min_workers=2,
-                               **{**SMALL, "workers": 3, "steps": 150}))
+    handle = tenant.submit(
+        Job(name="quorate", algorithm="gasloc", min_workers=2, **{**SMALL, "workers": 3, "steps": 150})
+    )
     kill_after_round_3(handle, worker=1)
     status = handle.wait(timeout=300)
     assert status.state == "SUCCEEDED", status.reason
@@ -30,8 +31,9 @@ def test_a_job_goes_on_while_min_workers_are_alive(tenant):
 
 
 def test_a_job_fails_once_fewer_than_min_workers_are_alive(tenant):
-    handle = tenant.submit(Job(name="strict", algorithm="gasloc", min_workers=3,
-                               **{**SMALL, "workers": 3, "steps": 100_000}))  # ends only by the kill
+    handle = tenant.submit(
+        Job(name="strict", algorithm="gasloc", min_workers=3, **{**SMALL, "workers": 3, "steps": 100_000})
+    )  # ends only by the kill
     kill_after_round_3(handle, worker=1)
     status = handle.wait(timeout=300)
     assert status.state == "FAILED"

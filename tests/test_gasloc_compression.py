@@ -10,7 +10,7 @@ torch.set_num_threads(1)
 def _vector(numel=3 * INT8_BLOCK + 17, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(numel, generator=g) * torch.logspace(-3, 1, numel)
-    x[INT8_BLOCK: 2 * INT8_BLOCK] = 0.0  # an all-zero block
+    x[INT8_BLOCK : 2 * INT8_BLOCK] = 0.0  # an all-zero block
     return x
 
 
@@ -40,7 +40,7 @@ def test_int8_round_trip_within_per_block_bound():
         part = slice(b * INT8_BLOCK, (b + 1) * INT8_BLOCK)
         bound = x[part].abs().max() / 254 * (1 + 1e-5)
         assert (decoded[part] - x[part]).abs().max() <= bound
-    assert (decoded[INT8_BLOCK: 2 * INT8_BLOCK] == 0).all()
+    assert (decoded[INT8_BLOCK : 2 * INT8_BLOCK] == 0).all()
 
 
 def test_malformed_wire_is_rejected():

@@ -57,8 +57,7 @@ def test_round_matches_mixing_matrix_and_keeps_live_mean_with_dead_peer():
 @pytest.mark.parametrize("compression", ["bf16", "int8"])
 def test_lossy_gossip_keeps_the_workers_mean_exact(compression):
     n, dim = 8, 3000
-    sim = Simulator(make_topology("one-peer", n, seed=5), outer_lr=1.0, outer_momentum=0.0,
-                    compression=compression)
+    sim = Simulator(make_topology("one-peer", n, seed=5), outer_lr=1.0, outer_momentum=0.0, compression=compression)
     thetas = [torch.randn(dim, generator=torch.Generator().manual_seed(i)) for i in range(n)]
     mean = torch.stack(thetas).mean(0)
     spread = torch.stack(thetas).std(0).mean()

@@ -82,14 +82,35 @@ def test_token_bucket_paces_to_its_rate(monkeypatch):
 
 def test_wire_codec_speaks_the_generated_protobuf_format():
     data = bytes(range(256)) * 300
-    ours = Chunk(round=2**40, sender=7, index=3, count=9, total_bytes=10**10, dtype="bfloat16",
-                 checksum=0xDEADBEEF12345678, data=memoryview(data))
+    ours = Chunk(
+        round=2**40,
+        sender=7,
+        index=3,
+        count=9,
+        total_bytes=10**10,
+        dtype="bfloat16",
+        checksum=0xDEADBEEF12345678,
+        data=memoryview(data),
+    )
     parsed = gossip_pb2.GossipChunk.FromString(wire.encode(ours))
-    assert (parsed.round, parsed.sender, parsed.index, parsed.count, parsed.total_bytes, parsed.dtype,
-            parsed.checksum, parsed.data) == (2**40, 7, 3, 9, 10**10, "bfloat16", 0xDEADBEEF12345678, data)
+    assert (
+        parsed.round,
+        parsed.sender,
+        parsed.index,
+        parsed.count,
+        parsed.total_bytes,
+        parsed.dtype,
+        parsed.checksum,
+        parsed.data,
+    ) == (2**40, 7, 3, 9, 10**10, "bfloat16", 0xDEADBEEF12345678, data)
     back = wire.decode(parsed.SerializeToString())
-    assert (back.round, back.sender, back.dtype, back.checksum, bytes(back.data)) == (2**40, 7, "bfloat16",
-                                                                                  0xDEADBEEF12345678, data)
+    assert (back.round, back.sender, back.dtype, back.checksum, bytes(back.data)) == (
+        2**40,
+        7,
+        "bfloat16",
+        0xDEADBEEF12345678,
+        data,
+    )
 
 
 def test_wire_codec_rejects_truncated_messages():

@@ -39,16 +39,23 @@ def test_ring_rounds_over_mtls_match_the_simulator(compression, dead):
     topology = make_topology("ring", n)
     models = _models(n)
     nodes = [
-        GossipNode(i, JOB, ca.issue_bundle(Principal.worker(JOB, i), dns_names=[gossip_server_name(JOB, i)],
-                                           lifetime=timedelta(hours=1), server=True),
-                   deadline_s=1.0 if dead is not None else 20.0)
+        GossipNode(
+            i,
+            JOB,
+            ca.issue_bundle(
+                Principal.worker(JOB, i),
+                dns_names=[gossip_server_name(JOB, i)],
+                lifetime=timedelta(hours=1),
+                server=True,
+            ),
+            deadline_s=1.0 if dead is not None else 20.0,
+        )
         for i in range(n)
     ]
     addresses = {i: node.start() for i, node in enumerate(nodes)}
     if dead is not None:
         nodes[dead].stop()
-    outers = [GASLoCOuter(m.parameters(), topology, i, 0.7, 0.9, compression=compression)
-              for i, m in enumerate(models)]
+    outers = [GASLoCOuter(m.parameters(), topology, i, 0.7, 0.9, compression=compression) for i, m in enumerate(models)]
     sim = Simulator(topology, 0.7, 0.9, compression=compression)
     thetas = [flatten(m.parameters()) for m in models]
     stats = {}

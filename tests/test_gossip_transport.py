@@ -22,8 +22,10 @@ CHUNK = 1 << 20
 
 def _bundle(ca, job, worker):
     return ca.issue_bundle(
-        Principal.worker(job, worker), dns_names=[gossip_server_name(job, worker)],
-        lifetime=timedelta(hours=1), server=True,
+        Principal.worker(job, worker),
+        dns_names=[gossip_server_name(job, worker)],
+        lifetime=timedelta(hours=1),
+        server=True,
     )
 
 
@@ -37,8 +39,9 @@ def nodes(ca):
     started = []
 
     def make(worker, job=JOB, deadline_s=5.0, authority=None, **kwargs):
-        node = GossipNode(worker, job, _bundle(authority or ca, job, worker), deadline_s=deadline_s,
-                          chunk_bytes=CHUNK, **kwargs)
+        node = GossipNode(
+            worker, job, _bundle(authority or ca, job, worker), deadline_s=deadline_s, chunk_bytes=CHUNK, **kwargs
+        )
         node.start()
         started.append(node)
         return node
@@ -82,15 +85,27 @@ def test_two_workers_of_a_job_exchange_bit_exact(nodes):
     a, b = nodes(0), nodes(1)
     gen = torch.Generator().manual_seed(0)
     # Rounds 4 and 5 reuse the receive buffers of the rounds before them.
-    rounds = [(0, torch.float32), (1, torch.bfloat16), (2, torch.uint8), (3, torch.float32), (4, torch.float32),
-              (5, torch.float32)]
+    rounds = [
+        (0, torch.float32),
+        (1, torch.bfloat16),
+        (2, torch.uint8),
+        (3, torch.float32),
+        (4, torch.float32),
+        (5, torch.float32),
+    ]
     buffers = {}
     for round, dtype in rounds:
         numel = 3 * CHUNK // 4 + 12345  # several chunks, the last one partial
-        x = torch.randn(numel, generator=gen).to(dtype) if dtype != torch.uint8 else \
-            torch.randint(0, 256, (numel,), generator=gen, dtype=torch.uint8)
-        y = torch.randn(numel, generator=gen).to(dtype) if dtype != torch.uint8 else \
-            torch.randint(0, 256, (numel,), generator=gen, dtype=torch.uint8)
+        x = (
+            torch.randn(numel, generator=gen).to(dtype)
+            if dtype != torch.uint8
+            else torch.randint(0, 256, (numel,), generator=gen, dtype=torch.uint8)
+        )
+        y = (
+            torch.randn(numel, generator=gen).to(dtype)
+            if dtype != torch.uint8
+            else torch.randint(0, 256, (numel,), generator=gen, dtype=torch.uint8)
+        )
         got_a, got_b = _in_parallel(
             lambda: a.exchange(round, {1: b.address}, x),
             lambda: b.exchange(round, {0: a.address}, y),
@@ -105,10 +120,12 @@ def test_two_workers_of_a_job_exchange_bit_exact(nodes):
 def test_three_workers_ring_round(nodes):
     ring = [nodes(i) for i in range(3)]
     payloads = [torch.full((1000,), float(i)) for i in range(3)]
-    results = _in_parallel(*[
-        (lambda i=i: ring[i].exchange(0, {j: ring[j].address for j in range(3) if j != i}, payloads[i]))
-        for i in range(3)
-    ])
+    results = _in_parallel(
+        *[
+            (lambda i=i: ring[i].exchange(0, {j: ring[j].address for j in range(3) if j != i}, payloads[i]))
+            for i in range(3)
+        ]
+    )
     for i, got in enumerate(results):
         assert {j: float(t[0]) for j, t in got.items()} == {j: float(j) for j in range(3) if j != i}
 

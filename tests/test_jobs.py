@@ -110,8 +110,17 @@ def test_events_resume_from_a_cursor_without_gaps_or_duplicates(tenant):
 
 
 def test_cancel_stops_workers_and_ends_cancelled(tenant):
-    handle = tenant.submit(Job(name="long", model="gpt-tiny", steps=100_000, eval_every=50_000,
-                               checkpoint_every=50_000, batch_size=8, seq_len=32))
+    handle = tenant.submit(
+        Job(
+            name="long",
+            model="gpt-tiny",
+            steps=100_000,
+            eval_every=50_000,
+            checkpoint_every=50_000,
+            batch_size=8,
+            seq_len=32,
+        )
+    )
     _wait_for(lambda: handle.status().state == "RUNNING")
     assert _pids_of(handle.id)
     assert handle.cancel().state in ("CANCELLING", "CANCELLED")
@@ -122,9 +131,21 @@ def test_cancel_stops_workers_and_ends_cancelled(tenant):
 
 
 def test_cancel_reaches_a_queued_job(tenant, platform):
-    blockers = [tenant.submit(Job(name=f"block{i}", workers=4, algorithm="allreduce", steps=100_000,
-                                  eval_every=50_000, checkpoint_every=50_000, batch_size=4, seq_len=16))
-                for i in range(2)]
+    blockers = [
+        tenant.submit(
+            Job(
+                name=f"block{i}",
+                workers=4,
+                algorithm="allreduce",
+                steps=100_000,
+                eval_every=50_000,
+                checkpoint_every=50_000,
+                batch_size=4,
+                seq_len=16,
+            )
+        )
+        for i in range(2)
+    ]
     queued = tenant.submit(Job(name="waiting", **QUICK))
     assert queued.status().state == "QUEUED"
     assert queued.cancel().state == "CANCELLED"
@@ -153,14 +174,17 @@ def test_worker_error_is_reported_as_the_failure_reason(tenant, platform):
     assert f"DataError: dataset {tiny.as_uri()}: rank 0's objects hold no training window" in status.reason
 
 
-@pytest.mark.parametrize("field,overrides", [
-    ("model", {"model": "gpt-huge"}),
-    ("dataset", {"dataset": "ftp://example/data"}),
-    ("steps", {"steps": 0}),
-    ("workers", {"workers": 0}),
-    ("name", {"name": ""}),
-    ("lr", {"lr": float("nan")}),
-])
+@pytest.mark.parametrize(
+    "field,overrides",
+    [
+        ("model", {"model": "gpt-huge"}),
+        ("dataset", {"dataset": "ftp://example/data"}),
+        ("steps", {"steps": 0}),
+        ("workers", {"workers": 0}),
+        ("name", {"name": ""}),
+        ("lr", {"lr": float("nan")}),
+    ],
+)
 def test_client_side_validation_names_the_field(tenant, field, overrides):
     with pytest.raises(errors.InvalidJob) as err:
         tenant.submit(Job(**{"name": "bad", **overrides}))
@@ -170,25 +194,29 @@ def test_client_side_validation_names_the_field(tenant, field, overrides):
 def _raw_submit(client: Client, **spec):
     """Bypass client-side validation to prove the server checks on its own."""
     from cantata.proto.v1 import common_pb2, jobs_pb2
+
     request = jobs_pb2.SubmitJobRequest(request_id=uuid.uuid4().hex, spec=common_pb2.JobSpec(**spec))
     return client._call(client._jobs.SubmitJob, request)
 
 
-@pytest.mark.parametrize("field,spec", [
-    ("model", {"name": "x", "model": "gpt-huge", "steps": 10}),
-    ("dataset", {"name": "x", "dataset": "ftp://host/x", "steps": 10}),
-    ("steps", {"name": "x", "steps": -5}),
-    ("workers", {"name": "x", "steps": 10, "workers": -1}),
-    ("checkpoint_store", {"name": "x", "steps": 10, "checkpoint_store": "file:///etc"}),
-    ("checkpoint_store", {"name": "x", "steps": 10, "checkpoint_store": "file:///tmp/../etc"}),
-    ("dataset", {"name": "x", "steps": 10, "dataset": "file:///etc/passwd"}),
-    ("dataset", {"name": "x", "steps": 10, "dataset": "s3://src@Not_A_Bucket/x"}),
-    ("dataset", {"name": "x", "steps": 10, "dataset": "az://src@container/../other"}),
-    ("on_bad_utf8", {"name": "x", "steps": 10, "on_bad_utf8": "ignore"}),
-    ("ranks_per_worker", {"name": "x", "steps": 10, "workers": 2, "ranks_per_worker": 2}),
-    ("ranks_per_worker", {"name": "x", "steps": 10, "workers": 2, "algorithm": "gasloc", "ranks_per_worker": -1}),
-    ("ranks_per_worker", {"name": "x", "steps": 10, "workers": 128, "algorithm": "gasloc", "ranks_per_worker": 4}),
-])
+@pytest.mark.parametrize(
+    "field,spec",
+    [
+        ("model", {"name": "x", "model": "gpt-huge", "steps": 10}),
+        ("dataset", {"name": "x", "dataset": "ftp://host/x", "steps": 10}),
+        ("steps", {"name": "x", "steps": -5}),
+        ("workers", {"name": "x", "steps": 10, "workers": -1}),
+        ("checkpoint_store", {"name": "x", "steps": 10, "checkpoint_store": "file:///etc"}),
+        ("checkpoint_store", {"name": "x", "steps": 10, "checkpoint_store": "file:///tmp/../etc"}),
+        ("dataset", {"name": "x", "steps": 10, "dataset": "file:///etc/passwd"}),
+        ("dataset", {"name": "x", "steps": 10, "dataset": "s3://src@Not_A_Bucket/x"}),
+        ("dataset", {"name": "x", "steps": 10, "dataset": "az://src@container/../other"}),
+        ("on_bad_utf8", {"name": "x", "steps": 10, "on_bad_utf8": "ignore"}),
+        ("ranks_per_worker", {"name": "x", "steps": 10, "workers": 2, "ranks_per_worker": 2}),
+        ("ranks_per_worker", {"name": "x", "steps": 10, "workers": 2, "algorithm": "gasloc", "ranks_per_worker": -1}),
+        ("ranks_per_worker", {"name": "x", "steps": 10, "workers": 128, "algorithm": "gasloc", "ranks_per_worker": 4}),
+    ],
+)
 def test_server_side_validation_names_the_field(tenant, field, spec):
     with pytest.raises(errors.InvalidJob) as err:
         _raw_submit(tenant, **spec)

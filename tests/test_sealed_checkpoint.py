@@ -105,7 +105,14 @@ def torch_loads(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 def save(store: BlobStore, keys: JobKeys, step: int, **options) -> dict:
     state = training_state(step)
     save_checkpoint(
-        store, tenant=keys.tenant, job_id=keys.job_id, step=step, shards=state, kek=keys.current, segment_size=SEGMENT, **options
+        store,
+        tenant=keys.tenant,
+        job_id=keys.job_id,
+        step=step,
+        shards=state,
+        kek=keys.current,
+        segment_size=SEGMENT,
+        **options,
     )
     return state
 
@@ -176,7 +183,9 @@ def test_ranks_write_their_own_shards_and_one_commits(local_store: BlobStore, ke
     ]
     assert latest_checkpoint(local_store, tenant="acme", job_id="job-1", keys=keys) is None
     with pytest.raises(InvalidCheckpointError):
-        commit_checkpoint(local_store, tenant="acme", job_id="job-1", step=100, shards=written + written[:1], kek=keys.current)
+        commit_checkpoint(
+            local_store, tenant="acme", job_id="job-1", step=100, shards=written + written[:1], kek=keys.current
+        )
     commit_checkpoint(local_store, tenant="acme", job_id="job-1", step=100, shards=written, kek=keys.current)
     assert_state_equal(load(local_store, keys, 100), state)
 
@@ -187,7 +196,9 @@ def test_a_shard_beside_a_checkpoint_reads_back_only_in_its_place(local_store: B
     assert read_unlisted_shard(local_store, **where, step=100, name="data-3", keys=keys) == b'{"object": 7}'
     assert read_unlisted_shard(local_store, **where, step=100, name="data-2", keys=keys) is None
     assert b"object" not in local_store.get_bytes(object_key("acme", "job-1", 100, "data-3"))
-    local_store.put(object_key("acme", "job-1", 200, "data-3"), local_store.get_bytes(object_key("acme", "job-1", 100, "data-3")))
+    local_store.put(
+        object_key("acme", "job-1", 200, "data-3"), local_store.get_bytes(object_key("acme", "job-1", 100, "data-3"))
+    )
     with pytest.raises(ContextMismatchError):  # copied to another step
         read_unlisted_shard(local_store, **where, step=200, name="data-3", keys=keys)
 
@@ -246,7 +257,11 @@ def test_truncated_object(saved: BlobStore, keys: JobKeys, torch_loads: list[boo
 
 
 def test_truncated_at_a_segment_boundary(saved: BlobStore, keys: JobKeys, torch_loads: list[bool]) -> None:
-    rewrite(saved, object_key("acme", "job-1", 200, TARGET), lambda data: data[: body_start(data) + 2 * (SEGMENT + TAG_SIZE)])
+    rewrite(
+        saved,
+        object_key("acme", "job-1", 200, TARGET),
+        lambda data: data[: body_start(data) + 2 * (SEGMENT + TAG_SIZE)],
+    )
     refused(saved, keys, 200, TruncatedStreamError, torch_loads)
 
 
@@ -279,7 +294,9 @@ def test_shard_from_step_100_swapped_into_step_200(saved: BlobStore, keys: JobKe
     refused(saved, keys, 200, ContextMismatchError, torch_loads)
 
 
-def test_shard_of_tenant_a_copied_into_tenant_b(saved: BlobStore, keyring: LocalKeyring, torch_loads: list[bool]) -> None:
+def test_shard_of_tenant_a_copied_into_tenant_b(
+    saved: BlobStore, keyring: LocalKeyring, torch_loads: list[bool]
+) -> None:
     victim = keyring.job_keys("globex", "job-1")
     save(saved, victim, 200)
     saved.put(object_key("globex", "job-1", 200, TARGET), saved.get_bytes(object_key("acme", "job-1", 200, TARGET)))
@@ -291,14 +308,18 @@ def test_manifest_replaced_by_another_checkpoints(saved: BlobStore, keys: JobKey
     refused(saved, keys, 200, ContextMismatchError, torch_loads)
 
 
-def test_manifest_from_an_earlier_save_of_the_same_step(saved: BlobStore, keys: JobKeys, torch_loads: list[bool]) -> None:
+def test_manifest_from_an_earlier_save_of_the_same_step(
+    saved: BlobStore, keys: JobKeys, torch_loads: list[bool]
+) -> None:
     stale_manifest = saved.get_bytes(object_key("acme", "job-1", 200, MANIFEST))
     save(saved, keys, 200)
     saved.put(object_key("acme", "job-1", 200, MANIFEST), stale_manifest)
     refused(saved, keys, 200, ShardMismatchError, torch_loads)
 
 
-def test_stale_worker_keys_after_rotation(saved: BlobStore, keyring: LocalKeyring, keys: JobKeys, torch_loads: list[bool]) -> None:
+def test_stale_worker_keys_after_rotation(
+    saved: BlobStore, keyring: LocalKeyring, keys: JobKeys, torch_loads: list[bool]
+) -> None:
     keyring.rotate("acme")
     rewrap_checkpoints(saved, tenant="acme", job_id="job-1", keys=keyring.job_keys("acme", "job-1"))
     refused(saved, keys, 200, UnknownKeyVersionError, torch_loads)

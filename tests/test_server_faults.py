@@ -22,7 +22,7 @@ def test_sigkill_mid_job_then_restart_resumes_from_the_checkpoint(platform, tena
     status = handle.wait(timeout=240)
     assert status.state == "SUCCEEDED", status.reason
     after = list(handle.events())
-    assert [(e.seq, e.kind, e.step) for e in after[:len(before)]] == [(e.seq, e.kind, e.step) for e in before]
+    assert [(e.seq, e.kind, e.step) for e in after[: len(before)]] == [(e.seq, e.kind, e.step) for e in before]
     messages = [e.message for e in after]
     assert any("server restarted" in m for m in messages)
     resumed = [m for m in messages if m.startswith("resumed from checkpoint at step")]
@@ -32,6 +32,7 @@ def test_sigkill_mid_job_then_restart_resumes_from_the_checkpoint(platform, tena
 def _events_until_now(tenant, job_id):
     """Events recorded so far, without waiting for the job to end."""
     from cantata.proto.v1 import jobs_pb2
+
     events = []
     stream = tenant._jobs.WatchJob(jobs_pb2.WatchJobRequest(job_id=job_id), timeout=2)
     try:
@@ -40,6 +41,7 @@ def _events_until_now(tenant, job_id):
     except grpc.RpcError as err:
         assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     from cantata.sdk.client import Event
+
     return [Event.from_proto(e) for e in events]
 
 

@@ -116,7 +116,9 @@ def small_part_s3_store(s3_store: S3Store, moto_service: RunningService, boto3_s
 def test_s3_large_objects_use_multipart(small_part_s3_store: S3Store) -> None:
     data = os.urandom(2 * MIN_PART_SIZE + 123)
     small_part_s3_store.put("big", io.BytesIO(data))
-    head = small_part_s3_store.client.head_object(Bucket=small_part_s3_store.bucket, Key=small_part_s3_store.object_name("big"))
+    head = small_part_s3_store.client.head_object(
+        Bucket=small_part_s3_store.bucket, Key=small_part_s3_store.object_name("big")
+    )
     assert head["ETag"].strip('"').endswith("-3")
     assert small_part_s3_store.get_bytes("big") == data
 
@@ -162,7 +164,9 @@ def test_s3_persistent_5xx_is_a_clear_error_and_aborts(small_part_s3_store: S3St
     assert uploads.get("Uploads", []) == []
 
 
-def test_azure_uploads_stage_blocks_and_commit_once(azurite_service: RunningService, azure_store: AzureBlobStore) -> None:
+def test_azure_uploads_stage_blocks_and_commit_once(
+    azurite_service: RunningService, azure_store: AzureBlobStore
+) -> None:
     store = open_store(
         azure_store.uri,
         connection_string=azurite_connection_string(azurite_service.endpoint),

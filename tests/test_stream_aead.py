@@ -119,13 +119,16 @@ def test_read_into_a_buffer_gives_the_plaintext_and_summary_of_iteration(size: i
     assert into.summary == iterated.summary
 
 
-@pytest.mark.parametrize("tamper, error", [
-    (lambda s: s[: segment_span(s, 1).start], TruncatedStreamError),
-    (lambda s: s[: segment_span(s, 1).start + 500], SegmentAuthenticationError),
-    (lambda s: s[: header_length(s)], TruncatedStreamError),
-    (lambda s: flip_bit(s, segment_span(s, 1).start + 5), SegmentAuthenticationError),
-    (lambda s: s + s[segment_span(s, 0)], TrailingDataError),
-])
+@pytest.mark.parametrize(
+    "tamper, error",
+    [
+        (lambda s: s[: segment_span(s, 1).start], TruncatedStreamError),
+        (lambda s: s[: segment_span(s, 1).start + 500], SegmentAuthenticationError),
+        (lambda s: s[: header_length(s)], TruncatedStreamError),
+        (lambda s: flip_bit(s, segment_span(s, 1).start + 5), SegmentAuthenticationError),
+        (lambda s: s + s[segment_span(s, 0)], TrailingDataError),
+    ],
+)
 def test_read_into_refuses_what_iteration_refuses(tamper, error) -> None:
     sealed = tamper(seal(os.urandom(2 * SEGMENT)))
     with pytest.raises(error):
@@ -216,7 +219,11 @@ def test_one_flipped_bit_in_a_segment(offset_in_segment: int) -> None:
 
 @pytest.mark.parametrize(
     ("field", "error"),
-    [("salt", HeaderAuthenticationError), ("nonce_prefix", HeaderAuthenticationError), ("commitment", HeaderAuthenticationError)],
+    [
+        ("salt", HeaderAuthenticationError),
+        ("nonce_prefix", HeaderAuthenticationError),
+        ("commitment", HeaderAuthenticationError),
+    ],
 )
 def test_one_flipped_bit_in_a_header_field(field: str, error: type[Exception]) -> None:
     sealed = seal(PLAINTEXT)

@@ -30,7 +30,7 @@ ROLES = {ADMIN: Principal.admin("root"), TENANT: Principal.tenant("acme"), WORKE
 
 
 def _peer(principal: Principal) -> PeerCertificate:
-    return PeerCertificate(principal, serial=1, not_after=dt.datetime.now(dt.timezone.utc))
+    return PeerCertificate(principal, serial=1, not_after=dt.datetime.now(dt.UTC))
 
 
 @pytest.mark.parametrize("role", sorted(ROLES))
@@ -42,13 +42,15 @@ def test_each_role_gets_exactly_what_the_table_says(role, method):
 
 
 def _ca(platform) -> CertificateAuthority:
-    return CertificateAuthority.load((platform.data_dir / "ca.pem").read_bytes(),
-                                     (platform.data_dir / "ca.key").read_bytes())
+    return CertificateAuthority.load(
+        (platform.data_dir / "ca.pem").read_bytes(), (platform.data_dir / "ca.key").read_bytes()
+    )
 
 
 def _channel(platform, bundle: pki.Bundle | None = None) -> grpc.Channel:
-    creds = grpc.ssl_channel_credentials(platform.ca_pem, bundle.key_pem if bundle else None,
-                                         bundle.cert_pem if bundle else None)
+    creds = grpc.ssl_channel_credentials(
+        platform.ca_pem, bundle.key_pem if bundle else None, bundle.cert_pem if bundle else None
+    )
     return grpc.secure_channel(platform.address, creds)
 
 
@@ -77,8 +79,9 @@ def bad_credentials(platform):
         admin.suspend_tenant("suspendee", "audit")
     return {
         "none": None,
-        "other_ca": CertificateAuthority.create("Other CA").issue_bundle(Principal.admin("admin"),
-                                                                          lifetime=dt.timedelta(hours=1)),
+        "other_ca": CertificateAuthority.create("Other CA").issue_bundle(
+            Principal.admin("admin"), lifetime=dt.timedelta(hours=1)
+        ),
         "expired": _expired_bundle(ca, Principal.admin("admin")),
         "revoked": own["revokee"],
         "suspended_tenant": own["suspendee"],
@@ -98,8 +101,12 @@ def _expected(credential: str, method: str) -> grpc.StatusCode | None:
     raise AssertionError(credential)
 
 
-REFUSALS = [(credential, method, streaming) for credential in CREDENTIALS for method, streaming in all_methods()
-            if _expected(credential, method) is not None]
+REFUSALS = [
+    (credential, method, streaming)
+    for credential in CREDENTIALS
+    for method, streaming in all_methods()
+    if _expected(credential, method) is not None
+]
 
 
 @pytest.mark.parametrize("credential,method,streaming", REFUSALS)
@@ -112,7 +119,7 @@ def test_revoked_certificate_is_refused_and_renewal_needs_good_standing(platform
     client = platform.enroll("renewer")
     old_serial = format(x509.load_pem_x509_certificate(Profile.named("renewer").cert.read_bytes()).serial_number, "x")
     expires = dt.datetime.fromisoformat(enroll.renew_certificate("renewer"))
-    assert dt.timedelta(days=29) < expires - dt.datetime.now(dt.timezone.utc) <= dt.timedelta(days=30)
+    assert dt.timedelta(days=29) < expires - dt.datetime.now(dt.UTC) <= dt.timedelta(days=30)
     with platform.admin() as admin:
         listed = [t for t in admin.tenants() if t.name == "renewer"][0]
         assert listed.certificate_serial != old_serial
@@ -135,8 +142,9 @@ def test_suspension_stops_running_jobs_within_ten_seconds(platform):
         admin.suspend_tenant("paused-co", "billing")
         with pytest.raises(errors.PermissionDenied):
             client.get(handle.id)
-        _wait_for(lambda: admin.tenants("SUSPENDED") and
-                  platform_job_state(platform, handle.id) == "CANCELLED", timeout=10)
+        _wait_for(
+            lambda: admin.tenants("SUSPENDED") and platform_job_state(platform, handle.id) == "CANCELLED", timeout=10
+        )
         assert time.monotonic() - suspended_at < 10
         admin.resume_tenant("paused-co")
     status = client.get(handle.id)
@@ -147,7 +155,9 @@ def test_suspension_stops_running_jobs_within_ten_seconds(platform):
 def platform_job_state(platform, job_id: str) -> str:
     """Read a job's state straight from the server's database (the tenant cannot while suspended)."""
     import sqlite3
+
     from cantata.proto.v1 import common_pb2
+
     with sqlite3.connect(platform.data_dir / "state.db") as db:
         (state,) = db.execute("SELECT state FROM jobs WHERE id=?", (job_id,)).fetchone()
     return common_pb2.JobState.Name(state)
@@ -204,17 +214,22 @@ def test_rejected_fingerprint_cannot_come_back(platform):
 def test_csr_names_are_ignored_the_ca_sets_its_own(platform):
     key = pki.new_key()
     sans = x509.SubjectAlternativeName([x509.UniformResourceIdentifier("spiffe://cantata/admin/admin")])
-    csr = (x509.CertificateSigningRequestBuilder()
-           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "admin")]))
-           .add_extension(sans, critical=False).sign(key, hashes.SHA256())
-           .public_bytes(serialization.Encoding.PEM))
+    csr = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "admin")]))
+        .add_extension(sans, critical=False)
+        .sign(key, hashes.SHA256())
+        .public_bytes(serialization.Encoding.PEM)
+    )
     channel = grpc.secure_channel(platform.enroll_address, grpc.ssl_channel_credentials(platform.ca_pem))
     with channel:
         reply = tenancy_pb2_grpc.TenancyStub(channel).RequestTenancy(
-            tenancy_pb2.RequestTenancyRequest(name="sneaky", csr_pem=csr))
+            tenancy_pb2.RequestTenancyRequest(name="sneaky", csr_pem=csr)
+        )
     with platform.admin() as admin:
         admin.approve_tenant("sneaky", reply.csr_fingerprint)
     import sqlite3
+
     with sqlite3.connect(platform.data_dir / "state.db") as db:
         (cert_pem,) = db.execute("SELECT cert_pem FROM tenants WHERE name='sneaky'").fetchone()
     principal = pki.certificate_principal(x509.load_pem_x509_certificate(cert_pem))
@@ -225,7 +240,8 @@ def test_ten_megabyte_request_is_refused(platform):
     channel = grpc.secure_channel(platform.enroll_address, grpc.ssl_channel_credentials(platform.ca_pem))
     with channel, pytest.raises(grpc.RpcError) as err:
         tenancy_pb2_grpc.TenancyStub(channel).RequestTenancy(
-            tenancy_pb2.RequestTenancyRequest(name="big", csr_pem=b"x" * (10 << 20)))
+            tenancy_pb2.RequestTenancyRequest(name="big", csr_pem=b"x" * (10 << 20))
+        )
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
@@ -242,6 +258,7 @@ def test_server_certificate_rotates_without_restart(platform):
 def _served_serial(platform) -> int:
     import socket
     import ssl
+
     ctx = ssl.create_default_context(cadata=platform.ca_pem.decode())
     ctx.check_hostname = False
     with socket.create_connection(("127.0.0.1", int(platform.enroll_address.rsplit(":", 1)[1]))) as sock:

@@ -16,8 +16,14 @@ import json
 import torch.distributed as dist
 
 from cantata.security.keys import JobKeys
-from cantata.security.sealed_checkpoint import (begin_checkpoint, commit_checkpoint, latest_checkpoint,
-                                                load_checkpoint, read_unlisted_shard, write_shard)
+from cantata.security.sealed_checkpoint import (
+    begin_checkpoint,
+    commit_checkpoint,
+    latest_checkpoint,
+    load_checkpoint,
+    read_unlisted_shard,
+    write_shard,
+)
 from cantata.storage import open_store
 
 KEEP_LAST = 3
@@ -44,22 +50,31 @@ class JobCheckpoints:
             begin_checkpoint(self._store, step=step, **self._where)
         if group is not None:
             dist.barrier(group)
-        infos = [write_shard(self._store, step=step, name=name, state=state, kek=self._keys.current, **self._where)
-                 for name, state in shards.items()]
+        infos = [
+            write_shard(self._store, step=step, name=name, state=state, kek=self._keys.current, **self._where)
+            for name, state in shards.items()
+        ]
         if group is not None:
             gathered = [None] * dist.get_world_size(group) if rank == 0 else None
             dist.gather_object(infos, gathered, dst=0, group=group)
             infos = [info for rank_infos in (gathered or []) for info in rank_infos]
         if rank != 0:
             return None
-        commit_checkpoint(self._store, step=step, shards=infos, kek=self._keys.current, keep_last=KEEP_LAST,
-                          **self._where)
+        commit_checkpoint(
+            self._store, step=step, shards=infos, kek=self._keys.current, keep_last=KEEP_LAST, **self._where
+        )
         return sum(info.sealed_size for info in infos)
 
     def save_position(self, step: int, worker: int, state: dict) -> None:
         """Seal ``worker``'s data position (a feed's plain ``state_dict()``) beside checkpoint ``step``."""
-        write_shard(self._store, step=step, name=f"data-{worker}", state=json.dumps(state).encode(),
-                    kek=self._keys.current, **self._where)
+        write_shard(
+            self._store,
+            step=step,
+            name=f"data-{worker}",
+            state=json.dumps(state).encode(),
+            kek=self._keys.current,
+            **self._where,
+        )
 
     def load_position(self, step: int, worker: int) -> dict | None:
         """The data position ``worker`` saved beside checkpoint ``step``, or None if it saved none."""

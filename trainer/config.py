@@ -55,7 +55,8 @@ class WorkerConfig:
         return DatasetAccess(
             roots=tuple(Path(root) for root in self.dataset_roots),
             credentials=SourceCredentials.from_json(self.dataset_credentials) if self.dataset_credentials else None,
-            dataset_key=DatasetKey.from_json(self.dataset_key) if self.dataset_key else None)
+            dataset_key=DatasetKey.from_json(self.dataset_key) if self.dataset_key else None,
+        )
 
     @classmethod
     def load(cls, path: Path) -> WorkerConfig:

@@ -65,8 +65,9 @@ class GossipExchange:
     Quarantined peers are not dialled.
     """
 
-    def __init__(self, cfg: WorkerConfig, node: GossipNode, reporter: Reporter, outer: GASLoCOuter,
-                 quarantine: Quarantine):
+    def __init__(
+        self, cfg: WorkerConfig, node: GossipNode, reporter: Reporter, outer: GASLoCOuter, quarantine: Quarantine
+    ):
         self._cfg, self._node, self._reporter, self._outer = cfg, node, reporter, outer
         self._quarantine = quarantine
         self._attack = parse_attack_config(cfg.attack, SpecOrigin.ADMIN) if cfg.attack else None
@@ -78,8 +79,7 @@ class GossipExchange:
         peers = [self._cfg.gossip_process(g) for g in groups]
         sent = self._maybe_attack(round_, wire)
         self._wait_for_laggards(round_, peers)
-        wanted = {p: self.addresses[p] for p in peers
-                  if p in self.addresses and not self._quarantine.is_quarantined(p)}
+        wanted = {p: self.addresses[p] for p in peers if p in self.addresses and not self._quarantine.is_quarantined(p)}
         received = self._node.exchange(round_, wanted, sent)
         return {peer // self._cfg.ranks_per_worker: t.clone() for peer, t in received.items()}
 
@@ -92,8 +92,11 @@ class GossipExchange:
         deadline = time.monotonic() + ROUND_DEADLINE_S
         while True:
             self.addresses, _, rounds = self._reporter.peers()
-            behind = [p for p in peers if p in self.addresses and not self._quarantine.is_quarantined(p)
-                      and rounds.get(p, 0) < round_ - 1]
+            behind = [
+                p
+                for p in peers
+                if p in self.addresses and not self._quarantine.is_quarantined(p) and rounds.get(p, 0) < round_ - 1
+            ]
             if not behind or time.monotonic() > deadline:
                 return
             time.sleep(0.05)
@@ -104,8 +107,15 @@ class GossipExchange:
             return wire
         theta, codec = self._outer.theta, self._outer.step.compressor.codec
         own = codec.decode(wire, theta.numel()) - theta
-        view = AttackView(own=own, honest=own[None], receiver=theta + own, honest_weights=torch.ones(1),
-                          byzantine_weight=0.0, workers=self._cfg.workers, byzantine=len(self._attack.workers))
+        view = AttackView(
+            own=own,
+            honest=own[None],
+            receiver=theta + own,
+            honest_weights=torch.ones(1),
+            byzantine_weight=0.0,
+            workers=self._cfg.workers,
+            byzantine=len(self._attack.workers),
+        )
         return codec.encode(theta + craft(self._attack, view, self._noise))
 
 
@@ -127,8 +137,14 @@ class UpdateScreen:
         for peer, result in self._screener.screen_round(by_process, own, anchor=anchor).items():
             for event in self._quarantine.record(proposal.round, result):
                 check = max(result.checks, key=lambda c: c.verdict)
-                self._reporter.anomaly(peer, proposal.round, check.check, result.verdict.name.lower(), check.score,
-                                       quarantined=event.kind is AnomalyKind.PEER_QUARANTINED)
+                self._reporter.anomaly(
+                    peer,
+                    proposal.round,
+                    check.check,
+                    result.verdict.name.lower(),
+                    check.score,
+                    quarantined=event.kind is AnomalyKind.PEER_QUARANTINED,
+                )
             if result.verdict is Verdict.REJECT or self._quarantine.is_quarantined(peer):
                 continue
             update = by_process[peer]
@@ -177,8 +193,13 @@ def join_worker_group(cfg: WorkerConfig) -> dist.ProcessGroup | None:
     """The ``torch.distributed`` group of this process's worker group (None for a one-process worker)."""
     if cfg.ranks_per_worker == 1:
         return None
-    dist.init_process_group("gloo", init_method=cfg.rendezvous, rank=cfg.group_rank,
-                            world_size=cfg.ranks_per_worker, timeout=dt.timedelta(minutes=5))
+    dist.init_process_group(
+        "gloo",
+        init_method=cfg.rendezvous,
+        rank=cfg.group_rank,
+        world_size=cfg.ranks_per_worker,
+        timeout=dt.timedelta(minutes=5),
+    )
     return dist.group.WORLD
 
 
@@ -224,15 +245,21 @@ def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.E
         node = None
         first_round = start // local_steps
         if gossips:
-            outer = GASLoCOuter(model.parameters(), make_topology(spec.topology, cfg.workers, spec.seed), cfg.group,
-                                outer_lr=spec.outer_lr, outer_momentum=spec.outer_momentum,
-                                gossip_step=spec.gossip_step if spec.HasField("gossip_step") else None,
-                                compression=spec.compression)
+            outer = GASLoCOuter(
+                model.parameters(),
+                make_topology(spec.topology, cfg.workers, spec.seed),
+                cfg.group,
+                outer_lr=spec.outer_lr,
+                outer_momentum=spec.outer_momentum,
+                gossip_step=spec.gossip_step if spec.HasField("gossip_step") else None,
+                compression=spec.compression,
+            )
             if start:
                 outer.load_state_dict(shards["outer-0"])
             bundle = Bundle(cfg.cert.read_bytes(), cfg.key.read_bytes(), cfg.ca.read_bytes())
-            node = GossipNode(cfg.worker, cfg.job_id, bundle, deadline_s=ROUND_DEADLINE_S,
-                              on_refused=RefusalReports(reporter))
+            node = GossipNode(
+                cfg.worker, cfg.job_id, bundle, deadline_s=ROUND_DEADLINE_S, on_refused=RefusalReports(reporter)
+            )
             reporter.gossip_endpoint(node.start())
             quarantine = Quarantine(cfg.worker)
             exchange = GossipExchange(cfg, node, reporter, outer, quarantine)
@@ -262,24 +289,31 @@ def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.E
                     if stop.is_set() or reporter.stop_requested:
                         raise Stopped()
                     step = t * local_steps + h + 1
-                    loss = train_step(model, optimizer, feed, step, schedule.lr(min(step, spec.steps)),
-                                      trace=spec.trace_samples)
+                    loss = train_step(
+                        model, optimizer, feed, step, schedule.lr(min(step, spec.steps)), trace=spec.trace_samples
+                    )
                 if gossips:
                     exchanged = time.perf_counter()
                     stats = outer.round(t, exchange, screen)
-                    reporter.round(t, [cfg.gossip_process(g) for g in stats.mixed],
-                                   [cfg.gossip_process(g) for g in stats.skipped], time.perf_counter() - exchanged)
+                    reporter.round(
+                        t,
+                        [cfg.gossip_process(g) for g in stats.mixed],
+                        [cfg.gossip_process(g) for g in stats.skipped],
+                        time.perf_counter() - exchanged,
+                    )
                 sync_parameters(model, group)
                 step = min((t + 1) * local_steps, spec.steps)
                 if lead:
-                    reporter.progress(step, loss.item(), tokens_per_round / (time.perf_counter() - tick),
-                                      schedule.lr(step))
+                    reporter.progress(
+                        step, loss.item(), tokens_per_round / (time.perf_counter() - tick), schedule.lr(step)
+                    )
                 if step // spec.eval_every > (step - local_steps) // spec.eval_every or step == spec.steps:
                     val_loss = evaluate(model, feed)
                     if lead:
                         reporter.eval(step, val_loss)
-                due = (step // spec.checkpoint_every > (step - local_steps) // spec.checkpoint_every
-                       or step == spec.steps)
+                due = (
+                    step // spec.checkpoint_every > (step - local_steps) // spec.checkpoint_every or step == spec.steps
+                )
                 if due:
                     checkpoints.save_position(step, cfg.worker, feed.state_dict())
                 if saves and due:

@@ -59,14 +59,23 @@ def evaluate(model: GPT, feed: Feed) -> float:
 
 def job_feed(cfg: WorkerConfig, reporter: Reporter, seq_len: int, *, rank: int, world: int) -> Feed:
     """This worker's data feed; the lead relays first-pass progress, every worker its warnings."""
+
     def relay(event: DataEvent) -> None:
         if event.kind == "warning" or cfg.worker == 0:
             reporter.message(f"data {event.kind}: {event.message}")
 
     spec = cfg.spec
-    return open_feed(spec.dataset, batch_size=spec.batch_size, seq_len=seq_len, seed=spec.seed, rank=rank,
-                     world=world, access=cfg.dataset_access(), utf8_policy=Utf8Policy(spec.on_bad_utf8 or "skip"),
-                     on_event=relay)
+    return open_feed(
+        spec.dataset,
+        batch_size=spec.batch_size,
+        seq_len=seq_len,
+        seed=spec.seed,
+        rank=rank,
+        world=world,
+        access=cfg.dataset_access(),
+        utf8_policy=Utf8Policy(spec.on_bad_utf8 or "skip"),
+        on_event=relay,
+    )
 
 
 def train_step(model: GPT, optimizer, feed: Feed, step: int, lr: float, *, trace: bool) -> torch.Tensor:
@@ -87,8 +96,9 @@ def train_step(model: GPT, optimizer, feed: Feed, step: int, lr: float, *, trace
 
 def report_data_wait(reporter: Reporter, feed: Feed, train_seconds: float) -> None:
     if train_seconds > 0:
-        reporter.message(f"data wait {feed.wait_seconds:.2f} s, {feed.wait_seconds / train_seconds:.2%} "
-                         "of training time")
+        reporter.message(
+            f"data wait {feed.wait_seconds:.2f} s, {feed.wait_seconds / train_seconds:.2%} of training time"
+        )
 
 
 def train(cfg: WorkerConfig, reporter: Reporter, stop: threading.Event) -> float:
@@ -97,8 +107,9 @@ def train(cfg: WorkerConfig, reporter: Reporter, stop: threading.Event) -> float
     torch.set_num_threads(cfg.threads)
     group = None
     if cfg.workers > 1:
-        dist.init_process_group("gloo", init_method=cfg.rendezvous, rank=cfg.worker, world_size=cfg.workers,
-                                timeout=dt.timedelta(minutes=5))
+        dist.init_process_group(
+            "gloo", init_method=cfg.rendezvous, rank=cfg.worker, world_size=cfg.workers, timeout=dt.timedelta(minutes=5)
+        )
         group = dist.group.WORLD
     lead = cfg.worker == 0
     model = build_model(spec.model, spec.seed)
@@ -149,4 +160,3 @@ def train(cfg: WorkerConfig, reporter: Reporter, stop: threading.Event) -> float
     if group is not None:
         dist.destroy_process_group()
     return val_loss
-

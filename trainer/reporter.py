@@ -15,8 +15,10 @@ class Reporter:
 
     def __init__(self, cfg: WorkerConfig):
         credentials = grpc.ssl_channel_credentials(
-            root_certificates=cfg.ca.read_bytes(), private_key=cfg.key.read_bytes(),
-            certificate_chain=cfg.cert.read_bytes())
+            root_certificates=cfg.ca.read_bytes(),
+            private_key=cfg.key.read_bytes(),
+            certificate_chain=cfg.cert.read_bytes(),
+        )
         self._channel = grpc.secure_channel(cfg.server, credentials)
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
         self._job_id, self._worker = cfg.job_id, cfg.worker
@@ -55,16 +57,20 @@ class Reporter:
         self.send(round=worker_pb2.Round(round=round_, peers=peers, skipped=skipped, seconds=seconds))
 
     def anomaly(self, peer: int, round_: int, check: str, verdict: str, score: float, quarantined: bool) -> None:
-        self.send(anomaly=worker_pb2.Anomaly(peer=peer, round=round_, check=check, verdict=verdict, score=score,
-                                             quarantined=quarantined))
+        self.send(
+            anomaly=worker_pb2.Anomaly(
+                peer=peer, round=round_, check=check, verdict=verdict, score=score, quarantined=quarantined
+            )
+        )
 
     def gossip_refused(self, address: str, principal: str, reason: str) -> None:
         self.send(refused=worker_pb2.GossipRefused(address=address, principal=principal, reason=reason))
 
     def peers(self) -> tuple[dict[int, str], int, dict[int, int]]:
         """The job's registered gossip endpoints, the latest finished round, and each worker's."""
-        reply = self._stub.GetPeers(worker_pb2.GetPeersRequest(job_id=self._job_id), timeout=REPORT_TIMEOUT,
-                                    wait_for_ready=True)
+        reply = self._stub.GetPeers(
+            worker_pb2.GetPeersRequest(job_id=self._job_id), timeout=REPORT_TIMEOUT, wait_for_ready=True
+        )
         return dict(reply.peers), reply.round, dict(reply.rounds)
 
     def close(self) -> None:

@@ -82,7 +82,10 @@ class Quarantine:
             return [event]
         self.quarantined.add(result.peer)
         del self._rejected_rounds[result.peer]
-        return [event, AnomalyEvent(AnomalyKind.PEER_QUARANTINED, self.worker, result.peer, round, result.scores(), count)]
+        return [
+            event,
+            AnomalyEvent(AnomalyKind.PEER_QUARANTINED, self.worker, result.peer, round, result.scores(), count),
+        ]
 
     def is_quarantined(self, peer: int) -> bool:
         return peer in self.quarantined

@@ -194,9 +194,7 @@ class UpdateScreener:
     def __init__(self, layout: LayerLayout, config: ScreeningConfig | None = None):
         self.layout = layout
         self.config = config or ScreeningConfig()
-        self._screened_layers = [
-            k for k, size in enumerate(layout.layer_sizes) if size >= self.config.min_layer_size
-        ]
+        self._screened_layers = [k for k, size in enumerate(layout.layer_sizes) if size >= self.config.min_layer_size]
         if not self._screened_layers:
             raise ValueError(f"no layer holds min_layer_size={self.config.min_layer_size} elements")
         self._history: dict[int, RobustWindow] = {}
@@ -286,7 +284,9 @@ class UpdateScreener:
         checks = (
             CheckResult("finite", 0.0, Verdict.ACCEPT),
             CheckResult("difference_norm", z[1], self._z_verdict(z[1])),
-            CheckResult("cosine", statistics[0].item(), self._cosine_verdict(statistics[0].item(), -z[0] if warm else None)),
+            CheckResult(
+                "cosine", statistics[0].item(), self._cosine_verdict(statistics[0].item(), -z[0] if warm else None)
+            ),
             CheckResult("layer_norms", max(z[2:]), self._z_verdict(max(z[2:]))),
         )
         verdict = max(check.verdict for check in checks)

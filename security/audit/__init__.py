@@ -25,16 +25,38 @@ from .errors import (
 from .keys import load_public_keys_file
 from .log import AuditLog, Durability, init_audit
 from .record import AuditRecord
-from .report import Report, build_report
 from .render import REPORT_FORMATS, render_report
+from .report import Report, build_report
 from .segments import read_records
 from .verify import BreakKind, Finding, VerifyResult, verify
 
 __all__ = [
-    "ANOMALY_ACTIONS", "DENIAL_ACTIONS", "REPORT_FORMATS",
-    "Action", "AuditError", "AuditKeyError", "AuditLog", "AuditLogBusy", "AuditLogClosed", "AuditLogCorrupt",
-    "AuditLogExists", "AuditLogNotFound", "AuditRecord", "BreakKind", "Durability", "Finding", "Outcome", "Report",
-    "SecretMaterialError", "VerifyResult",
-    "build_report", "export_checkpoints", "init_audit", "load_public_keys_file", "read_anchor", "read_records",
-    "render_report", "verify",
+    "ANOMALY_ACTIONS",
+    "DENIAL_ACTIONS",
+    "REPORT_FORMATS",
+    "Action",
+    "AuditError",
+    "AuditKeyError",
+    "AuditLog",
+    "AuditLogBusy",
+    "AuditLogClosed",
+    "AuditLogCorrupt",
+    "AuditLogExists",
+    "AuditLogNotFound",
+    "AuditRecord",
+    "BreakKind",
+    "Durability",
+    "Finding",
+    "Outcome",
+    "Report",
+    "SecretMaterialError",
+    "VerifyResult",
+    "build_report",
+    "export_checkpoints",
+    "init_audit",
+    "load_public_keys_file",
+    "read_anchor",
+    "read_records",
+    "render_report",
+    "verify",
 ]

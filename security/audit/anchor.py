@@ -47,4 +47,3 @@ def read_anchor(directory: Path, store: BlobStore, *, prefix: str = DEFAULT_PREF
     """The anchored checkpoint lines of the log in ``directory``, in index order."""
     identity = LogIdentity.read(AuditLayout(Path(directory)))
     return [store.get_bytes(key) for key in store.list(_anchor_dir(prefix, identity.log_id))]
-

@@ -53,9 +53,16 @@ class Checkpoint:
 
     def body(self) -> dict[str, object]:
         """The fields the signature covers."""
-        body: dict[str, object] = {"n": self.index, "seq": self.seq, "hash": self.hash, "time": format_time(self.time),
-                                   "log": self.log_id, "key": self.key_id, "prev": self.prev,
-                                   "within": self.within}
+        body: dict[str, object] = {
+            "n": self.index,
+            "seq": self.seq,
+            "hash": self.hash,
+            "time": format_time(self.time),
+            "log": self.log_id,
+            "key": self.key_id,
+            "prev": self.prev,
+            "within": self.within,
+        }
         if self.next_key is not None:
             body["next_key"] = base64.b64encode(raw_public(self.next_key)).decode()
         return body
@@ -72,11 +79,31 @@ class Checkpoint:
         return True
 
     @classmethod
-    def sign(cls, private_key: Ed25519PrivateKey, *, index: int, seq: int, chain_hash: str, time: datetime,
-             log_id: str, prev: str, within: int, next_key: Ed25519PublicKey | None = None) -> Checkpoint:
-        unsigned = cls(index=index, seq=seq, hash=chain_hash, time=time, log_id=log_id,
-                       key_id=key_id(private_key.public_key()), prev=prev, within=within, next_key=next_key,
-                       signature=b"")
+    def sign(
+        cls,
+        private_key: Ed25519PrivateKey,
+        *,
+        index: int,
+        seq: int,
+        chain_hash: str,
+        time: datetime,
+        log_id: str,
+        prev: str,
+        within: int,
+        next_key: Ed25519PublicKey | None = None,
+    ) -> Checkpoint:
+        unsigned = cls(
+            index=index,
+            seq=seq,
+            hash=chain_hash,
+            time=time,
+            log_id=log_id,
+            key_id=key_id(private_key.public_key()),
+            prev=prev,
+            within=within,
+            next_key=next_key,
+            signature=b"",
+        )
         signature = private_key.sign(SIGNING_DOMAIN + canonical(unsigned.body()))
         return cls(**{**{name: getattr(unsigned, name) for name in cls.__slots__}, "signature": signature})
 
@@ -91,11 +118,22 @@ class Checkpoint:
                 raise TypeError("n, seq and within must be integers")
             if not all(isinstance(v, str) for v in texts.values()) or not isinstance(encoded_next, str | None):
                 raise TypeError("text fields must be strings")
-            next_key = (Ed25519PublicKey.from_public_bytes(base64.b64decode(encoded_next, validate=True))
-                        if encoded_next is not None else None)
-            return cls(index=index, seq=seq, hash=texts["hash"], time=parse_time(texts["time"]),
-                       log_id=texts["log"], key_id=texts["key"], prev=texts["prev"], within=within,
-                       next_key=next_key,
-                       signature=base64.b64decode(texts["sig"], validate=True))
+            next_key = (
+                Ed25519PublicKey.from_public_bytes(base64.b64decode(encoded_next, validate=True))
+                if encoded_next is not None
+                else None
+            )
+            return cls(
+                index=index,
+                seq=seq,
+                hash=texts["hash"],
+                time=parse_time(texts["time"]),
+                log_id=texts["log"],
+                key_id=texts["key"],
+                prev=texts["prev"],
+                within=within,
+                next_key=next_key,
+                signature=base64.b64decode(texts["sig"], validate=True),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise AuditLogCorrupt(f"malformed checkpoint: {exc}") from None

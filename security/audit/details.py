@@ -8,10 +8,26 @@ from collections.abc import Mapping
 
 from .errors import SecretMaterialError
 
-_SECRET_WORDS = frozenset({
-    "key", "keys", "secret", "secrets", "password", "passwd", "passphrase", "pwd", "token", "tokens",
-    "private", "credential", "credentials", "pem", "cookie", "authorization",
-})
+_SECRET_WORDS = frozenset(
+    {
+        "key",
+        "keys",
+        "secret",
+        "secrets",
+        "password",
+        "passwd",
+        "passphrase",
+        "pwd",
+        "token",
+        "tokens",
+        "private",
+        "credential",
+        "credentials",
+        "pem",
+        "cookie",
+        "authorization",
+    }
+)
 # A name ending in one of these words names or counts a secret without holding it (``key_id``).
 _REFERENCE_WORDS = frozenset({"id", "ids", "fingerprint", "fingerprints", "name", "names", "count", "version"})
 _WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
@@ -52,7 +68,9 @@ def _screen_mapping(mapping: Mapping, path: str, depth: int) -> dict[str, object
         if not isinstance(name, str):
             raise ValueError(f"{path}: field names must be strings, got {name!r}")
         if _is_secret_name(name):
-            raise SecretMaterialError(f"{path}.{name}: field looks like secret material; audit records never hold secrets")
+            raise SecretMaterialError(
+                f"{path}.{name}: field looks like secret material; audit records never hold secrets"
+            )
         out[name] = _screen_value(value, f"{path}.{name}", depth + 1)
     return out
 

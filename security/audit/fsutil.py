@@ -19,7 +19,7 @@ def write_all(fd: int, data: bytes) -> None:
     """Write every byte of ``data`` to ``fd``."""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def write_new_file(path: Path, data: bytes, *, mode: int) -> None:

@@ -75,8 +75,13 @@ class KeyDirectory:
         """Make a fresh key, store both halves, and return its id and private key."""
         private_key = Ed25519PrivateKey.generate()
         kid = key_id(private_key.public_key())
-        write_new_file(self.path / f"{kid}.key", private_key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()), mode=0o600)
+        write_new_file(
+            self.path / f"{kid}.key",
+            private_key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            ),
+            mode=0o600,
+        )
         write_new_file(self.path / f"{kid}.pub", public_pem(private_key.public_key()), mode=0o644)
         return kid, private_key
 

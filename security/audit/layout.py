@@ -1,10 +1,10 @@
 """Where an audit log keeps its files, and the log's identity.
 
-    <dir>/log.json            identity: format, log id, root key id, creation time
-    <dir>/segments/segment-00000001.jsonl ...   records, rotated by size
-    <dir>/checkpoints.jsonl   signed checkpoints
-    <dir>/keys/               signing keys (see keys.py)
-    <dir>/quarantine/         torn tails cut off by crash recovery, kept as evidence
+<dir>/log.json            identity: format, log id, root key id, creation time
+<dir>/segments/segment-00000001.jsonl ...   records, rotated by size
+<dir>/checkpoints.jsonl   signed checkpoints
+<dir>/keys/               signing keys (see keys.py)
+<dir>/quarantine/         torn tails cut off by crash recovery, kept as evidence
 """
 
 from __future__ import annotations
@@ -73,8 +73,17 @@ class LogIdentity:
     created: datetime
 
     def to_bytes(self) -> bytes:
-        return canonical({"format": FORMAT, "log": self.log_id, "root_key": self.root_key_id,
-                          "created": format_time(self.created)}) + b"\n"
+        return (
+            canonical(
+                {
+                    "format": FORMAT,
+                    "log": self.log_id,
+                    "root_key": self.root_key_id,
+                    "created": format_time(self.created),
+                }
+            )
+            + b"\n"
+        )
 
     @classmethod
     def read(cls, layout: AuditLayout) -> LogIdentity:
@@ -88,7 +97,8 @@ class LogIdentity:
             stored = json.loads(text)
             if stored.get("format") != FORMAT:
                 raise ValueError(f"format is {stored.get('format')!r}, expected {FORMAT!r}")
-            return cls(log_id=str(stored["log"]), root_key_id=str(stored["root_key"]),
-                       created=parse_time(stored["created"]))
+            return cls(
+                log_id=str(stored["log"]), root_key_id=str(stored["root_key"]), created=parse_time(stored["created"])
+            )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise AuditLogCorrupt(f"{path} is not a valid audit log identity: {exc}") from None

@@ -68,8 +68,16 @@ def init_audit(directory: Path) -> str:
     kid, private_key = layout.keys.create_key()
     layout.keys.set_active(kid)
     identity = LogIdentity(log_id=secrets.token_hex(16), root_key_id=kid, created=datetime.now(UTC))
-    genesis = Checkpoint.sign(private_key, index=0, seq=0, chain_hash=genesis_hash(identity.log_id),
-                              time=identity.created, log_id=identity.log_id, prev=FIRST_PREV, within=0)
+    genesis = Checkpoint.sign(
+        private_key,
+        index=0,
+        seq=0,
+        chain_hash=genesis_hash(identity.log_id),
+        time=identity.created,
+        log_id=identity.log_id,
+        prev=FIRST_PREV,
+        within=0,
+    )
     layout.checkpoints_path.unlink(missing_ok=True)
     write_new_file(layout.checkpoints_path, genesis.to_line() + b"\n", mode=0o600)
     write_atomically(layout.identity_path, identity.to_bytes())
@@ -97,8 +105,17 @@ def _read_tail(number: int, data: bytes) -> _Tail:
 class AuditLog:
     """An open, append-only audit log; one writer process at a time. Thread-safe."""
 
-    def __init__(self, layout: AuditLayout, identity: LogIdentity, lock_fd: int, *, every_records: int,
-                 every_seconds: float, segment_max_bytes: int, durability: Durability):
+    def __init__(
+        self,
+        layout: AuditLayout,
+        identity: LogIdentity,
+        lock_fd: int,
+        *,
+        every_records: int,
+        every_seconds: float,
+        segment_max_bytes: int,
+        durability: Durability,
+    ):
         self.layout = layout
         self.identity = identity
         self._lock_fd = lock_fd
@@ -115,8 +132,9 @@ class AuditLog:
         self._load_checkpoint_tail()
         self._load_segment_tail()
         self._checkpoint_fd = os.open(layout.checkpoints_path, os.O_WRONLY | os.O_APPEND)
-        self._segment_fd = os.open(layout.segment_path(self._segment_number),
-                                   os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._segment_fd = os.open(
+            layout.segment_path(self._segment_number), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600
+        )
         self._first_unsigned_at: float | None = None
         try:
             self._checkpoint_locked()
@@ -130,8 +148,15 @@ class AuditLog:
         self._timer.start()
 
     @classmethod
-    def open(cls, directory: Path, *, checkpoint_every_records: int = 1000, checkpoint_every_seconds: float = 60.0,
-             segment_max_bytes: int = 8 << 20, durability: Durability = Durability.EACH_RECORD) -> AuditLog:
+    def open(
+        cls,
+        directory: Path,
+        *,
+        checkpoint_every_records: int = 1000,
+        checkpoint_every_seconds: float = 60.0,
+        segment_max_bytes: int = 8 << 20,
+        durability: Durability = Durability.EACH_RECORD,
+    ) -> AuditLog:
         """Open the log in ``directory`` for appending, recovering from a crash if one left a torn tail."""
         if checkpoint_every_records < 1 or checkpoint_every_seconds <= 0 or segment_max_bytes < 1024:
             raise ValueError("checkpoint intervals must be positive and segments at least 1 KiB")
@@ -144,9 +169,15 @@ class AuditLog:
             os.close(lock_fd)
             raise AuditLogBusy(f"the audit log at {layout.root} is open in another process") from None
         try:
-            return cls(layout, identity, lock_fd, every_records=checkpoint_every_records,
-                       every_seconds=checkpoint_every_seconds, segment_max_bytes=segment_max_bytes,
-                       durability=Durability(durability))
+            return cls(
+                layout,
+                identity,
+                lock_fd,
+                every_records=checkpoint_every_records,
+                every_seconds=checkpoint_every_seconds,
+                segment_max_bytes=segment_max_bytes,
+                durability=Durability(durability),
+            )
         except BaseException:
             os.close(lock_fd)
             raise
@@ -156,8 +187,17 @@ class AuditLog:
         """Sequence number of the last record appended (0 for none)."""
         return self._seq
 
-    def append(self, actor: str, action: Action | str, *, resource: str = "", tenant: str = "",
-               outcome: Outcome | str = Outcome.OK, details: dict | None = None, peer: str = "") -> AuditRecord:
+    def append(
+        self,
+        actor: str,
+        action: Action | str,
+        *,
+        resource: str = "",
+        tenant: str = "",
+        outcome: Outcome | str = Outcome.OK,
+        details: dict | None = None,
+        peer: str = "",
+    ) -> AuditRecord:
         """Record one act and return the stored record.
 
         ``details`` is screened: a field named like secret material (``key``,
@@ -198,8 +238,15 @@ class AuditLog:
             self.layout.keys.set_active(new_id)
             self._key_id, self._private_key = new_id, new_key
             self.layout.keys.destroy_private_key(old_id)
-            self._append_locked(actor, Action.AUDIT_KEY_ROTATED, f"audit-key:{new_id}", "", Outcome.OK,
-                                {"old_key_id": old_id, "new_key_id": new_id}, "")
+            self._append_locked(
+                actor,
+                Action.AUDIT_KEY_ROTATED,
+                f"audit-key:{new_id}",
+                "",
+                Outcome.OK,
+                {"old_key_id": old_id, "new_key_id": new_id},
+                "",
+            )
             self._checkpoint_locked()
             return new_id
 
@@ -228,12 +275,23 @@ class AuditLog:
         if self._closed:
             raise AuditLogClosed(f"the audit log at {self.layout.root} is closed")
 
-    def _append_locked(self, actor: str, action: str, resource: str, tenant: str, outcome: str,
-                       details: dict, peer: str) -> AuditRecord:
+    def _append_locked(
+        self, actor: str, action: str, resource: str, tenant: str, outcome: str, details: dict, peer: str
+    ) -> AuditRecord:
         now = datetime.now(UTC)
-        body = {"seq": self._seq + 1, "time": format_time(now), "log": self.identity.log_id, "actor": actor,
-                "action": action, "resource": resource, "tenant": tenant, "outcome": outcome, "peer": peer,
-                "details": details, "prev": self._head}
+        body = {
+            "seq": self._seq + 1,
+            "time": format_time(now),
+            "log": self.identity.log_id,
+            "actor": actor,
+            "action": action,
+            "resource": resource,
+            "tenant": tenant,
+            "outcome": outcome,
+            "peer": peer,
+            "details": details,
+            "prev": self._head,
+        }
         chain_hash = body_hash(body)
         line = canonical({**body, "hash": chain_hash}) + b"\n"
         if self._segment_size and self._segment_size + len(line) > self._segment_max_bytes:
@@ -245,12 +303,25 @@ class AuditLog:
         self._segment_size += len(line)
         if self._first_unsigned_at is None:
             self._first_unsigned_at = time.monotonic()
-        if (self._seq - self._checkpoint_seq >= self._every_records
-                or time.monotonic() - self._first_unsigned_at >= self._every_seconds):
+        if (
+            self._seq - self._checkpoint_seq >= self._every_records
+            or time.monotonic() - self._first_unsigned_at >= self._every_seconds
+        ):
             self._checkpoint_locked()
-        return AuditRecord(seq=self._seq, time=now, log_id=self.identity.log_id, actor=actor, action=action,
-                           resource=resource, tenant=tenant, outcome=outcome, peer=peer, details=details,
-                           prev=body["prev"], hash=chain_hash)
+        return AuditRecord(
+            seq=self._seq,
+            time=now,
+            log_id=self.identity.log_id,
+            actor=actor,
+            action=action,
+            resource=resource,
+            tenant=tenant,
+            outcome=outcome,
+            peer=peer,
+            details=details,
+            prev=body["prev"],
+            hash=chain_hash,
+        )
 
     def _start_segment(self, number: int) -> None:
         os.fsync(self._segment_fd)
@@ -262,9 +333,17 @@ class AuditLog:
     def _checkpoint_locked(self, next_key: Ed25519PublicKey | None = None) -> None:
         if self._durability is Durability.AT_CHECKPOINT:
             os.fsync(self._segment_fd)
-        checkpoint = Checkpoint.sign(self._private_key, index=self._checkpoint_index + 1, seq=self._seq,
-                                     chain_hash=self._head, time=datetime.now(UTC), log_id=self.identity.log_id,
-                                     prev=self._checkpoint_prev, within=self._every_records, next_key=next_key)
+        checkpoint = Checkpoint.sign(
+            self._private_key,
+            index=self._checkpoint_index + 1,
+            seq=self._seq,
+            chain_hash=self._head,
+            time=datetime.now(UTC),
+            log_id=self.identity.log_id,
+            prev=self._checkpoint_prev,
+            within=self._every_records,
+            next_key=next_key,
+        )
         line = checkpoint.to_line()
         write_all(self._checkpoint_fd, line + b"\n")
         os.fsync(self._checkpoint_fd)
@@ -302,9 +381,15 @@ class AuditLog:
         finally:
             os.close(fd)
         _log.warning("audit log: quarantined %d torn bytes of %s at offset %d", len(torn.raw), path, torn.offset)
-        self._recovered.append({"file": str(path.relative_to(self.layout.root)), "offset": torn.offset,
-                                "length": len(torn.raw), "sha256": digest,
-                                "quarantined_as": str(evidence.relative_to(self.layout.root))})
+        self._recovered.append(
+            {
+                "file": str(path.relative_to(self.layout.root)),
+                "offset": torn.offset,
+                "length": len(torn.raw),
+                "sha256": digest,
+                "quarantined_as": str(evidence.relative_to(self.layout.root)),
+            }
+        )
 
     def _load_checkpoint_tail(self) -> None:
         path = self.layout.checkpoints_path
@@ -334,15 +419,18 @@ class AuditLog:
                 self._adopt_last_record(path, tail.last)
                 break
         if self._seq < self._checkpoint_seq:
-            raise AuditLogCorrupt(f"{self.layout.root}: the log ends at record {self._seq} but checkpoint "
-                                  f"#{self._checkpoint_index} signed records up to {self._checkpoint_seq}; "
-                                  "records were removed; run `cantata audit verify`")
+            raise AuditLogCorrupt(
+                f"{self.layout.root}: the log ends at record {self._seq} but checkpoint "
+                f"#{self._checkpoint_index} signed records up to {self._checkpoint_seq}; "
+                "records were removed; run `cantata audit verify`"
+            )
 
     def _adopt_last_record(self, path: Path, line: LogLine) -> None:
         stored = dict(line.stored or {})
         stored_hash = stored.pop("hash", None)
         seq = stored.get("seq")
         if line.stored is None or not isinstance(seq, int) or body_hash(stored) != stored_hash:
-            raise AuditLogCorrupt(f"{path} line {line.line_no}: the last record does not match its hash; "
-                                  "run `cantata audit verify`")
+            raise AuditLogCorrupt(
+                f"{path} line {line.line_no}: the last record does not match its hash; run `cantata audit verify`"
+            )
         self._seq, self._head = seq, stored_hash

@@ -83,9 +83,19 @@ class AuditRecord:
 
     def body(self) -> dict[str, object]:
         """The stored fields the chain hash covers."""
-        return {"seq": self.seq, "time": format_time(self.time), "log": self.log_id, "actor": self.actor,
-                "action": self.action, "resource": self.resource, "tenant": self.tenant,
-                "outcome": self.outcome, "peer": self.peer, "details": dict(self.details), "prev": self.prev}
+        return {
+            "seq": self.seq,
+            "time": format_time(self.time),
+            "log": self.log_id,
+            "actor": self.actor,
+            "action": self.action,
+            "resource": self.resource,
+            "tenant": self.tenant,
+            "outcome": self.outcome,
+            "peer": self.peer,
+            "details": dict(self.details),
+            "prev": self.prev,
+        }
 
     def to_line(self) -> bytes:
         """The record's line in a segment file, newline included."""
@@ -112,6 +122,17 @@ class AuditRecord:
             moment = parse_time(texts["time"])
         except ValueError:
             raise AuditLogCorrupt(f"record has a malformed time {texts['time']!r}") from None
-        return cls(seq=seq, time=moment, log_id=texts["log"], actor=texts["actor"], action=texts["action"],
-                   resource=texts["resource"], tenant=texts["tenant"], outcome=texts["outcome"],
-                   peer=texts["peer"], details=details, prev=texts["prev"], hash=texts["hash"])
+        return cls(
+            seq=seq,
+            time=moment,
+            log_id=texts["log"],
+            actor=texts["actor"],
+            action=texts["action"],
+            resource=texts["resource"],
+            tenant=texts["tenant"],
+            outcome=texts["outcome"],
+            peer=texts["peer"],
+            details=details,
+            prev=texts["prev"],
+            hash=texts["hash"],
+        )

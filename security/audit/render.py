@@ -19,8 +19,10 @@ def _iso(moment) -> str:
 
 def _verdict(report: Report) -> str:
     result = report.verification
-    counts = (f"{result.records_valid}/{result.records_total} records valid, "
-              f"{result.checkpoints_valid}/{result.checkpoints_total} checkpoints valid")
+    counts = (
+        f"{result.records_valid}/{result.records_total} records valid, "
+        f"{result.checkpoints_valid}/{result.checkpoints_total} checkpoints valid"
+    )
     if result.ok:
         return f"INTACT: {counts}"
     where = f"seq {result.first_break}" if result.first_break is not None else "the checkpoints"
@@ -28,9 +30,17 @@ def _verdict(report: Report) -> str:
 
 
 def _cells(record: AuditRecord) -> list[str]:
-    return [str(record.seq), format_time(record.time), record.tenant, record.actor, record.action,
-            record.resource, record.outcome, record.peer,
-            json.dumps(dict(record.details), sort_keys=True) if record.details else ""]
+    return [
+        str(record.seq),
+        format_time(record.time),
+        record.tenant,
+        record.actor,
+        record.action,
+        record.resource,
+        record.outcome,
+        record.peer,
+        json.dumps(dict(record.details), sort_keys=True) if record.details else "",
+    ]
 
 
 def _text_row(record: AuditRecord) -> str:
@@ -51,15 +61,23 @@ def _width_words(report: Report) -> str:
 
 
 def _sections(report: Report) -> list[tuple[str, tuple[AuditRecord, ...]]]:
-    return [("Refusals: authentication failures and authorization denials", report.refusals),
-            ("Anomalies: gradient anomalies and quarantined peers", report.anomalies),
-            ("Tenant approvals", report.approvals)]
+    return [
+        ("Refusals: authentication failures and authorization denials", report.refusals),
+        ("Anomalies: gradient anomalies and quarantined peers", report.anomalies),
+        ("Tenant approvals", report.approvals),
+    ]
 
 
 def render_text(report: Report) -> str:
-    lines = [f"Cantata audit report: {report.scope}", f"Generated {_iso(report.generated)}",
-             f"Verification: {_verdict(report)}", "",
-             f"Records: {report.total} ({_iso(report.first_time)} to {_iso(report.last_time)})", "", "Per tenant:"]
+    lines = [
+        f"Cantata audit report: {report.scope}",
+        f"Generated {_iso(report.generated)}",
+        f"Verification: {_verdict(report)}",
+        "",
+        f"Records: {report.total} ({_iso(report.first_time)} to {_iso(report.last_time)})",
+        "",
+        "Per tenant:",
+    ]
     lines += [f"  {name:<24} {count:>8}" for name, count in report.by_tenant.items()] or ["  (none)"]
     lines += ["", "Per action:"]
     lines += [f"  {name:<32} {count:>8}" for name, count in report.by_action.items()] or ["  (none)"]
@@ -80,19 +98,28 @@ def render_text(report: Report) -> str:
 def render_json(report: Report) -> str:
     result = report.verification
     document = {
-        "scope": {"tenant": report.tenant, "since": _iso(report.since) if report.since else None,
-                  "until": _iso(report.until) if report.until else None},
+        "scope": {
+            "tenant": report.tenant,
+            "since": _iso(report.since) if report.since else None,
+            "until": _iso(report.until) if report.until else None,
+        },
         "generated": _iso(report.generated),
-        "verification": {"ok": result.ok, "records_valid": result.records_valid,
-                         "records_total": result.records_total, "checkpoints_valid": result.checkpoints_valid,
-                         "checkpoints_total": result.checkpoints_total, "first_break": result.first_break,
-                         "kind": str(result.kind) if result.kind else None,
-                         "findings": [{"seq": f.seq, "kind": str(f.kind), "message": f.message}
-                                      for f in result.findings]},
+        "verification": {
+            "ok": result.ok,
+            "records_valid": result.records_valid,
+            "records_total": result.records_total,
+            "checkpoints_valid": result.checkpoints_valid,
+            "checkpoints_total": result.checkpoints_total,
+            "first_break": result.first_break,
+            "kind": str(result.kind) if result.kind else None,
+            "findings": [{"seq": f.seq, "kind": str(f.kind), "message": f.message} for f in result.findings],
+        },
         "records": report.total,
         "first_time": _iso(report.first_time) if report.first_time else None,
         "last_time": _iso(report.last_time) if report.last_time else None,
-        "by_tenant": report.by_tenant, "by_action": report.by_action, "by_tenant_action": report.by_tenant_action,
+        "by_tenant": report.by_tenant,
+        "by_action": report.by_action,
+        "by_tenant_action": report.by_tenant_action,
         "bucket_seconds": int(report.bucket_width.total_seconds()),
         "timeline": [{"start": _iso(b.start), "records": b.records, "refusals": b.refusals} for b in report.timeline],
         "refusals": [r.to_dict() for r in report.refusals],
@@ -115,19 +142,30 @@ def _markdown_table(header: Iterable[str], rows: Iterable[Iterable[str]]) -> lis
 
 def render_markdown(report: Report) -> str:
     mark = "✅" if report.verification.ok else "❌"
-    lines = ["# Cantata audit report", "", f"*{report.scope}; generated {_iso(report.generated)}*", "",
-             f"**Verification:** {mark} {_markdown_cell(_verdict(report))}", "",
-             f"**Records:** {report.total} ({_iso(report.first_time)} to {_iso(report.last_time)})", "",
-             "## Per tenant", ""]
+    lines = [
+        "# Cantata audit report",
+        "",
+        f"*{report.scope}; generated {_iso(report.generated)}*",
+        "",
+        f"**Verification:** {mark} {_markdown_cell(_verdict(report))}",
+        "",
+        f"**Records:** {report.total} ({_iso(report.first_time)} to {_iso(report.last_time)})",
+        "",
+        "## Per tenant",
+        "",
+    ]
     lines += _markdown_table(("tenant", "records"), report.by_tenant.items())
     lines += ["", "## Per action", ""]
     lines += _markdown_table(("action", "records"), report.by_action.items())
     lines += ["", "## Per tenant and action", ""]
-    lines += _markdown_table(("tenant", "action", "records"),
-                             ((t, a, n) for t, counts in report.by_tenant_action.items() for a, n in counts.items()))
+    lines += _markdown_table(
+        ("tenant", "action", "records"),
+        ((t, a, n) for t, counts in report.by_tenant_action.items() for a, n in counts.items()),
+    )
     lines += ["", f"## Timeline ({_width_words(report)} buckets)", ""]
-    lines += _markdown_table(("from", "records", "refusals"),
-                             ((_iso(b.start), b.records, b.refusals) for b in report.timeline))
+    lines += _markdown_table(
+        ("from", "records", "refusals"), ((_iso(b.start), b.records, b.refusals) for b in report.timeline)
+    )
     for title, records in _sections(report):
         lines += ["", f"## {title} ({len(records)})", ""]
         lines += _markdown_table(_RECORD_COLUMNS, (_cells(record) for record in records))
@@ -141,23 +179,29 @@ def activity_svg(report: Report, *, width: int = 760, height: int = 220) -> str:
     buckets = report.timeline
     peak = max((b.records for b in buckets), default=0) or 1
     bar_w = plot_w / max(len(buckets), 1)
-    parts = [f'<svg role="img" aria-label="Audit records over time" width="{width}" height="{height}" '
-             f'viewBox="0 0 {width} {height}">',
-             f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#555"/>',
-             f'<text x="{left - 6}" y="{top + 10}" text-anchor="end" font-size="11">{peak}</text>',
-             f'<text x="{left - 6}" y="{top + plot_h}" text-anchor="end" font-size="11">0</text>']
+    parts = [
+        f'<svg role="img" aria-label="Audit records over time" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}">',
+        f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#555"/>',
+        f'<text x="{left - 6}" y="{top + 10}" text-anchor="end" font-size="11">{peak}</text>',
+        f'<text x="{left - 6}" y="{top + plot_h}" text-anchor="end" font-size="11">0</text>',
+    ]
     for index, bucket in enumerate(buckets):
         x = left + index * bar_w
         for count, colour in ((bucket.records, "#4a78c2"), (bucket.refusals, "#c8443a")):
             if count:
                 h = plot_h * count / peak
-                parts.append(f'<rect x="{x + 0.5:.1f}" y="{top + plot_h - h:.1f}" width="{max(bar_w - 1, 1):.1f}" '
-                             f'height="{h:.1f}" fill="{colour}"><title>{_iso(bucket.start)}: {bucket.records} '
-                             f'records, {bucket.refusals} refusals</title></rect>')
+                parts.append(
+                    f'<rect x="{x + 0.5:.1f}" y="{top + plot_h - h:.1f}" width="{max(bar_w - 1, 1):.1f}" '
+                    f'height="{h:.1f}" fill="{colour}"><title>{_iso(bucket.start)}: {bucket.records} '
+                    f"records, {bucket.refusals} refusals</title></rect>"
+                )
     if buckets:
         parts.append(f'<text x="{left}" y="{height - 8}" font-size="11">{_iso(buckets[0].start)}</text>')
-        parts.append(f'<text x="{left + plot_w}" y="{height - 8}" text-anchor="end" font-size="11">'
-                     f'{_iso(buckets[-1].start)}</text>')
+        parts.append(
+            f'<text x="{left + plot_w}" y="{height - 8}" text-anchor="end" font-size="11">'
+            f"{_iso(buckets[-1].start)}</text>"
+        )
     parts.append("</svg>")
     return "".join(parts)
 
@@ -176,29 +220,44 @@ td,th{border:1px solid #ccc;padding:.25em .6em;font-size:.9em;text-align:left;ve
 
 def render_html(report: Report) -> str:
     verdict_class = "ok" if report.verification.ok else "broken"
-    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-             "<title>Cantata audit report</title>", f"<style>{_STYLE}</style></head><body>",
-             "<h1>Cantata audit report</h1>",
-             f"<p><em>{html.escape(report.scope)}; generated {_iso(report.generated)}</em></p>",
-             f'<p class="{verdict_class}"><strong>Verification:</strong> {html.escape(_verdict(report))}</p>',
-             f"<p><strong>Records:</strong> {report.total} ({_iso(report.first_time)} to {_iso(report.last_time)})</p>",
-             f"<h2>Activity over time ({_width_words(report)} buckets)</h2>", activity_svg(report),
-             '<p class="legend"><span style="background:#4a78c2"></span>records'
-             '<span style="background:#c8443a"></span>refusals</p>',
-             "<h2>Per tenant</h2>", _html_table(("tenant", "records"), report.by_tenant.items()),
-             "<h2>Per action</h2>", _html_table(("action", "records"), report.by_action.items()),
-             "<h2>Per tenant and action</h2>",
-             _html_table(("tenant", "action", "records"),
-                         ((t, a, n) for t, counts in report.by_tenant_action.items() for a, n in counts.items()))]
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        "<title>Cantata audit report</title>",
+        f"<style>{_STYLE}</style></head><body>",
+        "<h1>Cantata audit report</h1>",
+        f"<p><em>{html.escape(report.scope)}; generated {_iso(report.generated)}</em></p>",
+        f'<p class="{verdict_class}"><strong>Verification:</strong> {html.escape(_verdict(report))}</p>',
+        f"<p><strong>Records:</strong> {report.total} ({_iso(report.first_time)} to {_iso(report.last_time)})</p>",
+        f"<h2>Activity over time ({_width_words(report)} buckets)</h2>",
+        activity_svg(report),
+        '<p class="legend"><span style="background:#4a78c2"></span>records'
+        '<span style="background:#c8443a"></span>refusals</p>',
+        "<h2>Per tenant</h2>",
+        _html_table(("tenant", "records"), report.by_tenant.items()),
+        "<h2>Per action</h2>",
+        _html_table(("action", "records"), report.by_action.items()),
+        "<h2>Per tenant and action</h2>",
+        _html_table(
+            ("tenant", "action", "records"),
+            ((t, a, n) for t, counts in report.by_tenant_action.items() for a, n in counts.items()),
+        ),
+    ]
     for title, records in _sections(report):
-        parts += [f"<h2>{html.escape(title)} ({len(records)})</h2>",
-                  _html_table(_RECORD_COLUMNS, (_cells(record) for record in records))]
+        parts += [
+            f"<h2>{html.escape(title)} ({len(records)})</h2>",
+            _html_table(_RECORD_COLUMNS, (_cells(record) for record in records)),
+        ]
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
 
 _RENDERERS: dict[str, Callable[[Report], str]] = {
-    "text": render_text, "json": render_json, "markdown": render_markdown, "html": render_html}
+    "text": render_text,
+    "json": render_json,
+    "markdown": render_markdown,
+    "html": render_html,
+}
 
 
 def render_report(report: Report, fmt: str = "text") -> str:

@@ -17,8 +17,16 @@ from .verify import VerifyResult, verify
 
 PLATFORM = "(platform)"
 MAX_BUCKETS = 60
-_BUCKET_SIZES = (timedelta(minutes=1), timedelta(minutes=5), timedelta(minutes=15), timedelta(hours=1),
-                 timedelta(hours=6), timedelta(days=1), timedelta(days=7), timedelta(days=30))
+_BUCKET_SIZES = (
+    timedelta(minutes=1),
+    timedelta(minutes=5),
+    timedelta(minutes=15),
+    timedelta(hours=1),
+    timedelta(hours=6),
+    timedelta(days=1),
+    timedelta(days=7),
+    timedelta(days=30),
+)
 
 
 @dataclass(frozen=True)
@@ -77,17 +85,24 @@ def _timeline(records: list[AuditRecord]) -> tuple[timedelta, tuple[TimelineBuck
 
     def bucket_of(record: AuditRecord) -> int:
         return (record.time - epoch) // width
+
     counts = Counter(bucket_of(r) for r in records)
     refusals = Counter(bucket_of(r) for r in records if _is_refusal(r))
     first, last = min(counts), max(counts)
-    return width, tuple(TimelineBucket(epoch + index * width, counts[index], refusals[index])
-                        for index in range(first, last + 1))
+    return width, tuple(
+        TimelineBucket(epoch + index * width, counts[index], refusals[index]) for index in range(first, last + 1)
+    )
 
 
-def build_report(directory: Path, *, tenant: str | None = None, since: datetime | None = None,
-                 until: datetime | None = None,
-                 public_keys: Mapping[str, Ed25519PublicKey] | None = None,
-                 anchored: Iterable[bytes] = ()) -> Report:
+def build_report(
+    directory: Path,
+    *,
+    tenant: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    public_keys: Mapping[str, Ed25519PublicKey] | None = None,
+    anchored: Iterable[bytes] = (),
+) -> Report:
     """Verify the log in ``directory`` (see :func:`verify` for ``public_keys`` and ``anchored``), then
     summarise the records of ``tenant`` (all tenants when ``None``) with times in ``[since, until)``."""
     verification = verify(directory, public_keys=public_keys, anchored=anchored)
@@ -97,13 +112,20 @@ def build_report(directory: Path, *, tenant: str | None = None, since: datetime 
         per_tenant_action.setdefault(record.tenant or PLATFORM, Counter())[record.action] += 1
     width, timeline = _timeline(sorted(records, key=lambda r: r.time))
     return Report(
-        verification=verification, generated=datetime.now(UTC), tenant=tenant, since=since, until=until,
+        verification=verification,
+        generated=datetime.now(UTC),
+        tenant=tenant,
+        since=since,
+        until=until,
         total=len(records),
-        first_time=min((r.time for r in records), default=None), last_time=max((r.time for r in records), default=None),
+        first_time=min((r.time for r in records), default=None),
+        last_time=max((r.time for r in records), default=None),
         by_tenant={name: sum(counts.values()) for name, counts in sorted(per_tenant_action.items())},
         by_action=dict(Counter(r.action for r in records).most_common()),
         by_tenant_action={name: dict(counts.most_common()) for name, counts in sorted(per_tenant_action.items())},
-        bucket_width=width, timeline=timeline,
+        bucket_width=width,
+        timeline=timeline,
         refusals=tuple(r for r in records if _is_refusal(r)),
         anomalies=tuple(r for r in records if r.action in ANOMALY_ACTIONS),
-        approvals=tuple(r for r in records if r.action == Action.TENANT_APPROVED and r.outcome == Outcome.OK))
+        approvals=tuple(r for r in records if r.action == Action.TENANT_APPROVED and r.outcome == Outcome.OK),
+    )

@@ -71,8 +71,9 @@ def iter_lines(layout: AuditLayout) -> Iterator[LogLine]:
         yield from split_lines(number, read_file(path), final=position == len(segments) - 1)
 
 
-def read_records(directory: Path, *, tenant: str | None = None, since: datetime | None = None,
-                 until: datetime | None = None) -> Iterator[AuditRecord]:
+def read_records(
+    directory: Path, *, tenant: str | None = None, since: datetime | None = None, until: datetime | None = None
+) -> Iterator[AuditRecord]:
     """Records in log order, filtered by tenant and by time (``since`` inclusive, ``until`` exclusive).
 
     This reads; it does not prove. Lines that do not parse as records are

@@ -36,19 +36,19 @@ MAX_LISTED_FINDINGS = 20
 class BreakKind(StrEnum):
     """How a log fails verification."""
 
-    MODIFIED = "modified"                # a record's bytes changed
-    DELETED = "deleted"                  # records missing from the middle
+    MODIFIED = "modified"  # a record's bytes changed
+    DELETED = "deleted"  # records missing from the middle
     MISSING_SEGMENT = "missing_segment"  # a whole segment file removed
-    INSERTED = "inserted"                # a record that the chain does not hold
-    REORDERED = "reordered"              # records present but out of order
-    TRUNCATED = "truncated"              # records a signed checkpoint covers are gone from the end
-    SPLICED = "spliced"                  # records or checkpoints from another log
-    REWRITTEN = "rewritten"              # a consistent chain that differs from what was signed
-    UNKNOWN_KEY = "unknown_key"          # a checkpoint signed by a key nobody trusted
-    BAD_SIGNATURE = "bad_signature"      # a checkpoint whose signature does not verify
-    TORN_RECORD = "torn_record"          # an incomplete last write, left by a crash
-    CORRUPT = "corrupt"                  # a checkpoint line that cannot be read
-    EMPTY = "empty"                      # no records at all
+    INSERTED = "inserted"  # a record that the chain does not hold
+    REORDERED = "reordered"  # records present but out of order
+    TRUNCATED = "truncated"  # records a signed checkpoint covers are gone from the end
+    SPLICED = "spliced"  # records or checkpoints from another log
+    REWRITTEN = "rewritten"  # a consistent chain that differs from what was signed
+    UNKNOWN_KEY = "unknown_key"  # a checkpoint signed by a key nobody trusted
+    BAD_SIGNATURE = "bad_signature"  # a checkpoint whose signature does not verify
+    TORN_RECORD = "torn_record"  # an incomplete last write, left by a crash
+    CORRUPT = "corrupt"  # a checkpoint line that cannot be read
+    EMPTY = "empty"  # no records at all
 
 
 @dataclass(frozen=True)
@@ -94,22 +94,29 @@ class VerifyResult:
     def message(self) -> str:
         """One line: the verdict, or the first break."""
         if self.ok:
-            return (f"audit log intact: {self.records_valid}/{self.records_total} records valid, "
-                    f"{self.checkpoints_valid}/{self.checkpoints_total} checkpoints valid")
+            return (
+                f"audit log intact: {self.records_valid}/{self.records_total} records valid, "
+                f"{self.checkpoints_valid}/{self.checkpoints_total} checkpoints valid"
+            )
         first = self.findings[0]
         where = f"at seq {first.seq}" if first.seq is not None else "in the checkpoints"
         return f"audit log broken {where}: {first.kind} - {first.message}"
 
     def summary(self) -> str:
         """A CloudTrail-like report: period, counts, and each invalid item."""
-        period = (f"{self.first_time:%Y-%m-%dT%H:%M:%SZ} to {self.last_time:%Y-%m-%dT%H:%M:%SZ}"
-                  if self.first_time and self.last_time else "no records")
-        lines = [f"Validating audit log {self.directory} (log {self.log_id})",
-                 f"Results found for {period}:",
-                 "",
-                 f"{self.records_valid}/{self.records_total} records valid",
-                 f"{self.checkpoints_valid}/{self.checkpoints_total} checkpoints valid",
-                 f"{self.segments} segment files; signing keys trusted: {', '.join(self.trusted_keys) or 'none'}"]
+        period = (
+            f"{self.first_time:%Y-%m-%dT%H:%M:%SZ} to {self.last_time:%Y-%m-%dT%H:%M:%SZ}"
+            if self.first_time and self.last_time
+            else "no records"
+        )
+        lines = [
+            f"Validating audit log {self.directory} (log {self.log_id})",
+            f"Results found for {period}:",
+            "",
+            f"{self.records_valid}/{self.records_total} records valid",
+            f"{self.checkpoints_valid}/{self.checkpoints_total} checkpoints valid",
+            f"{self.segments} segment files; signing keys trusted: {', '.join(self.trusted_keys) or 'none'}",
+        ]
         if self.unsigned_records:
             lines.append(f"{self.unsigned_records} records after the last checkpoint are chained but not yet signed")
         for finding in self.findings[:MAX_LISTED_FINDINGS]:
@@ -118,9 +125,13 @@ class VerifyResult:
         if len(self.findings) > MAX_LISTED_FINDINGS:
             lines.append(f"... and {len(self.findings) - MAX_LISTED_FINDINGS} more findings")
         lines.append("")
-        lines.append("Verdict: INTACT" if self.ok else f"Verdict: BROKEN - first break at "
-                     f"{'seq ' + str(self.first_break) if self.first_break is not None else 'the checkpoints'} "
-                     f"({self.kind})")
+        lines.append(
+            "Verdict: INTACT"
+            if self.ok
+            else f"Verdict: BROKEN - first break at "
+            f"{'seq ' + str(self.first_break) if self.first_break is not None else 'the checkpoints'} "
+            f"({self.kind})"
+        )
         return "\n".join(lines)
 
 
@@ -187,8 +198,9 @@ class _CheckpointScan:
     anchored: list[Checkpoint] = field(default_factory=list)
 
 
-def _scan_checkpoints(layout: AuditLayout, identity: LogIdentity,
-                      roots: Mapping[str, Ed25519PublicKey]) -> _CheckpointScan:
+def _scan_checkpoints(
+    layout: AuditLayout, identity: LogIdentity, roots: Mapping[str, Ed25519PublicKey]
+) -> _CheckpointScan:
     trusted = dict(roots)
     scan = _CheckpointScan([], 0, [], trusted)
     path = layout.checkpoints_path
@@ -196,16 +208,22 @@ def _scan_checkpoints(layout: AuditLayout, identity: LogIdentity,
         scan.findings.append(Finding(None, BreakKind.CORRUPT, f"{path.name} is missing"))
         return scan
     if path.stat().st_size == 0:
-        scan.findings.append(Finding(None, BreakKind.CORRUPT, f"{path.name} is empty: even the genesis "
-                                     "checkpoint is gone"))
+        scan.findings.append(
+            Finding(None, BreakKind.CORRUPT, f"{path.name} is empty: even the genesis checkpoint is gone")
+        )
         return scan
     expected_index, expected_prev, covered = 0, FIRST_PREV, 0
     for line in split_lines(0, read_file(path), final=True):
         scan.total += 1
         at = f"checkpoint line {line.line_no}"
         if line.torn:
-            scan.findings.append(Finding(None, BreakKind.TORN_RECORD, f"{path.name} ends with an incomplete "
-                                         "checkpoint (a crash interrupted its write)"))
+            scan.findings.append(
+                Finding(
+                    None,
+                    BreakKind.TORN_RECORD,
+                    f"{path.name} ends with an incomplete checkpoint (a crash interrupted its write)",
+                )
+            )
             continue
         try:
             if line.stored is None:
@@ -242,24 +260,40 @@ def _check_anchor(anchored: Iterable[bytes], scan: _CheckpointScan, identity: Lo
         label = f"anchored checkpoint #{checkpoint.index}"
         public_key = scan.trusted.get(checkpoint.key_id)
         if public_key is None or not checkpoint.signature_valid(public_key) or checkpoint.log_id != identity.log_id:
-            scan.findings.append(Finding(checkpoint.seq, BreakKind.BAD_SIGNATURE,
-                                         f"{label} does not verify with a trusted key of this log"))
+            scan.findings.append(
+                Finding(
+                    checkpoint.seq, BreakKind.BAD_SIGNATURE, f"{label} does not verify with a trusted key of this log"
+                )
+            )
             continue
         local = scan.lines.get(checkpoint.index)
         if local == checkpoint.to_line():
             continue
         if local is None:
-            scan.findings.append(Finding(checkpoint.seq, BreakKind.DELETED,
-                                         f"{label} (seq {checkpoint.seq}) is missing from checkpoints.jsonl"))
+            scan.findings.append(
+                Finding(
+                    checkpoint.seq,
+                    BreakKind.DELETED,
+                    f"{label} (seq {checkpoint.seq}) is missing from checkpoints.jsonl",
+                )
+            )
         else:
-            scan.findings.append(Finding(checkpoint.seq, BreakKind.MODIFIED,
-                                         f"checkpoint #{checkpoint.index} differs from its anchored copy"))
+            scan.findings.append(
+                Finding(
+                    checkpoint.seq, BreakKind.MODIFIED, f"checkpoint #{checkpoint.index} differs from its anchored copy"
+                )
+            )
         scan.anchored.append(checkpoint)
 
 
-def _checkpoint_problem(checkpoint: Checkpoint, identity: LogIdentity, trusted: Mapping[str, Ed25519PublicKey],
-                        expected_index: int, expected_prev: str | None,
-                        covered: int) -> tuple[int, BreakKind, str] | None:
+def _checkpoint_problem(
+    checkpoint: Checkpoint,
+    identity: LogIdentity,
+    trusted: Mapping[str, Ed25519PublicKey],
+    expected_index: int,
+    expected_prev: str | None,
+    covered: int,
+) -> tuple[int, BreakKind, str] | None:
     seq = checkpoint.seq
     if checkpoint.key_id not in trusted:
         return seq, BreakKind.UNKNOWN_KEY, f"signed with key {checkpoint.key_id}, which no trusted key vouches for"
@@ -268,8 +302,7 @@ def _checkpoint_problem(checkpoint: Checkpoint, identity: LogIdentity, trusted: 
     if checkpoint.log_id != identity.log_id:
         return seq, BreakKind.SPLICED, f"belongs to log {checkpoint.log_id}, not {identity.log_id}"
     if checkpoint.index > expected_index:
-        return (covered + 1, BreakKind.DELETED,
-                f"checkpoints #{expected_index}..#{checkpoint.index - 1} are missing")
+        return (covered + 1, BreakKind.DELETED, f"checkpoints #{expected_index}..#{checkpoint.index - 1} are missing")
     if checkpoint.index < expected_index or seq < covered:
         return seq, BreakKind.REORDERED, f"expected checkpoint #{expected_index} after seq {covered}"
     if expected_prev is not None and checkpoint.prev != expected_prev:
@@ -345,13 +378,19 @@ class _ChainWalk:
         if following is not None and following.problem is None and following.seq == seq:
             after = ahead.peek(1)
             if after is None or after.prev != entry.hash:
-                self._find(seq, BreakKind.INSERTED, f"{entry.line.where}: a second record claims seq {seq} "
-                           "and the chain continues from the other")
+                self._find(
+                    seq,
+                    BreakKind.INSERTED,
+                    f"{entry.line.where}: a second record claims seq {seq} and the chain continues from the other",
+                )
                 self.extra += 1
                 return
         if self.links is not None and entry.prev not in self.links:
-            self._find(seq - 1, BreakKind.MODIFIED, f"record {seq - 1} was altered: record {seq} "
-                       f"({entry.line.where}) no longer links to it")
+            self._find(
+                seq - 1,
+                BreakKind.MODIFIED,
+                f"record {seq - 1} was altered: record {seq} ({entry.line.where}) no longer links to it",
+            )
             self.invalid.add(seq - 1)
             self.rewrites.pop(seq - 1, None)
         self._accept(entry)
@@ -379,8 +418,11 @@ class _ChainWalk:
         if self.last is not None and seq == self.last.seq:
             self._find(seq, BreakKind.INSERTED, f"{where}: a second record claims seq {seq}")
         else:
-            self._find(self.expected, BreakKind.INSERTED,
-                       f"{where}: a record claiming seq {seq} appears after seq {self.expected - 1}")
+            self._find(
+                self.expected,
+                BreakKind.INSERTED,
+                f"{where}: a record claiming seq {seq} appears after seq {self.expected - 1}",
+            )
         self.extra += 1
 
     def _appears_later(self, seq: int, entry: _Entry, ahead: _Lookahead) -> bool:
@@ -391,7 +433,8 @@ class _ChainWalk:
             if later.problem is None and later.seq == seq and later.log_id == self.log_id:
                 return True
         return entry.line.line_no == 1 and any(
-            number > entry.line.segment and start == seq for number, start in self.segment_starts.items())
+            number > entry.line.segment and start == seq for number, start in self.segment_starts.items()
+        )
 
     def _accept(self, entry: _Entry) -> None:
         if self.pending:
@@ -411,9 +454,11 @@ class _ChainWalk:
                 # Unless the next record exposes this one as the altered record, the whole
                 # stretch since the last matching checkpoint is suspect.
                 self.rewrites[entry.seq] = Finding(
-                    self.matched_checkpoint + 1, BreakKind.REWRITTEN,
+                    self.matched_checkpoint + 1,
+                    BreakKind.REWRITTEN,
                     f"the chain at record {entry.seq} differs from the signed checkpoint: records "
-                    f"{self.matched_checkpoint + 1}..{entry.seq} were rewritten")
+                    f"{self.matched_checkpoint + 1}..{entry.seq} were rewritten",
+                )
                 self.invalid.add(entry.seq)
         self.expected, self.links, self.last = entry.seq + 1, {entry.hash}, entry
         self.last_segment = entry.line.segment
@@ -434,8 +479,9 @@ def _segment_starts(layout: AuditLayout) -> dict[int, int]:
     return starts
 
 
-def verify(directory: Path, *, public_keys: Mapping[str, Ed25519PublicKey] | None = None,
-           anchored: Iterable[bytes] = ()) -> VerifyResult:
+def verify(
+    directory: Path, *, public_keys: Mapping[str, Ed25519PublicKey] | None = None, anchored: Iterable[bytes] = ()
+) -> VerifyResult:
     """Verify the audit log in ``directory``.
 
     ``public_keys`` are the keys to trust (an externally held copy, the
@@ -465,35 +511,60 @@ def verify(directory: Path, *, public_keys: Mapping[str, Ed25519PublicKey] | Non
     end = walk.expected - 1
     if walk.torn is not None:
         if covered >= walk.expected:
-            findings.append(Finding(walk.expected, BreakKind.TRUNCATED,
-                                    f"{walk.torn.line.where}: the log was cut inside record {walk.expected}, "
-                                    f"but a signed checkpoint covers records up to {covered}"))
+            findings.append(
+                Finding(
+                    walk.expected,
+                    BreakKind.TRUNCATED,
+                    f"{walk.torn.line.where}: the log was cut inside record {walk.expected}, "
+                    f"but a signed checkpoint covers records up to {covered}",
+                )
+            )
             walk.missing += covered - end
         else:
-            findings.append(Finding(walk.expected, BreakKind.TORN_RECORD,
-                                    f"{walk.torn.line.where}: record {walk.expected} is incomplete (a crash "
-                                    "interrupted its write); reopening the log quarantines and records it"))
+            findings.append(
+                Finding(
+                    walk.expected,
+                    BreakKind.TORN_RECORD,
+                    f"{walk.torn.line.where}: record {walk.expected} is incomplete (a crash "
+                    "interrupted its write); reopening the log quarantines and records it",
+                )
+            )
             walk.invalid.add(walk.expected)
             end = walk.expected
     elif covered > end:
-        findings.append(Finding(end + 1, BreakKind.TRUNCATED, f"records {end + 1}..{covered} are covered by a "
-                                "signed checkpoint but missing from the end of the log"))
+        findings.append(
+            Finding(
+                end + 1,
+                BreakKind.TRUNCATED,
+                f"records {end + 1}..{covered} are covered by a signed checkpoint but missing from the end of the log",
+            )
+        )
         walk.missing += covered - end
     promised = latest.within if latest is not None else 0
     if end > covered + promised:
-        findings.append(Finding(covered + 1, BreakKind.DELETED,
-                                f"records {covered + 1}..{end} are unsigned, but the last valid checkpoint promised "
-                                f"the next within {promised} records: later checkpoints were removed"))
+        findings.append(
+            Finding(
+                covered + 1,
+                BreakKind.DELETED,
+                f"records {covered + 1}..{end} are unsigned, but the last valid checkpoint promised "
+                f"the next within {promised} records: later checkpoints were removed",
+            )
+        )
     total = max(end, covered) + walk.extra
     if total == 0 and not findings:
         findings.append(Finding(None, BreakKind.EMPTY, f"the audit log at {layout.root} holds no records"))
     findings.sort(key=lambda f: (f.seq is None, f.seq if f.seq is not None else 0))
     return VerifyResult(
-        directory=layout.root, log_id=identity.log_id,
-        records_valid=max(total - len(walk.invalid) - walk.missing - walk.extra, 0), records_total=total,
-        checkpoints_valid=len(scan.valid), checkpoints_total=scan.total, findings=tuple(findings),
+        directory=layout.root,
+        log_id=identity.log_id,
+        records_valid=max(total - len(walk.invalid) - walk.missing - walk.extra, 0),
+        records_total=total,
+        checkpoints_valid=len(scan.valid),
+        checkpoints_total=scan.total,
+        findings=tuple(findings),
         unsigned_records=max(end - walk.matched_checkpoint, 0) if not findings else 0,
         segments=len(layout.segments()),
         first_time=parse_time(walk.first_time) if walk.first_time else None,
         last_time=parse_time(walk.last_time) if walk.last_time else None,
-        trusted_keys=tuple(scan.trusted))
+        trusted_keys=tuple(scan.trusted),
+    )

@@ -9,26 +9,43 @@ import grpc
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from cantata.proto.v1 import admin_pb2, admin_pb2_grpc, common_pb2
-from cantata.security.anomaly.attack_policy import (OWN_FRAME_ATTACKS, InvalidAttackConfig, SpecOrigin,
-                                                    parse_attack_config)
+from cantata.security.anomaly.attack_policy import (
+    OWN_FRAME_ATTACKS,
+    InvalidAttackConfig,
+    SpecOrigin,
+    parse_attack_config,
+)
 from cantata.security.audit import Action
 from cantata.security.keys import KeyProvider, UnknownTenantError
-from cantata.security.sealed_checkpoint import key_versions_in_use, rewrap_checkpoints
 from cantata.security.pki import CertificateAuthority, Principal, load_csr
+from cantata.security.sealed_checkpoint import key_versions_in_use, rewrap_checkpoints
 from cantata.server.auth import abort, caller
 from cantata.server.datasource_store import DataSourceStore
 from cantata.server.store import Conflict, NotFound, Store, Tenant
 from cantata.storage import open_store
 
-
 # Which AttackConfig field SimulateAttackRequest.strength sets, per attack.
-ATTACK_STRENGTH = {"scale": "scale", "gaussian": "sigma", "alie": "alie_z", "ipm": "ipm_epsilon",
-                   "dissensus": "dissensus_epsilon"}
+ATTACK_STRENGTH = {
+    "scale": "scale",
+    "gaussian": "sigma",
+    "alie": "alie_z",
+    "ipm": "ipm_epsilon",
+    "dissensus": "dissensus_epsilon",
+}
 
 
 class AdminService(admin_pb2_grpc.AdminServicer):
-    def __init__(self, store: Store, ca: CertificateAuthority, keyring: KeyProvider, data_sources: DataSourceStore,
-                 default_quota: dict, tenant_cert_days: int, audit, on_suspend):
+    def __init__(
+        self,
+        store: Store,
+        ca: CertificateAuthority,
+        keyring: KeyProvider,
+        data_sources: DataSourceStore,
+        default_quota: dict,
+        tenant_cert_days: int,
+        audit,
+        on_suspend,
+    ):
         self._store = store
         self._ca = ca
         self._keyring = keyring
@@ -40,17 +57,30 @@ class AdminService(admin_pb2_grpc.AdminServicer):
 
     def _info(self, tenant: Tenant) -> admin_pb2.TenantInfo:
         running = len([j for j in self._store.jobs(tenant=tenant.name) if not j.terminal])
-        info = admin_pb2.TenantInfo(name=tenant.name, status=tenant.status, csr_fingerprint=tenant.csr_fingerprint,
-                                    quota=tenant.quota, running_jobs=running, approved_by=tenant.approved_by,
-                                    requested_at=tenant.requested_at)
+        info = admin_pb2.TenantInfo(
+            name=tenant.name,
+            status=tenant.status,
+            csr_fingerprint=tenant.csr_fingerprint,
+            quota=tenant.quota,
+            running_jobs=running,
+            approved_by=tenant.approved_by,
+            requested_at=tenant.requested_at,
+        )
         current = self._store.current_certificate(Principal.tenant(tenant.name).uri)
         if current:
             info.certificate_serial, info.certificate_expires = current
         return info
 
     def _record(self, context, action: str, name: str, outcome: str = "ok", **details) -> None:
-        self._audit(caller(context).uri, action, resource=name, tenant=name, outcome=outcome, details=details,
-                    peer=context.peer())
+        self._audit(
+            caller(context).uri,
+            action,
+            resource=name,
+            tenant=name,
+            outcome=outcome,
+            details=details,
+            peer=context.peer(),
+        )
 
     def ListTenants(self, request, context):
         return admin_pb2.ListTenantsReply(tenants=[self._info(t) for t in self._store.tenants(request.status)])
@@ -68,12 +98,14 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             if tenant.status != "PENDING":
                 raise Conflict(f"tenant {request.name!r} is {tenant.status}, not PENDING")
             if tenant.csr_fingerprint != request.csr_fingerprint:
-                raise Conflict(f"fingerprint mismatch for {request.name!r}: the pending request is "
-                               f"{tenant.csr_fingerprint}")
+                raise Conflict(
+                    f"fingerprint mismatch for {request.name!r}: the pending request is {tenant.csr_fingerprint}"
+                )
             principal = Principal.tenant(tenant.name)
             cert = self._ca.sign(load_csr(tenant.csr_pem).public_key(), principal, lifetime=self._cert_lifetime)
-            tenant = self._store.approve_tenant(request.name, request.csr_fingerprint, cert.public_bytes(Encoding.PEM),
-                                                quota, caller(context).name)
+            tenant = self._store.approve_tenant(
+                request.name, request.csr_fingerprint, cert.public_bytes(Encoding.PEM), quota, caller(context).name
+            )
             self._store.record_certificate(cert.serial_number, principal.uri, cert.not_valid_after_utc)
         except NotFound as exc:
             abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
@@ -94,11 +126,16 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             tenant = self._store.set_tenant_status(request.name, "SUSPENDED", expect="APPROVED")
             self._on_suspend(tenant.name)
             return tenant
+
         return self._change(context, request, Action.TENANT_SUSPENDED, suspend)
 
     def ResumeTenant(self, request, context):
-        return self._change(context, request, Action.TENANT_RESUMED,
-                            lambda: self._store.set_tenant_status(request.name, "APPROVED", expect="SUSPENDED"))
+        return self._change(
+            context,
+            request,
+            Action.TENANT_RESUMED,
+            lambda: self._store.set_tenant_status(request.name, "APPROVED", expect="SUSPENDED"),
+        )
 
     def SetQuota(self, request, context):
         for f in ("max_concurrent_jobs", "max_workers_per_job", "max_total_steps"):
@@ -117,8 +154,14 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         except NotFound as exc:
             abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
         tenant = principal.rsplit("/", 1)[-1] if "/tenant/" in principal else ""
-        self._audit(caller(context).uri, Action.CERTIFICATE_REVOKED, resource=request.serial, tenant=tenant,
-                    details={"principal": principal, "reason": request.reason}, peer=context.peer())
+        self._audit(
+            caller(context).uri,
+            Action.CERTIFICATE_REVOKED,
+            resource=request.serial,
+            tenant=tenant,
+            details={"principal": principal, "reason": request.reason},
+            peer=context.peer(),
+        )
         return admin_pb2.RevokeCertificateReply(serial=request.serial.lower(), principal=principal)
 
     def RotateTenantKey(self, request, context):
@@ -131,12 +174,20 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         rewrapped, in_use = sources_rewrapped, self._data_sources.key_versions_in_use(request.tenant)
         for job in self._store.jobs(tenant=request.tenant):
             store = open_store(job.spec.checkpoint_store)
-            rewrapped += rewrap_checkpoints(store, tenant=job.tenant, job_id=job.id,
-                                            keys=self._keyring.job_keys(job.tenant, job.id))
+            rewrapped += rewrap_checkpoints(
+                store, tenant=job.tenant, job_id=job.id, keys=self._keyring.job_keys(job.tenant, job.id)
+            )
             in_use |= key_versions_in_use(store, tenant=job.tenant, job_id=job.id)
         retired = self._keyring.retire_unused(request.tenant, in_use | {version}) if request.retire_unused else []
-        self._record(context, Action.KEY_ROTATED, request.tenant, key_version=version, objects_rewrapped=rewrapped,
-                     data_sources_rewrapped=sources_rewrapped, retired_versions=retired)
+        self._record(
+            context,
+            Action.KEY_ROTATED,
+            request.tenant,
+            key_version=version,
+            objects_rewrapped=rewrapped,
+            data_sources_rewrapped=sources_rewrapped,
+            retired_versions=retired,
+        )
         return admin_pb2.RotateTenantKeyReply(version=version, objects_rewrapped=rewrapped, retired=retired)
 
     def ListAnomalies(self, request, context):
@@ -146,8 +197,16 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
         reply = admin_pb2.ListAnomaliesReply()
         for a in self._store.anomalies(request.job_id):
-            reply.anomalies.add(reporter=a.reporter, peer=a.peer, round=a.round, check=a.check, verdict=a.verdict,
-                                score=a.score, quarantined=a.quarantined, time=a.time)
+            reply.anomalies.add(
+                reporter=a.reporter,
+                peer=a.peer,
+                round=a.round,
+                check=a.check,
+                verdict=a.verdict,
+                score=a.score,
+                quarantined=a.quarantined,
+                time=a.time,
+            )
         return reply
 
     def SimulateAttack(self, request, context):
@@ -158,8 +217,9 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         try:
             job = self._store.job(request.job_id)
             if parse_attack_config(raw, SpecOrigin.ADMIN).kind not in OWN_FRAME_ATTACKS:
-                raise InvalidAttackConfig(f"{request.attack} needs every honest vector: run it in "
-                                          "benchmarks/bench_anomaly.py, not in a job")
+                raise InvalidAttackConfig(
+                    f"{request.attack} needs every honest vector: run it in benchmarks/bench_anomaly.py, not in a job"
+                )
             if any(w >= job.spec.workers for w in request.workers):
                 raise InvalidAttackConfig(f"the job has {job.spec.workers} workers")
             self._store.set_attack(job.id, json.dumps(raw))
@@ -169,8 +229,14 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Conflict as exc:
             abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        self._audit(caller(context).uri, Action.ATTACK_SIMULATION_PLANNED, resource=job.id, tenant=job.tenant,
-                    details={"attack": request.attack, "workers": list(request.workers)}, peer=context.peer())
+        self._audit(
+            caller(context).uri,
+            Action.ATTACK_SIMULATION_PLANNED,
+            resource=job.id,
+            tenant=job.tenant,
+            details={"attack": request.attack, "workers": list(request.workers)},
+            peer=context.peer(),
+        )
         return admin_pb2.SimulateAttackReply(job_id=job.id)
 
     def _change(self, context, request, action: str, change):
@@ -187,5 +253,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
 
 
 def _quota_dict(quota: common_pb2.Quota) -> dict:
-    return {"max_concurrent_jobs": quota.max_concurrent_jobs, "max_workers_per_job": quota.max_workers_per_job,
-            "max_total_steps": quota.max_total_steps}
+    return {
+        "max_concurrent_jobs": quota.max_concurrent_jobs,
+        "max_workers_per_job": quota.max_workers_per_job,
+        "max_total_steps": quota.max_total_steps,
+    }

@@ -40,7 +40,10 @@ class AuditService(audit_pb2_grpc.AuditServicer):
         self._flush()
         report = build_report(self._directory, tenant=tenant, since=since, until=until)
         result = report.verification
-        verdict = (f"audit log intact: {result.records_valid}/{result.records_total} records, "
-                   f"{result.checkpoints_valid}/{result.checkpoints_total} checkpoints valid"
-                   if result.ok else "AUDIT LOG BROKEN: " + result.summary().splitlines()[-1])
+        verdict = (
+            f"audit log intact: {result.records_valid}/{result.records_total} records, "
+            f"{result.checkpoints_valid}/{result.checkpoints_total} checkpoints valid"
+            if result.ok
+            else "AUDIT LOG BROKEN: " + result.summary().splitlines()[-1]
+        )
         return audit_pb2.GetReportReply(intact=result.ok, verdict=verdict, content=render_report(report, fmt))

@@ -35,8 +35,12 @@ class CheckpointsService(checkpoints_pb2_grpc.CheckpointsServicer):
 
     def _list(self, context, job: JobRecord):
         try:
-            return list_checkpoints(open_store(job.spec.checkpoint_store), tenant=job.tenant, job_id=job.id,
-                                    keys=self._keyring.job_keys(job.tenant, job.id))
+            return list_checkpoints(
+                open_store(job.spec.checkpoint_store),
+                tenant=job.tenant,
+                job_id=job.id,
+                keys=self._keyring.job_keys(job.tenant, job.id),
+            )
         except StoreError as exc:
             abort(context, grpc.StatusCode.UNAVAILABLE, f"checkpoint store unavailable: {exc}")
 
@@ -56,18 +60,36 @@ class CheckpointsService(checkpoints_pb2_grpc.CheckpointsServicer):
             abort(context, grpc.StatusCode.NOT_FOUND, f"checkpoint {request.step} of job {job.id!r} not found")
         me = caller(context)
         resource = f"{job.id}@{info.step}"
-        self._audit(me.uri, Action.KEY_UNWRAPPED, resource=resource, tenant=job.tenant,
-                    details={"purpose": "checkpoint download"}, peer=context.peer())
+        self._audit(
+            me.uri,
+            Action.KEY_UNWRAPPED,
+            resource=resource,
+            tenant=job.tenant,
+            details={"purpose": "checkpoint download"},
+            peer=context.peer(),
+        )
         self._audit(me.uri, Action.CHECKPOINT_DOWNLOADED, resource=resource, tenant=job.tenant, peer=context.peer())
         digest = hashlib.sha256()
         keys = self._keyring.job_keys(job.tenant, job.id)
         try:
-            for segment in read_shard(open_store(job.spec.checkpoint_store), tenant=job.tenant, job_id=job.id,
-                                      step=info.step, shard=shard, keys=keys):
+            for segment in read_shard(
+                open_store(job.spec.checkpoint_store),
+                tenant=job.tenant,
+                job_id=job.id,
+                step=info.step,
+                shard=shard,
+                keys=keys,
+            ):
                 digest.update(segment)
                 yield checkpoints_pb2.DataChunk(data=segment)
         except IntegrityError as exc:
-            self._audit(me.uri, Action.CHECKPOINT_READ, resource=resource, tenant=job.tenant, outcome="failed",
-                        details={"error": type(exc).__name__})
+            self._audit(
+                me.uri,
+                Action.CHECKPOINT_READ,
+                resource=resource,
+                tenant=job.tenant,
+                outcome="failed",
+                details={"error": type(exc).__name__},
+            )
             abort(context, grpc.StatusCode.DATA_LOSS, f"checkpoint {resource} failed verification: {exc}")
         yield checkpoints_pb2.DataChunk(sha256=digest.hexdigest())

@@ -13,8 +13,14 @@ import grpc
 from cantata.proto.v1 import datasources_pb2, datasources_pb2_grpc
 from cantata.security.audit import Action
 from cantata.server.auth import abort, caller
-from cantata.server.datasource_store import (DataSourceExists, DataSourceNotFound, DataSourceRecord, DataSourceSpec,
-                                             DataSourceStore, InvalidDataSource)
+from cantata.server.datasource_store import (
+    DataSourceExists,
+    DataSourceNotFound,
+    DataSourceRecord,
+    DataSourceSpec,
+    DataSourceStore,
+    InvalidDataSource,
+)
 
 KIND_NAMES = {datasources_pb2.S3: "s3", datasources_pb2.AZURE_BLOB: "az"}
 KIND_VALUES = {name: value for value, name in KIND_NAMES.items()}
@@ -34,8 +40,12 @@ def parse_registration(request: datasources_pb2.RegisterDataSourceRequest) -> Da
 
 
 def _info(record: DataSourceRecord) -> datasources_pb2.DataSourceInfo:
-    info = datasources_pb2.DataSourceInfo(name=record.name, kind=KIND_VALUES[record.kind], endpoint=record.endpoint,
-                                          has_dataset_key=record.has_dataset_key)
+    info = datasources_pb2.DataSourceInfo(
+        name=record.name,
+        kind=KIND_VALUES[record.kind],
+        endpoint=record.endpoint,
+        has_dataset_key=record.has_dataset_key,
+    )
     info.created.FromJsonString(record.created_at.replace("+00:00", "Z"))
     return info
 
@@ -54,12 +64,20 @@ class DataSourcesService(datasources_pb2_grpc.DataSourcesServicer):
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except DataSourceExists as exc:
             abort(context, grpc.StatusCode.ALREADY_EXISTS, str(exc))
-        self._audit(me.uri, Action.DATA_SOURCE_REGISTERED, resource=record.name, tenant=me.name, peer=context.peer(),
-                    details={"kind": record.kind, "endpoint": record.endpoint, "replace": request.replace})
+        self._audit(
+            me.uri,
+            Action.DATA_SOURCE_REGISTERED,
+            resource=record.name,
+            tenant=me.name,
+            peer=context.peer(),
+            details={"kind": record.kind, "endpoint": record.endpoint, "replace": request.replace},
+        )
         return _info(record)
 
     def ListDataSources(self, request, context):
-        return datasources_pb2.ListDataSourcesReply(sources=[_info(r) for r in self._sources.sources(caller(context).name)])
+        return datasources_pb2.ListDataSourcesReply(
+            sources=[_info(r) for r in self._sources.sources(caller(context).name)]
+        )
 
     def DeleteDataSource(self, request, context):
         me = caller(context)

@@ -20,16 +20,32 @@ WATCH_POLL = 1.0  # seconds between checks that a watcher is still connected
 
 
 def job_info(job: JobRecord) -> common_pb2.JobInfo:
-    info = common_pb2.JobInfo(id=job.id, tenant=job.tenant, spec=job.spec, state=job.state, reason=job.reason,
-                              step=job.step, loss=job.loss, val_loss=job.val_loss, request_id=job.request_id)
+    info = common_pb2.JobInfo(
+        id=job.id,
+        tenant=job.tenant,
+        spec=job.spec,
+        state=job.state,
+        reason=job.reason,
+        step=job.step,
+        loss=job.loss,
+        val_loss=job.val_loss,
+        request_id=job.request_id,
+    )
     info.created.FromJsonString(job.created_at.replace("+00:00", "Z"))
     info.updated.FromJsonString(job.updated_at.replace("+00:00", "Z"))
     return info
 
 
 class JobsService(jobs_pb2_grpc.JobsServicer):
-    def __init__(self, store: Store, scheduler, log_path, spec_defaults: dict, audit,
-                 data_source_exists: Callable[[str, str], bool]):
+    def __init__(
+        self,
+        store: Store,
+        scheduler,
+        log_path,
+        spec_defaults: dict,
+        audit,
+        data_source_exists: Callable[[str, str], bool],
+    ):
         self._store = store
         self._scheduler = scheduler
         self._log_path = log_path
@@ -47,25 +63,42 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
     def SubmitJob(self, request, context):
         tenant_name = caller(context).name
         if not REQUEST_ID.match(request.request_id):
-            abort(context, grpc.StatusCode.INVALID_ARGUMENT, "request_id: 8-128 characters [A-Za-z0-9_.:-]",
-                  kind="invalid_job:request_id")
+            abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "request_id: 8-128 characters [A-Za-z0-9_.:-]",
+                kind="invalid_job:request_id",
+            )
         try:
             spec = parse_job_spec(request.spec, **self._spec_defaults)
         except InvalidField as exc:
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc), kind=f"invalid_job:{exc.field}")
         source = dataset_source(spec.dataset)
         if source and not self._data_source_exists(tenant_name, source):
-            abort(context, grpc.StatusCode.NOT_FOUND, f"dataset: data source {source!r} not found",
-                  kind="data_source_not_found")
+            abort(
+                context,
+                grpc.StatusCode.NOT_FOUND,
+                f"dataset: data source {source!r} not found",
+                kind="data_source_not_found",
+            )
         try:
             job, created = self._store.submit_job(self._store.tenant(tenant_name), request.request_id, spec)
         except QuotaExceeded as exc:
-            abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc),
-                  kind=f"quota_exceeded:{exc.what}:{exc.limit}:{exc.used}")
+            abort(
+                context,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                str(exc),
+                kind=f"quota_exceeded:{exc.what}:{exc.limit}:{exc.used}",
+            )
         if created:
-            self._audit(caller(context).uri, Action.JOB_SUBMITTED, resource=job.id, tenant=tenant_name,
-                        details={"name": spec.name, "algorithm": spec.algorithm, "workers": spec.workers,
-                                 "steps": spec.steps}, peer=context.peer())
+            self._audit(
+                caller(context).uri,
+                Action.JOB_SUBMITTED,
+                resource=job.id,
+                tenant=tenant_name,
+                details={"name": spec.name, "algorithm": spec.algorithm, "workers": spec.workers, "steps": spec.steps},
+                peer=context.peer(),
+            )
         return job_info(job)
 
     def GetJob(self, request, context):
@@ -82,8 +115,13 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
     def CancelJob(self, request, context):
         job = self._job(context, request.job_id)
         if not job.terminal:
-            self._audit(caller(context).uri, Action.JOB_CANCEL_REQUESTED, resource=job.id, tenant=job.tenant,
-                        peer=context.peer())
+            self._audit(
+                caller(context).uri,
+                Action.JOB_CANCEL_REQUESTED,
+                resource=job.id,
+                tenant=job.tenant,
+                peer=context.peer(),
+            )
             self._scheduler.cancel(job.id)
         return job_info(self._store.job(job.id))
 
@@ -106,7 +144,7 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
             for worker in range(processes(job.spec)):
                 path: Path = self._log_path(job.id, worker)
                 lines = path.read_text(errors="replace").splitlines() if path.exists() else []
-                for line in lines[read[worker]:]:
+                for line in lines[read[worker] :]:
                     sent += 1
                     if sent > skip:
                         yield jobs_pb2.LogLine(offset=sent, worker=worker, line=line)

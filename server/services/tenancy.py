@@ -11,8 +11,16 @@ from cryptography.hazmat.primitives.serialization import Encoding
 
 from cantata.proto.v1 import tenancy_pb2, tenancy_pb2_grpc
 from cantata.security.audit import Action
-from cantata.security.pki import (CertificateAuthority, InvalidCSR, InvalidName, csr_fingerprint, load_csr,
-                                  tenancy_status_message, validate_name, verify_message)
+from cantata.security.pki import (
+    CertificateAuthority,
+    InvalidCSR,
+    InvalidName,
+    csr_fingerprint,
+    load_csr,
+    tenancy_status_message,
+    validate_name,
+    verify_message,
+)
 from cantata.server.auth import abort, caller
 from cantata.server.store import Conflict, NotFound, Store
 
@@ -41,8 +49,14 @@ class TenancyService(tenancy_pb2_grpc.TenancyServicer):
             tenant = self._store.add_tenancy_request(name, request.csr_pem, fingerprint)
         except Conflict as exc:
             abort(context, grpc.StatusCode.ALREADY_EXISTS, str(exc))
-        self._audit("anonymous", Action.TENANCY_REQUESTED, resource=name, tenant=name,
-                    details={"csr_fingerprint": fingerprint}, peer=context.peer())
+        self._audit(
+            "anonymous",
+            Action.TENANCY_REQUESTED,
+            resource=name,
+            tenant=name,
+            details={"csr_fingerprint": fingerprint},
+            peer=context.peer(),
+        )
         return tenancy_pb2.RequestTenancyReply(name=name, csr_fingerprint=fingerprint, status=tenant.status)
 
     def GetTenancyStatus(self, request, context):
@@ -75,6 +89,12 @@ class TenancyService(tenancy_pb2_grpc.TenancyServicer):
         pem = cert.public_bytes(Encoding.PEM)
         self._store.record_certificate(cert.serial_number, me.uri, cert.not_valid_after_utc)
         self._store.set_tenant_certificate(me.name, pem)
-        self._audit(me.uri, Action.CERTIFICATE_ISSUED, resource=format(cert.serial_number, "x"), tenant=me.name,
-                    details={"renewal": True, "expires": cert.not_valid_after_utc.isoformat()}, peer=context.peer())
+        self._audit(
+            me.uri,
+            Action.CERTIFICATE_ISSUED,
+            resource=format(cert.serial_number, "x"),
+            tenant=me.name,
+            details={"renewal": True, "expires": cert.not_valid_after_utc.isoformat()},
+            peer=context.peer(),
+        )
         return tenancy_pb2.RenewCertificateReply(certificate_pem=pem)

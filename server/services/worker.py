@@ -6,8 +6,8 @@ import grpc
 
 from cantata.proto.v1 import common_pb2, jobs_pb2, worker_pb2, worker_pb2_grpc
 from cantata.security.audit import Action, Outcome
-from cantata.server.auth import abort, caller
 from cantata.security.pki import Principal
+from cantata.server.auth import abort, caller
 from cantata.server.store import AnomalyRecord, Store, utcnow
 
 
@@ -20,8 +20,14 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     def Report(self, request, context):
         me = caller(context)
         if request.job_id != me.name or request.worker != me.index:
-            self._audit(me.uri, Action.AUTHZ_DENIED, resource=request.job_id, outcome="denied",
-                        details={"reason": "worker reported for another job or index"}, peer=context.peer())
+            self._audit(
+                me.uri,
+                Action.AUTHZ_DENIED,
+                resource=request.job_id,
+                outcome="denied",
+                details={"reason": "worker reported for another job or index"},
+                peer=context.peer(),
+            )
             abort(context, grpc.StatusCode.PERMISSION_DENIED, "a worker may only report for itself")
         job = self._store.job(me.name)
         kind = request.WhichOneof("payload")
@@ -39,8 +45,13 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             event = jobs_pb2.JobEvent(kind=jobs_pb2.EVAL, step=e.step, val_loss=e.val_loss)
         elif kind == "checkpoint":
             c = request.checkpoint
-            self._audit(me.uri, Action.CHECKPOINT_WRITTEN, resource=f"{job.id}@{c.step}", tenant=job.tenant,
-                        details={"bytes": c.size_bytes})
+            self._audit(
+                me.uri,
+                Action.CHECKPOINT_WRITTEN,
+                resource=f"{job.id}@{c.step}",
+                tenant=job.tenant,
+                details={"bytes": c.size_bytes},
+            )
             event = jobs_pb2.JobEvent(kind=jobs_pb2.CHECKPOINT, step=c.step, message=f"checkpoint at step {c.step}")
         elif kind == "finished":
             self._store.mark_worker(job.id, request.worker, finished=True)
@@ -56,8 +67,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             r = request.round
             self._store.set_round(job.id, request.worker, r.round)
             skipped = f", skipped {list(r.skipped)}" if r.skipped else ""
-            event = jobs_pb2.JobEvent(kind=jobs_pb2.ROUND, step=r.round,
-                                      message=f"round {r.round}: exchanged with {list(r.peers)}{skipped}")
+            event = jobs_pb2.JobEvent(
+                kind=jobs_pb2.ROUND, step=r.round, message=f"round {r.round}: exchanged with {list(r.peers)}{skipped}"
+            )
         elif kind == "anomaly":
             event = self._anomaly(me, job, request.worker, request.anomaly)
         elif kind == "refused":
@@ -75,21 +87,29 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         if request.job_id != me.name:
             abort(context, grpc.StatusCode.PERMISSION_DENIED, "a worker may only ask for its own job's peers")
         peers = {w.idx: w.gossip_address for w in self._store.workers(me.name) if w.gossip_address}
-        return worker_pb2.GetPeersReply(peers=peers, round=self._store.latest_round(me.name),
-                                        rounds=self._store.rounds(me.name))
+        return worker_pb2.GetPeersReply(
+            peers=peers, round=self._store.latest_round(me.name), rounds=self._store.rounds(me.name)
+        )
 
     def _gossip_refused(self, me, job, r) -> jobs_pb2.JobEvent:
         """A caller this job's gossip endpoint refused: audited as a denial, shown to the tenant as an event."""
         principal = r.principal[:300] or "unauthenticated"
-        self._audit(principal, Action.AUTHZ_DENIED, resource=job.id, tenant=job.tenant, outcome=Outcome.DENIED,
-                    details={"service": "gossip", "reported_by": me.uri, "reason": r.reason[:500]},
-                    peer=r.address[:200])
+        self._audit(
+            principal,
+            Action.AUTHZ_DENIED,
+            resource=job.id,
+            tenant=job.tenant,
+            outcome=Outcome.DENIED,
+            details={"service": "gossip", "reported_by": me.uri, "reason": r.reason[:500]},
+            peer=r.address[:200],
+        )
         return jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, message=f"gossip endpoint refused {principal}")
 
     def _anomaly(self, me, job, reporter: int, a) -> jobs_pb2.JobEvent:
         """Record a screened-out update: store, audit, and quarantine policy."""
-        self._store.add_anomaly(AnomalyRecord(job.id, reporter, a.peer, a.round, a.check, a.verdict, a.score,
-                                              a.quarantined, utcnow()))
+        self._store.add_anomaly(
+            AnomalyRecord(job.id, reporter, a.peer, a.round, a.check, a.verdict, a.score, a.quarantined, utcnow())
+        )
         peer = Principal.worker(job.id, a.peer)
         details = {"peer": peer.uri, "round": a.round, "check": a.check, "verdict": a.verdict, "score": a.score}
         self._audit(me.uri, Action.GRADIENT_ANOMALY_DETECTED, resource=job.id, tenant=job.tenant, details=details)
@@ -101,6 +121,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 current = self._store.current_certificate(peer.uri)
                 if current:
                     self._store.revoke_certificate(current[0])
-                    self._audit("server", Action.CERTIFICATE_REVOKED, resource=current[0], tenant=job.tenant,
-                                details={"principal": peer.uri, "reason": "quarantined for gradient anomalies"})
+                    self._audit(
+                        "server",
+                        Action.CERTIFICATE_REVOKED,
+                        resource=current[0],
+                        tenant=job.tenant,
+                        details={"principal": peer.uri, "reason": "quarantined for gradient anomalies"},
+                    )
         return jobs_pb2.JobEvent(kind=jobs_pb2.ANOMALY, step=a.round, message=text)

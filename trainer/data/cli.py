@@ -21,10 +21,15 @@ def _say(message: str) -> None:
 
 
 def cmd_prepare(args) -> int:
-    result = prepare_shards(Path(args.source), Path(args.out), dtype=dtype_for(args.dtype),
-                            shard_tokens=args.shard_tokens, utf8_policy=Utf8Policy(args.on_bad_utf8),
-                            warn=lambda message: _say(f"warning: {message}"),
-                            progress=_say if not args.json else lambda message: None)
+    result = prepare_shards(
+        Path(args.source),
+        Path(args.out),
+        dtype=dtype_for(args.dtype),
+        shard_tokens=args.shard_tokens,
+        utf8_policy=Utf8Policy(args.on_bad_utf8),
+        warn=lambda message: _say(f"warning: {message}"),
+        progress=_say if not args.json else lambda message: None,
+    )
     summary = {"shards": [str(p) for p in result.shards], "tokens": result.tokens, "files": result.files}
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -46,8 +51,9 @@ def cmd_upload(args) -> int:
         dataset_key = DatasetKey.load_or_create(profile.folder / KEY_FILE, tenant=args.profile)
     with translated_store_errors(f"opening {args.store}"):
         store = open_store(args.store)
-    keys = upload_shards(Path(args.directory), store, dataset_key=dataset_key,
-                         progress=_say if not args.json else lambda message: None)
+    keys = upload_shards(
+        Path(args.directory), store, dataset_key=dataset_key, progress=_say if not args.json else lambda message: None
+    )
     if args.json:
         print(json.dumps({"store": store.uri, "keys": keys, "encrypted": args.encrypt}, indent=2))
     else:
@@ -62,8 +68,12 @@ def register(groups: dict[str, argparse._SubParsersAction]) -> None:
     p.add_argument("--out", required=True, help="directory for the shards (must hold none yet)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="uint16", help="token width (default uint16)")
     p.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard")
-    p.add_argument("--on-bad-utf8", choices=[p.value for p in Utf8Policy], default=Utf8Policy.FAIL.value,
-                   help="skip (with a warning) or fail on text that is not UTF-8 (default fail)")
+    p.add_argument(
+        "--on-bad-utf8",
+        choices=[p.value for p in Utf8Policy],
+        default=Utf8Policy.FAIL.value,
+        help="skip (with a warning) or fail on text that is not UTF-8 (default fail)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_prepare)
     p = data.add_parser("upload", help="copy shards to file://, s3:// or az:// (credentials from the environment)")

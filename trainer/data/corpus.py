@@ -41,7 +41,9 @@ def load_builtin_corpus() -> TextCorpus:
         data = path.read_bytes()[: MAX_BYTES - size]
         size += len(data)
         (val if _is_validation(str(path.relative_to(root))) else train).extend(data)
-    return TextCorpus(torch.frombuffer(train, dtype=torch.uint8).clone(), torch.frombuffer(val, dtype=torch.uint8).clone())
+    return TextCorpus(
+        torch.frombuffer(train, dtype=torch.uint8).clone(), torch.frombuffer(val, dtype=torch.uint8).clone()
+    )
 
 
 class BatchSampler:

@@ -114,14 +114,33 @@ class StreamFeed:
         self._loader.close()
 
 
-def open_feed(dataset: str, *, batch_size: int, seq_len: int, seed: int, rank: int, world: int,
-              access: DatasetAccess, utf8_policy: Utf8Policy, on_event: Callable[[DataEvent], None]) -> Feed:
+def open_feed(
+    dataset: str,
+    *,
+    batch_size: int,
+    seq_len: int,
+    seed: int,
+    rank: int,
+    world: int,
+    access: DatasetAccess,
+    utf8_policy: Utf8Policy,
+    on_event: Callable[[DataEvent], None],
+) -> Feed:
     """The feed of data-parallel ``rank`` of ``world`` (raises a ``DataError`` naming what is wrong)."""
     if dataset == BUILTIN_PYSTDLIB:
         return CorpusFeed(batch_size=batch_size, seq_len=seq_len, seed=seed, rank=rank)
-    source = open_dataset(dataset, allowed_roots=access.roots, credentials=access.credentials,
-                          dataset_key=access.dataset_key, utf8_policy=utf8_policy)
-    loader = DataLoader(source, batch_size=batch_size, seq_len=seq_len, seed=seed, rank=rank, world=world,
-                        on_event=on_event)
-    return StreamFeed(loader, ValidationSet(source, batch_size=batch_size, seq_len=seq_len),
-                      warn=lambda message: on_event(DataEvent("warning", message)))
+    source = open_dataset(
+        dataset,
+        allowed_roots=access.roots,
+        credentials=access.credentials,
+        dataset_key=access.dataset_key,
+        utf8_policy=utf8_policy,
+    )
+    loader = DataLoader(
+        source, batch_size=batch_size, seq_len=seq_len, seed=seed, rank=rank, world=world, on_event=on_event
+    )
+    return StreamFeed(
+        loader,
+        ValidationSet(source, batch_size=batch_size, seq_len=seq_len),
+        warn=lambda message: on_event(DataEvent("warning", message)),
+    )

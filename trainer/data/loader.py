@@ -74,8 +74,9 @@ def window_split(tokens: int, seq_len: int, val_fraction: float) -> tuple[int, i
 def _windows(tokens: np.ndarray, seq_len: int) -> np.ndarray:
     """The read-only view whose row ``w`` is ``tokens[w * seq_len : w * seq_len + seq_len + 1]`` (no copy)."""
     count = max(0, (tokens.size - 1) // seq_len)
-    return np.lib.stride_tricks.as_strided(tokens, shape=(count, seq_len + 1),
-                                           strides=(seq_len * tokens.itemsize, tokens.itemsize), writeable=False)
+    return np.lib.stride_tricks.as_strided(
+        tokens, shape=(count, seq_len + 1), strides=(seq_len * tokens.itemsize, tokens.itemsize), writeable=False
+    )
 
 
 def _batch(rows: np.ndarray, ids: np.ndarray) -> Batch:
@@ -114,14 +115,27 @@ class DataLoader:
     warnings (skipped text) from fetcher threads, so it must be thread-safe.
     """
 
-    def __init__(self, dataset: Dataset, *, batch_size: int, seq_len: int, seed: int, rank: int = 0,
-                 world: int = 1, val_fraction: float = DEFAULT_VAL_FRACTION, prefetch: int = DEFAULT_PREFETCH,
-                 fetchers: int = DEFAULT_FETCHERS, on_event: Callable[[DataEvent], None] | None = None) -> None:
+    def __init__(
+        self,
+        dataset: Dataset,
+        *,
+        batch_size: int,
+        seq_len: int,
+        seed: int,
+        rank: int = 0,
+        world: int = 1,
+        val_fraction: float = DEFAULT_VAL_FRACTION,
+        prefetch: int = DEFAULT_PREFETCH,
+        fetchers: int = DEFAULT_FETCHERS,
+        on_event: Callable[[DataEvent], None] | None = None,
+    ) -> None:
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} is not in a world of {world}")
         if len(dataset.objects) < world:
-            raise DataError(f"dataset {dataset.uri} has {len(dataset.objects)} objects, fewer than the {world} "
-                            "data-parallel ranks that must each read their own (prepare smaller shards)")
+            raise DataError(
+                f"dataset {dataset.uri} has {len(dataset.objects)} objects, fewer than the {world} "
+                "data-parallel ranks that must each read their own (prepare smaller shards)"
+            )
         self.dataset = dataset
         self.batch_size, self.seq_len, self.seed = batch_size, seq_len, seed
         self.rank, self.world, self.val_fraction = rank, world, val_fraction
@@ -157,8 +171,9 @@ class DataLoader:
         train, _ = window_split(tokens.size, self.seq_len, self.val_fraction)
         generator = np.random.Generator(np.random.PCG64([self.seed, slot.epoch, slot.ordinal]))
         order = generator.permutation(train)
-        return _Fetched(slot.epoch, slot.position, slot.ordinal, _windows(tokens, self.seq_len), order,
-                        order | (slot.ordinal << 32))
+        return _Fetched(
+            slot.epoch, slot.position, slot.ordinal, _windows(tokens, self.seq_len), order, order | (slot.ordinal << 32)
+        )
 
     def _warn(self, message: str) -> None:
         self._on_event(DataEvent("warning", message))
@@ -192,8 +207,12 @@ class DataLoader:
             now = time.monotonic()
             if slot.last_of_epoch or now - self._last_report >= PROGRESS_INTERVAL_S:
                 total = len(self.dataset.objects[self.rank :: self.world])
-                self._on_event(DataEvent("progress", f"{self.dataset.uri}: fetched {slot.position + 1}/{total} "
-                                                     f"objects of rank {self.rank}"))
+                self._on_event(
+                    DataEvent(
+                        "progress",
+                        f"{self.dataset.uri}: fetched {slot.position + 1}/{total} objects of rank {self.rank}",
+                    )
+                )
                 self._last_report = now
         if slot.last_of_epoch:
             if self._windows_in_epoch == 0:
@@ -201,8 +220,10 @@ class DataLoader:
             self._windows_in_epoch = 0
 
     def _empty_epoch(self) -> DataError:
-        return DataError(f"dataset {self.dataset.uri}: rank {self.rank}'s objects hold no training window of "
-                         f"{self.seq_len + 1} tokens")
+        return DataError(
+            f"dataset {self.dataset.uri}: rank {self.rank}'s objects hold no training window of "
+            f"{self.seq_len + 1} tokens"
+        )
 
     # ---- batches -------------------------------------------------------
     def next_batch(self) -> Batch:
@@ -255,9 +276,18 @@ class DataLoader:
     # ---- resume --------------------------------------------------------
     def state_dict(self) -> dict[str, int | str]:
         """The position after the last batch returned (plain values: fits any checkpoint)."""
-        return {"version": STATE_VERSION, "dataset": self.dataset.uri, "seed": self.seed, "rank": self.rank,
-                "world": self.world, "seq_len": self.seq_len, "epoch": self._epoch, "object": self._position,
-                "window": self._window, "samples": self.samples}
+        return {
+            "version": STATE_VERSION,
+            "dataset": self.dataset.uri,
+            "seed": self.seed,
+            "rank": self.rank,
+            "world": self.world,
+            "seq_len": self.seq_len,
+            "epoch": self._epoch,
+            "object": self._position,
+            "window": self._window,
+            "samples": self.samples,
+        }
 
     def seek(self, batches: int) -> None:
         """Continue as if ``batches`` batches had been drawn from the start (fetches objects to count windows).
@@ -285,8 +315,14 @@ class DataLoader:
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``: the next batch is the one that followed it."""
-        expected = {"version": STATE_VERSION, "dataset": self.dataset.uri, "seed": self.seed, "rank": self.rank,
-                    "world": self.world, "seq_len": self.seq_len}
+        expected = {
+            "version": STATE_VERSION,
+            "dataset": self.dataset.uri,
+            "seed": self.seed,
+            "rank": self.rank,
+            "world": self.world,
+            "seq_len": self.seq_len,
+        }
         mismatched = [f"{k}={state.get(k)!r} (now {v!r})" for k, v in expected.items() if state.get(k) != v]
         if mismatched:
             raise DataError("cannot resume the data loader from a state of another run: " + ", ".join(mismatched))
@@ -312,8 +348,9 @@ class DataLoader:
 class ValidationSet:
     """The validation windows of a dataset, in object order: the same batches on every rank."""
 
-    def __init__(self, dataset: Dataset, *, batch_size: int, seq_len: int,
-                 val_fraction: float = DEFAULT_VAL_FRACTION) -> None:
+    def __init__(
+        self, dataset: Dataset, *, batch_size: int, seq_len: int, val_fraction: float = DEFAULT_VAL_FRACTION
+    ) -> None:
         self.dataset, self.batch_size, self.seq_len, self.val_fraction = dataset, batch_size, seq_len, val_fraction
         self._batches: list[Batch] = []
 
@@ -336,8 +373,12 @@ class ValidationSet:
             if filled == total:
                 break
         if filled < total:
-            raise DataError(f"dataset {self.dataset.uri} has fewer than {count} validation batches of "
-                            f"{self.batch_size} x {self.seq_len + 1} tokens")
-        self._batches = [_batch(rows[i : i + self.batch_size], ids[i : i + self.batch_size])
-                         for i in range(0, total, self.batch_size)]
+            raise DataError(
+                f"dataset {self.dataset.uri} has fewer than {count} validation batches of "
+                f"{self.batch_size} x {self.seq_len + 1} tokens"
+            )
+        self._batches = [
+            _batch(rows[i : i + self.batch_size], ids[i : i + self.batch_size])
+            for i in range(0, total, self.batch_size)
+        ]
         return self._batches

@@ -34,9 +34,16 @@ def text_files(source: Path) -> list[Path]:
     return files
 
 
-def prepare_shards(source: Path, out: Path, *, dtype: np.dtype, shard_tokens: int = DEFAULT_SHARD_TOKENS,
-                   utf8_policy: Utf8Policy = Utf8Policy.FAIL, warn: Callable[[str], None] = print,
-                   progress: Callable[[str], None] = lambda message: None) -> PreparedShards:
+def prepare_shards(
+    source: Path,
+    out: Path,
+    *,
+    dtype: np.dtype,
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    utf8_policy: Utf8Policy = Utf8Policy.FAIL,
+    warn: Callable[[str], None] = print,
+    progress: Callable[[str], None] = lambda message: None,
+) -> PreparedShards:
     """Tokenize every text file under ``source`` into shards of ``shard_tokens`` tokens in ``out``."""
     if shard_tokens < 2:
         raise ValueError("a shard needs at least 2 tokens")

@@ -34,7 +34,14 @@ from urllib.parse import unquote, urlsplit
 
 import numpy as np
 
-from cantata.storage import BlobNotFoundError, BlobStore, StoreConfigError, StoreError, StoreUnavailableError, open_store
+from cantata.storage import (
+    BlobNotFoundError,
+    BlobStore,
+    StoreConfigError,
+    StoreError,
+    StoreUnavailableError,
+    open_store,
+)
 from cantata.trainer.data.errors import (
     DataError,
     DatasetAccessError,
@@ -48,8 +55,16 @@ from cantata.trainer.data.shards import SHARD_SUFFIX, decode_shard
 from cantata.trainer.data.text import TEXT_SUFFIXES, Utf8Policy, tokenize_object
 
 BUILTIN_PYSTDLIB = "builtin:pystdlib"
-_ACCESS_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken", "InvalidToken",
-                 "AuthenticationFailed", "AuthorizationFailure", "AuthorizationPermissionMismatch"}
+_ACCESS_CODES = {
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "AccessDenied",
+    "ExpiredToken",
+    "InvalidToken",
+    "AuthenticationFailed",
+    "AuthorizationFailure",
+    "AuthorizationPermissionMismatch",
+}
 _MISSING_CODES = {"NoSuchBucket", "ContainerNotFound"}
 
 
@@ -125,14 +140,20 @@ class SourceCredentials:
         """Keyword overrides for :func:`cantata.storage.open_store`."""
         s = self.secrets
         if self.kind == "s3":
-            return {"endpoint_url": self.endpoint or None, "region_name": s.get("region") or "us-east-1",
-                    "aws_access_key_id": s.get("access_key_id"), "aws_secret_access_key": s.get("secret_access_key"),
-                    "aws_session_token": s.get("session_token") or None}
+            return {
+                "endpoint_url": self.endpoint or None,
+                "region_name": s.get("region") or "us-east-1",
+                "aws_access_key_id": s.get("access_key_id"),
+                "aws_secret_access_key": s.get("secret_access_key"),
+                "aws_session_token": s.get("session_token") or None,
+            }
         if s.get("connection_string"):
             return {"connection_string": s["connection_string"]}
         if s.get("account_key"):
-            return {"account_url": self.endpoint, "credential": {"account_name": s.get("account_name", ""),
-                                                                 "account_key": s["account_key"]}}
+            return {
+                "account_url": self.endpoint,
+                "credential": {"account_name": s.get("account_name", ""), "account_key": s["account_key"]},
+            }
         return {"account_url": self.endpoint, "credential": s.get("sas_token")}
 
 
@@ -155,8 +176,9 @@ class ObjectSource(Protocol):
 class LocalDirectory:
     """Regular files under ``root``, never through a symbolic link below it (nor above it, unless trusted)."""
 
-    def __init__(self, root: Path, uri: str, skip_dirs: frozenset[str] = frozenset(), *,
-                 trusted_root: bool = False) -> None:
+    def __init__(
+        self, root: Path, uri: str, skip_dirs: frozenset[str] = frozenset(), *, trusted_root: bool = False
+    ) -> None:
         self.root, self.uri, self._skip_dirs = root, uri, skip_dirs
         if not trusted_root:
             _refuse_links(root, Path(root.anchor), uri)
@@ -251,8 +273,15 @@ def _within(path: Path, roots: Sequence[Path]) -> bool:
 class Dataset:
     """A dataset's objects, sorted by key, and the means to turn each into tokens."""
 
-    def __init__(self, uri: str, objects: ObjectSource, *, text_suffixes: tuple[str, ...],
-                 dataset_key: DatasetKey | None, utf8_policy: Utf8Policy) -> None:
+    def __init__(
+        self,
+        uri: str,
+        objects: ObjectSource,
+        *,
+        text_suffixes: tuple[str, ...],
+        dataset_key: DatasetKey | None,
+        utf8_policy: Utf8Policy,
+    ) -> None:
         self.uri = uri
         self._objects = objects
         self._text_suffixes = text_suffixes
@@ -260,7 +289,9 @@ class Dataset:
         self._utf8_policy = utf8_policy
         self.objects = [obj for obj in map(self._classify, objects.keys()) if obj is not None]
         if not self.objects:
-            suffixes = ", ".join(("*" + SHARD_SUFFIX, "*" + SHARD_SUFFIX + SEALED_SUFFIX, *("*" + s for s in text_suffixes)))
+            suffixes = ", ".join(
+                ("*" + SHARD_SUFFIX, "*" + SHARD_SUFFIX + SEALED_SUFFIX, *("*" + s for s in text_suffixes))
+            )
             raise DatasetNotFoundError(f"dataset {uri}: no data objects ({suffixes}) under {objects.uri}")
         if dataset_key is None and any(obj.kind is ObjectKind.SEALED_SHARD for obj in self.objects):
             raise DataError(f"dataset {uri} holds encrypted shards but no dataset key was given")
@@ -290,9 +321,15 @@ class Dataset:
         return tokenize_object(data, name, self._utf8_policy, warn)
 
 
-def open_dataset(uri: str, *, allowed_roots: Sequence[Path] = (), credentials: SourceCredentials | None = None,
-                 dataset_key: DatasetKey | None = None, utf8_policy: Utf8Policy = Utf8Policy.SKIP,
-                 **store_options: Any) -> Dataset:
+def open_dataset(
+    uri: str,
+    *,
+    allowed_roots: Sequence[Path] = (),
+    credentials: SourceCredentials | None = None,
+    dataset_key: DatasetKey | None = None,
+    utf8_policy: Utf8Policy = Utf8Policy.SKIP,
+    **store_options: Any,
+) -> Dataset:
     """Resolve ``uri`` and list its objects (raising a :class:`DataError` naming what is wrong)."""
     parsed = DatasetURI.parse(uri)
     options = dict(dataset_key=dataset_key, utf8_policy=utf8_policy)

@@ -60,7 +60,7 @@ def _tokenize_jsonl(data: bytes, name: str, policy: Utf8Policy, warn: Callable[[
             raise TextEncodingError(f"record {where} is not JSON: {error.msg}") from None
         text = record.get("text") if isinstance(record, dict) else None
         if not isinstance(text, str):
-            raise TextEncodingError(f"record {where} has no \"text\" string field")
+            raise TextEncodingError(f'record {where} has no "text" string field')
         try:
             texts.append(text.encode("utf-8"))
         except UnicodeEncodeError:

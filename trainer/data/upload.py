@@ -20,8 +20,13 @@ def shard_files(directory: Path) -> list[Path]:
     return shards
 
 
-def upload_shards(directory: Path, store: BlobStore, *, dataset_key: DatasetKey | None = None,
-                  progress: Callable[[str], None] = lambda message: None) -> list[str]:
+def upload_shards(
+    directory: Path,
+    store: BlobStore,
+    *,
+    dataset_key: DatasetKey | None = None,
+    progress: Callable[[str], None] = lambda message: None,
+) -> list[str]:
     """Store every shard under ``directory`` by its relative path; seal each one with ``dataset_key`` if given.
 
     Returns the keys written. A sealed shard is bound to its key without the
@@ -37,7 +42,12 @@ def upload_shards(directory: Path, store: BlobStore, *, dataset_key: DatasetKey 
             else:
                 key += SEALED_SUFFIX
                 with store.writer(key) as upload:
-                    seal(iter(lambda: file.read(COPY_CHUNK_SIZE), b""), upload, dataset_key, key.removesuffix(SEALED_SUFFIX))
+                    seal(
+                        iter(lambda: file.read(COPY_CHUNK_SIZE), b""),
+                        upload,
+                        dataset_key,
+                        key.removesuffix(SEALED_SUFFIX),
+                    )
         keys.append(key)
         progress(f"uploaded {index}/{len(shards)}: {store.uri.rstrip('/')}/{key}")
     return keys

@@ -98,7 +98,7 @@ class Int8Blocks(Codec):
         if wire.dtype != torch.uint8 or wire.numel() != 4 * blocks + numel:
             raise ValueError(f"expected {4 * blocks + numel} bytes of int8 blocks, got {wire.numel()}")
         scales = wire[: 4 * blocks].view(torch.float32)
-        q = wire[4 * blocks:].view(torch.int8).to(torch.float32)
+        q = wire[4 * blocks :].view(torch.int8).to(torch.float32)
         padded = torch.zeros(blocks * self.block, dtype=torch.float32)
         padded[:numel] = q
         return (padded.view(blocks, self.block) * scales[:, None]).view(-1)[:numel]

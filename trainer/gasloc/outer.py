@@ -132,7 +132,11 @@ class OuterStep:
         return theta_next, stats
 
     def round(
-        self, t: int, theta_t: torch.Tensor, theta_after: torch.Tensor, exchange: Exchange,
+        self,
+        t: int,
+        theta_t: torch.Tensor,
+        theta_after: torch.Tensor,
+        exchange: Exchange,
         screen: Screen | None = None,
     ) -> tuple[torch.Tensor, RoundStats]:
         """A whole round: propose, ``exchange`` with the round's peers, finish."""
@@ -190,7 +194,7 @@ class GASLoCOuter:
         theta_next, stats = self.step.round(t, self.theta, flatten(self.params), exchange, screen)
         offset = 0
         for p in self.params:
-            p.copy_(theta_next[offset: offset + p.numel()].view_as(p))
+            p.copy_(theta_next[offset : offset + p.numel()].view_as(p))
             offset += p.numel()
         self.theta = theta_next
         return stats

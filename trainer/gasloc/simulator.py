@@ -49,15 +49,14 @@ class Simulator:
         if len(thetas) != self.topology.n or len(thetas_after) != self.topology.n:
             raise ValueError(f"expected {self.topology.n} parameter vectors")
         proposals = {
-            i: worker.propose(t, thetas[i], thetas_after[i])
-            for i, worker in enumerate(self.workers)
-            if i not in dead
+            i: worker.propose(t, thetas[i], thetas_after[i]) for i, worker in enumerate(self.workers) if i not in dead
         }
         nexts = list(thetas)
         stats = {}
         for i, proposal in proposals.items():
-            received = {j: proposals[j].wire for j in proposal.peers
-                        if j in proposals and (min(i, j), max(i, j)) not in cut}
+            received = {
+                j: proposals[j].wire for j in proposal.peers if j in proposals and (min(i, j), max(i, j)) not in cut
+            }
             nexts[i], stats[i] = self.workers[i].finish(proposal, received)
             self.bytes_sent[i] += stats[i].bytes_sent
         return nexts, stats

@@ -63,7 +63,7 @@ def to_chunks(
     start, end = stripe_bounds(len(raw), stripe, stripes)
     count = max(1, -(-(end - start) // chunk_bytes))
     for index in range(count):
-        data = raw[start + index * chunk_bytes: min(end, start + (index + 1) * chunk_bytes)]
+        data = raw[start + index * chunk_bytes : min(end, start + (index + 1) * chunk_bytes)]
         if bucket is not None:
             bucket.take(len(data))
         yield Chunk(round, sender, index, count, len(raw), name, xxh3_64_intdigest(data), data, stripe, stripes)
@@ -128,7 +128,7 @@ class Assembly:
         end = cursor.filled + len(chunk.data)
         if end > cursor.end:
             raise CorruptPayload(f"chunks overrun stripe {chunk.stripe}")
-        self._view[cursor.filled: end] = chunk.data
+        self._view[cursor.filled : end] = chunk.data
         cursor.filled = end
         cursor.next += 1
 

@@ -59,8 +59,9 @@ def exchange_with(
 
     def run(stripe: int) -> None:
         try:
-            exchange_stripe(channels[stripe], round, sender, payload, assembly, stripe, len(channels),
-                            timeout, chunk_bytes, bucket)
+            exchange_stripe(
+                channels[stripe], round, sender, payload, assembly, stripe, len(channels), timeout, chunk_bytes, bucket
+            )
         except Exception as error:  # re-raised below, from the calling thread
             errors.append(error)
 

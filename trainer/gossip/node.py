@@ -78,8 +78,13 @@ class GossipNode:
             options=GRPC_OPTIONS,
         )
         service = GossipService(
-            self.job_id, self.worker_index, self.mailbox, self.deadline_s, self.chunk_bytes,
-            self._buckets.get, self._on_refused,
+            self.job_id,
+            self.worker_index,
+            self.mailbox,
+            self.deadline_s,
+            self.chunk_bytes,
+            self._buckets.get,
+            self._on_refused,
         )
         add_gossip_service(service, server)
         credentials = grpc.ssl_server_credentials(
@@ -132,8 +137,13 @@ class GossipNode:
             return
         try:
             exchange_with(
-                self._link(peer, address), round, self.worker_index, payload, assembly,
-                timeout=max(0.0, deadline - time.monotonic()), chunk_bytes=self.chunk_bytes,
+                self._link(peer, address),
+                round,
+                self.worker_index,
+                payload,
+                assembly,
+                timeout=max(0.0, deadline - time.monotonic()),
+                chunk_bytes=self.chunk_bytes,
                 bucket=self._buckets.get(peer),
             )
         except (grpc.RpcError, CorruptPayload) as error:

@@ -8,11 +8,11 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
+from cantata.security.pki import Principal
+
 from . import wire
 from .bandwidth import TokenBucket
 from .chunks import MAX_STRIPES, Assembly, to_chunks
-from cantata.security.pki import Principal
-
 from .identity import PeerRefused, authorize_peer
 from .mailbox import Mailbox
 from .wire import Chunk
@@ -63,7 +63,9 @@ class GossipService:
         if first is None:
             return
         if first.sender != peer:
-            self._refuse(context, Principal.worker(self.job_id, peer).uri, f"worker {peer} sent chunks as worker {first.sender}")
+            self._refuse(
+                context, Principal.worker(self.job_id, peer).uri, f"worker {peer} sent chunks as worker {first.sender}"
+            )
         if not 0 <= first.stripe < first.stripes <= MAX_STRIPES:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"stripe {first.stripe} of {first.stripes}")
         payload = self.mailbox.outgoing(first.round, self.wait_s)
@@ -75,8 +77,15 @@ class GossipService:
             target=self._receive, args=(first, request_iterator, assembly, failure), daemon=True
         )
         receiver.start()
-        yield from to_chunks(first.round, self.worker_index, payload, self.chunk_bytes, self.link_bucket(peer),
-                             first.stripe, first.stripes)
+        yield from to_chunks(
+            first.round,
+            self.worker_index,
+            payload,
+            self.chunk_bytes,
+            self.link_bucket(peer),
+            first.stripe,
+            first.stripes,
+        )
         receiver.join()
         if failure:
             context.abort(grpc.StatusCode.DATA_LOSS, f"payload from worker {peer} rejected: {failure[0]}")

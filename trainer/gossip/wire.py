@@ -52,9 +52,15 @@ def _varint(value: int) -> bytes:
 
 def encode(chunk: Chunk) -> bytes:
     header = gossip_pb2.GossipChunk(
-        round=chunk.round, sender=chunk.sender, index=chunk.index, count=chunk.count,
-        total_bytes=chunk.total_bytes, dtype=chunk.dtype, checksum=chunk.checksum,
-        stripe=chunk.stripe, stripes=chunk.stripes,
+        round=chunk.round,
+        sender=chunk.sender,
+        index=chunk.index,
+        count=chunk.count,
+        total_bytes=chunk.total_bytes,
+        dtype=chunk.dtype,
+        checksum=chunk.checksum,
+        stripe=chunk.stripe,
+        stripes=chunk.stripes,
     ).SerializeToString()
     return b"".join((header, _DATA_TAG, _varint(len(chunk.data)), chunk.data))
 
@@ -74,8 +80,18 @@ def _read_varint(view: memoryview, pos: int) -> tuple[int, int]:
 
 def decode(raw: bytes) -> Chunk:
     view = memoryview(raw)
-    fields: dict[str, object] = {"round": 0, "sender": 0, "index": 0, "count": 0, "total_bytes": 0,
-                                 "dtype": "", "checksum": 0, "data": b"", "stripe": 0, "stripes": 0}
+    fields: dict[str, object] = {
+        "round": 0,
+        "sender": 0,
+        "index": 0,
+        "count": 0,
+        "total_bytes": 0,
+        "dtype": "",
+        "checksum": 0,
+        "data": b"",
+        "stripe": 0,
+        "stripes": 0,
+    }
     pos = 0
     while pos < len(view):
         key, pos = _read_varint(view, pos)
@@ -89,9 +105,9 @@ def decode(raw: bytes) -> Chunk:
             if pos + length > len(view):
                 raise MalformedChunk("length-delimited field overruns the message")
             if number == 6:
-                fields["dtype"] = bytes(view[pos: pos + length]).decode("utf-8", errors="replace")
+                fields["dtype"] = bytes(view[pos : pos + length]).decode("utf-8", errors="replace")
             elif number == 8:
-                fields["data"] = view[pos: pos + length]
+                fields["data"] = view[pos : pos + length]
             pos += length
         elif kind == 1:
             if pos + 8 > len(view):

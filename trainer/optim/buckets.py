@@ -6,8 +6,8 @@ their gradients); a bucket closes as soon as it holds at least `bucket_elements`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 
 @dataclass(frozen=True)

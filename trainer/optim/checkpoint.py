@@ -8,7 +8,7 @@ momentum of the matrices its new plan assigns to it.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from .dp import STATE_FORMAT as DP_STATE_FORMAT
 

@@ -10,8 +10,8 @@ bucket is done. Momentum lives only on the owner (ZeRO-1).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 import torch.distributed as dist

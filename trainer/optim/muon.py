@@ -8,8 +8,8 @@ all run exactly the same arithmetic on a whole (never sliced) matrix.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import torch
 from torch import Tensor

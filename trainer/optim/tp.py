@@ -12,8 +12,8 @@ is launched. The baseline all-gathers every gradient and computes redundantly.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 import torch.distributed as dist

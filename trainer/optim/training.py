@@ -7,7 +7,7 @@ gradients the same way and runs DP-Canzona for the hidden matrices.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
