@@ -148,6 +148,16 @@ def test_field_and_quota_details_and_what_the_sdk_makes_of_them():
     assert (sdk_error.what, sdk_error.limit, sdk_error.used, sdk_error.request_id) == ("workers per job", 4, 6, "q")
 
 
+def test_the_sdk_ignores_reasons_of_another_domain():
+    status = server_errors.status_of(InvalidField("lr", "must be finite"), request_id="r")
+    rich = rpc_status.from_call(_FailedCall(status))
+    rich.details[0].Pack(error_details_pb2.ErrorInfo(reason="INVALID_JOB", domain="example.com"))
+    foreign = _FailedCall(
+        None, code=status.code, details=status.details, trailers=rpc_status.to_status(rich).trailing_metadata
+    )
+    assert type(errors.from_rpc_error(foreign)) is errors.InvalidArgument
+
+
 def test_errors_without_details_map_by_code_and_keep_the_trailer_request_id():
     too_large = _FailedCall(None, code=Code.RESOURCE_EXHAUSTED, details="message larger than max", trailers=())
     sdk_error = errors.from_rpc_error(too_large)
