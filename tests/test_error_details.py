@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from concurrent import futures
 
 import grpc
 import pytest
@@ -22,6 +23,7 @@ from cantata.server.datasource_store import (
     InvalidDataSource,
     SealedSecretsError,
 )
+from cantata.server.errors import ErrorInterceptor
 from cantata.server.jobspec import InvalidField
 from cantata.server.store import Conflict, NotFound, QuotaExceeded, StoreError
 from tests.platform import free_port
@@ -165,6 +167,50 @@ def test_errors_without_details_map_by_code_and_keep_the_trailer_request_id():
     unmapped = _FailedCall(None, code=Code.UNKNOWN, details="boom", trailers=(("cantata-request-id", "u1"),))
     sdk_error = errors.from_rpc_error(unmapped)
     assert type(sdk_error) is errors.CantataError and sdk_error.request_id == "u1"
+
+
+def _fails(request: bytes, context):
+    raise ValueError("a bug")
+
+
+def _fails_mid_stream(request: bytes, context):
+    yield b"first"
+    raise NotFound("job 'x' not found")
+
+
+@pytest.fixture
+def bare_server():
+    """A plaintext in-process server with only the error interceptor, for one unary and one streaming method."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), interceptors=[ErrorInterceptor(lambda: "r-42")])
+    handlers = {
+        "Fail": grpc.unary_unary_rpc_method_handler(_fails),
+        "Stream": grpc.unary_stream_rpc_method_handler(_fails_mid_stream),
+    }
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("test.Errors", handlers)])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        yield channel
+    server.stop(None)
+
+
+def test_an_unmapped_error_stays_unknown_and_is_logged_with_its_traceback(bare_server, caplog):
+    with pytest.raises(grpc.RpcError) as caught:
+        bare_server.unary_unary("/test.Errors/Fail")(b"", timeout=30)
+    assert caught.value.code() == Code.UNKNOWN
+    assert rpc_status.from_call(caught.value) is None
+    (record,) = [r for r in caplog.records if r.name == "cantata.server.errors"]
+    assert "/test.Errors/Fail" in record.getMessage() and "r-42" in record.getMessage()
+    assert record.exc_info and record.exc_info[0] is ValueError
+
+
+def test_a_domain_error_mid_stream_ends_the_stream_with_its_status(bare_server):
+    stream = bare_server.unary_stream("/test.Errors/Stream")(b"", timeout=30)
+    assert next(stream) == b"first"
+    with pytest.raises(grpc.RpcError) as caught:
+        next(stream)
+    assert caught.value.code() == Code.NOT_FOUND
+    assert _rich(caught.value)[error_details_pb2.ErrorInfo].reason == "NOT_FOUND"
 
 
 # ---- against a real server ---------------------------------------------------------------------
