@@ -64,32 +64,32 @@ class DataLoss(ServiceError):
 
 
 @dataclass(frozen=True)
-class Mapping:
+class Mapped:
     code: grpc.StatusCode
     reason: str  # ErrorInfo.reason, UPPER_SNAKE_CASE
 
 
-MAPPING: dict[type[Exception], Mapping] = {
-    NotFound: Mapping(grpc.StatusCode.NOT_FOUND, "NOT_FOUND"),
-    UnknownTenantError: Mapping(grpc.StatusCode.NOT_FOUND, "NOT_FOUND"),
-    DataSourceNotFound: Mapping(grpc.StatusCode.NOT_FOUND, "DATA_SOURCE_NOT_FOUND"),
-    Conflict: Mapping(grpc.StatusCode.FAILED_PRECONDITION, "CONFLICT"),
-    AlreadyExists: Mapping(grpc.StatusCode.ALREADY_EXISTS, "ALREADY_EXISTS"),
-    DataSourceExists: Mapping(grpc.StatusCode.ALREADY_EXISTS, "DATA_SOURCE_EXISTS"),
-    QuotaExceeded: Mapping(grpc.StatusCode.RESOURCE_EXHAUSTED, "QUOTA_EXCEEDED"),
-    InvalidField: Mapping(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_JOB"),
-    InvalidRequest: Mapping(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"),
-    InvalidDataSource: Mapping(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_DATA_SOURCE"),
-    InvalidName: Mapping(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_NAME"),
-    InvalidCSR: Mapping(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_CSR"),
-    InvalidAttackConfig: Mapping(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ATTACK"),
-    Refused: Mapping(grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED"),
-    Unavailable: Mapping(grpc.StatusCode.UNAVAILABLE, "UNAVAILABLE"),
-    DataLoss: Mapping(grpc.StatusCode.DATA_LOSS, "DATA_LOSS"),
+MAPPING: dict[type[Exception], Mapped] = {
+    NotFound: Mapped(grpc.StatusCode.NOT_FOUND, "NOT_FOUND"),
+    UnknownTenantError: Mapped(grpc.StatusCode.NOT_FOUND, "NOT_FOUND"),
+    DataSourceNotFound: Mapped(grpc.StatusCode.NOT_FOUND, "DATA_SOURCE_NOT_FOUND"),
+    Conflict: Mapped(grpc.StatusCode.FAILED_PRECONDITION, "CONFLICT"),
+    AlreadyExists: Mapped(grpc.StatusCode.ALREADY_EXISTS, "ALREADY_EXISTS"),
+    DataSourceExists: Mapped(grpc.StatusCode.ALREADY_EXISTS, "DATA_SOURCE_EXISTS"),
+    QuotaExceeded: Mapped(grpc.StatusCode.RESOURCE_EXHAUSTED, "QUOTA_EXCEEDED"),
+    InvalidField: Mapped(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_JOB"),
+    InvalidRequest: Mapped(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"),
+    InvalidDataSource: Mapped(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_DATA_SOURCE"),
+    InvalidName: Mapped(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_NAME"),
+    InvalidCSR: Mapped(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_CSR"),
+    InvalidAttackConfig: Mapped(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ATTACK"),
+    Refused: Mapped(grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED"),
+    Unavailable: Mapped(grpc.StatusCode.UNAVAILABLE, "UNAVAILABLE"),
+    DataLoss: Mapped(grpc.StatusCode.DATA_LOSS, "DATA_LOSS"),
 }
 
 
-def mapping_of(exc: BaseException) -> Mapping | None:
+def mapping_of(exc: BaseException) -> Mapped | None:
     """The mapping of ``exc``'s class or of its nearest mapped base class."""
     return next((MAPPING[cls] for cls in type(exc).__mro__ if cls in MAPPING), None)
 
