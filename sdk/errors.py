@@ -1,8 +1,20 @@
-"""Typed errors of the Cantata SDK. Every one carries the server's request id."""
+"""Typed errors of the Cantata SDK. Every one carries the server's request id.
+
+The server describes an error with ``google.rpc`` details: an ``ErrorInfo``
+whose reason (``INVALID_JOB``, ``QUOTA_EXCEEDED``, ``NOT_FOUND``, ...) and
+metadata say what happened, a ``BadRequest`` naming an invalid field, a
+``QuotaFailure`` and the call's ``RequestInfo``.
+"""
 
 from __future__ import annotations
 
 import grpc
+from google.protobuf.message import Message
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+DOMAIN = "cantata"  # ErrorInfo.domain of the server's errors
+REQUEST_ID_KEY = "cantata-request-id"  # also in RequestInfo; a reply without details still has this trailer
 
 
 class CantataError(Exception):
@@ -75,20 +87,44 @@ _BY_CODE = {
     grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable,
 }
 
+_DETAILS = (
+    error_details_pb2.ErrorInfo,
+    error_details_pb2.BadRequest,
+    error_details_pb2.RequestInfo,
+)
+
+
+def _details(err: grpc.RpcError) -> dict[type[Message], Message]:
+    """The server's ``google.rpc`` details by type (none when it sent none or the status is malformed)."""
+    try:
+        rich = rpc_status.from_call(err)
+    except ValueError:
+        return {}
+    found: dict[type[Message], Message] = {}
+    for packed in rich.details if rich else ():
+        for kind in _DETAILS:
+            if kind not in found and packed.Is(kind.DESCRIPTOR):
+                found[kind] = kind()
+                packed.Unpack(found[kind])
+    return found
+
 
 def from_rpc_error(err: grpc.RpcError) -> CantataError:
-    """Map a gRPC error to the SDK's error tree."""
+    """Map a gRPC error and its ``google.rpc`` details to the SDK's error tree."""
     code = err.code()
-    trailers = dict(err.trailing_metadata() or ())
-    request_id = trailers.get("cantata-request-id", "")
-    kind = trailers.get("cantata-error", "")
+    details = _details(err)
+    info = details.get(error_details_pb2.ErrorInfo, error_details_pb2.ErrorInfo())
+    reason = info.reason if info.domain == DOMAIN else ""
+    request = details.get(error_details_pb2.RequestInfo)
+    request_id = request.request_id if request else dict(err.trailing_metadata() or ()).get(REQUEST_ID_KEY, "")
     message = err.details() or code.name
     common = {"request_id": request_id, "code": code}
-    if kind.startswith("invalid_job:"):
-        return InvalidJob(message, field=kind.split(":", 1)[1], **common)
-    if kind.startswith("quota_exceeded:"):
-        _, what, limit, used = kind.split(":", 3)
-        return QuotaExceeded(message, what=what, limit=int(limit), used=int(used), **common)
+    if reason == "INVALID_JOB":
+        bad = details.get(error_details_pb2.BadRequest, error_details_pb2.BadRequest())
+        return InvalidJob(message, field=bad.field_violations[0].field if bad.field_violations else "", **common)
+    if reason == "QUOTA_EXCEEDED":
+        what, limit, used = (info.metadata.get(key, "") for key in ("what", "limit", "used"))
+        return QuotaExceeded(message, what=what, limit=int(limit or 0), used=int(used or 0), **common)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return InvalidArgument(f"request too large: {message}", **common)
     return _BY_CODE.get(code, CantataError)(message, **common)

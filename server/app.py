@@ -22,9 +22,10 @@ from cantata.proto.v1 import (
 )
 from cantata.security.audit import Action, AuditLog
 from cantata.security.pki import CertificateAuthority
-from cantata.server.auth import AuthInterceptor, Gatekeeper
+from cantata.server.auth import AuthInterceptor, Gatekeeper, request_id
 from cantata.server.config import DataDir, ServerSettings
 from cantata.server.datasource_store import DataSourceStore
+from cantata.server.errors import ErrorInterceptor
 from cantata.server.jobspec import dataset_source
 from cantata.server.launcher import WorkerLauncher
 from cantata.server.scheduler import Scheduler
@@ -111,7 +112,7 @@ class ControlPlane:
     def _grpc_server(self, gatekeeper: Gatekeeper) -> grpc.Server:
         return grpc.server(
             futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="rpc"),
-            interceptors=[AuthInterceptor(gatekeeper, self.record)],
+            interceptors=[AuthInterceptor(gatekeeper, self.record), ErrorInterceptor(request_id)],
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

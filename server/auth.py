@@ -4,7 +4,8 @@ Identity comes only from the TLS-verified peer certificate. ``RULES`` is the
 one authorization table: every method of every service names the roles that
 may call it; a method without a rule is denied. ``AuthInterceptor`` wraps each
 method's handler (an interceptor cannot abort by itself) so that the check
-runs inside the call, with a request id attached to every reply.
+runs inside the call, with a request id attached to every reply; a refusal
+is a status built by :func:`cantata.server.errors.status`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import grpc
 
 from cantata.security.audit import Action
 from cantata.security.pki import PeerCertificate, Principal, peer_certificate
+from cantata.server.errors import REQUEST_ID_KEY, status
 
 PUBLIC = "public"  # no client certificate required (TLS still authenticates the server)
 ADMIN, TENANT, WORKER = "admin", "tenant", "worker"
@@ -55,23 +57,11 @@ RULES: dict[str, frozenset[str]] = {
     "/grpc.health.v1.Health/List": frozenset({PUBLIC}),
 }
 
-REQUEST_ID_KEY = "cantata-request-id"
-ERROR_KIND_KEY = "cantata-error"
-
 _request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
 
 
 def request_id() -> str:
     return _request_id.get()
-
-
-def abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str, kind: str = "") -> None:
-    """End the call with ``code``, keeping the request id (and an error kind) in the trailers."""
-    trailers = [(REQUEST_ID_KEY, request_id())]
-    if kind:
-        trailers.append((ERROR_KIND_KEY, kind))
-    context.set_trailing_metadata(tuple(trailers))
-    context.abort(code, f"{message} (request {request_id()})")
 
 
 def caller(context: grpc.ServicerContext) -> Principal:
@@ -174,7 +164,9 @@ class AuthInterceptor(grpc.ServerInterceptor):
             details={"reason": decision.reason},
             peer=context.peer(),
         )
-        abort(context, decision.code, decision.reason)
+        context.abort_with_status(
+            status(decision.code, decision.reason, reason=decision.code.name, request_id=request_id())
+        )
 
     def _guard_unary(self, method: str, behaviour):
         def guarded(request, context):

@@ -21,6 +21,7 @@ from cantata.server.datasource_store import (
     InvalidDataSource,
     SealedSecretsError,
 )
+from cantata.server.errors import ErrorInterceptor
 from cantata.server.services.datasources import DataSourcesService
 from cantata.trainer.data import DatasetKey, SourceCredentials
 
@@ -149,7 +150,7 @@ def service(tmp_path):
     server_bundle = ca.issue_bundle(None, dns_names=["localhost"], ips=["127.0.0.1"], lifetime=hour, server=True)
     store = DataSourceStore(tmp_path / "cantata.db", _keyring(tmp_path / "keyring.sealed"))
     audit = []
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), interceptors=[ErrorInterceptor(lambda: "test")])
     datasources_pb2_grpc.add_DataSourcesServicer_to_server(
         DataSourcesService(store, lambda *args, **kwargs: audit.append((args, kwargs))), server
     )

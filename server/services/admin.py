@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 
-import grpc
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from cantata.proto.v1 import admin_pb2, admin_pb2_grpc, common_pb2
@@ -16,12 +15,13 @@ from cantata.security.anomaly.attack_policy import (
     parse_attack_config,
 )
 from cantata.security.audit import Action
-from cantata.security.keys import KeyProvider, UnknownTenantError
+from cantata.security.keys import KeyProvider
 from cantata.security.pki import CertificateAuthority, Principal, load_csr
 from cantata.security.sealed_checkpoint import key_versions_in_use, rewrap_checkpoints
-from cantata.server.auth import abort, caller
+from cantata.server.auth import caller
 from cantata.server.datasource_store import DataSourceStore
-from cantata.server.store import Conflict, NotFound, Store, Tenant
+from cantata.server.errors import InvalidRequest
+from cantata.server.store import Conflict, Store, Tenant
 from cantata.storage import open_store
 
 # Which AttackConfig field SimulateAttackRequest.strength sets, per attack.
@@ -90,7 +90,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         for f in ("max_concurrent_jobs", "max_workers_per_job", "max_total_steps"):
             value = getattr(request.quota, f)
             if value < 0:
-                abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"quota {f} must be >= 0")
+                raise InvalidRequest(f"quota {f} must be >= 0", field=f"quota.{f}")
             if value:
                 setattr(quota, f, value)
         try:
@@ -107,11 +107,9 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                 request.name, request.csr_fingerprint, cert.public_bytes(Encoding.PEM), quota, caller(context).name
             )
             self._store.record_certificate(cert.serial_number, principal.uri, cert.not_valid_after_utc)
-        except NotFound as exc:
-            abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
         except Conflict as exc:
             self._record(context, Action.TENANT_APPROVED, request.name, outcome="refused", reason=str(exc))
-            abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            raise
         version = self._keyring.ensure_tenant(tenant.name)
         self._record(context, Action.TENANT_APPROVED, tenant.name, quota=_quota_dict(quota))
         self._record(context, Action.KEY_CREATED, tenant.name, key_version=version)
@@ -140,19 +138,13 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     def SetQuota(self, request, context):
         for f in ("max_concurrent_jobs", "max_workers_per_job", "max_total_steps"):
             if getattr(request.quota, f) < 0:
-                abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"quota {f} must be >= 0")
-        try:
-            tenant = self._store.set_quota(request.name, request.quota)
-        except NotFound as exc:
-            abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
+                raise InvalidRequest(f"quota {f} must be >= 0", field=f"quota.{f}")
+        tenant = self._store.set_quota(request.name, request.quota)
         self._record(context, Action.QUOTA_CHANGED, tenant.name, quota=_quota_dict(tenant.quota))
         return self._info(tenant)
 
     def RevokeCertificate(self, request, context):
-        try:
-            principal = self._store.revoke_certificate(request.serial)
-        except NotFound as exc:
-            abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
+        principal = self._store.revoke_certificate(request.serial)
         tenant = principal.rsplit("/", 1)[-1] if "/tenant/" in principal else ""
         self._audit(
             caller(context).uri,
@@ -165,11 +157,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         return admin_pb2.RevokeCertificateReply(serial=request.serial.lower(), principal=principal)
 
     def RotateTenantKey(self, request, context):
-        try:
-            self._store.tenant(request.tenant)
-            version = self._keyring.rotate(request.tenant)
-        except (NotFound, UnknownTenantError) as exc:
-            abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
+        self._store.tenant(request.tenant)
+        version = self._keyring.rotate(request.tenant)
         sources_rewrapped = self._data_sources.rewrap(request.tenant)
         rewrapped, in_use = sources_rewrapped, self._data_sources.key_versions_in_use(request.tenant)
         for job in self._store.jobs(tenant=request.tenant):
@@ -191,10 +180,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         return admin_pb2.RotateTenantKeyReply(version=version, objects_rewrapped=rewrapped, retired=retired)
 
     def ListAnomalies(self, request, context):
-        try:
-            self._store.job(request.job_id)
-        except NotFound as exc:
-            abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
+        self._store.job(request.job_id)
         reply = admin_pb2.ListAnomaliesReply()
         for a in self._store.anomalies(request.job_id):
             reply.anomalies.add(
@@ -214,21 +200,14 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         raw: dict = {"kind": request.attack, "workers": list(request.workers)}
         if request.strength:
             raw[ATTACK_STRENGTH.get(request.attack, "scale")] = request.strength
-        try:
-            job = self._store.job(request.job_id)
-            if parse_attack_config(raw, SpecOrigin.ADMIN).kind not in OWN_FRAME_ATTACKS:
-                raise InvalidAttackConfig(
-                    f"{request.attack} needs every honest vector: run it in benchmarks/bench_anomaly.py, not in a job"
-                )
-            if any(w >= job.spec.workers for w in request.workers):
-                raise InvalidAttackConfig(f"the job has {job.spec.workers} workers")
-            self._store.set_attack(job.id, json.dumps(raw))
-        except NotFound as exc:
-            abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
-        except InvalidAttackConfig as exc:
-            abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except Conflict as exc:
-            abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        job = self._store.job(request.job_id)
+        if parse_attack_config(raw, SpecOrigin.ADMIN).kind not in OWN_FRAME_ATTACKS:
+            raise InvalidAttackConfig(
+                f"{request.attack} needs every honest vector: run it in benchmarks/bench_anomaly.py, not in a job"
+            )
+        if any(w >= job.spec.workers for w in request.workers):
+            raise InvalidAttackConfig(f"the job has {job.spec.workers} workers")
+        self._store.set_attack(job.id, json.dumps(raw))
         self._audit(
             caller(context).uri,
             Action.ATTACK_SIMULATION_PLANNED,
@@ -240,12 +219,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         return admin_pb2.SimulateAttackReply(job_id=job.id)
 
     def _change(self, context, request, action: str, change):
-        try:
-            tenant = change()
-        except NotFound as exc:
-            abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
-        except Conflict as exc:
-            abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        tenant = change()
         self._record(context, action, tenant.name, reason=request.reason)
         if tenant.status == "REJECTED":
             return admin_pb2.TenantInfo(name=tenant.name, status="REJECTED", csr_fingerprint=tenant.csr_fingerprint)

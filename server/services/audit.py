@@ -5,20 +5,20 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
-import grpc
-
 from cantata.proto.v1 import audit_pb2, audit_pb2_grpc
 from cantata.security.audit import REPORT_FORMATS, build_report, render_report
-from cantata.server.auth import TENANT, abort, caller
+from cantata.server.auth import TENANT, caller
+from cantata.server.errors import InvalidRequest
+from cantata.server.store import NotFound
 
 
-def _time(context, text: str, field: str) -> datetime | None:
+def _time(text: str, field: str) -> datetime | None:
     if not text:
         return None
     try:
         return datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{field}: not an ISO 8601 time: {text!r}")
+        raise InvalidRequest(f"{field}: not an ISO 8601 time: {text!r}", field=field) from None
 
 
 class AuditService(audit_pb2_grpc.AuditServicer):
@@ -31,12 +31,12 @@ class AuditService(audit_pb2_grpc.AuditServicer):
         tenant = request.tenant or None
         if me.role == TENANT:
             if tenant not in (None, me.name):
-                abort(context, grpc.StatusCode.NOT_FOUND, f"tenant {request.tenant!r} not found")
+                raise NotFound(f"tenant {request.tenant!r} not found")
             tenant = me.name
         fmt = request.format or "text"
         if fmt not in REPORT_FORMATS:
-            abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"format: one of {', '.join(REPORT_FORMATS)}")
-        since, until = _time(context, request.since, "since"), _time(context, request.until, "until")
+            raise InvalidRequest(f"format: one of {', '.join(REPORT_FORMATS)}", field="format")
+        since, until = _time(request.since, "since"), _time(request.until, "until")
         self._flush()
         report = build_report(self._directory, tenant=tenant, since=since, until=until)
         result = report.verification

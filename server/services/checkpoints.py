@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import hashlib
 
-import grpc
-
 from cantata.proto.v1 import checkpoints_pb2, checkpoints_pb2_grpc
 from cantata.security.audit import Action
 from cantata.security.keys import KeyProvider
 from cantata.security.sealed_checkpoint import IntegrityError, list_checkpoints, read_shard
-from cantata.server.auth import abort, caller
+from cantata.server.auth import caller
+from cantata.server.errors import DataLoss, Unavailable
 from cantata.server.store import JobRecord, NotFound, Store
 from cantata.storage import StoreError, open_store
 
@@ -28,12 +27,9 @@ class CheckpointsService(checkpoints_pb2_grpc.CheckpointsServicer):
         self._audit = audit
 
     def _scoped(self, context, job_id: str) -> JobRecord:
-        try:
-            return self._store.job(job_id, tenant=caller(context).name)
-        except NotFound:
-            abort(context, grpc.StatusCode.NOT_FOUND, f"job {job_id!r} not found")
+        return self._store.job(job_id, tenant=caller(context).name)
 
-    def _list(self, context, job: JobRecord):
+    def _list(self, job: JobRecord):
         try:
             return list_checkpoints(
                 open_store(job.spec.checkpoint_store),
@@ -42,22 +38,22 @@ class CheckpointsService(checkpoints_pb2_grpc.CheckpointsServicer):
                 keys=self._keyring.job_keys(job.tenant, job.id),
             )
         except StoreError as exc:
-            abort(context, grpc.StatusCode.UNAVAILABLE, f"checkpoint store unavailable: {exc}")
+            raise Unavailable(f"checkpoint store unavailable: {exc}") from exc
 
     def ListCheckpoints(self, request, context):
         job = self._scoped(context, request.job_id)
         reply = checkpoints_pb2.ListCheckpointsReply()
-        for info in self._list(context, job):
+        for info in self._list(job):
             ckpt = reply.checkpoints.add(job_id=job.id, step=info.step, size_bytes=info.plaintext_size)
             ckpt.created.FromJsonString(info.created_at.replace("+00:00", "Z"))
         return reply
 
     def DownloadCheckpoint(self, request, context):
         job = self._scoped(context, request.job_id)
-        info = next((c for c in self._list(context, job) if c.step == request.step), None)
+        info = next((c for c in self._list(job) if c.step == request.step), None)
         shard = next((s for s in info.shards if s.name == MODEL_SHARD), None) if info else None
         if shard is None:
-            abort(context, grpc.StatusCode.NOT_FOUND, f"checkpoint {request.step} of job {job.id!r} not found")
+            raise NotFound(f"checkpoint {request.step} of job {job.id!r} not found")
         me = caller(context)
         resource = f"{job.id}@{info.step}"
         self._audit(
@@ -91,5 +87,5 @@ class CheckpointsService(checkpoints_pb2_grpc.CheckpointsServicer):
                 outcome="failed",
                 details={"error": type(exc).__name__},
             )
-            abort(context, grpc.StatusCode.DATA_LOSS, f"checkpoint {resource} failed verification: {exc}")
+            raise DataLoss(f"checkpoint {resource} failed verification: {exc}") from exc
         yield checkpoints_pb2.DataChunk(sha256=digest.hexdigest())

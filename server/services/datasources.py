@@ -8,14 +8,10 @@ into a reply, the audit log or a log line.
 
 from __future__ import annotations
 
-import grpc
-
 from cantata.proto.v1 import datasources_pb2, datasources_pb2_grpc
 from cantata.security.audit import Action
-from cantata.server.auth import abort, caller
+from cantata.server.auth import caller
 from cantata.server.datasource_store import (
-    DataSourceExists,
-    DataSourceNotFound,
     DataSourceRecord,
     DataSourceSpec,
     DataSourceStore,
@@ -57,13 +53,7 @@ class DataSourcesService(datasources_pb2_grpc.DataSourcesServicer):
 
     def RegisterDataSource(self, request, context):
         me = caller(context)
-        try:
-            spec = parse_registration(request)
-            record = self._sources.register(me.name, spec, replace=request.replace)
-        except InvalidDataSource as exc:
-            abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except DataSourceExists as exc:
-            abort(context, grpc.StatusCode.ALREADY_EXISTS, str(exc))
+        record = self._sources.register(me.name, parse_registration(request), replace=request.replace)
         self._audit(
             me.uri,
             Action.DATA_SOURCE_REGISTERED,
@@ -81,9 +71,6 @@ class DataSourcesService(datasources_pb2_grpc.DataSourcesServicer):
 
     def DeleteDataSource(self, request, context):
         me = caller(context)
-        try:
-            self._sources.delete(me.name, request.name)
-        except DataSourceNotFound as exc:
-            abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
+        self._sources.delete(me.name, request.name)
         self._audit(me.uri, Action.DATA_SOURCE_DELETED, resource=request.name, tenant=me.name, peer=context.peer())
         return datasources_pb2.DeleteDataSourceReply()

@@ -7,13 +7,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import grpc
-
 from cantata.proto.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
 from cantata.security.audit import Action
-from cantata.server.auth import abort, caller
+from cantata.server.auth import caller
+from cantata.server.datasource_store import DataSourceNotFound
 from cantata.server.jobspec import InvalidField, dataset_source, parse_job_spec, processes
-from cantata.server.store import JobRecord, NotFound, QuotaExceeded, Store
+from cantata.server.store import JobRecord, Store
 
 REQUEST_ID = re.compile(r"^[A-Za-z0-9_.:-]{8,128}$")
 WATCH_POLL = 1.0  # seconds between checks that a watcher is still connected
@@ -55,41 +54,17 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
 
     def _job(self, context, job_id: str) -> JobRecord:
         """The caller's job; anyone else's is indistinguishable from a missing one."""
-        try:
-            return self._store.job(job_id, tenant=caller(context).name)
-        except NotFound:
-            abort(context, grpc.StatusCode.NOT_FOUND, f"job {job_id!r} not found")
+        return self._store.job(job_id, tenant=caller(context).name)
 
     def SubmitJob(self, request, context):
         tenant_name = caller(context).name
         if not REQUEST_ID.match(request.request_id):
-            abort(
-                context,
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "request_id: 8-128 characters [A-Za-z0-9_.:-]",
-                kind="invalid_job:request_id",
-            )
-        try:
-            spec = parse_job_spec(request.spec, **self._spec_defaults)
-        except InvalidField as exc:
-            abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc), kind=f"invalid_job:{exc.field}")
+            raise InvalidField("request_id", "8-128 characters [A-Za-z0-9_.:-]")
+        spec = parse_job_spec(request.spec, **self._spec_defaults)
         source = dataset_source(spec.dataset)
         if source and not self._data_source_exists(tenant_name, source):
-            abort(
-                context,
-                grpc.StatusCode.NOT_FOUND,
-                f"dataset: data source {source!r} not found",
-                kind="data_source_not_found",
-            )
-        try:
-            job, created = self._store.submit_job(self._store.tenant(tenant_name), request.request_id, spec)
-        except QuotaExceeded as exc:
-            abort(
-                context,
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                str(exc),
-                kind=f"quota_exceeded:{exc.what}:{exc.limit}:{exc.used}",
-            )
+            raise DataSourceNotFound(f"dataset: data source {source!r} not found")
+        job, created = self._store.submit_job(self._store.tenant(tenant_name), request.request_id, spec)
         if created:
             self._audit(
                 caller(context).uri,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import time
 
-import grpc
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding
 
@@ -14,14 +13,14 @@ from cantata.security.audit import Action
 from cantata.security.pki import (
     CertificateAuthority,
     InvalidCSR,
-    InvalidName,
     csr_fingerprint,
     load_csr,
     tenancy_status_message,
     validate_name,
     verify_message,
 )
-from cantata.server.auth import abort, caller
+from cantata.server.auth import caller
+from cantata.server.errors import AlreadyExists, InvalidRequest
 from cantata.server.store import Conflict, NotFound, Store
 
 STATUS_CLOCK_SKEW = 300  # seconds a status proof may be old or early
@@ -37,18 +36,15 @@ class TenancyService(tenancy_pb2_grpc.TenancyServicer):
         self._audit = audit
 
     def RequestTenancy(self, request, context):
-        try:
-            name = validate_name(request.name)
-            if len(request.csr_pem) > MAX_CSR_BYTES:
-                raise InvalidCSR("CSR too large")
-            load_csr(request.csr_pem)
-            fingerprint = csr_fingerprint(request.csr_pem)
-        except (InvalidName, InvalidCSR) as exc:
-            abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        name = validate_name(request.name)
+        if len(request.csr_pem) > MAX_CSR_BYTES:
+            raise InvalidCSR("CSR too large")
+        load_csr(request.csr_pem)
+        fingerprint = csr_fingerprint(request.csr_pem)
         try:
             tenant = self._store.add_tenancy_request(name, request.csr_pem, fingerprint)
         except Conflict as exc:
-            abort(context, grpc.StatusCode.ALREADY_EXISTS, str(exc))
+            raise AlreadyExists(str(exc)) from exc
         self._audit(
             "anonymous",
             Action.TENANCY_REQUESTED,
@@ -64,13 +60,13 @@ class TenancyService(tenancy_pb2_grpc.TenancyServicer):
         try:
             tenant = self._store.tenant(request.name)
         except NotFound:
-            abort(context, grpc.StatusCode.NOT_FOUND, not_found)
+            raise NotFound(not_found) from None
         if abs(time.time() - request.unix_time) > STATUS_CLOCK_SKEW:
-            abort(context, grpc.StatusCode.INVALID_ARGUMENT, "status proof is stale; check the clock")
+            raise InvalidRequest("status proof is stale; check the clock", field="unix_time")
         public_key = load_csr(tenant.csr_pem).public_key()
         assert isinstance(public_key, ec.EllipticCurvePublicKey)
         if not verify_message(public_key, request.signature, tenancy_status_message(tenant.name, request.unix_time)):
-            abort(context, grpc.StatusCode.NOT_FOUND, not_found)  # same answer as a missing name
+            raise NotFound(not_found)  # same answer as a missing name
         reply = tenancy_pb2.GetTenancyStatusReply(name=tenant.name, status=tenant.status, ca_pem=self._ca_pem)
         if tenant.cert_pem and tenant.status == "APPROVED":
             reply.certificate_pem = tenant.cert_pem
@@ -79,12 +75,9 @@ class TenancyService(tenancy_pb2_grpc.TenancyServicer):
     def RenewCertificate(self, request, context):
         """A new certificate for a new key, for a tenant in good standing (checked by the gatekeeper)."""
         me = caller(context)
-        try:
-            if len(request.csr_pem) > MAX_CSR_BYTES:
-                raise InvalidCSR("CSR too large")
-            public_key = load_csr(request.csr_pem).public_key()
-        except InvalidCSR as exc:
-            abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if len(request.csr_pem) > MAX_CSR_BYTES:
+            raise InvalidCSR("CSR too large")
+        public_key = load_csr(request.csr_pem).public_key()
         cert = self._ca.sign(public_key, me, lifetime=self._cert_lifetime)
         pem = cert.public_bytes(Encoding.PEM)
         self._store.record_certificate(cert.serial_number, me.uri, cert.not_valid_after_utc)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import grpc
-
 from cantata.proto.v1 import common_pb2, jobs_pb2, worker_pb2, worker_pb2_grpc
 from cantata.security.audit import Action, Outcome
 from cantata.security.pki import Principal
-from cantata.server.auth import abort, caller
+from cantata.server.auth import caller
+from cantata.server.errors import InvalidRequest, Refused
 from cantata.server.store import AnomalyRecord, Store, utcnow
 
 
@@ -28,7 +27,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 details={"reason": "worker reported for another job or index"},
                 peer=context.peer(),
             )
-            abort(context, grpc.StatusCode.PERMISSION_DENIED, "a worker may only report for itself")
+            raise Refused("a worker may only report for itself")
         job = self._store.job(me.name)
         kind = request.WhichOneof("payload")
         event = None
@@ -75,7 +74,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         elif kind == "refused":
             event = self._gossip_refused(me, job, request.refused)
         else:
-            abort(context, grpc.StatusCode.INVALID_ARGUMENT, "empty report")
+            raise InvalidRequest("empty report", field="payload")
         if event is not None:
             event.worker = request.worker
             event.total_steps = job.spec.steps
@@ -85,7 +84,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     def GetPeers(self, request, context):
         me = caller(context)
         if request.job_id != me.name:
-            abort(context, grpc.StatusCode.PERMISSION_DENIED, "a worker may only ask for its own job's peers")
+            raise Refused("a worker may only ask for its own job's peers")
         peers = {w.idx: w.gossip_address for w in self._store.workers(me.name) if w.gossip_address}
         return worker_pb2.GetPeersReply(
             peers=peers, round=self._store.latest_round(me.name), rounds=self._store.rounds(me.name)

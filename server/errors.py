@@ -1,0 +1,206 @@
+"""Domain errors as gRPC statuses with ``google.rpc`` details.
+
+Servicers raise domain errors; they never abort a call themselves.
+``MAPPING`` gives each domain error class its status code and the
+``ErrorInfo`` reason clients read; :class:`ErrorInterceptor` turns a raised
+one into a status whose details carry an ``ErrorInfo`` (domain ``cantata``),
+a ``BadRequest`` naming an invalid field, a ``QuotaFailure`` for a tenant
+limit, and the call's request id as ``RequestInfo``. Anything unmapped is a
+bug: it is logged with its traceback and left to gRPC (``UNKNOWN``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf import any_pb2
+from google.protobuf.message import Message
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from cantata.security.anomaly.attack_policy import InvalidAttackConfig
+from cantata.security.keys import UnknownTenantError
+from cantata.security.pki import InvalidCSR, InvalidName, Principal, peer_certificate
+from cantata.server.datasource_store import DataSourceExists, DataSourceNotFound, InvalidDataSource
+from cantata.server.jobspec import InvalidField
+from cantata.server.store import Conflict, NotFound, QuotaExceeded
+
+DOMAIN = "cantata"
+REQUEST_ID_KEY = "cantata-request-id"  # trailer of every reply; the CLI prints it
+
+log = logging.getLogger(__name__)
+
+
+class ServiceError(Exception):
+    """A refusal a servicer decides itself, where no lower layer has an error for it."""
+
+
+class Refused(ServiceError):
+    """The caller is authenticated but may not do this (``PERMISSION_DENIED``)."""
+
+
+class AlreadyExists(ServiceError):
+    """The object the request would create exists already (``ALREADY_EXISTS``)."""
+
+
+class InvalidRequest(ServiceError):
+    """A malformed request; ``field``, when given, names the offending field."""
+
+    def __init__(self, message: str, *, field: str = ""):
+        super().__init__(message)
+        self.field = field
+
+
+class Unavailable(ServiceError):
+    """A backing service (such as a checkpoint store) cannot be reached now."""
+
+
+class DataLoss(ServiceError):
+    """Stored data failed verification; nothing of it was served."""
+
+
+@dataclass(frozen=True)
+class Mapped:
+    code: grpc.StatusCode
+    reason: str  # ErrorInfo.reason, UPPER_SNAKE_CASE
+
+
+MAPPING: dict[type[Exception], Mapped] = {
+    NotFound: Mapped(grpc.StatusCode.NOT_FOUND, "NOT_FOUND"),
+    UnknownTenantError: Mapped(grpc.StatusCode.NOT_FOUND, "NOT_FOUND"),
+    DataSourceNotFound: Mapped(grpc.StatusCode.NOT_FOUND, "DATA_SOURCE_NOT_FOUND"),
+    Conflict: Mapped(grpc.StatusCode.FAILED_PRECONDITION, "CONFLICT"),
+    AlreadyExists: Mapped(grpc.StatusCode.ALREADY_EXISTS, "ALREADY_EXISTS"),
+    DataSourceExists: Mapped(grpc.StatusCode.ALREADY_EXISTS, "DATA_SOURCE_EXISTS"),
+    QuotaExceeded: Mapped(grpc.StatusCode.RESOURCE_EXHAUSTED, "QUOTA_EXCEEDED"),
+    InvalidField: Mapped(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_JOB"),
+    InvalidRequest: Mapped(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"),
+    InvalidDataSource: Mapped(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_DATA_SOURCE"),
+    InvalidName: Mapped(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_NAME"),
+    InvalidCSR: Mapped(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_CSR"),
+    InvalidAttackConfig: Mapped(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ATTACK"),
+    Refused: Mapped(grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED"),
+    Unavailable: Mapped(grpc.StatusCode.UNAVAILABLE, "UNAVAILABLE"),
+    DataLoss: Mapped(grpc.StatusCode.DATA_LOSS, "DATA_LOSS"),
+}
+
+
+def mapping_of(exc: BaseException) -> Mapped | None:
+    """The mapping of ``exc``'s class or of its nearest mapped base class."""
+    return next((MAPPING[cls] for cls in type(exc).__mro__ if cls in MAPPING), None)
+
+
+@dataclass(frozen=True)
+class _Status(grpc.Status):
+    code: grpc.StatusCode
+    details: str
+    trailing_metadata: tuple[tuple[str, str | bytes], ...]
+
+
+def status(
+    code: grpc.StatusCode,
+    message: str,
+    *,
+    reason: str,
+    request_id: str,
+    metadata: dict[str, str] | None = None,
+    details: Sequence[Message] = (),
+) -> grpc.Status:
+    """A non-OK status: ``ErrorInfo``, then ``details``, then the request id, also kept as a trailer."""
+    packed = []
+    for detail in (
+        error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN, metadata=metadata or {}),
+        *details,
+        error_details_pb2.RequestInfo(request_id=request_id),
+    ):
+        any_detail = any_pb2.Any()
+        any_detail.Pack(detail)
+        packed.append(any_detail)
+    rich = status_pb2.Status(code=code.value[0], message=f"{message} (request {request_id})", details=packed)
+    base = rpc_status.to_status(rich)
+    return _Status(base.code, base.details, (*base.trailing_metadata, (REQUEST_ID_KEY, request_id)))
+
+
+def status_of(exc: Exception, *, request_id: str, principal: Principal | None = None) -> grpc.Status | None:
+    """The status a domain error becomes, or None if it is not one."""
+    mapped = mapping_of(exc)
+    if mapped is None:
+        return None
+    metadata: dict[str, str] = {}
+    details: list[Message] = []
+    field = exc.field if isinstance(exc, InvalidField | InvalidRequest) else ""
+    if field:
+        metadata["field"] = field
+        details.append(
+            error_details_pb2.BadRequest(
+                field_violations=[error_details_pb2.BadRequest.FieldViolation(field=field, description=str(exc))]
+            )
+        )
+    if isinstance(exc, QuotaExceeded):
+        metadata.update(what=exc.what, limit=str(exc.limit), used=str(exc.used))
+        subject = f"tenant:{principal.name}" if principal else ""
+        details.append(
+            error_details_pb2.QuotaFailure(
+                violations=[error_details_pb2.QuotaFailure.Violation(subject=subject, description=str(exc))]
+            )
+        )
+    return status(
+        mapped.code, str(exc), reason=mapped.reason, request_id=request_id, metadata=metadata, details=details
+    )
+
+
+class ErrorInterceptor(grpc.ServerInterceptor):
+    """Ends a call whose handler raised a domain error with that error's status."""
+
+    def __init__(self, request_id: Callable[[], str]):
+        self._request_id = request_id
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None or handler.request_streaming:
+            return handler
+        method = handler_call_details.method
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                self._unary(method, handler.unary_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return grpc.unary_stream_rpc_method_handler(
+            self._stream(method, handler.unary_stream),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    def _unary(self, method: str, behaviour: Callable[[Any, grpc.ServicerContext], Any]):
+        def translated(request: Any, context: grpc.ServicerContext) -> Any:
+            try:
+                return behaviour(request, context)
+            except Exception as exc:
+                self._end(method, context, exc)
+                raise
+
+        return translated
+
+    def _stream(self, method: str, behaviour: Callable[[Any, grpc.ServicerContext], Iterator[Any]]):
+        def translated(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            try:
+                yield from behaviour(request, context)
+            except Exception as exc:
+                self._end(method, context, exc)
+                raise
+
+        return translated
+
+    def _end(self, method: str, context: grpc.ServicerContext, exc: Exception) -> None:
+        """Abort with ``exc``'s status if it is a domain error; otherwise log it and return."""
+        peer = peer_certificate(context.auth_context())
+        mapped = status_of(exc, request_id=self._request_id(), principal=peer.principal if peer else None)
+        if mapped is None:
+            log.error("%s failed with an unmapped error (request %s)", method, self._request_id(), exc_info=exc)
+            return
+        context.abort_with_status(mapped)
