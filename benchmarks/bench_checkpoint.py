@@ -38,7 +38,7 @@ from cantata.security.keys import LocalKeyring, MasterKey  # noqa: E402
 from cantata.security.sealed_checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from cantata.security.stream_aead import StreamContext, StreamEncryptor  # noqa: E402
 from cantata.storage import BlobStore, BlobUpload, open_store  # noqa: E402
-from tests.services import S3_TEST_CREDENTIALS, azurite_connection_string, start_azurite, start_moto, stop_service  # noqa: E402
+from emulators import S3_TEST_CREDENTIALS, azurite_connection_string, start_azurite, start_moto, stop_service  # noqa: E402
 
 RESULTS = REPO_ROOT / "benchmarks" / "results"
 MIB = 1 << 20

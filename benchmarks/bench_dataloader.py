@@ -55,7 +55,7 @@ from cantata.trainer.data.sealing import SEALED_SUFFIX, unseal  # noqa: E402
 from cantata.trainer.data.shards import dtype_for, encode_shard  # noqa: E402
 from cantata.trainer.data.upload import upload_shards  # noqa: E402
 from cantata.trainer.model import build_model  # noqa: E402
-from tests.services import S3_TEST_CREDENTIALS, azurite_connection_string, start_azurite, start_moto, stop_service  # noqa: E402
+from emulators import S3_TEST_CREDENTIALS, azurite_connection_string, start_azurite, start_moto, stop_service  # noqa: E402
 
 RESULTS = REPO_ROOT / "benchmarks" / "results"
 TINY_SHAPE = (16, 64)
