@@ -44,8 +44,15 @@ def header(*names: str) -> list[str]:
     return [row(*names), row(*("---" for _ in names))]
 
 
-def reproduce(command: str, note: str = "") -> str:
+def reproduce(command: str, note: str = "", *, quick: bool = False) -> str:
+    """The command that made a table's JSON (a quick run must be told to write into the results)."""
+    if quick:
+        command += " --quick --out benchmarks/results"
     return f"Reproduce: `{RUN}{command}`{note}."
+
+
+def size(mib: float) -> str:
+    return f"{mib / 1024:g} GiB" if mib >= 1024 else f"{mib:g} MiB"
 
 
 def missed(misses: list[str]) -> str:
@@ -155,7 +162,7 @@ def gasloc(load: Callable[[str], dict]) -> list[str]:
         "",
         *lines,
         "",
-        reproduce("bench_gasloc.py"),
+        reproduce("bench_gasloc.py", quick=result.get("quick", False)),
     ]
 
 
@@ -209,7 +216,9 @@ def gasloc_bandwidth(load: Callable[[str], dict]) -> list[str]:
         "",
         missed(misses),
         reproduce(
-            "bench_gasloc_bandwidth.py --local-steps 20 5 --validate-transport", " (about 12 min; `--quick` for 2)"
+            "bench_gasloc_bandwidth.py --local-steps 20 5 --validate-transport",
+            " (about 12 min; `--quick` for 2)",
+            quick=result.get("quick", False),
         ),
     ]
 
@@ -223,20 +232,20 @@ def gossip_transport(load: Callable[[str], dict]) -> list[str]:
         "parameter set", "mTLS gRPC GB/s", "raw mTLS GB/s", "ratio", "raw TCP GB/s", "extra peak memory / size",
     )  # fmt: skip
     misses = []
-    for size in sizes:
-        grpc, raw = rows["mtls_grpc", size], rows["raw_mtls", size]
+    for size_mib in sizes:
+        grpc, raw = rows["mtls_grpc", size_mib], rows["raw_mtls", size_mib]
         ratio = grpc["ratio_vs_raw_mtls"]
         if ratio < 0.8:
-            misses.append(f"{ratio:.2f}× the raw mTLS socket at {size} MiB (target ≥ 0.8×)")
+            misses.append(f"{ratio:.2f}× the raw mTLS socket at {size(size_mib)} (target ≥ 0.8×)")
         if grpc["extra_peak_over_size"] > 2:
-            misses.append(f"extra peak memory {grpc['extra_peak_over_size']:.2f}× at {size} MiB (target ≤ 2×)")
+            misses.append(f"extra peak memory {grpc['extra_peak_over_size']:.2f}× at {size(size_mib)} (target ≤ 2×)")
         lines.append(
             row(
-                f"{size} MiB",
+                size(size_mib),
                 f"{grpc['gb_per_s']:.2f}",
                 f"{raw['gb_per_s']:.2f}",
                 f"{ratio:.2f}×",
-                f"{rows['raw_tcp', size]['gb_per_s']:.2f}" if ("raw_tcp", size) in rows else "",
+                f"{rows['raw_tcp', size_mib]['gb_per_s']:.2f}" if ("raw_tcp", size_mib) in rows else "",
                 f"{grpc['extra_peak_over_size']:.2f}×",
             )
         )
@@ -247,7 +256,7 @@ def gossip_transport(load: Callable[[str], dict]) -> list[str]:
         *lines,
         "",
         missed(misses),
-        reproduce("bench_gossip_transport.py"),
+        reproduce("bench_gossip_transport.py", quick=result["quick"]),
     ]
 
 
@@ -296,7 +305,7 @@ def anomaly(load: Callable[[str], dict]) -> list[str]:
         "(complete graph, 7 peers per worker).",
         missed(misses),
         reproduce(
-            "bench_anomaly.py --quick --out benchmarks/results", " (about 12 min; without `--quick` the full grid)"
+            "bench_anomaly.py", " (about 12 min; without `--quick` the full grid)", quick=result["mode"] == "quick"
         ),
     ]
 
@@ -332,15 +341,15 @@ def checkpoint(load: Callable[[str], dict]) -> list[str]:
     ]
     stream = result["stream_seal"]
     return [
-        f"A {result['state_size_mib'] / 1024:g} GiB state saved and loaded sealed and plaintext, best of "
+        f"A {size(result['state_size_mib'])} state saved and loaded sealed and plaintext, best of "
         f"{result['repeat']} alternating runs per case:",
         "",
         *lines,
         "",
-        f"Streaming {stream['size_mib'] / 1024:g} GiB through the encryptor into the local store: "
+        f"Streaming {size(stream['size_mib'])} through the encryptor into the local store: "
         f"{stream['mb_s']:.0f} MB/s, peak memory {stream['peak_rss_above_baseline_mib']:.1f} MiB above the baseline.",
         missed(misses),
-        reproduce(f"bench_checkpoint.py --repeat {result['repeat']}"),
+        reproduce(f"bench_checkpoint.py --repeat {result['repeat']}", quick=result["quick"]),
     ]
 
 
@@ -363,14 +372,14 @@ def audit(load: Callable[[str], dict]) -> list[str]:
                 f"{part['audit_over_plain']:.2f}×",
             )
         )
-    size = result["bytes_per_record"]
+    per_record = result["bytes_per_record"]
     return [
         "The audit log next to a plain unsigned JSONL file on the same disk, the two taking turns (median):",
         "",
         *lines,
         "",
-        f"A record takes {size['audit']:.0f} bytes in the log ({size['plain']:.0f} as plain JSONL).",
-        reproduce("bench_audit.py"),
+        f"A record takes {per_record['audit']:.0f} bytes in the log ({per_record['plain']:.0f} as plain JSONL).",
+        reproduce("bench_audit.py", quick=result["quick"]),
     ]
 
 
@@ -432,7 +441,11 @@ def dataloader(load: Callable[[str], dict]) -> list[str]:
         f"{gpu['headroom']:,.0f}× what {gpu['name']} needs; the longest data wait is {100 * worst_wait:.2f}% of "
         "the run.",
         missed(([f"≥ 0.8× the plain read for {', '.join(slow)}"] if slow else []) + misses),
-        reproduce("bench_dataloader.py", " (about 5 min; it starts its own moto server and Azurite)"),
+        reproduce(
+            "bench_dataloader.py",
+            " (about 5 min; it starts its own moto server and Azurite)",
+            quick=result.get("quick", False),
+        ),
     ]
 
 
