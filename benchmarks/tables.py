@@ -77,7 +77,7 @@ def canzona_plan(load: Callable[[str], dict]) -> list[str]:
         *lines,
         "",
         missed(misses),
-        reproduce("bench_canzona.py", " (plan quality is pure computation, seconds)"),
+        reproduce(f"bench_canzona.py --layers {load('canzona')['optimizer_step']['layers']}", " (with the step below)"),
     ]
 
 
@@ -302,7 +302,7 @@ def anomaly(load: Callable[[str], dict]) -> list[str]:
         *lines,
         "",
         f"Screening takes {100 * overhead['fraction']:.1f}% of a round at the full setup's rounds "
-        "(complete graph, 7 peers per worker).",
+        "(complete graph, 7 peers per worker); the `overhead` targets are judged at this run's rounds.",
         missed(misses),
         reproduce(
             "bench_anomaly.py", " (about 12 min; without `--quick` the full grid)", quick=result["mode"] == "quick"
