@@ -19,13 +19,13 @@ rounds of the full setup on the complete graph (7 peers screened per worker).
 
     .venv/bin/python benchmarks/bench_anomaly.py [--quick] [--seeds 3] [--processes 2]
 
-Writes ``benchmarks/results/bench_anomaly.json`` and ``bench_anomaly.png``.
+Writes ``benchmarks/results/bench_anomaly.json`` and ``bench_anomaly.png`` (``--quick``: a temporary
+folder, or ``--out``). The committed results are a ``--quick`` run: the full grid was not run.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import multiprocessing
 import statistics
@@ -39,11 +39,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import harness
 from byzantine_sim import AGGREGATOR_DEFENCES, RunResult, RunSpec, Setup, Simulation
 
 from cantata.security.anomaly import AttackConfig, AttackKind, QuarantinePolicy, ScreeningConfig
 
-RESULTS = Path(__file__).resolve().parent / "results"
 TOPOLOGIES = ("ring", "complete")
 BYZANTINE_SETS = {1: frozenset({0}), 2: frozenset({0, 4})}  # never adjacent on the ring
 ALIE_Z = 1.0  # the paper's z_max for n=8 is 0 (m=1) or 0.32 (m=2), which barely attacks
@@ -65,7 +65,7 @@ def grid(seeds: int) -> list[RunSpec]:
         for topology in TOPOLOGIES:
             for defence in defences(topology):
                 specs.append(RunSpec(topology, defence, None, seed))
-                for count, workers in BYZANTINE_SETS.items():
+                for workers in BYZANTINE_SETS.values():
                     for kind in AttackKind:
                         attack = AttackConfig(kind, workers, alie_z=ALIE_Z)
                         specs.append(RunSpec(topology, defence, attack, seed))
@@ -186,7 +186,7 @@ def plot(rows: list[dict], path: Path) -> None:
     panels = [(t, b) for t in TOPOLOGIES for b in BYZANTINE_SETS]
     attacks = ["clean"] + [k.value for k in AttackKind]
     figure, axes = plt.subplots(len(panels), 1, figsize=(11, 3.2 * len(panels)), sharey=True)
-    for axis, (topology, byzantine) in zip(axes, panels):
+    for axis, (topology, byzantine) in zip(axes, panels, strict=True):
         columns = defences(topology)
         width = 0.8 / len(columns)
         index = {
@@ -231,7 +231,6 @@ def write_report(outcomes, args, setup: Setup, started: float, complete: bool, o
     """Summarize the runs so far (whole seeds first, as the grid is ordered) into the JSON report."""
     summary = summarize(outcomes)
     report = {
-        "benchmark": "bench_anomaly",
         "mode": "quick" if args.quick else "full",
         "complete": complete,
         "setup": asdict(setup),
@@ -243,8 +242,7 @@ def write_report(outcomes, args, setup: Setup, started: float, complete: bool, o
         "full_round_overhead": overhead,
         **summary,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "bench_anomaly.json").write_text(json.dumps(report, indent=2))
+    harness.write_results("anomaly", report, harness.output_dir(args.out, args.quick))
     return summary
 
 
@@ -255,6 +253,7 @@ def main() -> None:
     )
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--processes", type=int, default=2)
+    harness.add_output_argument(parser)
     args = parser.parse_args()
     setup = QUICK if args.quick else FULL
     specs = grid(args.seeds)
@@ -268,7 +267,7 @@ def main() -> None:
             if done % 15 == 0 or done == len(specs):
                 print(f"{done}/{len(specs)} runs, {time.perf_counter() - started:.0f} s", flush=True)
                 summary = write_report(outcomes, args, setup, started, done == len(specs), overhead)
-    plot(summary["rows"], RESULTS / "bench_anomaly.png")
+    plot(summary["rows"], harness.result_file(harness.output_dir(args.out, args.quick), "anomaly", ".png"))
     print(table(summary["rows"]))
     fractions = [r["screening_overhead"] for r in summary["rows"] if r["defence"] == "screened"]
     print(f"\nscreening overhead per round: {min(fractions):.3f}..{max(fractions):.3f} of round time")

@@ -9,7 +9,7 @@ Measures, in one run on the same disk, the two sides taking turns (median of the
     and a plain JSONL writer (json.dumps + write) with the same two policies;
   * verify records/s over the whole audit log (hash chain, canonical form, checkpoint signatures)
     next to reading the plain JSONL back with json.loads (no integrity at all).
-Writes benchmarks/results/bench_audit.json and bench_audit.png.
+Writes benchmarks/results/bench_audit.json and bench_audit.png (``--quick``: a temporary folder, or ``--out``).
 """
 
 from __future__ import annotations
@@ -17,17 +17,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import harness
+
 from cantata.security.audit import Action, AuditLog, Durability, init_audit, verify
 
-RESULTS = Path(__file__).resolve().parent / "results"
 ROUNDS = 4  # buffered appends and verification: 4 turns per side
 SYNCED_ROUNDS = 8  # fsync-per-record appends: short turns, as the disk's fsync latency drifts
 
@@ -90,11 +89,8 @@ def plain_read(path: Path, count: int) -> float:
 
 def alternate(rounds: int, audit: Callable[[int], float], plain: Callable[[int], float]) -> tuple[float, float]:
     """Run the two sides in turns (so disk and CPU noise hits both alike); median records/s of each."""
-    audit_rates, plain_rates = [], []
-    for index in range(rounds):
-        audit_rates.append(audit(index))
-        plain_rates.append(plain(index))
-    return statistics.median(audit_rates), statistics.median(plain_rates)
+    rates = harness.medians(harness.interleave({"audit": audit, "plain": plain}, rounds))
+    return rates["audit"], rates["plain"]
 
 
 def plot(results: dict, path: Path) -> None:
@@ -131,6 +127,7 @@ def plot(results: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="10,000 records instead of 100,000")
+    harness.add_output_argument(parser)
     args = parser.parse_args()
     count = 10_000 if args.quick else 100_000
     batch = count // ROUNDS
@@ -165,10 +162,8 @@ def main() -> None:
         }
 
     results = {
-        "benchmark": "bench_audit",
         "records": count,
         "quick": args.quick,
-        "machine": {"python": platform.python_version(), "cpu_count": os.cpu_count(), "platform": platform.platform()},
         "append": {
             "at_checkpoint": pair(
                 buffered_audit,
@@ -186,10 +181,10 @@ def main() -> None:
         | {"what": "audit: full verify (chain, canonical form, signatures); plain: json.loads per line"},
         "bytes_per_record": {"audit": round(audit_bytes / count, 1), "plain": round(plain_bytes / count, 1)},
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "bench_audit.json").write_text(json.dumps(results, indent=2) + "\n")
-    plot(results, RESULTS / "bench_audit.png")
+    out = harness.output_dir(args.out, args.quick)
     print(json.dumps(results, indent=2))
+    print(f"wrote {harness.write_results('audit', results, out)}")
+    plot(results, harness.result_file(out, "audit", ".png"))
 
 
 if __name__ == "__main__":

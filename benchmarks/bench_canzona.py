@@ -14,6 +14,8 @@ per-rank thread CPU time, so it stays meaningful when processes share cores.
 
     .venv/bin/python benchmarks/bench_canzona.py            # all 36 layers of Qwen3-8B/8
     .venv/bin/python benchmarks/bench_canzona.py --quick    # 4 layers, 1 timed step
+
+Writes ``benchmarks/results/bench_canzona.json`` and ``.png`` (``--quick``: a temporary folder, or ``--out``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import harness
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -44,7 +47,6 @@ from cantata.trainer.optim.profiling import StepStats, ring_bytes
 from cantata.trainer.optim.qwen3 import qwen3_matrix_shapes
 from cantata.trainer.optim.tp import ShardedMatrix, TensorParallelMuon
 
-RESULTS = Path(__file__).parent / "results"
 PLAN_BUCKET = 400_000_000
 SCALE_DOWN = 8
 # Elements scale by SCALE_DOWN**2, so buckets shrink alike to keep the bucket count of the full model.
@@ -97,7 +99,7 @@ def _redundant_ddp(params, momenta, config, world) -> StepStats:
     flat.div_(world)
     stats.wire_bytes += 2 * ring_bytes(-(-flat.numel() // world), world, 4)
     offset = 0
-    for param, momentum in zip(params, momenta):
+    for param, momentum in zip(params, momenta, strict=True):
         grad = flat[offset : offset + param.numel()].view_as(param)
         offset += param.numel()
         with stats.computing():
@@ -116,7 +118,7 @@ def _moonlight(params, momenta, config, world) -> StepStats:
     dist.all_gather_single(padded, shard)
     stats.wire_bytes += 2 * ring_bytes(row, world, 4)
     offset = 0
-    for param, momentum in zip(params, momenta):
+    for param, momentum in zip(params, momenta, strict=True):
         grad = padded[offset : offset + param.numel()].view_as(param)
         offset += param.numel()
         with stats.computing():
@@ -157,11 +159,11 @@ def _step_worker(rank: int, world: int, init_file: str, out_file: str, layers: i
     results = {}
 
     params = _params(shapes)
-    for p, g in zip(params, grads):
+    for p, g in zip(params, grads, strict=True):
         p.grad = g
     momenta = [torch.zeros_like(p) for p in params]
-    results["(i) redundant (DDP)"] = _timed(lambda: _redundant_ddp(params, momenta, config, world), steps)
-    results["(ii) Moonlight"] = _timed(lambda: _moonlight(params, momenta, config, world), steps)
+    results["(i) redundant (DDP)"] = _timed(lambda p=params, m=momenta: _redundant_ddp(p, m, config, world), steps)
+    results["(ii) Moonlight"] = _timed(lambda p=params, m=momenta: _moonlight(p, m, config, world), steps)
     del momenta
 
     numels = [r * c for r, c in shapes]
@@ -176,11 +178,11 @@ def _step_worker(rank: int, world: int, init_file: str, out_file: str, layers: i
     named = [(f"m{i}", p) for i, p in enumerate(params)]
     for label, plan in dp_plans.items():
         engine = DataParallelMuon(named, process_group=dist.group.WORLD, config=config, plan=plan)
-        results[label] = _timed(lambda: engine.step(lr=LR, weight_decay=WEIGHT_DECAY), steps)
+        results[label] = _timed(lambda e=engine: e.step(lr=LR, weight_decay=WEIGHT_DECAY), steps)
         del engine
 
     matrices = []
-    for i, (shape, grad) in enumerate(zip(shapes, grads)):
+    for i, (shape, grad) in enumerate(zip(shapes, grads, strict=True)):
         dim = COLUMN_PARALLEL[i % len(COLUMN_PARALLEL)]
         shard = params[i].chunk(world, dim=dim)[rank].clone()
         shard.grad = grad.chunk(world, dim=dim)[rank].clone()
@@ -252,6 +254,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="4 layers and 1 timed step instead of 36 layers and 2")
     parser.add_argument("--layers", type=int, help="override the number of Qwen3-8B/8 layers")
+    harness.add_output_argument(parser)
     args = parser.parse_args()
     layers = args.layers or (4 if args.quick else 36)
     steps = 1 if args.quick else 2
@@ -271,9 +274,9 @@ def main() -> None:
             "runs": runs,
         },
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "bench_canzona.json").write_text(json.dumps(report, indent=2))
-    plot(plans, runs, layers, RESULTS / "bench_canzona.png")
+    out = harness.output_dir(args.out, args.quick)
+    print(f"wrote {harness.write_results('canzona', report, out)}")
+    plot(plans, runs, layers, harness.result_file(out, "canzona", ".png"))
     for run in runs:
         print(f"D={run['D']}  ideal total/D = {run['ideal_compute_s']:.3f}s")
         for name, v in run["variants"].items():

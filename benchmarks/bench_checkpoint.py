@@ -12,7 +12,7 @@ the local store to show the bounded memory of sealing.
     .venv/bin/python benchmarks/bench_checkpoint.py            # 1 GiB state, 2 GiB stream
     .venv/bin/python benchmarks/bench_checkpoint.py --quick    # 128 MiB state, 256 MiB stream
 
-Writes benchmarks/results/bench_checkpoint.json and bench_checkpoint.png.
+Writes benchmarks/results/bench_checkpoint.json and bench_checkpoint.png (``--quick``: a temporary folder, or ``--out``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import argparse
 import io
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -32,15 +31,15 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+import harness  # noqa: E402
 import torch  # noqa: E402
 
 from cantata.security.keys import LocalKeyring, MasterKey  # noqa: E402
 from cantata.security.sealed_checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from cantata.security.stream_aead import StreamContext, StreamEncryptor  # noqa: E402
 from cantata.storage import BlobStore, BlobUpload, open_store  # noqa: E402
-from tests.services import S3_TEST_CREDENTIALS, azurite_connection_string, start_azurite, start_moto, stop_service  # noqa: E402
+from emulators import S3_TEST_CREDENTIALS, azurite_connection_string, start_azurite, start_moto, stop_service  # noqa: E402
 
-RESULTS = REPO_ROOT / "benchmarks" / "results"
 MIB = 1 << 20
 TENSOR_MIB = 64
 COPY_CHUNK = 4 * MIB
@@ -169,7 +168,7 @@ def plot(results: list[dict], path: Path) -> None:
 
     figure, axes = plt.subplots(1, 2, figsize=(10, 4))
     stores = sorted({r["store"] for r in results}, key=["local", "s3", "azure"].index)
-    for axis, operation in zip(axes, ["save", "load"]):
+    for axis, operation in zip(axes, ["save", "load"], strict=True):
         for offset, mode in enumerate(["plaintext", "sealed"]):
             values = [
                 next(r[f"{operation}_mb_s"] for r in results if r["store"] == s and r["mode"] == mode) for s in stores
@@ -190,6 +189,7 @@ def main() -> None:
     parser.add_argument("--stream-mib", type=int, help="streamed object size (default 2048, or 256 with --quick)")
     parser.add_argument("--repeat", type=int, default=2, help="runs per case, alternating order; best time kept")
     parser.add_argument("--case", help=argparse.SUPPRESS)
+    harness.add_output_argument(parser)
     args = parser.parse_args()
     if args.case:
         case = json.loads(args.case)
@@ -215,10 +215,15 @@ def main() -> None:
             }
             common = {"keyring": str(work / "keyring"), "master_key": (work / "master.key").read_text()}
             for name, store in stores.items():
-                runs: dict[str, list[dict]] = {"plaintext": [], "sealed": []}
-                for repeat in range(args.repeat):
-                    for mode in ("plaintext", "sealed") if repeat % 2 == 0 else ("sealed", "plaintext"):
-                        runs[mode].append(in_subprocess({**common, "store": store, "mode": mode, "size_mib": size_mib}))
+                runs = harness.interleave(
+                    {
+                        mode: lambda _trial, m=mode, st=store: in_subprocess(
+                            {**common, "store": st, "mode": m, "size_mib": size_mib}
+                        )
+                        for mode in ("plaintext", "sealed")
+                    },
+                    args.repeat,
+                )
                 for mode, timings in runs.items():
                     timing = {
                         "save_s": min(t["save_s"] for t in timings),
@@ -255,19 +260,17 @@ def main() -> None:
     stream_row = {"size_mib": stream_mib, **stream, "mb_s": stream_mib * MIB / 1e6 / stream["seconds"]}
     print(f"stream-seal {stream_mib} MiB into the local store: {stream_row['mb_s']:.1f} MB/s, "
           f"peak RSS +{stream['peak_rss_above_baseline_mib']:.1f} MiB")  # fmt: skip
-    RESULTS.mkdir(parents=True, exist_ok=True)
     report = {
-        "benchmark": "bench_checkpoint",
         "quick": args.quick,
-        "machine": {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()},
         "state_size_mib": size_mib,
         "repeat": args.repeat,
         "cases": results,
         "sealed_over_plaintext": ratios,
         "stream_seal": stream_row,
     }
-    (RESULTS / "bench_checkpoint.json").write_text(json.dumps(report, indent=2) + "\n")
-    plot(results, RESULTS / "bench_checkpoint.png")
+    out = harness.output_dir(args.out, args.quick)
+    print(f"wrote {harness.write_results('checkpoint', report, out)}")
+    plot(results, harness.result_file(out, "checkpoint", ".png"))
 
 
 if __name__ == "__main__":

@@ -31,10 +31,7 @@ GPU-sized model needs at a stated step rate.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -45,6 +42,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+import harness  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
@@ -55,9 +53,8 @@ from cantata.trainer.data.sealing import SEALED_SUFFIX, unseal  # noqa: E402
 from cantata.trainer.data.shards import dtype_for, encode_shard  # noqa: E402
 from cantata.trainer.data.upload import upload_shards  # noqa: E402
 from cantata.trainer.model import build_model  # noqa: E402
-from tests.services import S3_TEST_CREDENTIALS, azurite_connection_string, start_azurite, start_moto, stop_service  # noqa: E402
+from emulators import S3_TEST_CREDENTIALS, azurite_connection_string, start_azurite, start_moto, stop_service  # noqa: E402
 
-RESULTS = REPO_ROOT / "benchmarks" / "results"
 TINY_SHAPE = (16, 64)
 GPU_SHAPE = (32, 1024)
 # The stated GPU-sized model: a GPT-2-small-class model (124M parameters) on one
@@ -224,7 +221,7 @@ def measure(workdir: Path, total_mib: int, trials: int, tiny_steps: int) -> dict
                         "bytes": sum(len(store.get_bytes(k)) for k in keys),
                         "windows": windows,
                         "measures": measures,
-                        "seconds": {m: [] for m in measures},
+                        "seconds": {},
                     }
                 )
                 wait_uri = f"{base.rstrip('/')}/wait-{form}"
@@ -233,16 +230,20 @@ def measure(workdir: Path, total_mib: int, trials: int, tiny_steps: int) -> dict
                     wait_uri, allowed_roots=[workdir], dataset_key=key, **options
                 )
 
-        for case in cases:  # warm-up: page cache, servers' first requests, allocator
-            for measure in case["measures"].values():
-                measure()
         trial_loads = []
-        for trial in range(trials):
-            for case in cases:
-                for name, measure in case["measures"].items():
-                    case["seconds"][name].append(measure())
+
+        def trial_done(trial: int) -> None:
             trial_loads.append(load_average())
             print(f"trial {trial + 1}/{trials} done (load average {trial_loads[-1]:.2f})", flush=True)
+
+        # One untimed warm-up round (page cache, servers' first requests, allocator), then the trials.
+        measures = {
+            (index, name): lambda _trial, m=measure: m()
+            for index, case in enumerate(cases)
+            for name, measure in case["measures"].items()
+        }
+        for (index, name), values in harness.interleave(measures, trials, warmup=1, after_trial=trial_done).items():
+            cases[index]["seconds"][name] = values
         loads["throughput_trials"] = trial_loads
 
         waits = {name: tiny_training_wait(dataset, tiny_steps) for name, dataset in wait_datasets.items()}
@@ -273,13 +274,11 @@ def measure(workdir: Path, total_mib: int, trials: int, tiny_steps: int) -> dict
     slowest_tiny = min(r["loader_tokens_per_s_16x64"] for r in rows)
     slowest_gpu = min(r["loader_tokens_per_s_32x1024"] for r in rows)
     return {
-        "benchmark": "dataloader",
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}",
         "load_average_1m": loads,
         "method": {
             "trials": trials,
             "statistic": "median of the trials after one untimed warm-up round, "
-            "all measurements interleaved in each trial",
+            "all measurements interleaved in each trial (order reversed in odd trials)",
             "baseline": "store.get_bytes of every object, one at a time (plain_read_unseal: each then unsealed)",
             "loader": f"DataLoader with {FETCHERS} concurrent fetchers (and 1 at 32x1024), the second "
             "epoch of a continuing run timed; tokens/s counts input tokens delivered",
@@ -311,7 +310,7 @@ def measure(workdir: Path, total_mib: int, trials: int, tiny_steps: int) -> dict
 
 def summarize(case: dict, tokens: int) -> dict:
     """Medians, rates and ratios of one store and form (every trial's seconds kept)."""
-    seconds = {name: statistics.median(values) for name, values in case["seconds"].items()}
+    seconds = harness.medians(case["seconds"])
     row = {
         "store": case["store"],
         "form": case["form"],
@@ -386,11 +385,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="16 MiB of shards and 200-step training runs")
     parser.add_argument("--trials", type=int, default=5, help="interleaved timed trials (median reported)")
+    harness.add_output_argument(parser)
     args = parser.parse_args()
     result = run(total_mib=16 if args.quick else 64, trials=args.trials, tiny_steps=200 if args.quick else 800)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "bench_dataloader.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, RESULTS / "bench_dataloader.png")
+    out = harness.output_dir(args.out, args.quick)
+    print(f"wrote {harness.write_results('dataloader', {'quick': args.quick, **result}, out)}")
+    plot(result, harness.result_file(out, "dataloader", ".png"))
     tiny, gpu = result["gpt_tiny"], result["gpu_model"]
     print(
         f"gpt-tiny: {tiny['steps_per_s']:.1f} steps/s needs {tiny['tokens_per_s_needed']:,.0f} tok/s; slowest loader "

@@ -33,20 +33,19 @@ gossip methods as what the simulator sent (the vector once per peer per round).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
 import time
 from pathlib import Path
 
+import harness
 import torch
 import torch.nn.functional as F
 
 from cantata.trainer.data.corpus import load_builtin_corpus
 from cantata.trainer.gasloc import Simulator, make_topology
 
-RESULTS = Path(__file__).resolve().parent / "results"
 WORKERS, LAYERS, DIM, HEADS, CONTEXT, BATCH = 8, 2, 64, 4, 32, 8
 INNER_LR = 1e-3
 # Outer (eta, gamma) by corpus and H. On pydoc-topics, the reference simulation's. On
@@ -270,7 +269,7 @@ def plot(runs: list[dict], path: Path) -> None:
 
     hs = sorted({r["H"] for r in runs})
     fig, axes = plt.subplots(1, len(hs), figsize=(6 * len(hs), 4), squeeze=False)
-    for ax, h in zip(axes[0], hs):
+    for ax, h in zip(axes[0], hs, strict=True):
         for method in METHODS:
             mine = [r for r in runs if r["H"] == h and r["method"] == method]
             if not mine:
@@ -298,6 +297,7 @@ def main(argv=None) -> None:
         default="iid",
         help="each worker samples all training text, or its own contiguous eighth",
     )
+    harness.add_output_argument(parser)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     steps = args.steps or (200 if args.quick else 400)
@@ -335,23 +335,20 @@ def main(argv=None) -> None:
             f"| {r['H']} | {r['method']} | {r['val_loss_mean']:.3f} ± {r['val_loss_std']:.3f} "
             f"| {r['mb_sent_per_worker']:.1f} |"
         )
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "gasloc.json").write_text(
-        json.dumps(
-            {
-                "steps": steps,
-                "workers": WORKERS,
-                "seeds": args.seeds,
-                "corpus": args.corpus,
-                "shards": args.shards,
-                "rows": rows,
-                "runs": runs,
-            },
-            indent=1,
-        )
-    )
-    plot(runs, RESULTS / "gasloc.png")
-    print(f"wrote {RESULTS / 'gasloc.json'} and {RESULTS / 'gasloc.png'}")
+    out = harness.output_dir(args.out, args.quick)
+    report = {
+        "quick": args.quick,
+        "steps": steps,
+        "workers": WORKERS,
+        "seeds": args.seeds,
+        "corpus": args.corpus,
+        "shards": args.shards,
+        "rows": rows,
+        "runs": runs,
+    }
+    path = harness.write_results("gasloc", report, out)
+    plot(runs, path.with_suffix(".png"))
+    print(f"wrote {path} and {path.with_suffix('.png').name}")
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+import harness
 import torch
 from bandwidth_model import Network, Round, allreduce_transfer, edge, gossip_transfers, schedule
 from bench_gasloc import (
@@ -76,7 +77,6 @@ from bench_gasloc import (
 
 from cantata.trainer.gasloc import Simulator, make_topology
 
-RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("diloco", "gasloc-ring", "gasloc-ring-deadline", "gasloc-one-peer")
 TOPOLOGY = {"diloco": "complete", "gasloc-ring": "ring", "gasloc-ring-deadline": "ring", "gasloc-one-peer": "one-peer"}
 SLOW_EDGE = (0, WORKERS - 1)
@@ -329,7 +329,7 @@ def validate_transport(
         for node in nodes:
             node.stop()
     skipped_ok = n - 1 not in received[0] and 0 not in received[n - 1] and all(len(received[i]) == 2 for i in fast_ends)
-    errors = [abs(m - p) / p for m, p in zip(median, predicted)]
+    errors = [abs(m - p) / p for m, p in zip(median, predicted, strict=True)]
     errors += [abs(measured_ratio - model_ratio) / model_ratio]
     errors += [abs(elapsed[i] - deadline) / deadline for i in slow_ends]
     return {
@@ -361,7 +361,7 @@ def plot(runs: list[dict], rows: list[dict], path: Path) -> None:
 
     hs = sorted({r["H"] for r in runs})
     fig, axes = plt.subplots(len(hs), 2, figsize=(12, 4 * len(hs)), squeeze=False)
-    for (by_time, by_steps), h in zip(axes, hs):
+    for (by_time, by_steps), h in zip(axes, hs, strict=True):
         target = next(r["diloco_final_loss"] for r in rows if r["H"] == h)
         for method in METHODS:
             curve = mean_curve([r for r in runs if r["H"] == h and r["method"] == method])
@@ -402,6 +402,7 @@ def main(argv=None) -> None:
         action="store_true",
         help="also time real mTLS GossipNodes with capped links against the model",
     )
+    harness.add_output_argument(parser)
     args = parser.parse_args(argv)
     if args.seeds < 2:
         parser.error("--seeds must be at least 2 (the table reports a standard deviation)")
@@ -454,27 +455,23 @@ def main(argv=None) -> None:
         )
     if validation:
         print("transport validation:", json.dumps(validation, indent=1))
-    RESULTS.mkdir(exist_ok=True)
     total = time.perf_counter() - wall_started
-    (RESULTS / "gasloc_bandwidth.json").write_text(
-        json.dumps(
-            {
-                "steps": args.steps,
-                "seeds": args.seeds,
-                "corpus": args.corpus,
-                "shards": args.shards,
-                "max_steps_factor": args.max_steps_factor,
-                "assumptions": assumptions,
-                "rows": rows,
-                "transport_validation": validation,
-                "runs": runs,
-                "benchmark_seconds": total,
-            },
-            indent=1,
-        )
-    )
-    plot(runs, rows, RESULTS / "gasloc_bandwidth.png")
-    print(f"wrote {RESULTS / 'gasloc_bandwidth.json'} and {RESULTS / 'gasloc_bandwidth.png'} ({total:.0f} s)")
+    report = {
+        "quick": args.quick,
+        "steps": args.steps,
+        "seeds": args.seeds,
+        "corpus": args.corpus,
+        "shards": args.shards,
+        "max_steps_factor": args.max_steps_factor,
+        "assumptions": assumptions,
+        "rows": rows,
+        "transport_validation": validation,
+        "runs": runs,
+        "benchmark_seconds": total,
+    }
+    path = harness.write_results("gasloc_bandwidth", report, harness.output_dir(args.out, args.quick))
+    plot(runs, rows, path.with_suffix(".png"))
+    print(f"wrote {path} and {path.with_suffix('.png').name} ({total:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ reuses its receive buffers from round to round as well.
 
     .venv/bin/python benchmarks/bench_gossip_transport.py [--quick]
 
-Writes ``results/gossip_transport.json`` and ``results/gossip_transport.png``
+Writes ``results/bench_gossip_transport.json`` and ``.png`` (``--quick``: a temporary folder, or ``--out``)
 (throughput and CPU cost per GB against size, per transport). The full run
 covers 64 MiB, 256 MiB and 1 GiB; ``--quick`` stops at 256 MiB.
 
@@ -36,7 +36,7 @@ on loopback per (source, destination) address pair works inside ``unshare -n``:
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import multiprocessing as mp
 import os
 import socket
@@ -48,8 +48,9 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import harness
+
 MIB = 1 << 20
-RESULTS = Path(__file__).resolve().parent / "results"
 TRANSPORTS = ("mtls_grpc", "plaintext_grpc", "raw_tcp", "raw_mtls")
 JOB = "bench-job"
 
@@ -115,7 +116,7 @@ def _grpc_node(worker, bundle, secure, chunk_bytes, streams):
         def _link(self, peer, address):
             with self._lock:
                 if address not in self._channels:
-                    options = GRPC_OPTIONS + [("grpc.use_local_subchannel_pool", 1)]
+                    options = [*GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
                     self._channels[address] = [
                         grpc.insecure_channel(address, options=options) for _ in range(self.streams)
                     ]
@@ -260,7 +261,7 @@ def measure(transport, size, repeats, chunk_bytes, streams, bundles, workdir):
     reports = [pipes[w][0].recv() for w in range(2)]
     for p in procs:
         p.join(timeout=60)
-    seconds = min(max(a, b) for a, b in zip(reports[0]["times"], reports[1]["times"]))
+    seconds = min(max(a, b) for a, b in zip(reports[0]["times"], reports[1]["times"], strict=False))
     cpu_s = sum(r["cpu_s"] for r in reports) / repeats
     return {
         "transport": transport,
@@ -317,6 +318,7 @@ def main(argv=None):
     parser.add_argument("--chunk-mib", type=int, default=1)
     parser.add_argument("--streams", type=int, default=2, help="gRPC stripes (connections) per link")
     parser.add_argument("--transports", default=",".join(TRANSPORTS))
+    harness.add_output_argument(parser)
     args = parser.parse_args(argv)
 
     from cantata.security.pki import CertificateAuthority, Principal
@@ -333,17 +335,21 @@ def main(argv=None):
     rows = []
     with tempfile.TemporaryDirectory() as workdir:
         for size in sizes:
-            trials: dict[str, list[dict]] = {t: [] for t in args.transports.split(",")}
-            for trial in range(args.trials):  # transports interleaved, so a burst of load hits them all alike
-                for transport, done in trials.items():
-                    row = measure(transport, size, args.repeats, args.chunk_mib * MIB, args.streams, bundles, workdir)
-                    done.append(row)
-                    print(
-                        f"{transport:>15} {row['size_mib']:>5} MiB  trial {trial}  {row['seconds']:.3f} s  "
-                        f"{row['gb_per_s']:.2f} GB/s  {row['cpu_s_per_gb']:.2f} CPU s/GB  "
-                        f"extra peak {row['extra_peak_over_size']:.2f}x",
-                        flush=True,
-                    )
+
+            def measured(transport: str, trial: int, size: int = size) -> dict:
+                row = measure(transport, size, args.repeats, args.chunk_mib * MIB, args.streams, bundles, workdir)
+                print(
+                    f"{transport:>15} {row['size_mib']:>5} MiB  trial {trial}  {row['seconds']:.3f} s  "
+                    f"{row['gb_per_s']:.2f} GB/s  {row['cpu_s_per_gb']:.2f} CPU s/GB  "
+                    f"extra peak {row['extra_peak_over_size']:.2f}x",
+                    flush=True,
+                )
+                return row
+
+            # transports interleaved, so a burst of load hits them all alike
+            trials = harness.interleave(
+                {t: functools.partial(measured, t) for t in args.transports.split(",")}, args.trials
+            )
             rows.extend(best_of(done) for done in trials.values())
     for row in rows:
         limit = next((r for r in rows if r["transport"] == "raw_mtls" and r["size_mib"] == row["size_mib"]), None)
@@ -361,24 +367,21 @@ def main(argv=None):
             f"| {r['transport']} | {r['size_mib']} | {r['seconds']:.3f} | {r['gb_per_s']:.2f} | {ratio} "
             f"| {r['cpu_s_per_gb']:.2f} | {efficiency} | {r['extra_peak_over_size']:.2f} |"
         )
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "gossip_transport.json"
-    out.write_text(
-        json.dumps(
-            {
-                "quick": args.quick,
-                "chunk_mib": args.chunk_mib,
-                "streams": args.streams,
-                "repeats": args.repeats,
-                "trials": args.trials,
-                "cpus": os.cpu_count(),
-                "rows": rows,
-            },
-            indent=2,
-        )
+    out = harness.output_dir(args.out, args.quick)
+    path = harness.write_results(
+        "gossip_transport",
+        {
+            "quick": args.quick,
+            "chunk_mib": args.chunk_mib,
+            "streams": args.streams,
+            "repeats": args.repeats,
+            "trials": args.trials,
+            "rows": rows,
+        },
+        out,
     )
-    plot(rows, out.with_suffix(".png"))
-    print(f"wrote {out} and {out.with_suffix('.png').name}")
+    plot(rows, path.with_suffix(".png"))
+    print(f"wrote {path} and {path.with_suffix('.png').name}")
 
 
 if __name__ == "__main__":

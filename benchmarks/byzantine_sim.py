@@ -81,7 +81,7 @@ class ModelShape:
                 (f"h{k}.out.w", (4 * d, d)),
                 (f"h{k}.out.b", (d,)),
             ]
-        return shapes + [("lnf.w", (d,)), ("lnf.b", (d,)), ("head.w", (d, self.vocab)), ("head.b", (self.vocab,))]
+        return [*shapes, ("lnf.w", (d,)), ("lnf.b", (d,)), ("head.w", (d, self.vocab)), ("head.b", (self.vocab,))]
 
 
 class BatchedGPT:
@@ -95,7 +95,7 @@ class BatchedGPT:
     def init(self, workers: int, generator: torch.Generator) -> torch.Tensor:
         """Every worker starts from the same initialization (as a job does)."""
         flat = torch.zeros(self.layout.size)
-        for name, start, stop in zip(self.layout.names, self.layout.bounds, self.layout.bounds[1:]):
+        for name, start, stop in zip(self.layout.names, self.layout.bounds, self.layout.bounds[1:], strict=False):
             if name.endswith(("ln1.w", "ln2.w", "lnf.w")):
                 flat[start:stop] = 1.0
             elif name.endswith(".w") or name in ("embed", "position"):
@@ -108,7 +108,7 @@ class BatchedGPT:
         n = flat.shape[0]
         return {
             name: flat[:, start:stop].view(n, *self.shapes[name])
-            for name, start, stop in zip(self.layout.names, self.layout.bounds, self.layout.bounds[1:])
+            for name, start, stop in zip(self.layout.names, self.layout.bounds, self.layout.bounds[1:], strict=False)
         }
 
     def loss(self, flat: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

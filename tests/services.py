@@ -1,46 +1,51 @@
-"""Pytest plugin: real S3 (moto server) and Azure Blob (Azurite) services on loopback.
+"""Pytest plugin: fixtures for real S3 (moto server) and Azure Blob (Azurite) services on loopback.
 
 Load with ``pytest_plugins = ["tests.services"]`` (or ``pytest -p tests.services``).
-Each service starts once per session on a free port and is stopped at the end;
-each test gets its own fresh bucket or container. moto accepts any credentials,
-so tests of wrong credentials use ``moto_auth_service``, a second moto server
-that checks them. The ``blob_store`` fixture
-is parametrized over the local directory, S3 and Azure Blob stores.
+The services are started by ``emulators`` (shared with the benchmarks); each
+starts once per session and is stopped at the end, and each test gets its own
+fresh bucket or container. moto accepts any credentials, so tests of wrong
+credentials use ``moto_auth_service``, a second moto server that checks them.
+The ``blob_store`` fixture is parametrized over the local directory, S3 and
+Azure Blob stores.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
-import socket
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.error import URLError
 from urllib.request import Request, urlopen
 
 import boto3
 import pytest
 
 from cantata.storage import BlobStore, open_store
+from emulators import (
+    AZURITE_ACCOUNT,
+    AZURITE_KEY,
+    S3_TEST_CREDENTIALS,
+    RunningService,
+    azurite_connection_string,
+    free_port,
+    start_azurite,
+    start_moto,
+    stop_service,
+)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-STARTUP_TIMEOUT_S = 60.0
-AZURITE_ACCOUNT = "devstoreaccount1"
-AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
-S3_TEST_CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
-
-
-@dataclass(frozen=True)
-class RunningService:
-    """A started service: its endpoint and its process."""
-
-    endpoint: str
-    process: subprocess.Popen
+# Test modules import these names from here; they are defined in ``emulators``.
+__all__ = [
+    "AZURITE_ACCOUNT",
+    "AZURITE_KEY",
+    "S3_TEST_CREDENTIALS",
+    "AuthenticatingS3",
+    "RunningService",
+    "azurite_connection_string",
+    "free_port",
+    "start_moto",
+    "stop_service",
+]
 
 
 @dataclass(frozen=True)
@@ -50,89 +55,6 @@ class AuthenticatingS3:
     endpoint: str
     access_key_id: str
     secret_access_key: str
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _wait_until_ready(process: subprocess.Popen, url: str, name: str) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{name} exited with code {process.returncode} before becoming ready")
-        try:
-            urlopen(url, timeout=1).close()
-            return
-        except URLError as error:
-            if getattr(error, "code", None) is not None:
-                return  # an HTTP error status: the server is up and answering
-        except (ConnectionError, OSError):
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{name} did not answer at {url} within {STARTUP_TIMEOUT_S:.0f} s")
-
-
-def _start(command: list[str], url: str, name: str, cwd: Path) -> RunningService:
-    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _wait_until_ready(process, url, name)
-    except BaseException:
-        _stop(process)
-        raise
-    return RunningService(url.rstrip("/"), process)
-
-
-def stop_service(service: RunningService) -> None:
-    """Stop a service (again is fine)."""
-    _stop(service.process)
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
-def moto_command(port: int) -> list[str]:
-    installed = Path(sys.executable).parent / "moto_server"
-    if installed.exists():
-        return [str(installed), "-H", "127.0.0.1", "-p", str(port)]
-    return [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
-
-
-def azurite_command(port: int) -> list[str]:
-    local = REPO_ROOT / "node_modules" / ".bin" / "azurite-blob"
-    executable = str(local) if local.exists() else shutil.which("azurite-blob")
-    if executable is None:
-        raise RuntimeError("azurite-blob not found: run `make test` (it installs Azurite) or `npm install azurite@3`")
-    return [
-        executable, "--silent", "--inMemoryPersistence", "--blobHost", "127.0.0.1",
-        "--blobPort", str(port), "--skipApiVersionCheck",
-    ]  # fmt: skip
-
-
-def start_moto(workdir: Path) -> RunningService:
-    port = free_port()
-    return _start(moto_command(port), f"http://127.0.0.1:{port}/", "moto_server", workdir)
-
-
-def start_azurite(workdir: Path) -> RunningService:
-    port = free_port()
-    return _start(azurite_command(port), f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}", "azurite-blob", workdir)
-
-
-def azurite_connection_string(endpoint: str) -> str:
-    return (
-        f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};BlobEndpoint={endpoint};"
-    )
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,492 @@
+"""The README's benchmark tables, generated from ``benchmarks/results/bench_*.json``.
+
+README.md marks each table's place with ``<!-- bench:NAME -->`` and
+``<!-- /bench:NAME -->``; this script rewrites what lies between them. Each
+table ends with the command that reproduces it, and says which targets were
+missed. Targets that the JSON does not record are the benchmark issues' own.
+
+    .venv/bin/python benchmarks/tables.py            # rewrite README.md
+    .venv/bin/python benchmarks/tables.py --check    # exit 1 if README.md is stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+README = ROOT / "README.md"
+REGION = re.compile(r"(<!-- bench:(?P<name>[a-z_]+) -->\n)(?P<body>.*?)(<!-- /bench:(?P=name) -->)", re.DOTALL)
+RUN = ".venv/bin/python benchmarks/"
+
+Table = Callable[[Callable[[str], dict]], list[str]]
+TABLES: dict[str, Table] = {}
+
+
+def table(name: str) -> Callable[[Table], Table]:
+    def register(function: Table) -> Table:
+        TABLES[name] = function
+        return function
+
+    return register
+
+
+def row(*cells: object) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def header(*names: str) -> list[str]:
+    return [row(*names), row(*("---" for _ in names))]
+
+
+def reproduce(command: str, note: str = "", *, quick: bool = False) -> str:
+    """The command that made a table's JSON (a quick run must be told to write into the results)."""
+    if quick:
+        command += " --quick --out benchmarks/results"
+    return f"Reproduce: `{RUN}{command}`{note}."
+
+
+def size(mib: float) -> str:
+    return f"{mib / 1024:g} GiB" if mib >= 1024 else f"{mib:g} MiB"
+
+
+def missed(misses: list[str]) -> str:
+    return "Targets missed: " + "; ".join(misses) + "." if misses else "Every target is met."
+
+
+@table("canzona_plan")
+def canzona_plan(load: Callable[[str], dict]) -> list[str]:
+    plans = load("canzona")["plan_quality"]
+    columns = ("start-point", "layer-wise", "alpha=0", "alpha=0.5", "alpha=1", "ideal LPT")
+    lines = header("model", "ranks", *(c.replace("alpha", "α") for c in columns))
+    chosen = [r for r in plans["rows"] if r["model"] in ("8B", "32B")]
+    for r in chosen:
+        lines.append(
+            row(f"Qwen3-{r['model']}", r["D"], *(f"{r['plans'][c]['compute_max_over_mean']:.2f}" for c in columns))
+        )
+    at_8 = {r["model"]: r["plans"]["alpha=1"]["compute_max_over_mean"] for r in chosen if r["D"] == 8}
+    misses = [f"α=1 on Qwen3-{m} at 8 ranks is {v:.2f} (target ≤ 1.05)" for m, v in at_8.items() if v > 1.05]
+    return [
+        f"Newton–Schulz FLOPs max/mean over ranks, {plans['bucket_elements'] / 1e6:.0f}M-element buckets:",
+        "",
+        *lines,
+        "",
+        missed(misses),
+        reproduce(f"bench_canzona.py --layers {load('canzona')['optimizer_step']['layers']}", " (with the step below)"),
+    ]
+
+
+@table("canzona_step")
+def canzona_step(load: Callable[[str], dict]) -> list[str]:
+    step = load("canzona")["optimizer_step"]
+    runs = step["runs"]
+    ranks = [r["D"] for r in runs]
+    lines = header("variant", *(f"{d} ranks: compute s" for d in ranks), *(f"{d} ranks: MiB sent" for d in ranks))
+    for variant in runs[0]["variants"]:
+        cells = [run["variants"][variant] for run in runs]
+        lines.append(
+            row(
+                variant,
+                *(f"{c['compute_max_s']:.2f}" for c in cells),
+                *(f"{c['wire_bytes_max'] / 2**20:.0f}" for c in cells),
+            )
+        )
+    misses = []
+    for run in runs:
+        if run["alpha1_speedup_over_redundant"] < run["target_speedup"]:
+            misses.append(
+                f"α=1 at {run['D']} ranks is {run['alpha1_speedup_over_redundant']:.2f}× redundant DDP "
+                f"(target {run['target_speedup']:.1f}×)"
+            )
+        if run["alpha1_critical_path_over_ideal"] > 1.1:
+            misses.append(
+                f"α=1 critical path at {run['D']} ranks is {run['alpha1_critical_path_over_ideal']:.2f}× "
+                "the ideal total/D (target ≤ 1.1×)"
+            )
+    speedups = ", ".join(f"{r['alpha1_speedup_over_redundant']:.2f}× at {r['D']} ranks" for r in runs)
+    layers = f"{step['layers']} of {step['full_model_layers']} layers"
+    return [
+        f"Optimizer step, {step['model']} ({layers}), {step['backend']}; critical-path compute per step "
+        f"({step['compute_clock']}, the slowest rank, mean of {step['timed_steps']} steps) and bytes sent by the "
+        "busiest rank:",
+        "",
+        *lines,
+        "",
+        f"α=1 Canzona against redundant DDP compute: {speedups}.",
+        missed(misses),
+        reproduce(f"bench_canzona.py --layers {step['layers']}", " (all 36 layers without `--layers`)"),
+    ]
+
+
+GASLOC_METHODS = {
+    "allreduce": "all-reduce",
+    "diloco": "DiLoCo",
+    "gasloc-ring": "GASLoC ring",
+    "gasloc-one-peer": "GASLoC one-peer",
+    "gossip-ring": "plain gossip",
+    "isolated": "isolated",
+}
+
+
+@table("gasloc")
+def gasloc(load: Callable[[str], dict]) -> list[str]:
+    result = load("gasloc")
+    rows = {(r["H"], r["method"]): r for r in result["rows"]}
+    hs = sorted({h for h, _ in rows})
+    lines = header("H", *GASLOC_METHODS.values())
+    for h in hs:
+        lines.append(
+            row(
+                h,
+                *(
+                    f"{rows[h, m]['val_loss_mean']:.3f} ± {rows[h, m]['val_loss_std']:.3f}" if (h, m) in rows else ""
+                    for m in GASLOC_METHODS
+                ),
+            )
+        )
+    for h in hs:
+        lines.append(
+            row(
+                f"MB, H={h}",
+                *(f"{rows[h, m]['mb_sent_per_worker']:.1f}" if (h, m) in rows else "" for m in GASLOC_METHODS),
+            )
+        )
+    return [
+        f"{result['workers']} simulated workers on `builtin:{result['corpus']}`, {result['steps']} inner steps, "
+        f"{result['seeds']} seeds: validation loss (mean ± std), and MB sent per worker:",
+        "",
+        *lines,
+        "",
+        reproduce("bench_gasloc.py", quick=result.get("quick", False)),
+    ]
+
+
+BANDWIDTH_METHODS = {
+    "diloco": "DiLoCo",
+    "gasloc-ring": "GASLoC ring",
+    "gasloc-ring-deadline": "GASLoC ring, round deadline",
+    "gasloc-one-peer": "GASLoC one-peer",
+}
+
+
+@table("gasloc_bandwidth")
+def gasloc_bandwidth(load: Callable[[str], dict]) -> list[str]:
+    result = load("gasloc_bandwidth")
+    setup = result["assumptions"]
+    lines = header(
+        "H", "method", "val loss at equal steps", f"wall-clock for {result['steps']} steps", "to DiLoCo's final loss",
+        "speed-up",
+    )  # fmt: skip
+    misses = []
+    for h in sorted({r["H"] for r in result["rows"]}, reverse=True):
+        for method, label in BANDWIDTH_METHODS.items():
+            r = next(r for r in result["rows"] if r["H"] == h and r["method"] == method)
+            reached, speedup = r["seconds_to_diloco_loss"], r["diloco_over_method"]
+            if method != "diloco" and not (speedup and speedup > 1):
+                misses.append(f"{label} at H={h} does not reach DiLoCo's final loss sooner than DiLoCo")
+            lines.append(
+                row(
+                    h,
+                    label,
+                    f"{r['val_loss_mean']:.3f} ± {r['val_loss_std']:.3f}",
+                    f"{r['seconds_for_steps']:.2f} s",
+                    f"{reached:.2f} s" if reached else "not reached",
+                    f"{speedup:.2f}×" if speedup else "–",
+                )
+            )
+    validation = result.get("transport_validation")
+    checked = (
+        f"; `--validate-transport` checked the time model against real token-bucket-capped gossip links, within "
+        f"{100 * validation['max_relative_error']:.1f}%"
+        if validation
+        else ""
+    )
+    return [
+        f"{setup['workers']} workers on `builtin:{result['corpus']}`, links at {setup['fast_bytes_per_s'] / 1e6:.0f} "
+        f"MB/s and the ring's link {tuple(setup['slow_edge'])} at {setup['slow_bytes_per_s'] / 1e6:.0f} MB/s, "
+        f"{result['steps']} inner steps, {result['seeds']} seeds. Compute is measured, communication modelled"
+        f"{checked}. Wall-clock is modelled seconds:",
+        "",
+        *lines,
+        "",
+        missed(misses),
+        reproduce(
+            "bench_gasloc_bandwidth.py --local-steps 20 5 --validate-transport",
+            " (about 12 min; `--quick` for 2)",
+            quick=result.get("quick", False),
+        ),
+    ]
+
+
+@table("gossip_transport")
+def gossip_transport(load: Callable[[str], dict]) -> list[str]:
+    result = load("gossip_transport")
+    rows = {(r["transport"], r["size_mib"]): r for r in result["rows"]}
+    sizes = sorted({s for _, s in rows})
+    lines = header(
+        "parameter set", "mTLS gRPC GB/s", "raw mTLS GB/s", "ratio", "raw TCP GB/s", "extra peak memory / size",
+    )  # fmt: skip
+    misses = []
+    for size_mib in sizes:
+        grpc, raw = rows["mtls_grpc", size_mib], rows["raw_mtls", size_mib]
+        ratio = grpc["ratio_vs_raw_mtls"]
+        if ratio < 0.8:
+            misses.append(f"{ratio:.2f}× the raw mTLS socket at {size(size_mib)} (target ≥ 0.8×)")
+        if grpc["extra_peak_over_size"] > 2:
+            misses.append(f"extra peak memory {grpc['extra_peak_over_size']:.2f}× at {size(size_mib)} (target ≤ 2×)")
+        lines.append(
+            row(
+                size(size_mib),
+                f"{grpc['gb_per_s']:.2f}",
+                f"{raw['gb_per_s']:.2f}",
+                f"{ratio:.2f}×",
+                f"{rows['raw_tcp', size_mib]['gb_per_s']:.2f}" if ("raw_tcp", size_mib) in rows else "",
+                f"{grpc['extra_peak_over_size']:.2f}×",
+            )
+        )
+    return [
+        "Two processes swap a parameter set on loopback (throughput per direction, best of "
+        f"{result['trials']} interleaved trials of {result['repeats']} exchanges):",
+        "",
+        *lines,
+        "",
+        missed(misses),
+        reproduce("bench_gossip_transport.py", quick=result["quick"]),
+    ]
+
+
+ATTACKS = ("clean", "nan", "sign_flip", "scale", "gaussian", "alie", "ipm", "dissensus")
+
+
+@table("anomaly")
+def anomaly(load: Callable[[str], dict]) -> list[str]:
+    result = load("anomaly")
+    rows = {(r["topology"], r["byzantine"], r["attack"], r["defence"]): r for r in result["rows"]}
+    panels = sorted({(t, b) for t, b, a, _ in rows if a != "clean"}, key=lambda p: (p[0] != "ring", p[1]))
+    lines = header("attack", *(f"{t}, {b} Byzantine" for t, b in panels))
+    for attack in ATTACKS:
+        cells = []
+        for topology, byzantine in panels:
+            r = rows.get((topology, 0 if attack == "clean" else byzantine, attack, "screened"))
+            undefended = rows.get((topology, 0 if attack == "clean" else byzantine, attack, "undefended"))
+            if r is None:
+                cells.append("")
+                continue
+            tpr = "–" if r["tpr"] is None else f"{r['tpr']:.2f}"
+            loss = f"{r['relative_loss']:.3f}" if r["relative_loss"] is not None else "diverged"
+            plain = f"{undefended['relative_loss']:.3f}" if undefended["relative_loss"] is not None else "diverged"
+            cells.append(f"{tpr} / {r['fpr']:.3f} / {loss} ({plain})")
+        lines.append(row(attack.replace("_", " "), *cells))
+    failed: dict[str, list[str]] = {}
+    for cell, checks in result["targets"].items():
+        for check, ok in checks.items():
+            if not ok:
+                failed.setdefault(check, []).append(cell)
+    misses = [f"`{check}` in {', '.join(cells)}" for check, cells in failed.items()]
+    setup = result["setup"]
+    mode = (
+        f"a `--quick` run ({setup['rounds']} rounds of {setup['inner_steps']} inner steps); the full grid was not run"
+        if result["mode"] == "quick"
+        else f"{setup['rounds']} rounds of {setup['inner_steps']} inner steps"
+    )
+    overhead = result["full_round_overhead"]
+    return [
+        f"{setup['workers']} GASLoC workers, {result['seeds']} seeds, {mode}. Each cell: detection TPR / FPR / final "
+        "validation loss relative to the clean run, screened (undefended in brackets):",
+        "",
+        *lines,
+        "",
+        f"Screening takes {100 * overhead['fraction']:.1f}% of a round at the full setup's rounds "
+        "(complete graph, 7 peers per worker); the `overhead` targets are judged at this run's rounds.",
+        missed(misses),
+        reproduce(
+            "bench_anomaly.py", " (about 12 min; without `--quick` the full grid)", quick=result["mode"] == "quick"
+        ),
+    ]
+
+
+CHECKPOINT_STORES = {"local": "local disk", "s3": "S3 (moto)", "azure": "Azure (Azurite)"}
+
+
+@table("checkpoint")
+def checkpoint(load: Callable[[str], dict]) -> list[str]:
+    result = load("checkpoint")
+    cases = {(c["store"], c["mode"]): c for c in result["cases"]}
+    ratios = result["sealed_over_plaintext"]
+    lines = header(
+        "store", "save MB/s plain", "save MB/s sealed", "ratio", "load MB/s plain", "load MB/s sealed", "ratio"
+    )
+    for store, label in CHECKPOINT_STORES.items():
+        plain, sealed = cases[store, "plaintext"], cases[store, "sealed"]
+        lines.append(
+            row(
+                label,
+                f"{plain['save_mb_s']:.0f}",
+                f"{sealed['save_mb_s']:.0f}",
+                f"{ratios[store]['save']:.2f}×",
+                f"{plain['load_mb_s']:.0f}",
+                f"{sealed['load_mb_s']:.0f}",
+                f"{ratios[store]['load']:.2f}×",
+            )
+        )
+    misses = [
+        f"sealed {op} on local disk at {ratios['local'][op]:.2f}× plaintext (target ≥ 0.85×)"
+        for op in ("save", "load")
+        if ratios["local"][op] < 0.85
+    ]
+    stream = result["stream_seal"]
+    return [
+        f"A {size(result['state_size_mib'])} state saved and loaded sealed and plaintext, best of "
+        f"{result['repeat']} alternating runs per case:",
+        "",
+        *lines,
+        "",
+        f"Streaming {size(stream['size_mib'])} through the encryptor into the local store: "
+        f"{stream['mb_s']:.0f} MB/s, peak memory {stream['peak_rss_above_baseline_mib']:.1f} MiB above the baseline.",
+        missed(misses),
+        reproduce(f"bench_checkpoint.py --repeat {result['repeat']}", quick=result["quick"]),
+    ]
+
+
+@table("audit")
+def audit(load: Callable[[str], dict]) -> list[str]:
+    result = load("audit")
+    parts = (
+        ("append, fsync at each checkpoint", result["append"]["at_checkpoint"]),
+        ("append, fsync per record", result["append"]["each_record"]),
+        ("verify (chain, canonical form, signatures)", result["verify"]),
+    )
+    lines = header("operation", "records", "audit log records/s", "plain JSONL records/s", "ratio")
+    for label, part in parts:
+        lines.append(
+            row(
+                label,
+                f"{part['records']:,}",
+                f"{part['audit_records_per_s']:,}",
+                f"{part['plain_records_per_s']:,}",
+                f"{part['audit_over_plain']:.2f}×",
+            )
+        )
+    per_record = result["bytes_per_record"]
+    return [
+        "The audit log next to a plain unsigned JSONL file on the same disk, the two taking turns (median):",
+        "",
+        *lines,
+        "",
+        f"A record takes {per_record['audit']:.0f} bytes in the log ({per_record['plain']:.0f} as plain JSONL).",
+        reproduce("bench_audit.py", quick=result["quick"]),
+    ]
+
+
+LOADER_STORES = {"local": "local", "s3 (moto)": "S3 (moto)", "azure (azurite)": "Azure (Azurite)"}
+
+
+@table("dataloader")
+def dataloader(load: Callable[[str], dict]) -> list[str]:
+    result = load("dataloader")
+    waits = result["gpt_tiny"]["training_runs"]
+    lines = header(
+        "store", "form", "plain read", "loader 32×1024", "ratio", "loader 16×64", "ratio", "gpt-tiny data wait"
+    )
+
+    def both(r: dict, shape: str) -> str:
+        ratio = f"{r[f'ratio_{shape}']:.2f}×"
+        return f"{ratio} / {r[f'ratio_vs_read_unseal_{shape}']:.2f}×" if r["form"] == "encrypted" else ratio
+
+    slow, misses = [], []
+    for r in result["rows"]:
+        plain = f"{r['plain_read_tokens_per_s'] / 1e6:,.0f}"
+        if r["form"] == "encrypted":
+            plain += f" / {r['plain_read_unseal_tokens_per_s'] / 1e6:,.0f}"
+        slow += [
+            f"{LOADER_STORES[r['store']]} {r['form']} at {shape.replace('x', '×')}"
+            for shape in ("32x1024", "16x64")
+            if r[f"ratio_{shape}"] < 0.8
+        ]
+        wait = waits[f"{r['store']} {r['form']}"]["data_wait_fraction"]
+        lines.append(
+            row(
+                LOADER_STORES[r["store"]],
+                r["form"],
+                plain,
+                f"{r['loader_tokens_per_s_32x1024'] / 1e6:,.0f}",
+                both(r, "32x1024"),
+                f"{r['loader_tokens_per_s_16x64'] / 1e6:,.0f}",
+                both(r, "16x64"),
+                f"{100 * wait:.2f}%",
+            )
+        )
+    worst_wait = max(w["data_wait_fraction"] for w in waits.values())
+    if worst_wait >= 0.02:
+        misses.append(f"data wait < 2%: {100 * worst_wait:.2f}%")
+    tiny, gpu = result["gpt_tiny"], result["gpu_model"]
+    loads = result["load_average_1m"]["throughput_trials"]
+    dataset = result["dataset"]
+    return [
+        f"Million tokens/s from {dataset['tokens'] * 2 / 2**20:.0f} MiB of {dataset['dtype']} shards of "
+        f"{dataset['shard_tokens'] * 2 / 2**20:.0f} MiB, median of {result['method']['trials']} interleaved trials "
+        f"after a warm-up (load average {min(loads):.1f}–{max(loads):.1f}). For encrypted shards the baseline is "
+        "the plain read of the ciphertext / that read followed by `unseal`, and the ratio is against each. The "
+        f"data wait is that of gpt-tiny runs of {waits['local raw']['steps']} steps ({tiny['steps_per_s']:.0f} "
+        "steps/s) fed by the loader:",
+        "",
+        *lines,
+        "",
+        f"The slowest loader row gives {tiny['headroom']:,.0f}× the tokens/s gpt-tiny needs and "
+        f"{gpu['headroom']:,.0f}× what {gpu['name']} needs; the longest data wait is {100 * worst_wait:.2f}% of "
+        "the run.",
+        missed(([f"≥ 0.8× the plain read for {', '.join(slow)}"] if slow else []) + misses),
+        reproduce(
+            "bench_dataloader.py",
+            " (about 5 min; it starts its own moto server and Azurite)",
+            quick=result.get("quick", False),
+        ),
+    ]
+
+
+def render(name: str, results: Path = RESULTS) -> str:
+    """The body of one README region, from the results JSON."""
+
+    def load(benchmark: str) -> dict:
+        return json.loads((results / f"bench_{benchmark}.json").read_text())
+
+    return "\n".join(TABLES[name](load)) + "\n"
+
+
+def rewrite(text: str, results: Path = RESULTS) -> str:
+    """``text`` with every marked region regenerated; every table must have exactly one region."""
+    found = [m.group("name") for m in REGION.finditer(text)]
+    unknown = sorted(set(found) - TABLES.keys())
+    absent = sorted(TABLES.keys() - set(found))
+    repeated = sorted({n for n in found if found.count(n) > 1})
+    if unknown or absent or repeated:
+        raise ValueError(f"README regions: unknown {unknown}, missing {absent}, repeated {repeated}")
+    return REGION.sub(lambda m: m.group(1) + render(m.group("name"), results) + m.group(4), text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail if README.md is not what the JSON gives")
+    parser.add_argument("--readme", type=Path, default=README)
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    text = args.readme.read_text()
+    fresh = rewrite(text, args.results)
+    if args.check:
+        if fresh != text:
+            print(f"{args.readme} is stale: run {RUN}tables.py", file=sys.stderr)
+            return 1
+        return 0
+    if fresh != text:
+        args.readme.write_text(fresh)
+        print(f"rewrote {args.readme}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
