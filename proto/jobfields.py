@@ -121,6 +121,12 @@ class JobField:
             return self.server_default.text
         return _text(self.server_default) if self.server_default is not None else _text(self.zero)
 
+    def applies_text(self) -> str:
+        """The algorithms the field applies to, in words."""
+        if self.algorithms == frozenset(Algorithm):
+            return "all"
+        return " and ".join(a for a in Algorithm if a in self.algorithms)
+
     def allowed_text(self) -> str:
         """The values a set field may take, in words."""
         if self.choices is not None:
@@ -445,11 +451,8 @@ def markdown() -> str:
         "|---|---|---|---|---|---|",
     ]
     for f in FIELDS:
-        applies = (
-            "all" if f.algorithms == frozenset(Algorithm) else ", ".join(a for a in Algorithm if a in f.algorithms)
-        )
         kind = f.kind.__name__ + (" *optional*" if f.optional else "")
-        cells = (f"`{f.name}`", kind, f.default_text(), f.allowed_text(), applies, f.help)
+        cells = (f"`{f.name}`", kind, f.default_text(), f.allowed_text(), f.applies_text(), f.help)
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     lines += ["", "`request_id` (SDK and YAML only): " + str(json_schema()["properties"]["request_id"]["description"])]
     return "\n".join(lines) + "\n"
