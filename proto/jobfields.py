@@ -335,8 +335,7 @@ def problem(f: JobField, value: Any, algorithm: str | None, *, unset_ok: bool) -
     if f.choices is not None and value not in set(f.choices):
         return f"unknown {f.name} {value!r} (known: {', '.join(f.choices)})"
     if f.range is not None and value not in f.range:
-        unset = f" (0: {f.default_text()})" if unset_ok and not f.optional else ""
-        return f"must be {f.range.text(f.kind is int)}{unset}"
+        return f"must be {f.range.text(f.kind is int)}"
     if f.prefixes and not value.startswith(f.prefixes):
         return f"unknown scheme in {value!r} (use {', '.join(f.prefixes)})"
     if f.max_length is not None and not (0 < len(value) <= f.max_length and value.isprintable()):
@@ -395,6 +394,16 @@ def _sdk_range(f: JobField) -> Range | None:
     raise ValueError(f"{f.name}: 0 (unset) is not next to its range")
 
 
+def _applicability(algorithms: frozenset[Algorithm]) -> dict[str, Any]:
+    """Fields only for ``algorithms`` stay unset unless the job names one of them (no default algorithm is one)."""
+    only = [f for f in FIELDS if f.algorithms == algorithms]
+    named = {"properties": {"algorithm": {"enum": [a.value for a in Algorithm if a in algorithms]}}}
+    return {
+        "if": {"not": {**named, "required": ["algorithm"]}},
+        "then": {"properties": {f.name: {"const": f.zero} for f in only}},
+    }
+
+
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of a ``job.yaml`` file (what ``Job.from_dict`` accepts)."""
     properties: dict[str, Any] = {}
@@ -432,6 +441,9 @@ def json_schema() -> dict[str, Any]:
         "required": [f.name for f in FIELDS if f.sdk_default is REQUIRED],
         "additionalProperties": False,
         "properties": properties,
+        "allOf": [
+            _applicability(group) for group in {f.algorithms: None for f in FIELDS} if group != frozenset(Algorithm)
+        ],
     }
 
 
