@@ -15,7 +15,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from cantata.proto import jobfields, vocabulary
 from cantata.proto.jobfields import FIELDS, REQUIRED, Rule
 from cantata.proto.v1 import common_pb2
-from cantata.sdk.cli import build_parser
+from cantata.sdk.cli import S3_ENV, build_parser
 from cantata.sdk.errors import InvalidJob
 from cantata.sdk.job import Job
 from cantata.server.jobspec import InvalidField, parse_job_spec
@@ -206,3 +206,7 @@ def test_job_states_and_request_ids_have_one_rule():
     assert vocabulary.valid_request_id("abc:DEF_1.2-3")
     assert not vocabulary.valid_request_id("abcdefgh\n")  # a full match: no trailing newline slips through
     assert not vocabulary.valid_request_id("x" * 129)
+
+
+def test_the_cli_reads_exactly_the_s3_secret_fields_the_server_takes():
+    assert set(S3_ENV) == set(vocabulary.DATA_SOURCE_SECRETS["s3"])

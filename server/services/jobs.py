@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -10,12 +9,12 @@ from pathlib import Path
 import grpc
 
 from cantata.proto.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
+from cantata.proto.vocabulary import REQUEST_ID_RULE, valid_request_id
 from cantata.security.audit import Action
 from cantata.server.auth import abort, caller
 from cantata.server.jobspec import InvalidField, dataset_source, parse_job_spec, processes
 from cantata.server.store import JobRecord, NotFound, QuotaExceeded, Store
 
-REQUEST_ID = re.compile(r"^[A-Za-z0-9_.:-]{8,128}$")
 WATCH_POLL = 1.0  # seconds between checks that a watcher is still connected
 
 
@@ -62,11 +61,11 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
 
     def SubmitJob(self, request, context):
         tenant_name = caller(context).name
-        if not REQUEST_ID.match(request.request_id):
+        if not valid_request_id(request.request_id):
             abort(
                 context,
                 grpc.StatusCode.INVALID_ARGUMENT,
-                "request_id: 8-128 characters [A-Za-z0-9_.:-]",
+                f"request_id: {REQUEST_ID_RULE}",
                 kind="invalid_job:request_id",
             )
         try:
