@@ -172,12 +172,12 @@ def _add_job_flags(parser: argparse.ArgumentParser) -> None:
     """One ``--FIELD`` flag per job field of the table; a flag overrides the file."""
     group = parser.add_argument_group("job fields", "each overrides the file's value; see docs/job-fields.md")
     for f in jobfields.FIELDS:
-        notes = [f.default_text()]
+        notes = [f.default_text() if f.sdk_default is jobfields.REQUIRED else f"default: {f.default_text()}"]
         if f.choices is None and not f.prefixes and f.allowed_text():
             notes.append(f.allowed_text())
         if f.algorithms != frozenset(Algorithm):
             notes.append(f"{f.applies_text()} only")
-        helptext = f"{f.help} (default: {'; '.join(notes)})"
+        helptext = f"{f.help} ({'; '.join(notes)})"
         kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": helptext.replace("%", "%%")}
         if f.kind is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
