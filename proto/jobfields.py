@@ -5,9 +5,9 @@ server's default (a value, or a :class:`Rule` computed from other fields), the
 range or choices of a set value, the algorithms it applies to and its help
 text. A field is *unset* when it holds its type's zero (``""``, ``0``,
 ``False``), or, for proto3 ``optional`` fields, when it is absent (an explicit
-0 is then a value). Cross-field rules (``single`` runs one worker, diloco's
-fixed graph, dataset and store locations) stay explicit code in the SDK and in
-:mod:`cantata.server.jobspec`.
+0 is then a value). Rules that tie fields together (``single`` runs one
+worker, diloco's fixed graph, the process limit) and the checks of dataset and
+store locations stay explicit code in :mod:`cantata.server.jobspec`.
 
     python -m cantata.proto.jobfields --write docs   # regenerate docs/job.schema.json and docs/job-fields.md
     python -m cantata.proto.jobfields --check docs   # exit 1 if they are stale
