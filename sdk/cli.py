@@ -19,9 +19,12 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from cantata.proto import jobfields
+from cantata.proto.vocabulary import Algorithm
 from cantata.sdk import enroll
 from cantata.sdk.client import Client
 from cantata.sdk.errors import CantataError
@@ -165,31 +168,24 @@ def _tenant_action(verb: str):
 
 
 # ---- jobs ---------------------------------------------------------------
-JOB_FLAGS = {  # Job field -> type of its `jobs submit` flag
-    "name": str,
-    "model": str,
-    "dataset": str,
-    "algorithm": str,
-    "workers": int,
-    "optimizer": str,
-    "steps": int,
-    "checkpoint_every": int,
-    "checkpoint_store": str,
-    "eval_every": int,
-    "batch_size": int,
-    "seq_len": int,
-    "lr": float,
-    "seed": int,
-    # gasloc / diloco
-    "topology": str,
-    "local_steps": int,
-    "outer_lr": float,
-    "outer_momentum": float,
-    "gossip_step": float,
-    "compression": str,
-    "ranks_per_worker": int,
-    "min_workers": int,
-}
+def _add_job_flags(parser: argparse.ArgumentParser) -> None:
+    """One ``--FIELD`` flag per job field of the table; a flag overrides the file."""
+    group = parser.add_argument_group("job fields", "each overrides the file's value; see docs/job-fields.md")
+    for f in jobfields.FIELDS:
+        notes = [f.default_text() if f.sdk_default is jobfields.REQUIRED else f"default: {f.default_text()}"]
+        if f.choices is None and not f.prefixes and f.allowed_text():
+            notes.append(f.allowed_text())
+        if f.algorithms != frozenset(Algorithm):
+            notes.append(f"{f.applies_text()} only")
+        helptext = f"{f.help} ({'; '.join(notes)})"
+        kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": helptext.replace("%", "%%")}
+        if f.kind is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = f.kind
+            if f.choices is not None:
+                kwargs["choices"] = [c.value for c in f.choices]
+        group.add_argument("--" + f.name.replace("_", "-"), **kwargs)
 
 
 def _job_from_args(args) -> Job:
@@ -199,7 +195,7 @@ def _job_from_args(args) -> Job:
         if not isinstance(loaded, dict):
             raise CommandError(f"{args.file}: expected a mapping of job fields")
         data.update(loaded)
-    data.update({k: getattr(args, k) for k in JOB_FLAGS if getattr(args, k) is not None})
+    data.update({f.name: getattr(args, f.name) for f in jobfields.FIELDS if getattr(args, f.name) is not None})
     if "name" not in data:
         raise CommandError("a job needs a name (--name or `name:` in the file)")
     return Job.from_dict(data)
@@ -482,8 +478,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     jobs = root.add_parser("jobs", help="training jobs").add_subparsers(dest="sub", required=True)
     p = jobs.add_parser("submit", help="submit a job from a YAML file and/or flags")
     p.add_argument("file", nargs="?", help="YAML file of Job fields")
-    for name, kind in JOB_FLAGS.items():
-        p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind)
+    _add_job_flags(p)
     p.add_argument("--watch", action="store_true", help="follow the job with a progress bar until it ends")
     _client_flags(p, None)
     p.set_defaults(func=cmd_jobs_submit)

@@ -24,6 +24,7 @@ from cantata.proto.v1 import (
     jobs_pb2,
     jobs_pb2_grpc,
 )
+from cantata.proto.vocabulary import DATA_SOURCE_SECRETS, is_terminal
 from cantata.sdk.errors import CantataError, InvalidArgument, InvalidJob, StreamInterrupted, Unavailable, from_rpc_error
 from cantata.sdk.job import Job
 from cantata.sdk.profiles import Profile
@@ -31,13 +32,8 @@ from cantata.sdk.profiles import Profile
 TIMEOUT = 30.0
 STREAM_RETRIES = 5
 MAX_REQUEST_BYTES = 4 << 20
-TERMINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
 DATA_SOURCE_KINDS = {"s3": datasources_pb2.S3, "az": datasources_pb2.AZURE_BLOB}
 DATA_SOURCE_KIND_NAMES = {value: name for name, value in DATA_SOURCE_KINDS.items()}
-DATA_SOURCE_SECRETS = {
-    "s3": ("access_key_id", "secret_access_key", "session_token", "region"),
-    "az": ("connection_string", "account_name", "account_key", "sas_token"),
-}
 DATASET_KEY_SIZE = 32
 
 
@@ -58,7 +54,7 @@ class JobStatus:
 
     @property
     def terminal(self) -> bool:
-        return self.state in TERMINAL_STATES
+        return is_terminal(self.state)
 
     @classmethod
     def from_proto(cls, info: common_pb2.JobInfo) -> JobStatus:

@@ -44,6 +44,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -219,6 +220,13 @@ class JobKeys:
     def from_json(cls, text: str) -> JobKeys:
         try:
             document = json.loads(text)
+        except ValueError as error:
+            raise KeyringError(f"invalid job keys document: {error}") from None
+        return cls.from_dict(document)
+
+    @classmethod
+    def from_dict(cls, document: Any) -> JobKeys:
+        try:
             tenant, job_id = str(document["tenant"]), str(document["job_id"])
             keys = {
                 int(v): JobKey(tenant, job_id, int(v), base64.b64decode(secret, validate=True))

@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from cantata.proto.vocabulary import DATA_SOURCE_SECRETS
 from cantata.security.keys import ENVELOPE_SIZE, KeyProvider, envelope_key_version
 from cantata.security.stream_aead import DATA_KEY_SIZE, IntegrityError
 
@@ -46,12 +47,8 @@ CREATE TABLE IF NOT EXISTS data_sources (
     PRIMARY KEY (tenant, name)
 );
 """
-KINDS = ("s3", "az")
+KINDS = tuple(DATA_SOURCE_SECRETS)
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
-SECRET_FIELDS = {
-    "s3": ("access_key_id", "secret_access_key", "session_token", "region"),
-    "az": ("connection_string", "account_name", "account_key", "sas_token"),
-}
 DATASET_KEY_SIZE = 32
 NONCE_SIZE = 12
 
@@ -91,7 +88,7 @@ class DataSourceSpec:
             raise InvalidDataSource("name: 1-63 of a-z, 0-9, '.', '_', '-', starting with a letter or digit")
         if self.kind not in KINDS:
             raise InvalidDataSource(f"kind: must be one of {', '.join(KINDS)}")
-        unknown = set(self.secrets) - set(SECRET_FIELDS[self.kind])
+        unknown = set(self.secrets) - set(DATA_SOURCE_SECRETS[self.kind])
         if unknown:
             raise InvalidDataSource(f"credentials: unknown fields {sorted(unknown)} for {self.kind}")
         if self.endpoint:

@@ -24,6 +24,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from google.protobuf import json_format
 
@@ -76,6 +77,22 @@ def process_alive(pid: int, job_id: str) -> bool:
 def _group_size(job: JobRecord) -> int:
     """Processes per ``torch.distributed`` group: a decentralized worker group, or the whole job."""
     return job.spec.ranks_per_worker if job.spec.algorithm in DECENTRALIZED else processes(job.spec)
+
+
+def worker_secrets(secrets: dict) -> dict:
+    """The config's secret parts as nested JSON objects, from the JSON documents their providers hand over."""
+
+    def document(text: str | None) -> Any:
+        return json.loads(text) if text else None
+
+    return {
+        "checkpoint_keys": document(secrets["checkpoint_keys"]),
+        "data": {
+            "roots": secrets.get("dataset_roots", []),
+            "credentials": document(secrets.get("dataset_credentials")),
+            "dataset_key": document(secrets.get("dataset_key")),
+        },
+    }
 
 
 def kill_group(pid: int, sig: int) -> None:
@@ -152,14 +169,13 @@ class WorkerLauncher:
         (ws / f"worker-{i}.pem").write_bytes(bundle.cert_pem)
         write_private(ws / f"worker-{i}.key", bundle.key_pem)
         running = self._running[job.id]
-        config = {
+        config = {  # the layout cantata.trainer.config.WorkerConfig.load reads
             "job_id": job.id,
             "tenant": job.tenant,
             "workers": job.spec.workers,
             "attempt": job.attempts,
             "server": self._server_address,
             "ca": str(ws / "ca.pem"),
-            **secrets,
             "threads": max(1, (os.cpu_count() or 1) // processes(job.spec)),
             "attack": running.attack,
             "spec": json_format.MessageToDict(job.spec, preserving_proto_field_name=True),
@@ -167,6 +183,7 @@ class WorkerLauncher:
             "worker": i,
             "cert": str(ws / f"worker-{i}.pem"),
             "key": str(ws / f"worker-{i}.key"),
+            **worker_secrets(secrets),
         }
         config_path = ws / f"worker-{i}.json"
         write_private(config_path, json.dumps(config, indent=2).encode())

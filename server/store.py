@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cantata.proto.v1 import common_pb2, jobs_pb2
+from cantata.proto.vocabulary import TERMINAL_STATES as TERMINAL
 from cantata.server.jobspec import processes
 
 SCHEMA = """
@@ -93,7 +94,6 @@ CREATE TABLE IF NOT EXISTS anomalies (
 );
 """
 
-TERMINAL = frozenset({common_pb2.SUCCEEDED, common_pb2.FAILED, common_pb2.CANCELLED})
 ACTIVE = frozenset({common_pb2.STARTING, common_pb2.RUNNING, common_pb2.CANCELLING})
 
 # Allowed transitions. RUNNING/STARTING -> QUEUED is a requeue after the server

@@ -30,10 +30,10 @@ KEEP_LAST = 3
 
 
 class JobCheckpoints:
-    def __init__(self, store_uri: str, tenant: str, job_id: str, keys_json: str):
+    def __init__(self, store_uri: str, tenant: str, job_id: str, keys: JobKeys):
         self._store = open_store(store_uri)
         self._where = {"tenant": tenant, "job_id": job_id}
-        self._keys = JobKeys.from_json(keys_json)
+        self._keys = keys
 
     def latest_step(self) -> int | None:
         """The newest checkpoint whose manifest verifies, or None."""

@@ -1,14 +1,32 @@
-"""A worker's configuration: the JSON file the launcher writes, parsed once at start."""
+"""A worker's configuration: the JSON file the launcher writes, parsed once at start.
+
+The file (mode 0600, deleted once the job's workers are gone) holds::
+
+    {"job_id": ..., "tenant": ..., "attempt": ..., "worker": ..., "workers": ...,
+     "threads": ..., "rendezvous": ..., "server": ..., "ca": ..., "cert": ..., "key": ...,
+     "spec": {JobSpec as JSON},
+     "attack": {...} | null,
+     "checkpoint_keys": {"tenant": ..., "job_id": ..., "keys": {VERSION: base64}},
+     "data": {"roots": [...],
+              "credentials": {"name": ..., "kind": ..., "endpoint": ..., "secrets": {...}} | null,
+              "dataset_key": {"tenant": ..., "key": base64} | null}}
+
+Each secret is a JSON object of its own, parsed here into its type
+(``JobKeys``, ``SourceCredentials``, ``DatasetKey``), none of which shows its
+secrets in a ``repr``.
+"""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from google.protobuf import json_format
 
 from cantata.proto.v1 import common_pb2
+from cantata.security.keys import JobKeys
 from cantata.trainer.data import DatasetAccess, DatasetKey, SourceCredentials
 
 
@@ -24,13 +42,11 @@ class WorkerConfig:
     cert: Path
     key: Path
     rendezvous: str
-    checkpoint_keys: str  # this job's derived checkpoint keys (JSON), from the server
     threads: int
     spec: common_pb2.JobSpec
+    checkpoint_keys: JobKeys = field(repr=False)  # this job's derived checkpoint keys, from the server
+    dataset_access: DatasetAccess  # where file:// datasets may live; the data source's secrets
     attack: dict | None = None  # evaluation only: set by an admin, never by the tenant
-    dataset_roots: tuple[str, ...] = ()  # where file:// datasets may live
-    dataset_credentials: str | None = field(default=None, repr=False)  # the data source's, for this job only
-    dataset_key: str | None = field(default=None, repr=False)  # the tenant's key for encrypted shards
 
     @property
     def ranks_per_worker(self) -> int:
@@ -51,18 +67,32 @@ class WorkerConfig:
         """The process that gossips for worker group ``group``."""
         return group * self.ranks_per_worker
 
-    def dataset_access(self) -> DatasetAccess:
-        return DatasetAccess(
-            roots=tuple(Path(root) for root in self.dataset_roots),
-            credentials=SourceCredentials.from_json(self.dataset_credentials) if self.dataset_credentials else None,
-            dataset_key=DatasetKey.from_json(self.dataset_key) if self.dataset_key else None,
-        )
-
     @classmethod
     def load(cls, path: Path) -> WorkerConfig:
         raw = json.loads(Path(path).read_text())
-        spec = json_format.ParseDict(raw.pop("spec"), common_pb2.JobSpec())
-        for key in ("ca", "cert", "key"):
-            raw[key] = Path(raw[key])
-        raw["dataset_roots"] = tuple(raw.get("dataset_roots", ()))
-        return cls(spec=spec, **raw)
+        return cls(
+            job_id=raw["job_id"],
+            tenant=raw["tenant"],
+            worker=raw["worker"],
+            workers=raw["workers"],
+            attempt=raw["attempt"],
+            server=raw["server"],
+            ca=Path(raw["ca"]),
+            cert=Path(raw["cert"]),
+            key=Path(raw["key"]),
+            rendezvous=raw["rendezvous"],
+            threads=raw["threads"],
+            spec=json_format.ParseDict(raw["spec"], common_pb2.JobSpec()),
+            checkpoint_keys=JobKeys.from_dict(raw["checkpoint_keys"]),
+            dataset_access=_dataset_access(raw["data"]),
+            attack=raw.get("attack"),
+        )
+
+
+def _dataset_access(data: dict[str, Any]) -> DatasetAccess:
+    credentials, key = data.get("credentials"), data.get("dataset_key")
+    return DatasetAccess(
+        roots=tuple(Path(root) for root in data.get("roots", ())),
+        credentials=SourceCredentials.from_dict(credentials) if credentials else None,
+        dataset_key=DatasetKey.from_dict(key) if key else None,
+    )

@@ -72,7 +72,7 @@ def job_feed(cfg: WorkerConfig, reporter: Reporter, seq_len: int, *, rank: int, 
         seed=spec.seed,
         rank=rank,
         world=world,
-        access=cfg.dataset_access(),
+        access=cfg.dataset_access,
         utf8_policy=Utf8Policy(spec.on_bad_utf8 or "skip"),
         on_event=relay,
     )

@@ -9,6 +9,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from cantata.proto.vocabulary import Model
+
 
 @dataclass(frozen=True)
 class GPTConfig:
@@ -20,8 +22,8 @@ class GPTConfig:
 
 
 MODELS = {
-    "gpt-tiny": GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=256),
-    "gpt-small": GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=512),
+    Model.GPT_TINY: GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=256),
+    Model.GPT_SMALL: GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=512),
 }
 
 

@@ -7,6 +7,7 @@ reported to the server first), 3 the server that started us is gone.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -15,6 +16,7 @@ import time
 import traceback
 from pathlib import Path
 
+from cantata.proto.vocabulary import DECENTRALIZED
 from cantata.trainer.config import WorkerConfig
 from cantata.trainer.decentralized import train_decentralized
 from cantata.trainer.loop import Stopped, train
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     reporter = Reporter(cfg)
     try:
         reporter.started()
-        run = train_decentralized if cfg.spec.algorithm in ("gasloc", "diloco") else train
+        run = train_decentralized if cfg.spec.algorithm in DECENTRALIZED else train
         final_val_loss = run(cfg, reporter, stop)
         reporter.finished(final_val_loss)
         print(f"worker {cfg.worker}: finished, validation loss {final_val_loss:.4f}", flush=True)
@@ -59,10 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except Exception as exc:
         traceback.print_exc()
-        try:
+        with contextlib.suppress(Exception):  # the server may be unreachable; the exit code still tells
             reporter.failed(f"{type(exc).__name__}: {exc}")
-        except Exception:  # the server may be unreachable; the exit code still tells
-            pass
         return 1
     finally:
         reporter.close()

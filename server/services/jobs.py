@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from cantata.proto.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
+from cantata.proto.vocabulary import REQUEST_ID_RULE, valid_request_id
 from cantata.security.audit import Action
 from cantata.server.auth import caller
 from cantata.server.datasource_store import DataSourceNotFound
 from cantata.server.jobspec import InvalidField, dataset_source, parse_job_spec, processes
 from cantata.server.store import JobRecord, Store
 
-REQUEST_ID = re.compile(r"^[A-Za-z0-9_.:-]{8,128}$")
 WATCH_POLL = 1.0  # seconds between checks that a watcher is still connected
 
 
@@ -58,8 +57,8 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
 
     def SubmitJob(self, request, context):
         tenant_name = caller(context).name
-        if not REQUEST_ID.match(request.request_id):
-            raise InvalidField("request_id", "8-128 characters [A-Za-z0-9_.:-]")
+        if not valid_request_id(request.request_id):
+            raise InvalidField("request_id", REQUEST_ID_RULE)
         spec = parse_job_spec(request.spec, **self._spec_defaults)
         source = dataset_source(spec.dataset)
         if source and not self._data_source_exists(tenant_name, source):

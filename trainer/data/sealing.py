@@ -24,6 +24,7 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -74,6 +75,13 @@ class DatasetKey:
     def from_json(cls, text: str) -> DatasetKey:
         try:
             document = json.loads(text)
+        except ValueError as error:
+            raise DataError(f"invalid dataset key document: {error}") from None
+        return cls.from_dict(document)
+
+    @classmethod
+    def from_dict(cls, document: Any) -> DatasetKey:
+        try:
             return cls(str(document["tenant"]), base64.b64decode(document["key"], validate=True))
         except (ValueError, KeyError, TypeError, binascii.Error) as error:
             raise DataError(f"invalid dataset key document: {error}") from None

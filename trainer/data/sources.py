@@ -125,6 +125,13 @@ class SourceCredentials:
     def from_json(cls, text: str) -> SourceCredentials:
         try:
             document = json.loads(text)
+        except ValueError as error:
+            raise DataError(f"invalid data source credentials document: {error}") from None
+        return cls.from_dict(document)
+
+    @classmethod
+    def from_dict(cls, document: Any) -> SourceCredentials:
+        try:
             secrets = {str(k): str(v) for k, v in document["secrets"].items()}
             credentials = cls(str(document["name"]), str(document["kind"]), str(document.get("endpoint", "")), secrets)
         except (ValueError, KeyError, TypeError, AttributeError) as error:

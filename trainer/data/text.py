@@ -10,23 +10,16 @@ drops the object (or the record) and reports a warning naming it.
 
 from __future__ import annotations
 
-import enum
 import json
 from collections.abc import Callable
 
 import numpy as np
 
+from cantata.proto.vocabulary import Utf8Policy
 from cantata.trainer.data.errors import TextEncodingError
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
 VOCAB_SIZE = 256
-
-
-class Utf8Policy(enum.Enum):
-    """What to do with text that is not valid UTF-8."""
-
-    SKIP = "skip"
-    FAIL = "fail"
 
 
 def encode_text(text: str) -> np.ndarray:

@@ -19,6 +19,8 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from cantata.proto import vocabulary
+
 INT8_BLOCK = 1024
 
 
@@ -104,7 +106,7 @@ class Int8Blocks(Codec):
         return (padded.view(blocks, self.block) * scales[:, None]).view(-1)[:numel]
 
 
-COMPRESSIONS = ("none", "bf16", "int8")
+COMPRESSIONS = tuple(name.value for name in vocabulary.Compression)
 
 
 def make_codec(name: str) -> Codec:

@@ -21,6 +21,8 @@ from collections.abc import Collection
 
 import torch
 
+from cantata.proto import vocabulary
+
 Edge = tuple[int, int]
 
 
@@ -154,7 +156,7 @@ class RandomMatchings(Topology):
         return frozenset(edges)
 
 
-TOPOLOGIES = ("ring", "torus", "exponential", "complete", "one-peer", "two-peer")
+TOPOLOGIES = tuple(name.value for name in vocabulary.Topology)
 
 
 def make_topology(name: str, n: int, seed: int = 0) -> Topology:

@@ -13,13 +13,15 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from cantata.proto.vocabulary import Optimizer
+
 from .dp import DataParallelMuon
 from .muon import MuonConfig
 from .profiling import StepStats, ring_bytes
 from .routing import DEFAULT_ADAMW_PATTERNS, ParameterRouting, route_parameters
 
 STATE_FORMAT = "cantata.training-optimizer/1"
-OPTIMIZERS = ("adamw", "muon")
+OPTIMIZERS = tuple(name.value for name in Optimizer)
 
 
 class TrainingOptimizer:

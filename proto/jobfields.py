@@ -1,0 +1,500 @@
+"""The job fields, in one table: it drives the SDK ``Job``, the ``jobs submit`` flags, the server's checks and the docs.
+
+Each ``JobSpec`` field has one row: its Python type, the SDK's default, the
+server's default (a value, or a :class:`Rule` computed from other fields), the
+range or choices of a set value, the algorithms it applies to and its help
+text. A field is *unset* when it holds its type's zero (``""``, ``0``,
+``False``), or, for proto3 ``optional`` fields, when it is absent (an explicit
+0 is then a value). Rules that tie fields together (``single`` runs one
+worker, diloco's fixed graph, the process limit) and the checks of dataset and
+store locations stay explicit code in :mod:`cantata.server.jobspec`.
+
+    python -m cantata.proto.jobfields --write docs   # regenerate docs/job.schema.json and docs/job-fields.md
+    python -m cantata.proto.jobfields --check docs   # exit 1 if they are stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import enum
+import json
+import math
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.message import Message
+
+from cantata.proto.vocabulary import (
+    DECENTRALIZED,
+    REQUEST_ID,
+    Algorithm,
+    Compression,
+    Model,
+    Optimizer,
+    Topology,
+    Utf8Policy,
+)
+
+MAX_STEPS = 10_000_000
+MAX_WORKERS = 256  # worker processes of one job, all groups together
+MAX_RANKS_PER_WORKER = 64
+DECENTRALIZED_DEFAULTS = {  # algorithm -> (local steps H, outer lr eta, outer momentum gamma, topology)
+    Algorithm.DILOCO: (20, 0.7, 0.9, Topology.COMPLETE),
+    Algorithm.GASLOC: (20, 1.0, 0.5, Topology.RING),
+}
+REQUIRED = dataclasses.MISSING  # an SDK default meaning "no default: the caller must give one"
+TYPE_WORDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
+JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A server default computed from the other fields; ``compute`` None: the server fills it from its settings."""
+
+    text: str
+    compute: Callable[[Any], Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The finite numbers from ``low`` to ``high`` (None: unbounded), each end open or closed."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def text(self, integer: bool) -> str:
+        if integer and self.high is not None:
+            return f"{self.low}..{self.high}"
+        if integer:
+            return f">= {self.low}"
+        if self.high is None:
+            return f"a finite number {'>' if self.low_open else '>='} {self.low}"
+        return f"a number in {'(' if self.low_open else '['}{self.low}, {self.high}{')' if self.high_open else ']'}"
+
+
+@dataclasses.dataclass(frozen=True)
+class JobField:
+    """One row of the table (see the module docstring)."""
+
+    name: str
+    kind: type  # the Python type: str, int, float or bool
+    help: str
+    sdk_default: Any
+    server_default: Any = None  # a value, a Rule, or None: an unset value stays unset
+    range: Range | None = None
+    choices: type[enum.StrEnum] | None = None
+    prefixes: tuple[str, ...] = ()  # a set string value starts with one of these
+    max_length: int | None = None  # a set string value is 1..max_length printable characters
+    algorithms: frozenset[Algorithm] = frozenset(Algorithm)
+    optional: bool = False  # proto3 optional: unset is None, and an explicit 0 is a value
+    required: bool = False  # the server refuses it unset
+
+    @property
+    def zero(self) -> Any:
+        """The unset value: None for optional fields, else the type's zero."""
+        return None if self.optional else self.kind()
+
+    @property
+    def sdk_unset_ok(self) -> bool:
+        """Whether the SDK lets this field stay unset (its default is the unset value)."""
+        return self.sdk_default is not REQUIRED and self.sdk_default == self.zero
+
+    def default_text(self) -> str:
+        """What an omitted field becomes, in words."""
+        if self.sdk_default is REQUIRED:
+            return "required"
+        if not self.sdk_unset_ok:
+            return _text(self.sdk_default)
+        if isinstance(self.server_default, Rule):
+            return self.server_default.text
+        return _text(self.server_default) if self.server_default is not None else _text(self.zero)
+
+    def applies_text(self) -> str:
+        """The algorithms the field applies to, in words."""
+        if self.algorithms == frozenset(Algorithm):
+            return "all"
+        return " and ".join(a for a in Algorithm if a in self.algorithms)
+
+    def allowed_text(self) -> str:
+        """The values a set field may take, in words."""
+        if self.choices is not None:
+            return ", ".join(self.choices)
+        if self.range is not None:
+            return self.range.text(self.kind is int)
+        if self.prefixes:
+            return " ".join(f"{p}..." for p in self.prefixes)
+        if self.max_length is not None:
+            return f"1-{self.max_length} printable characters"
+        return ""
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value) if value != "" else '""'
+
+
+def _decentralized(index: int) -> Callable[[Any], Any]:
+    return lambda spec: DECENTRALIZED_DEFAULTS[spec.algorithm][index]
+
+
+FIELDS: tuple[JobField, ...] = (
+    JobField("name", str, "the job's name, shown in listings", REQUIRED, max_length=128, required=True),
+    JobField("model", str, "model configuration", Model.GPT_TINY.value, Model.GPT_TINY.value, choices=Model),
+    JobField(
+        "dataset",
+        str,
+        "builtin:pystdlib, file:///DIR under an allowed root, s3://SOURCE@bucket/prefix or az://SOURCE@container/prefix",
+        "builtin:pystdlib",
+        "builtin:pystdlib",
+        prefixes=("builtin:", "file://", "s3://", "az://"),
+    ),
+    JobField(
+        "algorithm",
+        str,
+        "how the workers train together",
+        "",
+        Rule("allreduce if workers > 1, else single", lambda spec: "allreduce" if spec.workers > 1 else "single"),
+        choices=Algorithm,
+    ),
+    JobField(
+        "workers",
+        int,
+        "worker processes; for gasloc and diloco, worker groups",
+        1,
+        1,
+        range=Range(1, MAX_WORKERS),
+    ),
+    JobField(
+        "topology",
+        str,
+        "the gossip graph (diloco: always complete)",
+        "",
+        Rule("ring (gasloc), complete (diloco)", _decentralized(3)),
+        choices=Topology,
+        algorithms=DECENTRALIZED,
+    ),
+    JobField(
+        "local_steps",
+        int,
+        "inner steps H between gossip rounds",
+        0,
+        20,
+        range=Range(1, 10_000),
+        algorithms=DECENTRALIZED,
+    ),
+    JobField("optimizer", str, "inner optimizer", Optimizer.ADAMW.value, Optimizer.ADAMW.value, choices=Optimizer),
+    JobField("steps", int, "training steps", 300, range=Range(1, MAX_STEPS), required=True),
+    JobField(
+        "checkpoint_every",
+        int,
+        "steps between encrypted checkpoints",
+        0,
+        Rule("min(100, steps)", lambda spec: min(100, spec.steps)),
+        range=Range(1),
+    ),
+    JobField(
+        "checkpoint_store",
+        str,
+        "file:///DIR under an allowed root, s3://bucket/prefix or az://container/prefix",
+        "",
+        Rule("the server's default store"),
+        prefixes=("file://", "s3://", "az://"),
+    ),
+    JobField(
+        "eval_every",
+        int,
+        "steps between validation losses",
+        0,
+        Rule("min(100, steps)", lambda spec: min(100, spec.steps)),
+        range=Range(1),
+    ),
+    JobField("batch_size", int, "sequences per step and worker", 0, 16, range=Range(1, 4096)),
+    JobField("seq_len", int, "tokens per sequence", 0, 64, range=Range(1, 1024)),
+    JobField(
+        "lr",
+        float,
+        "inner learning rate",
+        0.0,
+        Rule("0.02 with muon, else 0.003", lambda spec: 0.02 if spec.optimizer == Optimizer.MUON else 3e-3),
+        range=Range(0, low_open=True),
+    ),
+    JobField("seed", int, "random seed of initialization and data order", 0, 1337, range=Range(1)),
+    JobField(
+        "outer_lr",
+        float,
+        "outer step eta",
+        None,
+        Rule("1.0 (gasloc), 0.7 (diloco)", _decentralized(1)),
+        range=Range(0, 10, low_open=True),
+        algorithms=DECENTRALIZED,
+        optional=True,
+    ),
+    JobField(
+        "outer_momentum",
+        float,
+        "outer momentum gamma; 0 is plain gossip",
+        None,
+        Rule("0.5 (gasloc), 0.9 (diloco)", _decentralized(2)),
+        range=Range(0, 1, high_open=True),
+        algorithms=DECENTRALIZED,
+        optional=True,
+    ),
+    JobField(
+        "gossip_step",
+        float,
+        "gasloc mixing step alpha (diloco mixes with 1/workers)",
+        None,
+        Rule("Metropolis weights 1/(d_max+1), per round"),
+        range=Range(0, 1, low_open=True),
+        algorithms=DECENTRALIZED,
+        optional=True,
+    ),
+    JobField(
+        "compression",
+        str,
+        "encoding of gossiped updates",
+        "",
+        Compression.NONE.value,
+        choices=Compression,
+        algorithms=DECENTRALIZED,
+    ),
+    JobField("trace_samples", bool, "log every step's sample ids (data lineage; makes the logs large)", False),
+    JobField(
+        "on_bad_utf8",
+        str,
+        "dataset text that is not UTF-8: skip it with a warning event, or fail the job",
+        "",
+        Utf8Policy.SKIP.value,
+        choices=Utf8Policy,
+    ),
+    JobField(
+        "ranks_per_worker",
+        int,
+        "gasloc/diloco: processes per worker group, data parallel inside",
+        0,
+        1,
+        range=Range(1, MAX_RANKS_PER_WORKER),
+    ),
+    JobField(
+        "min_workers",
+        int,
+        "quorum: the job fails when fewer worker groups are alive",
+        0,
+        Rule("a majority, workers // 2 + 1", lambda spec: spec.workers // 2 + 1),
+        range=Range(1, MAX_WORKERS),
+        algorithms=DECENTRALIZED,
+    ),
+)
+FIELD = {f.name: f for f in FIELDS}
+
+
+def value_of(job: Any, f: JobField) -> Any:
+    """``f``'s value in a ``Job`` or a ``JobSpec``; None for an absent optional proto field."""
+    if f.optional and isinstance(job, Message) and not job.HasField(f.name):
+        return None
+    return getattr(job, f.name)
+
+
+def is_set(f: JobField, value: Any) -> bool:
+    return value is not None if f.optional else bool(value)
+
+
+def _has_type(f: JobField, value: Any) -> bool:
+    if f.kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if f.kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, f.kind)
+
+
+def problem(f: JobField, value: Any, algorithm: str | None, *, unset_ok: bool) -> str | None:
+    """Why ``value`` does not fit ``f`` in a job of ``algorithm`` (None: not yet known), or None if it does."""
+    if f.optional and value is None and unset_ok:
+        return None
+    if not _has_type(f, value):
+        return f"must be {TYPE_WORDS[f.kind]}"
+    if not is_set(f, value) and unset_ok:
+        return None
+    if algorithm is not None and algorithm not in f.algorithms:
+        return "only for " + " or ".join(a for a in Algorithm if a in f.algorithms)
+    if f.choices is not None and value not in set(f.choices):
+        return f"unknown {f.name} {value!r} (known: {', '.join(f.choices)})"
+    if f.range is not None and value not in f.range:
+        return f"must be {f.range.text(f.kind is int)}"
+    if f.prefixes and not value.startswith(f.prefixes):
+        return f"unknown scheme in {value!r} (use {', '.join(f.prefixes)})"
+    if f.max_length is not None and not (0 < len(value) <= f.max_length and value.isprintable()):
+        return f"1-{f.max_length} printable characters required"
+    return None
+
+
+def problems(job: Any, unset_ok: Callable[[JobField], bool]) -> Iterator[tuple[str, str]]:
+    """Each field of ``job`` (a ``Job`` or a ``JobSpec``) that the table refuses, as ``(field, why)``.
+
+    ``algorithm`` and ``workers`` are checked first: which fields apply depends on them.
+    """
+    first = (FIELD["algorithm"], FIELD["workers"])
+    for f in first:
+        why = problem(f, value_of(job, f), None, unset_ok=unset_ok(f))
+        if why:
+            yield f.name, why
+            return
+    algorithm = job.algorithm or FIELD["algorithm"].server_default.compute(job)
+    for f in FIELDS:
+        why = problem(f, value_of(job, f), algorithm, unset_ok=unset_ok(f))
+        if why and f not in first:
+            yield f.name, why
+
+
+def fill_defaults(spec: Any) -> None:
+    """Set every unset field of ``spec`` (a ``JobSpec``) that applies to its algorithm to the server's default.
+
+    ``algorithm`` comes first (which fields apply depends on it), then the rest in table order, so that a
+    rule sees the fields above it filled in.
+    """
+    _fill(spec, FIELD["algorithm"])
+    for f in FIELDS:
+        if spec.algorithm in f.algorithms:
+            _fill(spec, f)
+
+
+def _fill(spec: Any, f: JobField) -> None:
+    if is_set(f, value_of(spec, f)):
+        return
+    default = f.server_default
+    if isinstance(default, Rule):
+        default = default.compute(spec) if default.compute else None
+    if default is not None:
+        setattr(spec, f.name, default)
+
+
+# ---- generated documents --------------------------------------------------
+def _sdk_range(f: JobField) -> Range | None:
+    """The numbers the SDK accepts: a set value's range, plus 0 where 0 means the default."""
+    r = f.range
+    if r is None or f.optional or not f.sdk_unset_ok:
+        return r
+    if (f.kind is int and r.low == 1 and not r.low_open) or (r.low == 0 and r.low_open):
+        return Range(0, r.high, False, r.high_open)
+    raise ValueError(f"{f.name}: 0 (unset) is not next to its range")
+
+
+def _applicability(algorithms: frozenset[Algorithm]) -> dict[str, Any]:
+    """Fields only for ``algorithms`` stay unset unless the job names one of them (no default algorithm is one)."""
+    only = [f for f in FIELDS if f.algorithms == algorithms]
+    named = {"properties": {"algorithm": {"enum": [a.value for a in Algorithm if a in algorithms]}}}
+    return {
+        "if": {"not": {**named, "required": ["algorithm"]}},
+        "then": {"properties": {f.name: {"const": f.zero} for f in only}},
+    }
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a ``job.yaml`` file (what ``Job.from_dict`` accepts)."""
+    properties: dict[str, Any] = {}
+    for f in FIELDS:
+        prop: dict[str, Any] = {
+            "type": [JSON_TYPES[f.kind], "null"] if f.optional else JSON_TYPES[f.kind],
+            "description": f"{f.help}. Default: {f.default_text()}.",
+        }
+        if f.sdk_default is not REQUIRED:
+            prop["default"] = f.sdk_default
+        if f.choices is not None:
+            prop["enum"] = ([""] if f.sdk_unset_ok else []) + [c.value for c in f.choices]
+        r = _sdk_range(f)
+        if r is not None and r.low is not None:
+            prop["exclusiveMinimum" if r.low_open else "minimum"] = r.low
+        if r is not None and r.high is not None:
+            prop["exclusiveMaximum" if r.high_open else "maximum"] = r.high
+        if f.prefixes:
+            pattern = "|".join(p.replace(".", r"\.") for p in f.prefixes)
+            prop["pattern"] = f"^({pattern})" + ("|^$" if f.sdk_unset_ok else "")
+        if f.max_length is not None:
+            prop.update(minLength=1, maxLength=f.max_length)
+        properties[f.name] = prop
+    properties["request_id"] = {
+        "type": "string",
+        "pattern": f"^{REQUEST_ID.pattern}$",
+        "description": "makes a submission idempotent; keep it to retry safely. Default: a fresh random id.",
+    }
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "Cantata job",
+        "description": "A job.yaml file for `cantata jobs submit`. Generated by `python -m cantata.proto.jobfields`.",
+        "type": "object",
+        "required": [f.name for f in FIELDS if f.sdk_default is REQUIRED],
+        "additionalProperties": False,
+        "properties": properties,
+        "allOf": [
+            _applicability(group) for group in {f.algorithms: None for f in FIELDS} if group != frozenset(Algorithm)
+        ],
+    }
+
+
+def markdown() -> str:
+    """The reference table of job fields for the docs."""
+    lines = [
+        "# Job fields",
+        "",
+        "<!-- Generated by `python -m cantata.proto.jobfields --write docs`; do not edit. -->",
+        "",
+        "Every field of a job, as the SDK `Job`, a `job.yaml` file (schema: `job.schema.json`) and",
+        "`cantata jobs submit --FIELD` take it. A field left out (or 0 / empty) takes its default;",
+        "the server fills defaults in, so a stored job shows what actually ran. Optional fields",
+        "(marked *optional*) tell an explicit 0 from unset.",
+        "",
+        "| field | type | default | allowed | applies to | description |",
+        "|---|---|---|---|---|---|",
+    ]
+    for f in FIELDS:
+        kind = f.kind.__name__ + (" *optional*" if f.optional else "")
+        cells = (f"`{f.name}`", kind, f.default_text(), f.allowed_text(), f.applies_text(), f.help)
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    lines += ["", "`request_id` (SDK and YAML only): " + str(json_schema()["properties"]["request_id"]["description"])]
+    return "\n".join(lines) + "\n"
+
+
+def documents() -> dict[str, str]:
+    """Generated file name -> content."""
+    return {"job.schema.json": json.dumps(json_schema(), indent=2) + "\n", "job-fields.md": markdown()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="write or check the generated job-field documents")
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", type=Path, metavar="DIR", help="write them into DIR")
+    mode.add_argument("--check", type=Path, metavar="DIR", help="exit 1 if those in DIR are stale")
+    args = parser.parse_args(argv)
+    if args.write:
+        args.write.mkdir(parents=True, exist_ok=True)
+        for name, text in documents().items():
+            (args.write / name).write_text(text)
+        return 0
+    stale = [name for name, text in documents().items() if not _same(args.check / name, text)]
+    if stale:
+        print(f"stale: {', '.join(stale)}; run python -m cantata.proto.jobfields --write {args.check}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _same(path: Path, text: str) -> bool:
+    return path.is_file() and path.read_text() == text
+
+
+if __name__ == "__main__":
+    sys.exit(main())

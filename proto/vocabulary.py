@@ -1,0 +1,90 @@
+"""The platform's words, written once: every package imports them from here.
+
+Algorithms, optimizers, topologies, compressions, UTF-8 policies and model
+names a job may name; which job states are terminal; the request-id rule; the
+secret fields of each data-source kind. This module imports nothing of ours but
+the generated protobuf modules, so the SDK, the server and the trainer may all
+depend on it.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+
+from cantata.proto.v1 import common_pb2
+
+
+class Algorithm(enum.StrEnum):
+    """How a job's workers train together."""
+
+    SINGLE = "single"
+    ALLREDUCE = "allreduce"
+    GASLOC = "gasloc"
+    DILOCO = "diloco"
+
+
+DECENTRALIZED = frozenset({Algorithm.GASLOC, Algorithm.DILOCO})  # worker groups that gossip or average
+
+
+class Optimizer(enum.StrEnum):
+    ADAMW = "adamw"
+    MUON = "muon"
+
+
+class Topology(enum.StrEnum):
+    """The gossip graph of a gasloc job."""
+
+    RING = "ring"
+    TORUS = "torus"
+    EXPONENTIAL = "exponential"
+    COMPLETE = "complete"
+    ONE_PEER = "one-peer"
+    TWO_PEER = "two-peer"
+
+
+class Compression(enum.StrEnum):
+    """How gossiped updates are encoded on the wire."""
+
+    NONE = "none"
+    BF16 = "bf16"
+    INT8 = "int8"
+
+
+class Utf8Policy(enum.StrEnum):
+    """What to do with dataset text that is not valid UTF-8."""
+
+    SKIP = "skip"  # drop the object or record, with a warning event
+    FAIL = "fail"
+
+
+class Model(enum.StrEnum):
+    """The model configurations the server accepts."""
+
+    GPT_TINY = "gpt-tiny"
+    GPT_SMALL = "gpt-small"
+
+
+TERMINAL_STATES = frozenset({common_pb2.SUCCEEDED, common_pb2.FAILED, common_pb2.CANCELLED})
+
+
+def is_terminal(state: int | str) -> bool:
+    """Whether a job in ``state`` (a ``JobState`` value or its name) has ended for good."""
+    if isinstance(state, str):
+        state = common_pb2.JobState.Value(state)
+    return state in TERMINAL_STATES
+
+
+REQUEST_ID = re.compile(r"[A-Za-z0-9_.:-]{8,128}")
+REQUEST_ID_RULE = "8-128 characters [A-Za-z0-9_.:-]"
+
+
+def valid_request_id(request_id: str) -> bool:
+    """Whether ``request_id`` may name a submission (``REQUEST_ID_RULE``)."""
+    return REQUEST_ID.fullmatch(request_id) is not None
+
+
+DATA_SOURCE_SECRETS = {  # data-source kind -> the secret fields its credentials may hold
+    "s3": ("access_key_id", "secret_access_key", "session_token", "region"),
+    "az": ("connection_string", "account_name", "account_key", "sas_token"),
+}
