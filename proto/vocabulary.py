@@ -88,3 +88,27 @@ DATA_SOURCE_SECRETS = {  # data-source kind -> the secret fields its credentials
     "s3": ("access_key_id", "secret_access_key", "session_token", "region"),
     "az": ("connection_string", "account_name", "account_key", "sas_token"),
 }
+
+
+ERROR_DOMAIN = "cantata"  # google.rpc ErrorInfo.domain of every error the server raises
+REQUEST_ID_KEY = "cantata-request-id"  # trailer of every reply, also sent as a RequestInfo detail
+
+
+class ErrorReason(enum.StrEnum):
+    """``ErrorInfo.reason`` of the server's errors: what the SDK turns into a typed exception."""
+
+    NOT_FOUND = "NOT_FOUND"
+    DATA_SOURCE_NOT_FOUND = "DATA_SOURCE_NOT_FOUND"
+    CONFLICT = "CONFLICT"
+    ALREADY_EXISTS = "ALREADY_EXISTS"
+    DATA_SOURCE_EXISTS = "DATA_SOURCE_EXISTS"
+    QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
+    INVALID_JOB = "INVALID_JOB"
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    INVALID_DATA_SOURCE = "INVALID_DATA_SOURCE"
+    INVALID_NAME = "INVALID_NAME"
+    INVALID_CSR = "INVALID_CSR"
+    INVALID_ATTACK = "INVALID_ATTACK"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    UNAVAILABLE = "UNAVAILABLE"
+    DATA_LOSS = "DATA_LOSS"

@@ -13,8 +13,7 @@ from google.protobuf.message import Message
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-DOMAIN = "cantata"  # ErrorInfo.domain of the server's errors
-REQUEST_ID_KEY = "cantata-request-id"  # also in RequestInfo; a reply without details still has this trailer
+from cantata.proto.vocabulary import ERROR_DOMAIN, REQUEST_ID_KEY, ErrorReason
 
 
 class CantataError(Exception):
@@ -114,15 +113,15 @@ def from_rpc_error(err: grpc.RpcError) -> CantataError:
     code = err.code()
     details = _details(err)
     info = details.get(error_details_pb2.ErrorInfo, error_details_pb2.ErrorInfo())
-    reason = info.reason if info.domain == DOMAIN else ""
+    reason = info.reason if info.domain == ERROR_DOMAIN else ""
     request = details.get(error_details_pb2.RequestInfo)
     request_id = request.request_id if request else dict(err.trailing_metadata() or ()).get(REQUEST_ID_KEY, "")
     message = err.details() or code.name
     common = {"request_id": request_id, "code": code}
-    if reason == "INVALID_JOB":
+    if reason == ErrorReason.INVALID_JOB:
         bad = details.get(error_details_pb2.BadRequest, error_details_pb2.BadRequest())
         return InvalidJob(message, field=bad.field_violations[0].field if bad.field_violations else "", **common)
-    if reason == "QUOTA_EXCEEDED":
+    if reason == ErrorReason.QUOTA_EXCEEDED:
         what, limit, used = (info.metadata.get(key, "") for key in ("what", "limit", "used"))
         return QuotaExceeded(message, what=what, limit=int(limit or 0), used=int(used or 0), **common)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 import grpc
 
+from cantata.proto.vocabulary import REQUEST_ID_KEY
 from cantata.security.audit import Action
 from cantata.security.pki import PeerCertificate, Principal, peer_certificate
-from cantata.server.errors import REQUEST_ID_KEY, status
+from cantata.server.errors import status
 
 PUBLIC = "public"  # no client certificate required (TLS still authenticates the server)
 ADMIN, TENANT, WORKER = "admin", "tenant", "worker"

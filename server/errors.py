@@ -22,15 +22,13 @@ from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from cantata.proto.vocabulary import ERROR_DOMAIN, REQUEST_ID_KEY, ErrorReason
 from cantata.security.anomaly.attack_policy import InvalidAttackConfig
 from cantata.security.keys import UnknownTenantError
 from cantata.security.pki import InvalidCSR, InvalidName, Principal, peer_certificate
 from cantata.server.datasource_store import DataSourceExists, DataSourceNotFound, InvalidDataSource
 from cantata.server.jobspec import InvalidField
 from cantata.server.store import Conflict, NotFound, QuotaExceeded
-
-DOMAIN = "cantata"
-REQUEST_ID_KEY = "cantata-request-id"  # trailer of every reply; the CLI prints it
 
 log = logging.getLogger(__name__)
 
@@ -66,26 +64,26 @@ class DataLoss(ServiceError):
 @dataclass(frozen=True)
 class Mapped:
     code: grpc.StatusCode
-    reason: str  # ErrorInfo.reason, UPPER_SNAKE_CASE
+    reason: ErrorReason
 
 
 MAPPING: dict[type[Exception], Mapped] = {
-    NotFound: Mapped(grpc.StatusCode.NOT_FOUND, "NOT_FOUND"),
-    UnknownTenantError: Mapped(grpc.StatusCode.NOT_FOUND, "NOT_FOUND"),
-    DataSourceNotFound: Mapped(grpc.StatusCode.NOT_FOUND, "DATA_SOURCE_NOT_FOUND"),
-    Conflict: Mapped(grpc.StatusCode.FAILED_PRECONDITION, "CONFLICT"),
-    AlreadyExists: Mapped(grpc.StatusCode.ALREADY_EXISTS, "ALREADY_EXISTS"),
-    DataSourceExists: Mapped(grpc.StatusCode.ALREADY_EXISTS, "DATA_SOURCE_EXISTS"),
-    QuotaExceeded: Mapped(grpc.StatusCode.RESOURCE_EXHAUSTED, "QUOTA_EXCEEDED"),
-    InvalidField: Mapped(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_JOB"),
-    InvalidRequest: Mapped(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"),
-    InvalidDataSource: Mapped(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_DATA_SOURCE"),
-    InvalidName: Mapped(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_NAME"),
-    InvalidCSR: Mapped(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_CSR"),
-    InvalidAttackConfig: Mapped(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ATTACK"),
-    Refused: Mapped(grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED"),
-    Unavailable: Mapped(grpc.StatusCode.UNAVAILABLE, "UNAVAILABLE"),
-    DataLoss: Mapped(grpc.StatusCode.DATA_LOSS, "DATA_LOSS"),
+    NotFound: Mapped(grpc.StatusCode.NOT_FOUND, ErrorReason.NOT_FOUND),
+    UnknownTenantError: Mapped(grpc.StatusCode.NOT_FOUND, ErrorReason.NOT_FOUND),
+    DataSourceNotFound: Mapped(grpc.StatusCode.NOT_FOUND, ErrorReason.DATA_SOURCE_NOT_FOUND),
+    Conflict: Mapped(grpc.StatusCode.FAILED_PRECONDITION, ErrorReason.CONFLICT),
+    AlreadyExists: Mapped(grpc.StatusCode.ALREADY_EXISTS, ErrorReason.ALREADY_EXISTS),
+    DataSourceExists: Mapped(grpc.StatusCode.ALREADY_EXISTS, ErrorReason.DATA_SOURCE_EXISTS),
+    QuotaExceeded: Mapped(grpc.StatusCode.RESOURCE_EXHAUSTED, ErrorReason.QUOTA_EXCEEDED),
+    InvalidField: Mapped(grpc.StatusCode.INVALID_ARGUMENT, ErrorReason.INVALID_JOB),
+    InvalidRequest: Mapped(grpc.StatusCode.INVALID_ARGUMENT, ErrorReason.INVALID_ARGUMENT),
+    InvalidDataSource: Mapped(grpc.StatusCode.INVALID_ARGUMENT, ErrorReason.INVALID_DATA_SOURCE),
+    InvalidName: Mapped(grpc.StatusCode.INVALID_ARGUMENT, ErrorReason.INVALID_NAME),
+    InvalidCSR: Mapped(grpc.StatusCode.INVALID_ARGUMENT, ErrorReason.INVALID_CSR),
+    InvalidAttackConfig: Mapped(grpc.StatusCode.INVALID_ARGUMENT, ErrorReason.INVALID_ATTACK),
+    Refused: Mapped(grpc.StatusCode.PERMISSION_DENIED, ErrorReason.PERMISSION_DENIED),
+    Unavailable: Mapped(grpc.StatusCode.UNAVAILABLE, ErrorReason.UNAVAILABLE),
+    DataLoss: Mapped(grpc.StatusCode.DATA_LOSS, ErrorReason.DATA_LOSS),
 }
 
 
@@ -113,7 +111,7 @@ def status(
     """A non-OK status: ``ErrorInfo``, then ``details``, then the request id, also kept as a trailer."""
     packed = []
     for detail in (
-        error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN, metadata=metadata or {}),
+        error_details_pb2.ErrorInfo(reason=reason, domain=ERROR_DOMAIN, metadata=metadata or {}),
         *details,
         error_details_pb2.RequestInfo(request_id=request_id),
     ):
