@@ -13,6 +13,8 @@ from cantata.proto.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
 from cantata.security.audit import Action
 from cantata.server.auth import abort, caller
 from cantata.server.jobspec import InvalidField, dataset_source, parse_job_spec, processes
+from cantata.server.lifecycle import JobLifecycle
+from cantata.server.ports import AuditSink, DataSourceDirectory
 from cantata.server.store import JobRecord, NotFound, QuotaExceeded, Store
 
 REQUEST_ID = re.compile(r"^[A-Za-z0-9_.:-]{8,128}$")
@@ -40,18 +42,18 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
     def __init__(
         self,
         store: Store,
-        scheduler,
-        log_path,
+        lifecycle: JobLifecycle,
+        log_path: Callable[[str, int], Path],
         spec_defaults: dict,
-        audit,
-        data_source_exists: Callable[[str, str], bool],
+        audit: AuditSink,
+        data_sources: DataSourceDirectory,
     ):
         self._store = store
-        self._scheduler = scheduler
+        self._lifecycle = lifecycle
         self._log_path = log_path
         self._spec_defaults = spec_defaults
-        self._audit = audit
-        self._data_source_exists = data_source_exists
+        self._audit = audit.append
+        self._data_source_exists = data_sources.exists
 
     def _job(self, context, job_id: str) -> JobRecord:
         """The caller's job; anyone else's is indistinguishable from a missing one."""
@@ -114,15 +116,7 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
 
     def CancelJob(self, request, context):
         job = self._job(context, request.job_id)
-        if not job.terminal:
-            self._audit(
-                caller(context).uri,
-                Action.JOB_CANCEL_REQUESTED,
-                resource=job.id,
-                tenant=job.tenant,
-                peer=context.peer(),
-            )
-            self._scheduler.cancel(job.id)
+        self._lifecycle.cancel_requested(job, actor=caller(context).uri, peer=context.peer())
         return job_info(self._store.job(job.id))
 
     def WatchJob(self, request, context):
