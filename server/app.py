@@ -1,4 +1,10 @@
-"""The control-plane server: wires store, audit, scheduler and services into gRPC over TLS."""
+"""The control-plane server: assembles its parts in one place and serves them over gRPC with TLS.
+
+Reading :meth:`ControlPlane.start` top-down shows the whole wiring: the one
+database and the stores on it, the audit log, the secrets broker, the
+launcher, the job lifecycle, the scheduler, the gatekeeper and the services,
+each given its collaborators (:mod:`cantata.server.ports`) in its constructor.
+"""
 
 from __future__ import annotations
 
@@ -24,11 +30,13 @@ from cantata.security.audit import Action, AuditLog
 from cantata.security.pki import CertificateAuthority
 from cantata.server.auth import AuthInterceptor, Gatekeeper, request_id
 from cantata.server.config import DataDir, ServerSettings
+from cantata.server.database import Database
 from cantata.server.datasource_store import DataSourceStore
 from cantata.server.errors import ErrorInterceptor
-from cantata.server.jobspec import dataset_source
 from cantata.server.launcher import WorkerLauncher
+from cantata.server.lifecycle import JobLifecycle
 from cantata.server.scheduler import Scheduler
+from cantata.server.secrets_broker import SecretsBroker
 from cantata.server.services.admin import AdminService
 from cantata.server.services.audit import AuditService
 from cantata.server.services.checkpoints import CheckpointsService
@@ -36,7 +44,7 @@ from cantata.server.services.datasources import DataSourcesService
 from cantata.server.services.jobs import JobsService
 from cantata.server.services.tenancy import TenancyService
 from cantata.server.services.worker import WorkerService
-from cantata.server.store import NotFound, Store
+from cantata.server.store import Store
 from cantata.server.tls import RotatingCredentials
 
 MAX_MESSAGE_BYTES = 4 << 20
@@ -50,69 +58,20 @@ class ControlPlane:
         self.settings: ServerSettings = self.paths.load_settings()
         self.listen = listen or self.settings.listen
         self.ca = CertificateAuthority.load(self.paths.ca_cert.read_bytes(), self.paths.ca_key.read_bytes())
-        self.store = Store(self.paths.database)
+        self.database = Database(self.paths.database)
+        self.store = Store(self.database)
         self.keyring = self.paths.open_keyring()
-        self.data_sources = DataSourceStore(self.paths.database, self.keyring)
+        self.data_sources = DataSourceStore(self.database, self.keyring)
         self.audit = AuditLog.open(self.paths.audit)
         self.port: int | None = None
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._server: grpc.Server | None = None
 
-    def record(self, actor: str, action: str, **fields) -> None:
-        self.audit.append(actor, action, **fields)
-
-    def _record_certificate(self, cert, principal_uri: str) -> None:
-        self.store.record_certificate(cert.serial_number, principal_uri, cert.not_valid_after_utc)
-
-    def _tenant_status(self, name: str) -> str | None:
-        try:
-            return self.store.tenant(name).status
-        except NotFound:
-            return None
-
-    def _job_active(self, job_id: str) -> bool:
-        try:
-            return not self.store.job(job_id).terminal
-        except NotFound:
-            return False
-
-    def _suspend_jobs(self, tenant: str) -> None:
-        for job in self.store.jobs(tenant=tenant):
-            if not job.terminal:
-                self.scheduler.cancel(job.id, "tenant suspended")
-
-    def _worker_secrets(self, job) -> dict:
-        """What only this job's workers may hold: its derived checkpoint keys, its data source's credentials."""
-        keys = self.keyring.job_keys(job.tenant, job.id)
-        self.record(
-            "server",
-            Action.KEY_UNWRAPPED,
-            resource=job.id,
-            tenant=job.tenant,
-            details={"purpose": "job keys for workers", "versions": keys.versions},
-        )
-        grants = {
-            "checkpoint_keys": keys.to_json(),
-            "dataset_roots": [str(root) for root in self.paths.allowed_roots(self.settings)],
-        }
-        source = dataset_source(job.spec.dataset)
-        if source:
-            grants["dataset_credentials"] = self.data_sources.worker_credentials(job.tenant, source)
-            grants["dataset_key"] = self.data_sources.worker_dataset_key(job.tenant, source)
-            self.record(
-                "server",
-                Action.DATA_SOURCE_RELEASED,
-                resource=source,
-                tenant=job.tenant,
-                details={"job": job.id, "with_shard_decryption": grants["dataset_key"] is not None},
-            )
-        return grants
-
     def _grpc_server(self, gatekeeper: Gatekeeper) -> grpc.Server:
         return grpc.server(
             futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="rpc"),
-            interceptors=[AuthInterceptor(gatekeeper, self.record), ErrorInterceptor(request_id)],
+            interceptors=[AuthInterceptor(gatekeeper, self.audit.append), ErrorInterceptor(request_id)],
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -121,7 +80,7 @@ class ControlPlane:
 
     def start(self) -> int:
         """Bind, start the scheduler and serve; returns the bound port."""
-        gatekeeper = Gatekeeper(self.store.is_revoked, self._tenant_status, self._job_active)
+        gatekeeper = Gatekeeper(certificates=self.store, tenants=self.store, jobs=self.store)
         server = self._grpc_server(gatekeeper)
         files = (self.paths.server_cert, self.paths.server_key, self.paths.trust_bundle)
         self.port = server.add_secure_port(
@@ -139,25 +98,30 @@ class ControlPlane:
         host = self.listen.rpartition(":")[0]
         connect_host = "127.0.0.1" if host in ("0.0.0.0", "", "[::]") else host
 
+        roots = self.paths.allowed_roots(self.settings)
+        secrets = SecretsBroker(self.keyring, self.data_sources, self.audit, dataset_roots=roots)
         launcher = WorkerLauncher(
-            self.paths.jobs, self.ca, f"{connect_host}:{self.port}", dt.timedelta(hours=self.settings.worker_cert_hours)
-        )
-        self.scheduler = Scheduler(
-            self.store,
-            launcher,
-            slots=self.settings.max_workers_on_node,
+            self.paths.jobs,
+            self.ca,
+            f"{connect_host}:{self.port}",
+            dt.timedelta(hours=self.settings.worker_cert_hours),
+            secrets=secrets,
+            certificates=self.store,
             grace=self.settings.cancel_grace_seconds,
+        )
+        lifecycle = JobLifecycle(
+            self.store,
+            self.audit,
+            launcher,
             max_attempts=self.settings.max_job_attempts,
             max_restarts=self.settings.max_worker_restarts,
-            worker_secrets=self._worker_secrets,
-            record_certificate=self._record_certificate,
-            audit=self.record,
         )
+        self.scheduler = Scheduler(self.store, launcher, lifecycle, slots=self.settings.max_workers_on_node)
         spec_defaults = {
             "default_store": self.paths.checkpoints.resolve().as_uri(),
-            "roots": self.paths.allowed_roots(self.settings),
+            "roots": roots,
         }
-        tenancy = TenancyService(self.store, self.ca, self.settings.tenant_cert_days, self.record)
+        tenancy = TenancyService(self.store, self.ca, self.settings.tenant_cert_days, self.audit.append)
         tenancy_pb2_grpc.add_TenancyServicer_to_server(tenancy, server)
         tenancy_pb2_grpc.add_TenancyServicer_to_server(tenancy, enrollment)
         admin_pb2_grpc.add_AdminServicer_to_server(
@@ -168,25 +132,26 @@ class ControlPlane:
                 self.data_sources,
                 self.settings.default_quota,
                 self.settings.tenant_cert_days,
-                self.record,
-                self._suspend_jobs,
+                self.audit,
+                lifecycle,
             ),
             server,
         )
         jobs_pb2_grpc.add_JobsServicer_to_server(
-            JobsService(
-                self.store, self.scheduler, launcher.log_path, spec_defaults, self.record, self.data_sources.exists
-            ),
+            JobsService(self.store, lifecycle, launcher.log_path, spec_defaults, self.audit, self.data_sources),
             server,
         )
         checkpoints_pb2_grpc.add_CheckpointsServicer_to_server(
-            CheckpointsService(self.store, self.keyring, self.record), server
+            CheckpointsService(self.store, self.keyring, self.audit.append), server
         )
         worker_pb2_grpc.add_WorkerServicer_to_server(
-            WorkerService(self.store, self.record, revoke_quarantined=self.settings.revoke_quarantined_workers), server
+            WorkerService(
+                self.store, lifecycle, self.audit, revoke_quarantined=self.settings.revoke_quarantined_workers
+            ),
+            server,
         )
         datasources_pb2_grpc.add_DataSourcesServicer_to_server(
-            DataSourcesService(self.data_sources, self.record), server
+            DataSourcesService(self.data_sources, self.audit.append), server
         )
         audit_pb2_grpc.add_AuditServicer_to_server(AuditService(self.paths.audit, self.audit.checkpoint), server)
         self.health = health.HealthServicer()
@@ -198,7 +163,7 @@ class ControlPlane:
         self._server, self._enrollment = server, enrollment
         self.scheduler.start()
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        self.record(
+        self.audit.append(
             "server",
             Action.SERVER_STARTED,
             details={"listen": self.listen, "port": self.port, "enroll_listen": self.settings.enroll_listen},
@@ -215,10 +180,9 @@ class ControlPlane:
             self._enrollment.stop(grace)
             self._server.stop(grace).wait()
             self.scheduler.shutdown()
-        self.record("server", Action.SERVER_STOPPED)
+        self.audit.append("server", Action.SERVER_STOPPED)
         self.audit.close()
-        self.data_sources.close()
-        self.store.close()
+        self.database.close()
         self._stopped.set()
 
     def serve_forever(self) -> None:

@@ -21,6 +21,7 @@ from cantata.proto.vocabulary import REQUEST_ID_KEY
 from cantata.security.audit import Action
 from cantata.security.pki import PeerCertificate, Principal, peer_certificate
 from cantata.server.errors import status
+from cantata.server.ports import CertificateRegistry, JobDirectory, TenantDirectory
 
 PUBLIC = "public"  # no client certificate required (TLS still authenticates the server)
 ADMIN, TENANT, WORKER = "admin", "tenant", "worker"
@@ -83,15 +84,10 @@ class Decision:
 class Gatekeeper:
     """Decides whether a verified peer may call a method, given live platform state."""
 
-    def __init__(
-        self,
-        is_revoked: Callable[[int], bool],
-        tenant_status: Callable[[str], str | None],
-        job_active: Callable[[str], bool],
-    ):
-        self._is_revoked = is_revoked
-        self._tenant_status = tenant_status
-        self._job_active = job_active
+    def __init__(self, certificates: CertificateRegistry, tenants: TenantDirectory, jobs: JobDirectory):
+        self._is_revoked = certificates.is_revoked
+        self._tenant_status = tenants.tenant_status
+        self._job_active = jobs.job_active
 
     def decide(self, method: str, peer: PeerCertificate | None) -> Decision:
         roles = RULES.get(method)

@@ -1,7 +1,7 @@
 """Tenants' data sources: named S3 / Azure Blob credentials, sealed under the tenant's key.
 
-The sources live in their own table of the server's SQLite file, through a
-connection of their own (WAL mode, so it shares the file with the main store).
+The sources live in their own table of the server's one database
+(:class:`~cantata.server.database.Database`), beside the main store.
 Each row's secrets (the credential fields and the optional dataset key) are
 one AES-256-GCM ciphertext under a fresh data key, stored as
 ``envelope || nonce || ciphertext``: the envelope is the data key wrapped by
@@ -23,7 +23,6 @@ import json
 import os
 import re
 import sqlite3
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -34,19 +33,8 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cantata.proto.vocabulary import DATA_SOURCE_SECRETS
 from cantata.security.keys import ENVELOPE_SIZE, KeyProvider, envelope_key_version
 from cantata.security.stream_aead import DATA_KEY_SIZE, IntegrityError
+from cantata.server.database import Database
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS data_sources (
-    tenant TEXT NOT NULL,
-    name TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    endpoint TEXT NOT NULL,
-    has_dataset_key INTEGER NOT NULL,
-    sealed BLOB NOT NULL,
-    created_at TEXT NOT NULL,
-    PRIMARY KEY (tenant, name)
-);
-"""
 KINDS = tuple(DATA_SOURCE_SECRETS)
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 DATASET_KEY_SIZE = 32
@@ -122,20 +110,20 @@ class DataSourceRecord:
 
 
 class DataSourceStore:
-    """Data sources in the server's SQLite file, secrets sealed under each tenant's key in ``keyring``."""
+    """Data sources on the server's database, secrets sealed under each tenant's key in ``keyring``.
 
-    def __init__(self, path: Path, keyring: KeyProvider) -> None:
+    Given a path rather than the server's :class:`Database`, it opens a database of its own.
+    """
+
+    def __init__(self, database: Database | Path, keyring: KeyProvider) -> None:
         self._keyring = keyring
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.executescript(SCHEMA)
+        self.database = database if isinstance(database, Database) else Database(database)
+        self._db = self.database.connection
+        self._lock = self.database.lock
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        """Close the database (shared with every other store on it)."""
+        self.database.close()
 
     # ---- sealing -------------------------------------------------------
     @staticmethod
@@ -171,27 +159,21 @@ class DataSourceStore:
         """Re-wrap every data key of the tenant's sources under its current KEK; return how many changed."""
         keys = self._keyring.data_source_keys(tenant)
         changed = 0
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                rows = self._db.execute("SELECT name, sealed FROM data_sources WHERE tenant = ?", (tenant,)).fetchall()
-                for name, sealed in rows:
-                    envelope = sealed[:ENVELOPE_SIZE]
-                    try:
-                        if envelope_key_version(envelope) == keys.current.version:
-                            continue
-                        rewrapped = keys.current.wrap(keys.unwrap(envelope))
-                    except IntegrityError as error:
-                        raise SealedSecretsError(f"secrets of data source {name!r} do not decrypt: {error}") from None
-                    self._db.execute(
-                        "UPDATE data_sources SET sealed = ? WHERE tenant = ? AND name = ?",
-                        (rewrapped + sealed[ENVELOPE_SIZE:], tenant, name),
-                    )
-                    changed += 1
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        with self.database.transaction() as db:
+            rows = db.execute("SELECT name, sealed FROM data_sources WHERE tenant = ?", (tenant,)).fetchall()
+            for name, sealed in rows:
+                envelope = sealed[:ENVELOPE_SIZE]
+                try:
+                    if envelope_key_version(envelope) == keys.current.version:
+                        continue
+                    rewrapped = keys.current.wrap(keys.unwrap(envelope))
+                except IntegrityError as error:
+                    raise SealedSecretsError(f"secrets of data source {name!r} do not decrypt: {error}") from None
+                db.execute(
+                    "UPDATE data_sources SET sealed = ? WHERE tenant = ? AND name = ?",
+                    (rewrapped + sealed[ENVELOPE_SIZE:], tenant, name),
+                )
+                changed += 1
         return changed
 
     def key_versions_in_use(self, tenant: str) -> set[int]:

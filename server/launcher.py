@@ -2,8 +2,9 @@
 
 Each job gets a workspace ``D/jobs/<job-id>/`` holding, per worker process, a
 certificate minted for that process only, a 0600 config file, and a log.
-The config (the job's keys and data-source secrets) and the certificate's
-key exist only while the job's workers run: :meth:`WorkerLauncher.scrub`
+The config (the job's keys and data-source secrets, from the secrets broker)
+and the certificate's key (recorded in the certificate registry) exist only
+while the job's workers run: :meth:`WorkerLauncher.scrub`
 deletes them once every worker has exited, and a restarted worker gets a
 config written afresh from the secrets as they are now. Workers run as
 ``python -m cantata.trainer.worker --config FILE`` in their own process
@@ -30,7 +31,8 @@ from google.protobuf import json_format
 
 from cantata.security.pki import CertificateAuthority, Principal, gossip_server_name
 from cantata.server.config import write_private
-from cantata.server.jobspec import DECENTRALIZED, processes
+from cantata.server.groups import group_size, processes
+from cantata.server.ports import CertificateRegistry, SecretsBroker
 from cantata.server.store import JobRecord
 
 
@@ -56,15 +58,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def log_tail(path: Path, lines: int = 3) -> str:
-    """The last lines of a worker log, for failure reasons."""
-    try:
-        text = path.read_text(errors="replace").strip().splitlines()
-    except FileNotFoundError:
-        return ""
-    return " | ".join(line.strip() for line in text[-lines:])
-
-
 def process_alive(pid: int, job_id: str) -> bool:
     """True if ``pid`` is still a worker of ``job_id`` (guards against reused pids)."""
     try:
@@ -72,11 +65,6 @@ def process_alive(pid: int, job_id: str) -> bool:
     except OSError:
         return False
     return b"cantata.trainer.worker" in cmdline and job_id.encode() in cmdline
-
-
-def _group_size(job: JobRecord) -> int:
-    """Processes per ``torch.distributed`` group: a decentralized worker group, or the whole job."""
-    return job.spec.ranks_per_worker if job.spec.algorithm in DECENTRALIZED else processes(job.spec)
 
 
 def worker_secrets(secrets: dict) -> dict:
@@ -103,15 +91,29 @@ def kill_group(pid: int, sig: int) -> None:
 
 
 class WorkerLauncher:
-    """Spawns, signals and reaps worker processes; knows nothing of job states."""
+    """Spawns, signals and reaps worker processes; knows nothing of job states.
+
+    Stopping a job's workers sends SIGTERM, then SIGKILL to what is left after ``grace`` seconds.
+    """
 
     def __init__(
-        self, jobs_dir: Path, ca: CertificateAuthority, server_address: str, worker_cert_lifetime: dt.timedelta
+        self,
+        jobs_dir: Path,
+        ca: CertificateAuthority,
+        server_address: str,
+        worker_cert_lifetime: dt.timedelta,
+        *,
+        secrets: SecretsBroker,
+        certificates: CertificateRegistry,
+        grace: float,
     ):
         self._jobs_dir = jobs_dir
         self._ca = ca
         self._server_address = server_address
         self._cert_lifetime = worker_cert_lifetime
+        self._secrets = secrets
+        self._certificates = certificates
+        self._grace = grace
         self._running: dict[str, _Running] = {}
 
     def workspace(self, job_id: str) -> Path:
@@ -120,29 +122,41 @@ class WorkerLauncher:
     def log_path(self, job_id: str, worker: int) -> Path:
         return self.workspace(job_id) / f"worker-{worker}.log"
 
-    def launch(self, job: JobRecord, *, secrets: dict, on_certificate, attack: dict | None = None) -> dict[int, int]:
+    def log_tail(self, job_id: str, worker: int, lines: int = 3) -> str:
+        """The last lines of a worker's log, for failure reasons."""
+        try:
+            text = self.log_path(job_id, worker).read_text(errors="replace").strip().splitlines()
+        except FileNotFoundError:
+            return ""
+        return " | ".join(line.strip() for line in text[-lines:])
+
+    def launch(self, job: JobRecord, *, attack: dict | None = None) -> dict[int, int]:
         """Start every worker process of ``job``; returns process index -> pid.
 
-        ``secrets`` (the job's keys and data-source credentials) go only into the 0600 config files.
+        The job's secrets (its keys and data-source credentials) go only into the 0600 config files.
         """
+        secrets = self._secrets.worker_secrets(job)
         ws = self.workspace(job.id)
         ws.mkdir(parents=True, exist_ok=True)
         ws.chmod(0o700)
         (ws / "ca.pem").write_bytes(self._ca.cert_pem)
-        rendezvous = [f"tcp://127.0.0.1:{free_port()}" for _ in range(processes(job.spec) // _group_size(job))]
+        rendezvous = [f"tcp://127.0.0.1:{free_port()}" for _ in range(processes(job.spec) // group_size(job.spec))]
         running = self._running[job.id] = _Running({}, rendezvous, attack)
         try:
             for i in range(processes(job.spec)):
-                running.procs[i] = self._spawn(job, i, secrets, on_certificate)
+                running.procs[i] = self._spawn(job, i, secrets)
         except BaseException:
             self.release(job.id)  # stops what did start, and scrubs
             raise
         return {i: p.pid for i, p in running.procs.items()}
 
-    def relaunch(self, job: JobRecord, worker: int, *, secrets: dict, on_certificate) -> int:
-        """Start one exited worker of a running job again, with a fresh certificate and ``secrets``; returns its pid."""
+    def relaunch(self, job: JobRecord, worker: int) -> int:
+        """Start one exited worker of a running job again, with a fresh certificate and the secrets as they are now.
+
+        Returns its pid; raises ``DataSourceError`` if the job's data source is gone.
+        """
         running = self._running[job.id]
-        proc = self._spawn(job, worker, secrets, on_certificate)
+        proc = self._spawn(job, worker, self._secrets.worker_secrets(job))
         running.procs[worker] = proc
         running.exited.pop(worker, None)
         return proc.pid
@@ -153,19 +167,26 @@ class WorkerLauncher:
         for path in [*ws.glob("worker-*.json"), *ws.glob("worker-*.key")]:
             path.unlink(missing_ok=True)
 
+    def kill_orphan(self, pid: int, job_id: str) -> None:
+        """Kill a worker a crashed server left running, if ``pid`` is still that job's worker."""
+        if process_alive(pid, job_id):
+            kill_group(pid, signal.SIGKILL)
+
     def scrub_all(self) -> None:
         """Scrub every workspace (at start, when no worker runs: leftovers of a crash)."""
         if self._jobs_dir.is_dir():
             for ws in self._jobs_dir.iterdir():
                 self.scrub(ws.name)
 
-    def _spawn(self, job: JobRecord, i: int, secrets: dict, on_certificate) -> subprocess.Popen:
+    def _spawn(self, job: JobRecord, i: int, secrets: dict) -> subprocess.Popen:
         ws = self.workspace(job.id)
         principal = Principal.worker(job.id, i)
         bundle = self._ca.issue_bundle(
             principal, lifetime=self._cert_lifetime, server=True, dns_names=[gossip_server_name(job.id, i)]
         )
-        on_certificate(bundle.certificate, principal.uri)
+        self._certificates.record_certificate(
+            bundle.certificate.serial_number, principal.uri, bundle.certificate.not_valid_after_utc
+        )
         (ws / f"worker-{i}.pem").write_bytes(bundle.cert_pem)
         write_private(ws / f"worker-{i}.key", bundle.key_pem)
         running = self._running[job.id]
@@ -179,7 +200,7 @@ class WorkerLauncher:
             "threads": max(1, (os.cpu_count() or 1) // processes(job.spec)),
             "attack": running.attack,
             "spec": json_format.MessageToDict(job.spec, preserving_proto_field_name=True),
-            "rendezvous": running.rendezvous[i // _group_size(job)],
+            "rendezvous": running.rendezvous[i // group_size(job.spec)],
             "worker": i,
             "cert": str(ws / f"worker-{i}.pem"),
             "key": str(ws / f"worker-{i}.key"),
@@ -209,12 +230,12 @@ class WorkerLauncher:
     def is_running(self, job_id: str) -> bool:
         return job_id in self._running
 
-    def terminate(self, job_id: str, grace: float) -> None:
-        """SIGTERM every worker of the job now; SIGKILL whatever is left after ``grace`` s."""
+    def terminate(self, job_id: str) -> None:
+        """SIGTERM every worker of the job now; SIGKILL whatever is left after the grace period."""
         running = self._running.get(job_id)
         if running is None or running.kill_at is not None:
             return
-        running.kill_at = time.monotonic() + grace
+        running.kill_at = time.monotonic() + self._grace
         for i, proc in running.procs.items():
             if i not in running.exited:
                 kill_group(proc.pid, signal.SIGTERM)
@@ -247,11 +268,11 @@ class WorkerLauncher:
             kill_group(proc.pid, signal.SIGKILL)  # stray children of a worker
         self.scrub(job_id)
 
-    def stop_all(self, grace: float) -> None:
+    def stop_all(self) -> None:
         """Stop every job's workers and wait until they are gone."""
         for job_id in list(self._running):
-            self.terminate(job_id, grace)
-        deadline = time.monotonic() + grace + 5
+            self.terminate(job_id)
+        deadline = time.monotonic() + self._grace + 5
         while self._running and time.monotonic() < deadline:
             self.poll()
             for job_id in self.finished_jobs():

@@ -1,9 +1,8 @@
-"""The control plane's durable state, in SQLite.
+"""The control plane's durable state: tenants, certificates, jobs, their events, workers and anomalies.
 
-One ``Store`` owns one connection, serialised by a lock (SQLite in WAL mode,
-synchronous=FULL). Everything the server knows survives a crash here:
-tenants, certificates, jobs, their event history, worker processes and
-checkpoints. Methods are small transactions; anything that must be atomic
+A ``Store`` works on the server's one :class:`~cantata.server.database.Database`
+(its connection, lock and schema). Everything the server knows survives a
+crash here. Methods are small transactions; anything that must be atomic
 (idempotent submit with quota check, state transitions) is one transaction.
 """
 
@@ -21,78 +20,8 @@ from pathlib import Path
 
 from cantata.proto.v1 import common_pb2, jobs_pb2
 from cantata.proto.vocabulary import TERMINAL_STATES as TERMINAL
-from cantata.server.jobspec import processes
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS tenants (
-    name TEXT PRIMARY KEY,
-    status TEXT NOT NULL,
-    csr_pem BLOB NOT NULL,
-    csr_fingerprint TEXT NOT NULL,
-    cert_pem BLOB,
-    max_concurrent_jobs INTEGER NOT NULL DEFAULT 0,
-    max_workers_per_job INTEGER NOT NULL DEFAULT 0,
-    max_total_steps INTEGER NOT NULL DEFAULT 0,
-    requested_at TEXT NOT NULL,
-    approved_by TEXT NOT NULL DEFAULT ''
-);
-CREATE TABLE IF NOT EXISTS rejected_fingerprints (
-    fingerprint TEXT PRIMARY KEY,
-    name TEXT NOT NULL,
-    rejected_at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS certificates (
-    serial TEXT PRIMARY KEY,
-    principal TEXT NOT NULL,
-    not_after TEXT NOT NULL,
-    revoked INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS jobs (
-    id TEXT PRIMARY KEY,
-    tenant TEXT NOT NULL,
-    request_id TEXT NOT NULL,
-    spec BLOB NOT NULL,
-    state INTEGER NOT NULL,
-    reason TEXT NOT NULL DEFAULT '',
-    step INTEGER NOT NULL DEFAULT 0,
-    loss REAL NOT NULL DEFAULT 0,
-    val_loss REAL NOT NULL DEFAULT 0,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    attack TEXT NOT NULL DEFAULT '',
-    created_at TEXT NOT NULL,
-    updated_at TEXT NOT NULL,
-    UNIQUE (tenant, request_id)
-);
-CREATE INDEX IF NOT EXISTS jobs_by_tenant ON jobs (tenant, created_at);
-CREATE TABLE IF NOT EXISTS events (
-    job_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    body BLOB NOT NULL,
-    PRIMARY KEY (job_id, seq)
-);
-CREATE TABLE IF NOT EXISTS workers (
-    job_id TEXT NOT NULL,
-    idx INTEGER NOT NULL,
-    pid INTEGER NOT NULL,
-    finished INTEGER NOT NULL DEFAULT 0,
-    failure TEXT NOT NULL DEFAULT '',
-    restarts INTEGER NOT NULL DEFAULT 0,
-    gossip_address TEXT NOT NULL DEFAULT '',
-    round INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (job_id, idx)
-);
-CREATE TABLE IF NOT EXISTS anomalies (
-    job_id TEXT NOT NULL,
-    reporter INTEGER NOT NULL,
-    peer INTEGER NOT NULL,
-    round INTEGER NOT NULL,
-    check_name TEXT NOT NULL,
-    verdict TEXT NOT NULL,
-    score REAL NOT NULL,
-    quarantined INTEGER NOT NULL,
-    time TEXT NOT NULL
-);
-"""
+from cantata.server.database import Database
+from cantata.server.groups import processes
 
 ACTIVE = frozenset({common_pb2.STARTING, common_pb2.RUNNING, common_pb2.CANCELLING})
 
@@ -191,31 +120,25 @@ class AnomalyRecord:
 
 
 class Store:
-    """SQLite-backed state with change notification for event streams."""
+    """The platform's state on a database, with change notification for event streams.
 
-    def __init__(self, path: Path):
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(SCHEMA)
-        self._lock = threading.RLock()
+    Given a path rather than the server's :class:`Database`, it opens a database of its own.
+    """
+
+    def __init__(self, database: Database | Path):
+        self.database = database if isinstance(database, Database) else Database(database)
+        self._db = self.database.connection
+        self._lock = self.database.lock
         self._events = threading.Condition(self._lock)
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        """Close the database (shared with every other store on it)."""
+        self.database.close()
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self.database.transaction() as db:
+            yield db
 
     # ---- tenants -------------------------------------------------------
     def add_tenancy_request(self, name: str, csr_pem: bytes, fingerprint: str) -> Tenant:
@@ -257,6 +180,13 @@ class Store:
             row["requested_at"],
             row["approved_by"],
         )
+
+    def tenant_status(self, name: str) -> str | None:
+        """The tenant's status, or None for a name nobody requested."""
+        try:
+            return self.tenant(name).status
+        except NotFound:
+            return None
 
     def tenants(self, status: str = "") -> list[Tenant]:
         with self._lock:
@@ -404,6 +334,13 @@ class Store:
             if tenant is not None and job.tenant != tenant:
                 raise NotFound(f"job {job_id!r} not found")
             return job
+
+    def job_active(self, job_id: str) -> bool:
+        """True while the job exists and has not reached a terminal state."""
+        try:
+            return not self.job(job_id).terminal
+        except NotFound:
+            return False
 
     def _job(self, db: sqlite3.Connection, job_id: str) -> JobRecord:
         row = db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()

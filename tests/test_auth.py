@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -54,7 +55,11 @@ def test_every_generated_method_has_exactly_one_rule():
 def test_unknown_method_is_denied_not_allowed():
     from cantata.server.auth import Gatekeeper
 
-    gate = Gatekeeper(lambda s: False, lambda n: "APPROVED", lambda j: True)
+    gate = Gatekeeper(
+        SimpleNamespace(is_revoked=lambda s: False),
+        SimpleNamespace(tenant_status=lambda n: "APPROVED"),
+        SimpleNamespace(job_active=lambda j: True),
+    )
     assert not gate.decide("/cantata.v1.Jobs/DeleteEverything", None).allowed
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
+from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -36,7 +37,11 @@ def _peer(principal: Principal) -> PeerCertificate:
 @pytest.mark.parametrize("role", sorted(ROLES))
 @pytest.mark.parametrize("method", sorted(RULES))
 def test_each_role_gets_exactly_what_the_table_says(role, method):
-    gate = Gatekeeper(is_revoked=lambda s: False, tenant_status=lambda n: "APPROVED", job_active=lambda j: True)
+    gate = Gatekeeper(
+        certificates=SimpleNamespace(is_revoked=lambda s: False),
+        tenants=SimpleNamespace(tenant_status=lambda n: "APPROVED"),
+        jobs=SimpleNamespace(job_active=lambda j: True),
+    )
     allowed = gate.decide(method, _peer(ROLES[role])).allowed
     assert allowed == (role in RULES[method] or PUBLIC in RULES[method])
 

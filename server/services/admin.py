@@ -21,6 +21,8 @@ from cantata.security.sealed_checkpoint import key_versions_in_use, rewrap_check
 from cantata.server.auth import caller
 from cantata.server.datasource_store import DataSourceStore
 from cantata.server.errors import InvalidRequest
+from cantata.server.lifecycle import JobLifecycle
+from cantata.server.ports import AuditSink
 from cantata.server.store import Conflict, Store, Tenant
 from cantata.storage import open_store
 
@@ -43,8 +45,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         data_sources: DataSourceStore,
         default_quota: dict,
         tenant_cert_days: int,
-        audit,
-        on_suspend,
+        audit: AuditSink,
+        lifecycle: JobLifecycle,
     ):
         self._store = store
         self._ca = ca
@@ -52,8 +54,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         self._data_sources = data_sources
         self._default_quota = default_quota
         self._cert_lifetime = dt.timedelta(days=tenant_cert_days)
-        self._audit = audit
-        self._on_suspend = on_suspend
+        self._audit = audit.append
+        self._lifecycle = lifecycle
 
     def _info(self, tenant: Tenant) -> admin_pb2.TenantInfo:
         running = len([j for j in self._store.jobs(tenant=tenant.name) if not j.terminal])
@@ -122,7 +124,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     def SuspendTenant(self, request, context):
         def suspend():
             tenant = self._store.set_tenant_status(request.name, "SUSPENDED", expect="APPROVED")
-            self._on_suspend(tenant.name)
+            self._lifecycle.tenant_suspended(tenant.name)
             return tenant
 
         return self._change(context, request, Action.TENANT_SUSPENDED, suspend)

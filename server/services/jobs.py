@@ -12,6 +12,8 @@ from cantata.security.audit import Action
 from cantata.server.auth import caller
 from cantata.server.datasource_store import DataSourceNotFound
 from cantata.server.jobspec import InvalidField, dataset_source, parse_job_spec, processes
+from cantata.server.lifecycle import JobLifecycle
+from cantata.server.ports import AuditSink, DataSourceDirectory
 from cantata.server.store import JobRecord, Store
 
 WATCH_POLL = 1.0  # seconds between checks that a watcher is still connected
@@ -38,18 +40,18 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
     def __init__(
         self,
         store: Store,
-        scheduler,
-        log_path,
+        lifecycle: JobLifecycle,
+        log_path: Callable[[str, int], Path],
         spec_defaults: dict,
-        audit,
-        data_source_exists: Callable[[str, str], bool],
+        audit: AuditSink,
+        data_sources: DataSourceDirectory,
     ):
         self._store = store
-        self._scheduler = scheduler
+        self._lifecycle = lifecycle
         self._log_path = log_path
         self._spec_defaults = spec_defaults
-        self._audit = audit
-        self._data_source_exists = data_source_exists
+        self._audit = audit.append
+        self._data_source_exists = data_sources.exists
 
     def _job(self, context, job_id: str) -> JobRecord:
         """The caller's job; anyone else's is indistinguishable from a missing one."""
@@ -88,15 +90,7 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
 
     def CancelJob(self, request, context):
         job = self._job(context, request.job_id)
-        if not job.terminal:
-            self._audit(
-                caller(context).uri,
-                Action.JOB_CANCEL_REQUESTED,
-                resource=job.id,
-                tenant=job.tenant,
-                peer=context.peer(),
-            )
-            self._scheduler.cancel(job.id)
+        self._lifecycle.cancel_requested(job, actor=caller(context).uri, peer=context.peer())
         return job_info(self._store.job(job.id))
 
     def WatchJob(self, request, context):

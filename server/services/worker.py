@@ -7,13 +7,16 @@ from cantata.security.audit import Action, Outcome
 from cantata.security.pki import Principal
 from cantata.server.auth import caller
 from cantata.server.errors import InvalidRequest, Refused
+from cantata.server.lifecycle import JobLifecycle
+from cantata.server.ports import AuditSink
 from cantata.server.store import AnomalyRecord, Store, utcnow
 
 
 class WorkerService(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, store: Store, audit, *, revoke_quarantined: bool):
+    def __init__(self, store: Store, lifecycle: JobLifecycle, audit: AuditSink, *, revoke_quarantined: bool):
         self._store = store
-        self._audit = audit
+        self._lifecycle = lifecycle
+        self._audit = audit.append
         self._revoke_quarantined = revoke_quarantined  # policy: a quarantined worker loses its certificate
 
     def Report(self, request, context):
@@ -32,8 +35,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         kind = request.WhichOneof("payload")
         event = None
         if kind == "started":
-            if job.state == common_pb2.STARTING and request.worker == 0:
-                self._store.transition(job.id, common_pb2.RUNNING, "workers running")
+            self._lifecycle.worker_started(job, request.worker)
         elif kind == "progress":
             p = request.progress
             self._store.record_progress(job.id, step=p.step, loss=p.loss)
@@ -53,11 +55,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             )
             event = jobs_pb2.JobEvent(kind=jobs_pb2.CHECKPOINT, step=c.step, message=f"checkpoint at step {c.step}")
         elif kind == "finished":
-            self._store.mark_worker(job.id, request.worker, finished=True)
-            if request.worker == 0:
-                self._store.record_progress(job.id, step=job.spec.steps, val_loss=request.finished.final_val_loss)
+            self._lifecycle.worker_finished(job, request.worker, request.finished.final_val_loss)
         elif kind == "failed":
-            self._store.mark_worker(job.id, request.worker, failure=request.failed.reason[:2000])
+            self._lifecycle.worker_failed(job, request.worker, request.failed.reason[:2000])
         elif kind == "message":
             event = jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, message=request.message.text[:2000])
         elif kind == "gossip":

@@ -1,0 +1,202 @@
+"""A job's lifecycle: every transition of its state, and what each event of its workers means.
+
+``QUEUED → STARTING → RUNNING → SUCCEEDED | FAILED | CANCELLED``, with
+``CANCELLING`` between a cancel and its end. Terminal states are final.
+
+- Placement: the scheduler picks a queued job; :meth:`JobLifecycle.placing`
+  starts an attempt (or gives up after ``max_attempts``), then the scheduler
+  reports :meth:`~JobLifecycle.placed` or :meth:`~JobLifecycle.launch_failed`.
+- Worker reports (the worker service): worker 0 started → RUNNING; each
+  finished or failed worker is marked, for its exit to be judged.
+- Worker exits (the scheduler, from the launcher): a worker that exits with an
+  error fails its job, except that a decentralized job restarts it (up to
+  ``max_restarts``) or goes on while a quorum of worker groups lives. Once all
+  of a job's workers exited, it is settled: SUCCEEDED if enough of them
+  finished, else FAILED; CANCELLED if it was being cancelled.
+- Cancellation (a tenant's request, or its suspension): a queued job ends at
+  once; a started one is CANCELLING until its workers exited.
+- The server: when it stops or restarts, every active job goes back to
+  QUEUED, to resume from its last checkpoint, until it has used
+  ``max_attempts``.
+
+Each event method writes the store transition together with its audit record.
+Processes are the launcher's business, reached through :class:`WorkerProcesses`.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from cantata.proto.v1 import common_pb2 as pb
+from cantata.proto.v1 import jobs_pb2
+from cantata.security.audit import Action
+from cantata.server.datasource_store import DataSourceError
+from cantata.server.groups import decentralized, processes, quorum
+from cantata.server.ports import AuditSink, WorkerProcesses
+from cantata.server.store import ACTIVE, JobRecord, Store, WorkerRecord
+
+STARTED = (pb.STARTING, pb.RUNNING)
+
+
+class JobLifecycle:
+    """Moves jobs through their states as events arrive; one lock orders the events that act on processes.
+
+    The scheduler holds :attr:`lock` while it places a job, so that a cancel cannot come between
+    the start of an attempt and the launch of its workers.
+    """
+
+    def __init__(
+        self, store: Store, audit: AuditSink, workers: WorkerProcesses, *, max_attempts: int, max_restarts: int
+    ):
+        self._store = store
+        self._audit = audit
+        self._workers = workers
+        self._max_attempts = max_attempts
+        self._max_restarts = max_restarts
+        self.lock = threading.RLock()
+
+    # ---- placement ------------------------------------------------------
+    def placing(self, job: JobRecord) -> bool:
+        """Start an attempt of a queued job (STARTING); False if it is not to be launched (it gave up, or moved on)."""
+        if job.attempts >= self._max_attempts:
+            self._store.transition(job.id, pb.FAILED, f"gave up after {job.attempts} attempts")
+            return False
+        return self._store.transition(job.id, pb.STARTING, "starting workers")
+
+    def placed(self, job: JobRecord, pids: dict[int, int]) -> None:
+        """The job's workers were started with these pids (process index -> pid)."""
+        self._store.set_workers(job.id, pids)
+        self._audit_job(job, Action.JOB_STARTED, workers=len(pids))
+
+    def launch_failed(self, job: JobRecord, error: Exception) -> None:
+        self._store.transition(job.id, pb.FAILED, f"could not start workers: {error}")
+
+    # ---- what workers report ----------------------------------------------
+    def worker_started(self, job: JobRecord, worker: int) -> None:
+        if job.state == pb.STARTING and worker == 0:
+            self._store.transition(job.id, pb.RUNNING, "workers running")
+
+    def worker_finished(self, job: JobRecord, worker: int, final_val_loss: float) -> None:
+        self._store.mark_worker(job.id, worker, finished=True)
+        if worker == 0:
+            self._store.record_progress(job.id, step=job.spec.steps, val_loss=final_val_loss)
+
+    def worker_failed(self, job: JobRecord, worker: int, reason: str) -> None:
+        """The worker says why it fails; the reason is given when its exit is judged."""
+        self._store.mark_worker(job.id, worker, failure=reason)
+
+    # ---- what the launcher sees -------------------------------------------
+    def worker_exited(self, job_id: str, worker: int, returncode: int) -> None:
+        with self.lock:
+            self._store.set_gossip_address(job_id, worker, "")  # peers stop waiting for it
+            if returncode != 0:
+                self._worker_died(job_id, worker, returncode)
+
+    def workers_exited(self, job_id: str) -> None:
+        """All workers of the job are gone: decide how it ended."""
+        with self.lock:
+            job = self._store.job(job_id)
+            if job.state == pb.CANCELLING:
+                if self._store.transition(job_id, pb.CANCELLED, job.reason or "cancelled"):
+                    self._audit_job(job, Action.JOB_CANCELLED, reason=job.reason)
+            elif job.state in STARTED:
+                workers = self._store.workers(job_id)
+                needed = quorum(job.spec) if decentralized(job.spec) else len(workers)
+                if workers and sum(w.finished for w in workers) >= needed:
+                    state, reason = pb.SUCCEEDED, ""
+                else:
+                    state, reason = pb.FAILED, "workers exited without finishing"
+                if self._store.transition(job_id, state, reason):
+                    self._audit_job(job, Action.JOB_FINISHED, state=pb.JobState.Name(state), reason=reason)
+
+    def _worker_died(self, job_id: str, worker: int, code: int) -> None:
+        job = self._store.job(job_id)
+        if job.state not in STARTED:
+            return
+        record = next(w for w in self._store.workers(job_id) if w.idx == worker)
+        detail = record.failure or self._workers.log_tail(job_id, worker) or "no output"
+        reason = f"worker {worker} exited with code {code}: {detail}"
+        if decentralized(job.spec):
+            reason = self._survive(job, record, reason)
+            if not reason:
+                return
+        self._workers.scrub(job_id)  # a failing job restarts no worker: its secrets go before it ends
+        if self._store.transition(job_id, pb.FAILED, reason):
+            self._audit_job(job, Action.JOB_FINISHED, state="FAILED", reason=reason)
+        self._workers.terminate(job_id)
+
+    def _survive(self, job: JobRecord, worker: WorkerRecord, reason: str) -> str:
+        """A decentralized job outlives a dead worker: restart it, or go on while a quorum is alive.
+
+        Returns "" if the job goes on, else why it fails. A restarted worker gets the job's
+        secrets as they are now: if its data source was deleted, it is not restarted.
+        """
+        message = ""
+        if worker.restarts < self._max_restarts:
+            try:
+                pid = self._workers.relaunch(job, worker.idx)
+            except DataSourceError as exc:
+                reason = f"{reason}; cannot restart it: {exc}"
+            else:
+                self._store.restart_worker(job.id, worker.idx, pid)
+                message = f"{reason}; restarting it ({worker.restarts + 1}/{self._max_restarts})"
+        if not message:
+            alive = self._workers.alive_workers(job.id)
+            if alive < quorum(job.spec):
+                return f"{reason}; fewer than min_workers={job.spec.min_workers} worker groups are left"
+            message = f"{reason}; continuing with {alive} of {processes(job.spec)} worker processes"
+        self._store.append_event(
+            job.id,
+            jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, worker=worker.idx, total_steps=job.spec.steps, message=message),
+        )
+        return ""
+
+    # ---- cancellation -----------------------------------------------------
+    def cancel_requested(self, job: JobRecord, *, actor: str, peer: str) -> None:
+        """The job's tenant asked to cancel it (audited as asked, whatever the job's state then)."""
+        if job.terminal:
+            return
+        self._audit.append(actor, Action.JOB_CANCEL_REQUESTED, resource=job.id, tenant=job.tenant, peer=peer)
+        self._cancel(job.id, "cancelled by tenant")
+
+    def tenant_suspended(self, tenant: str) -> None:
+        """Cancel every job of a tenant that was just suspended."""
+        for job in self._store.jobs(tenant=tenant):
+            if not job.terminal:
+                self._cancel(job.id, "tenant suspended")
+
+    def _cancel(self, job_id: str, reason: str) -> None:
+        with self.lock:
+            job = self._store.job(job_id)
+            if job.state == pb.QUEUED:
+                self._store.transition(job_id, pb.CANCELLED, reason)
+                self._audit_job(job, Action.JOB_CANCELLED, reason=reason)
+            elif job.state in STARTED:
+                self._store.transition(job_id, pb.CANCELLING, reason)
+                self._workers.terminate(job_id)
+                if not self._workers.is_running(job_id):  # workers not started yet, or gone
+                    self.workers_exited(job_id)
+
+    # ---- the server ---------------------------------------------------------
+    def server_stopping(self) -> None:
+        """The server stopped every worker: requeue each active job to resume on restart."""
+        with self.lock:
+            for job in self._store.jobs(states=ACTIVE):
+                self._interrupted(job, "server stopped")
+
+    def server_restarted(self) -> None:
+        """The server starts after a crash, its orphaned workers killed: requeue or end every active job."""
+        with self.lock:
+            for job in self._store.jobs(states=ACTIVE):
+                self._interrupted(job, "server restarted")
+
+    def _interrupted(self, job: JobRecord, why: str) -> None:
+        if job.state == pb.CANCELLING:
+            self._store.transition(job.id, pb.CANCELLED, job.reason or "cancelled")
+        elif job.attempts >= self._max_attempts:
+            self._store.transition(job.id, pb.FAILED, f"{why}; gave up after {job.attempts} attempts")
+        else:
+            self._store.transition(job.id, pb.QUEUED, f"{why}; will resume from the last checkpoint")
+
+    def _audit_job(self, job: JobRecord, action: str, **details: object) -> None:
+        self._audit.append("server", action, resource=job.id, tenant=job.tenant, details=details)

@@ -1,0 +1,213 @@
+"""The server's one database: schema versions and migrations, file modes, one owner of the connection."""
+
+import os
+import sqlite3
+import stat
+from pathlib import Path
+
+import pytest
+
+from cantata.proto.v1 import common_pb2
+from cantata.security.keys import LocalKeyring, MasterKey
+from cantata.server.database import MIGRATIONS, Database, DatabaseError
+from cantata.server.datasource_store import DataSourceSpec, DataSourceStore
+from cantata.server.store import Store
+
+# The DDL both stores ran before the schema was versioned, copied as it was.
+OLD_STORE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tenants (
+    name TEXT PRIMARY KEY, status TEXT NOT NULL, csr_pem BLOB NOT NULL, csr_fingerprint TEXT NOT NULL,
+    cert_pem BLOB, max_concurrent_jobs INTEGER NOT NULL DEFAULT 0, max_workers_per_job INTEGER NOT NULL DEFAULT 0,
+    max_total_steps INTEGER NOT NULL DEFAULT 0, requested_at TEXT NOT NULL, approved_by TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS rejected_fingerprints (
+    fingerprint TEXT PRIMARY KEY, name TEXT NOT NULL, rejected_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS certificates (
+    serial TEXT PRIMARY KEY, principal TEXT NOT NULL, not_after TEXT NOT NULL, revoked INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY, tenant TEXT NOT NULL, request_id TEXT NOT NULL, spec BLOB NOT NULL, state INTEGER NOT NULL,
+    reason TEXT NOT NULL DEFAULT '', step INTEGER NOT NULL DEFAULT 0, loss REAL NOT NULL DEFAULT 0,
+    val_loss REAL NOT NULL DEFAULT 0, attempts INTEGER NOT NULL DEFAULT 0, attack TEXT NOT NULL DEFAULT '',
+    created_at TEXT NOT NULL, updated_at TEXT NOT NULL, UNIQUE (tenant, request_id)
+);
+CREATE INDEX IF NOT EXISTS jobs_by_tenant ON jobs (tenant, created_at);
+CREATE TABLE IF NOT EXISTS events (
+    job_id TEXT NOT NULL, seq INTEGER NOT NULL, body BLOB NOT NULL, PRIMARY KEY (job_id, seq)
+);
+CREATE TABLE IF NOT EXISTS workers (
+    job_id TEXT NOT NULL, idx INTEGER NOT NULL, pid INTEGER NOT NULL, finished INTEGER NOT NULL DEFAULT 0,
+    failure TEXT NOT NULL DEFAULT '', restarts INTEGER NOT NULL DEFAULT 0, gossip_address TEXT NOT NULL DEFAULT '',
+    round INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (job_id, idx)
+);
+CREATE TABLE IF NOT EXISTS anomalies (
+    job_id TEXT NOT NULL, reporter INTEGER NOT NULL, peer INTEGER NOT NULL, round INTEGER NOT NULL,
+    check_name TEXT NOT NULL, verdict TEXT NOT NULL, score REAL NOT NULL, quarantined INTEGER NOT NULL,
+    time TEXT NOT NULL
+);
+"""
+OLD_DATA_SOURCES_SCHEMA = """
+CREATE TABLE IF NOT EXISTS data_sources (
+    tenant TEXT NOT NULL, name TEXT NOT NULL, kind TEXT NOT NULL, endpoint TEXT NOT NULL,
+    has_dataset_key INTEGER NOT NULL, sealed BLOB NOT NULL, created_at TEXT NOT NULL, PRIMARY KEY (tenant, name)
+);
+"""
+S3_SECRETS = {"access_key_id": "AKIAEXAMPLE", "secret_access_key": "not-a-real-secret"}
+
+
+@pytest.fixture
+def keyring(tmp_path: Path) -> LocalKeyring:
+    ring = LocalKeyring(tmp_path / "keyring.sealed", MasterKey(bytes(range(32))))
+    ring.ensure_tenant("acme")
+    return ring
+
+
+def _tables(path: Path) -> dict[str, str]:
+    with sqlite3.connect(path) as raw:
+        return {name: sql for name, sql in raw.execute("SELECT name, sql FROM sqlite_master WHERE type='table'")}
+
+
+def _approved(store: Store) -> None:
+    store.add_tenancy_request("acme", b"csr", "sha256:x")
+    store.approve_tenant("acme", "sha256:x", b"cert", common_pb2.Quota(max_concurrent_jobs=2), "root")
+
+
+def test_a_new_database_has_every_table_at_the_latest_version(tmp_path: Path) -> None:
+    db = Database(tmp_path / "state.db")
+    assert db.version == len(MIGRATIONS) >= 1
+    db.close()
+    assert {"tenants", "certificates", "jobs", "events", "workers", "anomalies", "data_sources"} <= set(
+        _tables(tmp_path / "state.db")
+    )
+
+
+def _columns(path: Path) -> dict[str, list[tuple]]:
+    with sqlite3.connect(path) as raw:
+        return {table: raw.execute(f"PRAGMA table_info({table})").fetchall() for table in _tables(path)}
+
+
+def test_version_1_is_the_schema_of_the_unversioned_stores(tmp_path: Path) -> None:
+    with sqlite3.connect(tmp_path / "old.db") as raw:
+        raw.executescript(OLD_STORE_SCHEMA + OLD_DATA_SOURCES_SCHEMA)
+    Database(tmp_path / "new.db", MIGRATIONS[:1]).close()
+    assert _columns(tmp_path / "new.db") == _columns(tmp_path / "old.db")
+
+
+def test_a_database_made_before_versioning_opens_unchanged(tmp_path: Path, keyring: LocalKeyring) -> None:
+    path = tmp_path / "state.db"
+    spec = common_pb2.JobSpec(name="j", steps=10)
+    with sqlite3.connect(path) as raw:  # what the old server left: both schemas, user_version 0, rows in them
+        raw.execute("PRAGMA journal_mode=WAL")
+        raw.executescript(OLD_STORE_SCHEMA + OLD_DATA_SOURCES_SCHEMA)
+        raw.execute(
+            "INSERT INTO tenants (name, status, csr_pem, csr_fingerprint, max_concurrent_jobs, requested_at) "
+            "VALUES ('acme', 'APPROVED', x'00', 'sha256:x', 2, '2026-01-01T00:00:00+00:00')"
+        )
+        raw.execute(
+            "INSERT INTO jobs (id, tenant, request_id, spec, state, step, created_at, updated_at) "
+            "VALUES ('job-1', 'acme', 'request-0001', ?, ?, 7, '2026-01-01', '2026-01-01')",
+            (spec.SerializeToString(), common_pb2.RUNNING),
+        )
+    before = _tables(path)
+
+    db = Database(path)
+    assert db.version == 1
+    assert _tables(path) == before  # nothing was recreated or altered
+    store, sources = Store(db), DataSourceStore(db, keyring)
+    assert store.tenant("acme").quota.max_concurrent_jobs == 2
+    job = store.job("job-1", tenant="acme")
+    assert (job.state, job.step, job.spec) == (common_pb2.RUNNING, 7, spec)
+    assert store.transition("job-1", common_pb2.SUCCEEDED)
+    assert [e.state for e in store.events_after("job-1", 0)] == [common_pb2.SUCCEEDED]
+    sources.register("acme", DataSourceSpec("corpus", "s3", "", S3_SECRETS))
+    assert [s.name for s in sources.sources("acme")] == ["corpus"]
+    db.close()
+
+
+def test_migrations_apply_in_order_once_each(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    Database(path).close()
+    steps = (*MIGRATIONS, "CREATE TABLE metrics (job_id TEXT)", "ALTER TABLE metrics ADD COLUMN step INTEGER")
+    db = Database(path, steps)
+    assert db.version == len(MIGRATIONS) + 2
+    db.close()
+    db = Database(path, steps)  # a second open applies nothing (CREATE TABLE would fail if it did)
+    assert db.version == len(MIGRATIONS) + 2
+    db.connection.execute("INSERT INTO metrics (job_id, step) VALUES ('j', 1)")
+    db.close()
+
+
+def test_a_failing_migration_changes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    Database(path).close()
+    with pytest.raises(sqlite3.OperationalError):
+        Database(path, (*MIGRATIONS, "CREATE TABLE half (x); ALTER TABLE missing ADD COLUMN y"))
+    db = Database(path)
+    assert db.version == len(MIGRATIONS)
+    db.close()
+    assert "half" not in _tables(path)
+
+
+def test_a_database_newer_than_the_server_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    Database(path, (*MIGRATIONS, "CREATE TABLE future (x)")).close()
+    with pytest.raises(DatabaseError, match="schema version 2"):
+        Database(path)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_the_database_files_are_readable_by_the_owner_only(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    umask = os.umask(0)  # what a careless service manager might run the server with
+    try:
+        db = Database(path)
+        store = Store(db)
+        _approved(store)
+        wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
+        assert wal.exists() and shm.exists()
+        assert (_mode(path), _mode(wal), _mode(shm)) == (0o600, 0o600, 0o600)
+        db.close()
+        with sqlite3.connect(path) as raw:  # a rollback journal, as a tool in another journal mode leaves one
+            raw.execute("PRAGMA journal_mode=PERSIST")
+            raw.execute("INSERT INTO rejected_fingerprints VALUES ('f', 'n', 't')")
+        journal = Path(f"{path}-journal")
+        assert journal.exists() and _mode(journal) == 0o600
+    finally:
+        os.umask(umask)
+
+
+def test_a_database_left_world_readable_is_tightened_on_open(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    Database(path).close()
+    path.chmod(0o644)
+    Path(f"{path}-wal").write_bytes(b"")
+    Path(f"{path}-wal").chmod(0o644)
+    Database(path).close()
+    assert _mode(path) == 0o600
+    assert not Path(f"{path}-wal").exists() or _mode(Path(f"{path}-wal")) == 0o600
+
+
+def _open_files(path: Path) -> int:
+    fds = Path("/proc/self/fd")
+    return sum(1 for fd in fds.iterdir() if os.path.realpath(fd) == str(path.resolve()))
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts open files through /proc")
+def test_the_stores_share_the_one_connection_of_the_database(tmp_path: Path, keyring: LocalKeyring) -> None:
+    path = tmp_path / "state.db"
+    db = Database(path)
+    store, sources = Store(db), DataSourceStore(db, keyring)
+    _approved(store)
+    sources.register("acme", DataSourceSpec("corpus", "s3", "", S3_SECRETS))
+    assert store.database is sources.database is db
+    assert _open_files(path) == 1  # one connection holds the file, however many stores use it
+    with db.transaction() as tx:  # and one lock: a store's read inside the owner's transaction sees its write
+        tx.execute("UPDATE tenants SET status='SUSPENDED' WHERE name='acme'")
+        assert store.tenant_status("acme") == "SUSPENDED"
+        assert sources.exists("acme", "corpus")
+    db.close()
+    assert _open_files(path) == 0

@@ -1,0 +1,396 @@
+"""Every path of a job's lifecycle, on a real store and without processes: one terminal state, today's audit records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cantata.proto.v1 import common_pb2 as pb
+from cantata.proto.v1 import jobs_pb2
+from cantata.security.audit import Action
+from cantata.server.datasource_store import DataSourceNotFound
+from cantata.server.lifecycle import JobLifecycle
+from cantata.server.store import JobRecord, Store
+
+MAX_ATTEMPTS, MAX_RESTARTS = 3, 2
+TENANT = "acme"
+
+
+@dataclass
+class RecordingAudit:
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    def append(self, actor: str, action: str, **fields: Any) -> None:
+        self.records.append({"actor": actor, "action": action, **fields})
+
+    def of(self, job_id: str) -> list[tuple[str, dict]]:
+        return [(r["action"], r.get("details") or {}) for r in self.records if r.get("resource") == job_id]
+
+
+@dataclass
+class FakeWorkers:
+    """The launcher's side, as the lifecycle sees it: which jobs have processes, what was done to them."""
+
+    running: dict[str, int] = field(default_factory=dict)  # job id -> processes alive
+    logs: dict[tuple[str, int], str] = field(default_factory=dict)
+    refuse_restart: Exception | None = None
+    relaunched: list[tuple[str, int]] = field(default_factory=list)
+    terminated: list[str] = field(default_factory=list)
+    scrubbed: list[str] = field(default_factory=list)
+
+    def relaunch(self, job: JobRecord, worker: int) -> int:
+        if self.refuse_restart:
+            raise self.refuse_restart
+        self.relaunched.append((job.id, worker))
+        return 2000 + worker
+
+    def alive_workers(self, job_id: str) -> int:
+        return self.running.get(job_id, 0)
+
+    def is_running(self, job_id: str) -> bool:
+        return job_id in self.running
+
+    def terminate(self, job_id: str) -> None:
+        self.terminated.append(job_id)
+
+    def scrub(self, job_id: str) -> None:
+        self.scrubbed.append(job_id)
+
+    def log_tail(self, job_id: str, worker: int) -> str:
+        return self.logs.get((job_id, worker), "")
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    store = Store(tmp_path / "state.db")
+    store.add_tenancy_request(TENANT, b"csr", "sha256:x")
+    store.approve_tenant(TENANT, "sha256:x", b"cert", pb.Quota(), "root")
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def audit() -> RecordingAudit:
+    return RecordingAudit()
+
+
+@pytest.fixture
+def workers() -> FakeWorkers:
+    return FakeWorkers()
+
+
+@pytest.fixture
+def lifecycle(store: Store, audit: RecordingAudit, workers: FakeWorkers) -> JobLifecycle:
+    return JobLifecycle(store, audit, workers, max_attempts=MAX_ATTEMPTS, max_restarts=MAX_RESTARTS)
+
+
+_requests = iter(range(10**6))
+
+
+def _submit(store: Store, **spec: Any) -> JobRecord:
+    fields = {"name": "j", "steps": 10, "workers": 2, "ranks_per_worker": 1, "algorithm": "allreduce", **spec}
+    job, _ = store.submit_job(store.tenant(TENANT), f"request-{next(_requests):08d}", pb.JobSpec(**fields))
+    return job
+
+
+def _started(lifecycle: JobLifecycle, store: Store, workers: FakeWorkers, job: JobRecord) -> JobRecord:
+    """Place the job and let worker 0 report it started: RUNNING with every process alive."""
+    assert lifecycle.placing(job)
+    n = job.spec.workers * job.spec.ranks_per_worker
+    lifecycle.placed(job, {i: 1000 + i for i in range(n)})
+    workers.running[job.id] = n
+    lifecycle.worker_started(store.job(job.id), 0)
+    return store.job(job.id)
+
+
+def _state_events(store: Store, job_id: str) -> list[jobs_pb2.JobEvent]:
+    return [e for e in store.events_after(job_id, 0) if e.kind == jobs_pb2.STATE]
+
+
+def _ended(store: Store, job_id: str, state: int, reason: str) -> None:
+    """The job is in ``state`` with ``reason``, and its events hold exactly one terminal event, the last."""
+    job = store.job(job_id)
+    assert (pb.JobState.Name(job.state), job.reason) == (pb.JobState.Name(state), reason)
+    events = _state_events(store, job_id)
+    assert [e.terminal for e in events].count(True) == 1 and events[-1].terminal
+    assert events[-1].state == state
+
+
+def _exit(lifecycle: JobLifecycle, workers: FakeWorkers, job: JobRecord, worker: int, code: int) -> None:
+    workers.running[job.id] -= 1
+    lifecycle.worker_exited(job.id, worker, code)
+
+
+def _all_exit(lifecycle: JobLifecycle, workers: FakeWorkers, job: JobRecord) -> None:
+    workers.running.pop(job.id, None)
+    lifecycle.workers_exited(job.id)
+
+
+# ---- success and failure of a job that runs ----------------------------------
+
+
+def test_a_job_whose_workers_all_finish_succeeds(lifecycle, store, audit, workers):
+    job = _submit(store)
+    assert lifecycle.placing(job)
+    assert store.job(job.id).state == pb.STARTING and store.job(job.id).attempts == 1
+    lifecycle.placed(job, {0: 11, 1: 12})
+    assert [w.pid for w in store.workers(job.id)] == [11, 12]
+    workers.running[job.id] = 2
+    lifecycle.worker_started(store.job(job.id), 1)
+    assert store.job(job.id).state == pb.STARTING  # only worker 0 speaks for the job
+    lifecycle.worker_started(store.job(job.id), 0)
+    assert store.job(job.id).state == pb.RUNNING
+    lifecycle.worker_finished(store.job(job.id), 0, final_val_loss=1.5)
+    lifecycle.worker_finished(store.job(job.id), 1, final_val_loss=9.0)
+    assert (store.job(job.id).step, store.job(job.id).val_loss) == (10, 1.5)  # worker 0's result is the job's
+    for i in (0, 1):
+        _exit(lifecycle, workers, job, i, 0)
+    assert store.job(job.id).state == pb.RUNNING  # a clean exit decides nothing until all are gone
+    _all_exit(lifecycle, workers, job)
+    _ended(store, job.id, pb.SUCCEEDED, "")
+    assert audit.of(job.id) == [
+        (Action.JOB_STARTED, {"workers": 2}),
+        (Action.JOB_FINISHED, {"state": "SUCCEEDED", "reason": ""}),
+    ]
+
+
+def test_workers_that_exit_cleanly_without_finishing_fail_the_job(lifecycle, store, audit, workers):
+    job = _started(lifecycle, store, workers, _submit(store))
+    lifecycle.worker_finished(job, 0, final_val_loss=1.0)
+    _all_exit(lifecycle, workers, job)
+    _ended(store, job.id, pb.FAILED, "workers exited without finishing")
+    assert audit.of(job.id)[-1] == (
+        Action.JOB_FINISHED,
+        {"state": "FAILED", "reason": "workers exited without finishing"},
+    )
+
+
+@pytest.mark.parametrize(
+    ("reported", "log", "detail"),
+    [
+        ("CUDA out of memory", "last log line", "CUDA out of memory"),
+        ("", "last log line", "last log line"),
+        ("", "", "no output"),
+    ],
+)
+def test_a_failed_worker_fails_an_allreduce_job_with_its_reason(
+    lifecycle, store, audit, workers, reported, log, detail
+):
+    job = _started(lifecycle, store, workers, _submit(store))
+    if reported:
+        lifecycle.worker_failed(job, 1, reported)
+    workers.logs[(job.id, 1)] = log
+    _exit(lifecycle, workers, job, 1, 3)
+    reason = f"worker 1 exited with code 3: {detail}"
+    _ended(store, job.id, pb.FAILED, reason)
+    assert workers.scrubbed == [job.id] and workers.terminated == [job.id]  # secrets go, the others are stopped
+    _all_exit(lifecycle, workers, job)  # the rest exiting later changes nothing
+    _ended(store, job.id, pb.FAILED, reason)
+    assert audit.of(job.id) == [
+        (Action.JOB_STARTED, {"workers": 2}),
+        (Action.JOB_FINISHED, {"state": "FAILED", "reason": reason}),
+    ]
+    assert workers.relaunched == []  # an all-reduce job restarts no worker
+
+
+def test_an_exit_clears_the_workers_gossip_address(lifecycle, store, workers):
+    job = _started(lifecycle, store, workers, _submit(store, algorithm="gasloc", min_workers=1))
+    store.set_gossip_address(job.id, 1, "127.0.0.1:5000")
+    _exit(lifecycle, workers, job, 1, 0)
+    assert [w.gossip_address for w in store.workers(job.id)] == ["", ""]
+    assert store.job(job.id).state == pb.RUNNING
+
+
+# ---- decentralized jobs outlive workers --------------------------------------
+
+
+def _decentralized(lifecycle, store, workers, **spec) -> JobRecord:
+    return _started(lifecycle, store, workers, _submit(store, algorithm="gasloc", workers=3, min_workers=2, **spec))
+
+
+def _messages(store: Store, job_id: str) -> list[str]:
+    return [e.message for e in store.events_after(job_id, 0) if e.kind == jobs_pb2.MESSAGE]
+
+
+def test_a_dead_decentralized_worker_is_restarted_up_to_max_restarts(lifecycle, store, audit, workers):
+    job = _decentralized(lifecycle, store, workers)
+    for attempt in range(1, MAX_RESTARTS + 1):
+        _exit(lifecycle, workers, job, 2, 9)
+        workers.running[job.id] += 1  # relaunched
+        assert store.workers(job.id)[2].restarts == attempt
+        assert store.workers(job.id)[2].pid == 2002
+    assert workers.relaunched == [(job.id, 2)] * MAX_RESTARTS
+    assert _messages(store, job.id) == [
+        f"worker 2 exited with code 9: no output; restarting it ({n}/{MAX_RESTARTS})" for n in (1, 2)
+    ]
+    _exit(lifecycle, workers, job, 2, 9)  # restarts spent: 2 of 3 groups alive is still the quorum
+    assert (
+        _messages(store, job.id)[-1]
+        == "worker 2 exited with code 9: no output; continuing with 2 of 3 worker processes"
+    )
+    assert store.job(job.id).state == pb.RUNNING
+    for i in (0, 1):
+        lifecycle.worker_finished(store.job(job.id), i, final_val_loss=1.0)
+    _all_exit(lifecycle, workers, job)
+    _ended(store, job.id, pb.SUCCEEDED, "")  # min_workers groups finished: enough
+    assert [a for a, _ in audit.of(job.id)] == [Action.JOB_STARTED, Action.JOB_FINISHED]
+
+
+def test_a_worker_whose_data_source_is_gone_is_not_restarted(lifecycle, store, workers):
+    job = _decentralized(lifecycle, store, workers)
+    workers.refuse_restart = DataSourceNotFound("data source 'corpus' not found")
+    _exit(lifecycle, workers, job, 0, 1)
+    assert workers.relaunched == [] and store.workers(job.id)[0].restarts == 0
+    assert _messages(store, job.id) == [
+        "worker 0 exited with code 1: no output; cannot restart it: data source 'corpus' not found; "
+        "continuing with 2 of 3 worker processes"
+    ]
+    assert store.job(job.id).state == pb.RUNNING
+
+
+def test_a_decentralized_job_below_its_quorum_fails(lifecycle, store, audit, workers):
+    job = _decentralized(lifecycle, store, workers)
+    workers.refuse_restart = DataSourceNotFound("gone")
+    _exit(lifecycle, workers, job, 0, 1)
+    _exit(lifecycle, workers, job, 1, 1)
+    reason = "worker 1 exited with code 1: no output; cannot restart it: gone; fewer than min_workers=2 worker groups are left"
+    _ended(store, job.id, pb.FAILED, reason)
+    assert workers.terminated == [job.id] and workers.scrubbed == [job.id]
+    assert audit.of(job.id)[-1] == (Action.JOB_FINISHED, {"state": "FAILED", "reason": reason})
+
+
+def test_a_decentralized_job_with_too_few_finished_groups_fails(lifecycle, store, workers):
+    job = _decentralized(lifecycle, store, workers)
+    lifecycle.worker_finished(job, 0, final_val_loss=1.0)
+    _all_exit(lifecycle, workers, job)
+    _ended(store, job.id, pb.FAILED, "workers exited without finishing")
+
+
+# ---- placement that does not get to run ---------------------------------------
+
+
+def test_a_job_that_cannot_start_its_workers_fails(lifecycle, store, audit):
+    job = _submit(store)
+    assert lifecycle.placing(job)
+    lifecycle.launch_failed(job, OSError("no such file"))
+    _ended(store, job.id, pb.FAILED, "could not start workers: no such file")
+    assert audit.of(job.id) == []  # today no record is written on this path
+
+
+def test_a_queued_job_that_used_its_attempts_gives_up(lifecycle, store, audit, workers):
+    job = _submit(store)
+    generous = JobLifecycle(store, audit, workers, max_attempts=MAX_ATTEMPTS + 1, max_restarts=MAX_RESTARTS)
+    for _ in range(MAX_ATTEMPTS):  # interrupted on a server that allowed more attempts than this one does
+        _started(generous, store, workers, store.job(job.id))
+        generous.server_stopping()
+    assert store.job(job.id).attempts == MAX_ATTEMPTS and store.job(job.id).state == pb.QUEUED
+    assert not lifecycle.placing(store.job(job.id))
+    _ended(store, job.id, pb.FAILED, f"gave up after {MAX_ATTEMPTS} attempts")
+    assert [a for a, _ in audit.of(job.id)] == [Action.JOB_STARTED] * MAX_ATTEMPTS  # no record for giving up, as today
+
+
+def test_placing_a_job_that_is_no_longer_queued_does_nothing(lifecycle, store):
+    job = _submit(store)
+    store.transition(job.id, pb.CANCELLED, "gone")
+    assert not lifecycle.placing(job)
+    _ended(store, job.id, pb.CANCELLED, "gone")
+
+
+# ---- cancellation ---------------------------------------------------------------
+
+
+def test_cancelling_a_queued_job_ends_it_at_once(lifecycle, store, audit, workers):
+    job = _submit(store)
+    lifecycle.cancel_requested(job, actor="spiffe://cantata/tenant/acme", peer="ipv4:127.0.0.1:1")
+    _ended(store, job.id, pb.CANCELLED, "cancelled by tenant")
+    assert workers.terminated == []
+    assert [(r["actor"], r["action"], r.get("peer", "")) for r in audit.records] == [
+        ("spiffe://cantata/tenant/acme", Action.JOB_CANCEL_REQUESTED, "ipv4:127.0.0.1:1"),
+        ("server", Action.JOB_CANCELLED, ""),
+    ]
+    assert audit.of(job.id)[-1] == (Action.JOB_CANCELLED, {"reason": "cancelled by tenant"})
+
+
+def test_cancelling_a_running_job_waits_for_its_workers(lifecycle, store, audit, workers):
+    job = _started(lifecycle, store, workers, _submit(store))
+    lifecycle.cancel_requested(job, actor="spiffe://cantata/tenant/acme", peer="")
+    assert store.job(job.id).state == pb.CANCELLING and workers.terminated == [job.id]
+    _exit(lifecycle, workers, job, 0, -15)  # SIGTERM while cancelling is no failure
+    assert store.job(job.id).state == pb.CANCELLING and workers.scrubbed == []
+    _all_exit(lifecycle, workers, job)
+    _ended(store, job.id, pb.CANCELLED, "cancelled by tenant")
+    assert audit.of(job.id) == [
+        (Action.JOB_STARTED, {"workers": 2}),
+        (Action.JOB_CANCEL_REQUESTED, {}),
+        (Action.JOB_CANCELLED, {"reason": "cancelled by tenant"}),
+    ]
+
+
+def test_cancelling_a_started_job_without_processes_ends_it_at_once(lifecycle, store, audit):
+    job = _submit(store)
+    assert lifecycle.placing(job)  # STARTING, launcher not reached yet
+    lifecycle.cancel_requested(store.job(job.id), actor="spiffe://cantata/tenant/acme", peer="")
+    _ended(store, job.id, pb.CANCELLED, "cancelled by tenant")
+    assert audit.of(job.id)[-1] == (Action.JOB_CANCELLED, {"reason": "cancelled by tenant"})
+
+
+def test_cancelling_a_finished_job_changes_and_records_nothing(lifecycle, store, audit, workers):
+    job = _started(lifecycle, store, workers, _submit(store))
+    _all_exit(lifecycle, workers, job)
+    before = len(audit.records)
+    lifecycle.cancel_requested(store.job(job.id), actor="spiffe://cantata/tenant/acme", peer="")
+    assert len(audit.records) == before
+    _ended(store, job.id, pb.FAILED, "workers exited without finishing")
+
+
+def test_a_suspended_tenants_jobs_are_cancelled(lifecycle, store, audit, workers):
+    queued, running, done = _submit(store), _submit(store), _submit(store)
+    _started(lifecycle, store, workers, running)
+    _started(lifecycle, store, workers, done)
+    _all_exit(lifecycle, workers, done)
+    lifecycle.tenant_suspended(TENANT)
+    _ended(store, queued.id, pb.CANCELLED, "tenant suspended")
+    assert store.job(running.id).state == pb.CANCELLING and workers.terminated == [running.id]
+    _all_exit(lifecycle, workers, running)
+    _ended(store, running.id, pb.CANCELLED, "tenant suspended")
+    _ended(store, done.id, pb.FAILED, "workers exited without finishing")
+    assert Action.JOB_CANCEL_REQUESTED not in [r["action"] for r in audit.records]  # the admin's act is audited apart
+    assert audit.of(queued.id) == [(Action.JOB_CANCELLED, {"reason": "tenant suspended"})]
+    assert audit.of(running.id)[-1] == (Action.JOB_CANCELLED, {"reason": "tenant suspended"})
+
+
+# ---- the server stops and restarts ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("event", "why"), [("server_stopping", "server stopped"), ("server_restarted", "server restarted")]
+)
+def test_the_server_going_away_requeues_active_jobs_and_ends_cancelling_ones(
+    lifecycle, store, audit, workers, event, why
+):
+    running, cancelling, queued = _submit(store), _submit(store), _submit(store)
+    _started(lifecycle, store, workers, running)
+    _started(lifecycle, store, workers, cancelling)
+    lifecycle.cancel_requested(store.job(cancelling.id), actor="spiffe://cantata/tenant/acme", peer="")
+    records = len(audit.records)
+    getattr(lifecycle, event)()
+    job = store.job(running.id)
+    assert (job.state, job.reason) == (pb.QUEUED, f"{why}; will resume from the last checkpoint")
+    _ended(store, cancelling.id, pb.CANCELLED, "cancelled by tenant")
+    assert store.job(queued.id).state == pb.QUEUED and store.job(queued.id).attempts == 0
+    assert len(audit.records) == records  # none of these transitions writes a record today
+    assert lifecycle.placing(store.job(running.id))  # and the requeued job starts its next attempt
+    assert store.job(running.id).attempts == 2
+
+
+def test_a_job_interrupted_on_its_last_attempt_fails(lifecycle, store, workers):
+    job = _submit(store)
+    for _ in range(MAX_ATTEMPTS - 1):
+        _started(lifecycle, store, workers, store.job(job.id))
+        lifecycle.server_stopping()
+    _started(lifecycle, store, workers, store.job(job.id))
+    lifecycle.server_restarted()
+    _ended(store, job.id, pb.FAILED, f"server restarted; gave up after {MAX_ATTEMPTS} attempts")
