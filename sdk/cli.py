@@ -22,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from cantata import dataset_key as key_file
 from cantata.sdk import enroll
 from cantata.sdk.client import Client
 from cantata.sdk.errors import CantataError
@@ -342,9 +343,7 @@ def _azure_account_url(environ: Mapping[str, str]) -> str:
 
 def _profile_dataset_key(profile: str) -> bytes:
     """The tenant's dataset key: the one ``cantata data upload --encrypt`` seals shards with (made on first use)."""
-    from cantata.trainer.data.sealing import KEY_FILE, DatasetKey
-
-    return DatasetKey.load_or_create(Profile.named(profile).folder / KEY_FILE, tenant=profile).secret
+    return key_file.load_or_create(Profile.named(profile).folder / key_file.KEY_FILE, tenant=profile)[1]
 
 
 def _data_source_line(s) -> str:
