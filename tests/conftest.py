@@ -32,6 +32,9 @@ INTEGRATION_FIXTURES = frozenset(
 )
 # Parameters of tests.services' ``blob_store`` that need moto or Azurite.
 REMOTE_BLOB_STORES = frozenset({"s3", "azure"})
+# Integration tests wait for real processes, perhaps on a loaded machine: their
+# ceiling (a hang detector, see tests/waiting.py) is above the default 300 s.
+INTEGRATION_TIMEOUT_S = 900
 
 
 def is_integration(item: pytest.Item) -> bool:
@@ -48,6 +51,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if is_integration(item):
             item.add_marker(pytest.mark.integration)
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(INTEGRATION_TIMEOUT_S))
 
 
 @pytest.fixture(scope="module")
