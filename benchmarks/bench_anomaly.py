@@ -65,7 +65,7 @@ def grid(seeds: int) -> list[RunSpec]:
         for topology in TOPOLOGIES:
             for defence in defences(topology):
                 specs.append(RunSpec(topology, defence, None, seed))
-                for count, workers in BYZANTINE_SETS.items():
+                for workers in BYZANTINE_SETS.values():
                     for kind in AttackKind:
                         attack = AttackConfig(kind, workers, alie_z=ALIE_Z)
                         specs.append(RunSpec(topology, defence, attack, seed))
@@ -186,7 +186,7 @@ def plot(rows: list[dict], path: Path) -> None:
     panels = [(t, b) for t in TOPOLOGIES for b in BYZANTINE_SETS]
     attacks = ["clean"] + [k.value for k in AttackKind]
     figure, axes = plt.subplots(len(panels), 1, figsize=(11, 3.2 * len(panels)), sharey=True)
-    for axis, (topology, byzantine) in zip(axes, panels):
+    for axis, (topology, byzantine) in zip(axes, panels, strict=True):
         columns = defences(topology)
         width = 0.8 / len(columns)
         index = {

@@ -19,6 +19,7 @@ per-rank thread CPU time, so it stays meaningful when processes share cores.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import tempfile
 import time
@@ -97,7 +98,7 @@ def _redundant_ddp(params, momenta, config, world) -> StepStats:
     flat.div_(world)
     stats.wire_bytes += 2 * ring_bytes(-(-flat.numel() // world), world, 4)
     offset = 0
-    for param, momentum in zip(params, momenta):
+    for param, momentum in zip(params, momenta, strict=True):
         grad = flat[offset : offset + param.numel()].view_as(param)
         offset += param.numel()
         with stats.computing():
@@ -116,7 +117,7 @@ def _moonlight(params, momenta, config, world) -> StepStats:
     dist.all_gather_single(padded, shard)
     stats.wire_bytes += 2 * ring_bytes(row, world, 4)
     offset = 0
-    for param, momentum in zip(params, momenta):
+    for param, momentum in zip(params, momenta, strict=True):
         grad = padded[offset : offset + param.numel()].view_as(param)
         offset += param.numel()
         with stats.computing():
@@ -157,11 +158,11 @@ def _step_worker(rank: int, world: int, init_file: str, out_file: str, layers: i
     results = {}
 
     params = _params(shapes)
-    for p, g in zip(params, grads):
+    for p, g in zip(params, grads, strict=True):
         p.grad = g
     momenta = [torch.zeros_like(p) for p in params]
-    results["(i) redundant (DDP)"] = _timed(lambda: _redundant_ddp(params, momenta, config, world), steps)
-    results["(ii) Moonlight"] = _timed(lambda: _moonlight(params, momenta, config, world), steps)
+    results["(i) redundant (DDP)"] = _timed(functools.partial(_redundant_ddp, params, momenta, config, world), steps)
+    results["(ii) Moonlight"] = _timed(functools.partial(_moonlight, params, momenta, config, world), steps)
     del momenta
 
     numels = [r * c for r, c in shapes]
@@ -176,11 +177,11 @@ def _step_worker(rank: int, world: int, init_file: str, out_file: str, layers: i
     named = [(f"m{i}", p) for i, p in enumerate(params)]
     for label, plan in dp_plans.items():
         engine = DataParallelMuon(named, process_group=dist.group.WORLD, config=config, plan=plan)
-        results[label] = _timed(lambda: engine.step(lr=LR, weight_decay=WEIGHT_DECAY), steps)
+        results[label] = _timed(functools.partial(engine.step, lr=LR, weight_decay=WEIGHT_DECAY), steps)
         del engine
 
     matrices = []
-    for i, (shape, grad) in enumerate(zip(shapes, grads)):
+    for i, (shape, grad) in enumerate(zip(shapes, grads, strict=True)):
         dim = COLUMN_PARALLEL[i % len(COLUMN_PARALLEL)]
         shard = params[i].chunk(world, dim=dim)[rank].clone()
         shard.grad = grad.chunk(world, dim=dim)[rank].clone()

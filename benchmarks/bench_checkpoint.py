@@ -169,7 +169,7 @@ def plot(results: list[dict], path: Path) -> None:
 
     figure, axes = plt.subplots(1, 2, figsize=(10, 4))
     stores = sorted({r["store"] for r in results}, key=["local", "s3", "azure"].index)
-    for axis, operation in zip(axes, ["save", "load"]):
+    for axis, operation in zip(axes, ["save", "load"], strict=True):
         for offset, mode in enumerate(["plaintext", "sealed"]):
             values = [
                 next(r[f"{operation}_mb_s"] for r in results if r["store"] == s and r["mode"] == mode) for s in stores

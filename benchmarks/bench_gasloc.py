@@ -270,7 +270,7 @@ def plot(runs: list[dict], path: Path) -> None:
 
     hs = sorted({r["H"] for r in runs})
     fig, axes = plt.subplots(1, len(hs), figsize=(6 * len(hs), 4), squeeze=False)
-    for ax, h in zip(axes[0], hs):
+    for ax, h in zip(axes[0], hs, strict=True):
         for method in METHODS:
             mine = [r for r in runs if r["H"] == h and r["method"] == method]
             if not mine:

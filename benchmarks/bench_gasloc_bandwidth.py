@@ -329,7 +329,7 @@ def validate_transport(
         for node in nodes:
             node.stop()
     skipped_ok = n - 1 not in received[0] and 0 not in received[n - 1] and all(len(received[i]) == 2 for i in fast_ends)
-    errors = [abs(m - p) / p for m, p in zip(median, predicted)]
+    errors = [abs(m - p) / p for m, p in zip(median, predicted, strict=True)]
     errors += [abs(measured_ratio - model_ratio) / model_ratio]
     errors += [abs(elapsed[i] - deadline) / deadline for i in slow_ends]
     return {
@@ -361,7 +361,7 @@ def plot(runs: list[dict], rows: list[dict], path: Path) -> None:
 
     hs = sorted({r["H"] for r in runs})
     fig, axes = plt.subplots(len(hs), 2, figsize=(12, 4 * len(hs)), squeeze=False)
-    for (by_time, by_steps), h in zip(axes, hs):
+    for (by_time, by_steps), h in zip(axes, hs, strict=True):
         target = next(r["diloco_final_loss"] for r in rows if r["H"] == h)
         for method in METHODS:
             curve = mean_curve([r for r in runs if r["H"] == h and r["method"] == method])

@@ -76,7 +76,7 @@ class BlobReader(ABC):
     def read(self, size: int = -1) -> bytes:
         """Return up to ``size`` bytes (all remaining when negative); ``b""`` at the end."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (an optional hook: nothing to release by default)
         """Release the underlying connection or file."""
 
     def __enter__(self) -> BlobReader:
@@ -124,7 +124,7 @@ class BlobUpload(ABC):
     def write(self, data: bytes | memoryview) -> int:
         """Append ``data``; return its length."""
 
-    def flush(self) -> None:
+    def flush(self) -> None:  # noqa: B027 (a no-op for every store, there for file-object callers)
         """For file-object callers (``torch.save``): data is sent as parts fill and on commit."""
 
     @abstractmethod

@@ -14,7 +14,7 @@ fails. Every request is retried by botocore's standard retry mode
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import boto3
@@ -184,10 +184,9 @@ class _S3Upload(BlobUpload):
     def abort(self) -> None:
         self._buffer.clear()
         if self._upload_id is not None:
-            try:
+            # The upload is already failing; S3 lifecycle rules reap orphaned parts.
+            with suppress(BotoCoreError, ClientError):
                 self._client.abort_multipart_upload(Bucket=self._bucket, Key=self._name, UploadId=self._upload_id)
-            except (BotoCoreError, ClientError):
-                pass  # the upload is already failing; S3 lifecycle rules reap orphaned parts
 
 
 @contextmanager

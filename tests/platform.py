@@ -62,7 +62,7 @@ class Platform:
         self.ca_pem = (self.data_dir / "ca.pem").read_bytes()
 
     def start(self) -> None:
-        self.log = open(self.root / "server.log", "ab")
+        self.log = open(self.root / "server.log", "ab")  # noqa: SIM115 (the server writes to it until it stops)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cantata.sdk.cli", "server", "start", "--data-dir", str(self.data_dir)],
             stdout=self.log,

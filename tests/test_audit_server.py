@@ -31,7 +31,7 @@ def history(platform, tmp_path_factory):
         acme.tenants()  # a tenant calling an admin method
     with platform.admin() as admin:
         admin.set_quota("audited", max_concurrent_jobs=3)
-        serial = [t for t in admin.tenants() if t.name == "audited"][0].certificate_serial
+        serial = next(t for t in admin.tenants() if t.name == "audited").certificate_serial
         admin.suspend_tenant("audited")
         admin.resume_tenant("audited")
     enroll.request_tenancy("unwanted", platform.address, platform.ca_pem, platform.enroll_address)

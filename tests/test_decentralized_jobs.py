@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from datetime import timedelta
+from pathlib import Path
 
 import grpc
 import pytest
@@ -180,6 +181,6 @@ def _events_so_far(handle):
 
 def _worker_of(pid: int) -> int:
     """The worker index a worker process was started for (from its config file name)."""
-    args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     config = args[args.index(b"--config") + 1].decode()
     return int(config.rsplit("worker-", 1)[1].split(".")[0])

@@ -1,3 +1,4 @@
+import functools
 import socket
 import threading
 import time
@@ -113,8 +114,8 @@ def test_two_workers_of_a_job_exchange_bit_exact(nodes):
             else torch.randint(0, 256, (numel,), generator=gen, dtype=torch.uint8)
         )
         got_a, got_b = _in_parallel(
-            lambda: a.exchange(round, {1: b.address}, x),
-            lambda: b.exchange(round, {0: a.address}, y),
+            functools.partial(a.exchange, round, {1: b.address}, x),
+            functools.partial(b.exchange, round, {0: a.address}, y),
         )
         assert set(got_a) == {1} and set(got_b) == {0}
         assert got_a[1].dtype == dtype and torch.equal(got_a[1], y)

@@ -74,7 +74,7 @@ def bad_credentials(platform):
     profiles = {n: Profile.named(n) for n in ("suspendee", "revokee", "honest")}
     own = {n: pki.Bundle(p.cert.read_bytes(), p.key.read_bytes(), platform.ca_pem) for n, p in profiles.items()}
     with platform.admin() as admin:
-        serial = [t for t in admin.tenants() if t.name == "revokee"][0].certificate_serial
+        serial = next(t for t in admin.tenants() if t.name == "revokee").certificate_serial
         admin.revoke_certificate(serial, "lost laptop")
         admin.suspend_tenant("suspendee", "audit")
     return {
@@ -121,7 +121,7 @@ def test_revoked_certificate_is_refused_and_renewal_needs_good_standing(platform
     expires = dt.datetime.fromisoformat(enroll.renew_certificate("renewer"))
     assert dt.timedelta(days=29) < expires - dt.datetime.now(dt.UTC) <= dt.timedelta(days=30)
     with platform.admin() as admin:
-        listed = [t for t in admin.tenants() if t.name == "renewer"][0]
+        listed = next(t for t in admin.tenants() if t.name == "renewer")
         assert listed.certificate_serial != old_serial
         admin.revoke_certificate(old_serial)
         with Client.from_profile("renewer") as fresh:
@@ -258,9 +258,9 @@ def _served_serial(platform) -> int:
 
     ctx = ssl.create_default_context(cadata=platform.ca_pem.decode())
     ctx.check_hostname = False
-    with socket.create_connection(("127.0.0.1", int(platform.enroll_address.rsplit(":", 1)[1]))) as sock:
-        with ctx.wrap_socket(sock) as tls:
-            der = tls.getpeercert(binary_form=True)
+    address = ("127.0.0.1", int(platform.enroll_address.rsplit(":", 1)[1]))
+    with socket.create_connection(address) as sock, ctx.wrap_socket(sock) as tls:
+        der = tls.getpeercert(binary_form=True)
     return x509.load_der_x509_certificate(der).serial_number
 
 
