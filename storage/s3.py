@@ -114,7 +114,7 @@ class S3Store(BlobStore):
 
     def list(self, prefix: str = "") -> list[str]:
         full_prefix = self._prefix + validate_prefix(prefix)
-        keys = []
+        keys: list[str] = []
         with _translated_errors(f"listing {full_prefix!r}"):
             for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=self._bucket, Prefix=full_prefix):
                 keys.extend(item["Key"][len(self._prefix) :] for item in page.get("Contents", ()))
@@ -149,7 +149,7 @@ class _S3Upload(BlobUpload):
         self._upload_id: str | None = None
         self._parts: list[dict[str, Any]] = []
 
-    def write(self, data: bytes | memoryview) -> int:
+    def write(self, data: bytes | bytearray | memoryview) -> int:
         self._buffer += data
         while len(self._buffer) >= self._part_size:
             self._upload_part(bytes(self._buffer[: self._part_size]))
