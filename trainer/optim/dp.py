@@ -81,7 +81,7 @@ class DataParallelMuon:
         self.config = config
         numels = [p.numel() for p in self.params]
         if plan is None:
-            costs = [newton_schulz_flops(tuple(p.shape), config.ns_steps) for p in self.params]
+            costs = [newton_schulz_flops((p.shape[0], p.shape[1]), config.ns_steps) for p in self.params]
             plan = alpha_balanced_plan(build_buckets(numels, bucket_elements), costs, self.world_size, alpha)
         if plan.world_size != self.world_size:
             raise ValueError(f"plan is for {plan.world_size} ranks, group has {self.world_size}")

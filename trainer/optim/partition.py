@@ -152,7 +152,7 @@ def _starts(bucket: Bucket) -> list[int]:
 def _snap_to_boundaries(bucket: Bucket, targets: Sequence[float]) -> tuple[int, ...]:
     """Owner of each parameter when rank r's cut is the boundary nearest the cumulative target."""
     boundaries = _starts(bucket) + [bucket.numel]
-    cuts = []
+    cuts: list[int] = []
     cumulative = 0.0
     for target in targets[:-1]:
         cumulative += target

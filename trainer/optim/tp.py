@@ -166,6 +166,7 @@ class TensorParallelMuon:
         scattering: _InFlight | None = None
         for index in range(len(self.groups)):
             current = gathering
+            assert current is not None  # launched for this group by the previous iteration
             gathering = self._launch_gather(self.groups[index + 1], stats) if index + 1 < len(self.groups) else None
             current.work.wait()
             directions = self._compute_hosted(current, stats)
