@@ -422,8 +422,7 @@ def test_a_gasloc_job_resumes_at_the_exact_next_batch_without_refetching_what_it
     wait_for(lambda: victim not in _pids_of(handle.id))
     rejoins = _traced_so_far(platform, handle.id)[1]
     rejoined = wait_for(
-        lambda: [m for m in (e.message for e in _events_so_far(handle)) if m.startswith("worker 1 rejoins at round")],
-        timeout=120,
+        lambda: [m for m in (e.message for e in _events_so_far(handle)) if m.startswith("worker 1 rejoins at round")]
     )
     wait_for(lambda: _traced_so_far(platform, handle.id)[1] > rejoins)
     handle.cancel()
