@@ -30,11 +30,14 @@ test: $(STAMP) $(AZURITE)
 test-fast: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -m "not integration"
 
+# Every check runs, so that one run reports all that fails.
 lint: $(STAMP)
-	$(PY) -m ruff format --check .
-	$(PY) -m ruff check .
-	$(PY) scripts/typecheck.py
-	$(PY) scripts/layering.py
+	@status=0; \
+	$(PY) -m ruff format --check . || status=1; \
+	$(PY) -m ruff check . || status=1; \
+	$(PY) scripts/typecheck.py || status=1; \
+	$(PY) scripts/layering.py || status=1; \
+	exit $$status
 
 proto: $(STAMP)
 	$(PY) -m cantata.proto.codegen
