@@ -1,8 +1,9 @@
 """Shared fixtures: a real server per test module, over TLS on loopback.
 
 Tests that start a server, worker processes, moto or Azurite are marked
-``integration`` here, from the fixtures they use; ``make test-fast`` runs
-the others (``-m "not integration"``).
+``integration`` here, from the fixtures they use (a test that starts them
+itself says so with ``pytest.mark.integration``), and get a higher timeout;
+``make test-fast`` runs the others (``-m "not integration"``).
 """
 
 from __future__ import annotations
