@@ -11,6 +11,7 @@ read from their ``.pyi`` stubs. Extra arguments go to mypy.
 
 from __future__ import annotations
 
+import os
 import sys
 import tomllib
 from pathlib import Path
@@ -42,6 +43,7 @@ def sources(root: Path = ROOT) -> list[BuildSource]:
 
 def main(argv: list[str]) -> int:
     """Type-check the packages; print mypy's messages; 1 if there were errors."""
+    os.chdir(ROOT)  # the sources' paths, and so mypy's messages, are relative to the repository
     modules = sources()
     _, options = process_options(
         ["--config-file", str(ROOT / "pyproject.toml"), *argv, *(s.path for s in modules if s.path)]
