@@ -1,11 +1,13 @@
 # Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+# `make lint` checks format, lint, types and the layering; `make test-fast`
+# runs the unit tests only (no servers, workers, moto or Azurite).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 AZURITE := node_modules/.bin/azurite
 
-.PHONY: demo test proto proto-check venv clean
+.PHONY: demo test test-fast lint proto proto-check venv clean
 
 venv: $(STAMP)
 
@@ -24,6 +26,18 @@ demo: $(STAMP)
 test: $(STAMP) $(AZURITE)
 	$(PY) -m cantata.proto.codegen --check
 	PATH="$(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$$PATH" $(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -m "not integration"
+
+# Every check runs, so that one run reports all that fails.
+lint: $(STAMP)
+	@status=0; \
+	$(PY) -m ruff format --check . || status=1; \
+	$(PY) -m ruff check . || status=1; \
+	$(PY) scripts/typecheck.py || status=1; \
+	$(PY) scripts/layering.py || status=1; \
+	exit $$status
 
 proto: $(STAMP)
 	$(PY) -m cantata.proto.codegen

@@ -21,6 +21,7 @@ Writes ``benchmarks/results/bench_canzona.json`` and ``.png`` (``--quick``: a te
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import tempfile
 import time
@@ -162,8 +163,8 @@ def _step_worker(rank: int, world: int, init_file: str, out_file: str, layers: i
     for p, g in zip(params, grads, strict=True):
         p.grad = g
     momenta = [torch.zeros_like(p) for p in params]
-    results["(i) redundant (DDP)"] = _timed(lambda p=params, m=momenta: _redundant_ddp(p, m, config, world), steps)
-    results["(ii) Moonlight"] = _timed(lambda p=params, m=momenta: _moonlight(p, m, config, world), steps)
+    results["(i) redundant (DDP)"] = _timed(functools.partial(_redundant_ddp, params, momenta, config, world), steps)
+    results["(ii) Moonlight"] = _timed(functools.partial(_moonlight, params, momenta, config, world), steps)
     del momenta
 
     numels = [r * c for r, c in shapes]
@@ -178,7 +179,7 @@ def _step_worker(rank: int, world: int, init_file: str, out_file: str, layers: i
     named = [(f"m{i}", p) for i, p in enumerate(params)]
     for label, plan in dp_plans.items():
         engine = DataParallelMuon(named, process_group=dist.group.WORLD, config=config, plan=plan)
-        results[label] = _timed(lambda e=engine: e.step(lr=LR, weight_decay=WEIGHT_DECAY), steps)
+        results[label] = _timed(functools.partial(engine.step, lr=LR, weight_decay=WEIGHT_DECAY), steps)
         del engine
 
     matrices = []

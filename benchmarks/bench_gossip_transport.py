@@ -261,7 +261,7 @@ def measure(transport, size, repeats, chunk_bytes, streams, bundles, workdir):
     reports = [pipes[w][0].recv() for w in range(2)]
     for p in procs:
         p.join(timeout=60)
-    seconds = min(max(a, b) for a, b in zip(reports[0]["times"], reports[1]["times"], strict=False))
+    seconds = min(max(a, b) for a, b in zip(reports[0]["times"], reports[1]["times"], strict=True))
     cpu_s = sum(r["cpu_s"] for r in reports) / repeats
     return {
         "transport": transport,

@@ -17,6 +17,7 @@ screening, hence this simulation of the same outer round.
 
 from __future__ import annotations
 
+import itertools
 import math
 import pydoc_data.topics
 import time
@@ -95,7 +96,7 @@ class BatchedGPT:
     def init(self, workers: int, generator: torch.Generator) -> torch.Tensor:
         """Every worker starts from the same initialization (as a job does)."""
         flat = torch.zeros(self.layout.size)
-        for name, start, stop in zip(self.layout.names, self.layout.bounds, self.layout.bounds[1:], strict=False):
+        for name, (start, stop) in zip(self.layout.names, itertools.pairwise(self.layout.bounds), strict=True):
             if name.endswith(("ln1.w", "ln2.w", "lnf.w")):
                 flat[start:stop] = 1.0
             elif name.endswith(".w") or name in ("embed", "position"):
@@ -108,7 +109,7 @@ class BatchedGPT:
         n = flat.shape[0]
         return {
             name: flat[:, start:stop].view(n, *self.shapes[name])
-            for name, start, stop in zip(self.layout.names, self.layout.bounds, self.layout.bounds[1:], strict=False)
+            for name, (start, stop) in zip(self.layout.names, itertools.pairwise(self.layout.bounds), strict=True)
         }
 
     def loss(self, flat: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

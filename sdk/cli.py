@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from cantata import dataset_key as key_file
 from cantata.proto import jobfields
 from cantata.proto.vocabulary import Algorithm
 from cantata.sdk import enroll
@@ -338,9 +339,7 @@ def _azure_account_url(environ: Mapping[str, str]) -> str:
 
 def _profile_dataset_key(profile: str) -> bytes:
     """The tenant's dataset key: the one ``cantata data upload --encrypt`` seals shards with (made on first use)."""
-    from cantata.trainer.data.sealing import KEY_FILE, DatasetKey
-
-    return DatasetKey.load_or_create(Profile.named(profile).folder / KEY_FILE, tenant=profile).secret
+    return key_file.load_or_create(Profile.named(profile).folder / key_file.KEY_FILE, tenant=profile)[1]
 
 
 def _data_source_line(s) -> str:

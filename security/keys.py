@@ -44,7 +44,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -288,6 +288,14 @@ class KeyProvider(ABC):
         return retired
 
 
+class _VersionEntry(TypedDict):
+    """One KEK version as the keyring file stores it; ``key`` is None once retired."""
+
+    key: str | None
+    created_at: str
+    retired_at: str | None
+
+
 class LocalKeyring(KeyProvider):
     """Tenants' KEKs in one file, encrypted under a :class:`MasterKey`."""
 
@@ -295,9 +303,9 @@ class LocalKeyring(KeyProvider):
         self._path = Path(path)
         self._master_key = master_key
         self._lock = threading.Lock()
-        self._tenants: dict[str, dict[int, dict[str, str | None]]] = self._load()
+        self._tenants: dict[str, dict[int, _VersionEntry]] = self._load()
 
-    def _load(self) -> dict[str, dict[int, dict[str, str | None]]]:
+    def _load(self) -> dict[str, dict[int, _VersionEntry]]:
         try:
             sealed = self._path.read_bytes()
         except FileNotFoundError:
@@ -319,7 +327,7 @@ class LocalKeyring(KeyProvider):
             Path(temp_name).unlink(missing_ok=True)
             raise
 
-    def _versions_of(self, tenant: str) -> dict[int, dict[str, str | None]]:
+    def _versions_of(self, tenant: str) -> dict[int, _VersionEntry]:
         versions = self._tenants.get(tenant)
         if not versions:
             raise UnknownTenantError(f"tenant {tenant!r} has no key-encryption key")
@@ -363,7 +371,7 @@ class LocalKeyring(KeyProvider):
             if version == max(versions):
                 raise KeyringError(f"KEK v{version} is {tenant!r}'s current version; rotate before retiring it")
             if versions[version]["key"] is not None:
-                versions[version].update(key=None, retired_at=_now())
+                versions[version]["key"], versions[version]["retired_at"] = None, _now()
                 self._save()
 
     def versions(self, tenant: str) -> list[KeyVersion]:

@@ -48,7 +48,7 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import IO, Any, cast
 
 import torch
 
@@ -279,7 +279,7 @@ class _FailureRecordingSink:
 def _torch_save(state: Mapping[str, Any], sink: StreamEncryptor) -> None:
     recording = _FailureRecordingSink(sink)
     try:
-        torch.save(state, recording)
+        torch.save(state, cast("IO[bytes]", recording))  # torch only calls write and flush
     except Exception:
         if recording.failure is not None:
             raise recording.failure from None
@@ -343,6 +343,7 @@ def read_shard(
                 raise ShardMismatchError(f"shard {shard.name!r} is longer than its manifest records")
             yield segment
         summary = decryptor.summary
+    assert summary is not None  # set once the final segment is authenticated
     if (summary.plaintext_size, summary.sealed_size, summary.sealed_digest) != (
         shard.plaintext_size,
         shard.sealed_size,

@@ -45,7 +45,7 @@ import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import BinaryIO, Protocol
+from typing import Protocol, overload
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -106,6 +106,18 @@ class TrailingDataError(IntegrityError):
 
 class SegmentLimitError(OverflowError):
     """The stream would need more than 2**32 segments (the nonce counter would wrap)."""
+
+
+class Sink(Protocol):
+    """Where a sealed stream goes: a file, a blob upload."""
+
+    def write(self, data: bytes, /) -> object: ...
+
+
+class Source(Protocol):
+    """Where a sealed stream comes from: a file, a blob reader, views of bytes already fetched."""
+
+    def read(self, size: int, /) -> bytes | memoryview: ...
 
 
 class KeyWrapper(Protocol):
@@ -194,7 +206,7 @@ class StreamHeader:
         return replace(self, key_envelope=key_envelope)
 
     @classmethod
-    def read(cls, source: BinaryIO) -> StreamHeader:
+    def read(cls, source: Source) -> StreamHeader:
         """Parse a header from ``source``, refusing bad magic or versions before reading on."""
         prologue = _read_header_field(source, len(MAGIC) + 2)
         if prologue[: len(MAGIC)] != MAGIC:
@@ -270,7 +282,7 @@ class StreamEncryptor:
 
     def __init__(
         self,
-        sink: BinaryIO,
+        sink: Sink,
         *,
         context: StreamContext,
         wrapper: KeyWrapper,
@@ -352,7 +364,7 @@ class StreamDecryptor:
 
     def __init__(
         self,
-        source: BinaryIO,
+        source: Source,
         *,
         context: StreamContext,
         unwrapper: KeyUnwrapper,
@@ -385,7 +397,7 @@ class StreamDecryptor:
             size = end
         return size
 
-    def _segments(self) -> Iterator[tuple[int, bytes, bool]]:
+    def _segments(self) -> Iterator[tuple[int, bytes | memoryview, bool]]:
         """Each sealed segment, its index and whether it is the final one; the caller opens it before the next."""
         header = self.header
         sealed_segment = header.segment_size + TAG_SIZE
@@ -415,8 +427,12 @@ class StreamDecryptor:
             index += 1
         self.summary = SealedSummary(plaintext_size, sealed_size, digest.hexdigest(), index + 1)
 
+    @overload
+    def _open_segment(self, index: int, sealed: bytes | memoryview, last: bool) -> bytes: ...
+    @overload
+    def _open_segment(self, index: int, sealed: bytes | memoryview, last: bool, into: memoryview) -> memoryview: ...
     def _open_segment(
-        self, index: int, sealed: bytes, last: bool, into: memoryview | None = None
+        self, index: int, sealed: bytes | memoryview, last: bool, into: memoryview | None = None
     ) -> bytes | memoryview:
         """The authenticated plaintext of a segment (written into ``into`` when given)."""
         if len(sealed) < TAG_SIZE:
@@ -432,7 +448,9 @@ class StreamDecryptor:
             raise TruncatedStreamError(f"{self.header.context}: stream ends after non-final segment {index}")
         raise TrailingDataError(f"{self.header.context}: data follows the final segment {index}")
 
-    def _try_open(self, index: int, sealed: bytes, last: bool, into: memoryview | None) -> bytes | memoryview | None:
+    def _try_open(
+        self, index: int, sealed: bytes | memoryview, last: bool, into: memoryview | None
+    ) -> bytes | memoryview | None:
         nonce = segment_nonce(self.header.nonce_prefix, index, last)
         try:
             if into is None:
@@ -453,7 +471,7 @@ def _length_prefixed(data: bytes) -> bytes:
     return struct.pack(">H", len(data)) + data
 
 
-def _read_exact(source: BinaryIO, size: int) -> bytes:
+def _read_exact(source: Source, size: int) -> bytes | memoryview:
     """``size`` bytes (fewer at the end); a whole part the source returned is passed on as it is, uncopied."""
     part = source.read(size)
     if not part or len(part) == size:
@@ -469,7 +487,7 @@ def _read_exact(source: BinaryIO, size: int) -> bytes:
     return b"".join(parts)
 
 
-def _read_header_field(source: BinaryIO, size: int) -> bytes:
+def _read_header_field(source: Source, size: int) -> bytes:
     data = bytes(_read_exact(source, size))
     if len(data) != size:
         raise TruncatedStreamError("object ends inside its header")

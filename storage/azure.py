@@ -27,7 +27,7 @@ from azure.core.exceptions import (
     ServiceRequestError,
     ServiceResponseError,
 )
-from azure.storage.blob import BlobServiceClient, ContainerClient, ExponentialRetry
+from azure.storage.blob import BlobBlock, BlobServiceClient, ContainerClient, ExponentialRetry
 
 from cantata.storage.base import (
     BlobNotFoundError,
@@ -132,7 +132,7 @@ class _AzureUpload(BlobUpload):
         self._buffer = bytearray()
         self._block_ids: list[str] = []
 
-    def write(self, data: bytes | memoryview) -> int:
+    def write(self, data: bytes | bytearray | memoryview) -> int:
         self._buffer += data
         while len(self._buffer) >= self._block_size:
             self._stage(bytes(self._buffer[: self._block_size]))
@@ -154,7 +154,7 @@ class _AzureUpload(BlobUpload):
         if self._buffer:
             self._stage(bytes(self._buffer))
         with _translated_errors(f"uploading {self._name!r}"):
-            self._blob.commit_block_list(self._block_ids)
+            self._blob.commit_block_list([BlobBlock(block_id) for block_id in self._block_ids])
 
     def abort(self) -> None:
         self._buffer.clear()
@@ -172,7 +172,7 @@ def _translated_errors(action: str) -> Iterator[None]:
     try:
         yield
     except ResourceNotFoundError as error:
-        if error.error_code == "ContainerNotFound":
+        if getattr(error, "error_code", None) == "ContainerNotFound":  # set by azure-storage, not azure-core
             raise StoreConfigError(f"{action}: the container does not exist") from error
         raise BlobNotFoundError(f"{action}: not found") from error
     except (ServiceRequestError, ServiceResponseError) as error:

@@ -14,9 +14,17 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import BinaryIO
+from typing import Protocol, runtime_checkable
 
 COPY_CHUNK_SIZE = 1 << 20
+
+
+@runtime_checkable
+class Readable(Protocol):
+    """Anything to copy from by ``read(size)``: an open file, a blob reader."""
+
+    def read(self, size: int, /) -> bytes: ...
+
 
 _KEY_SEGMENT = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-=+@]*")
 
@@ -76,7 +84,7 @@ class BlobReader(ABC):
     def read(self, size: int = -1) -> bytes:
         """Return up to ``size`` bytes (all remaining when negative); ``b""`` at the end."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (an optional hook: nothing to release by default)
         """Release the underlying connection or file."""
 
     def __enter__(self) -> BlobReader:
@@ -121,10 +129,10 @@ class BlobUpload(ABC):
     """One in-progress upload: ``write`` parts, then ``commit`` or ``abort``."""
 
     @abstractmethod
-    def write(self, data: bytes | memoryview) -> int:
+    def write(self, data: bytes | bytearray | memoryview) -> int:
         """Append ``data``; return its length."""
 
-    def flush(self) -> None:
+    def flush(self) -> None:  # noqa: B027 (a no-op for every store, there for file-object callers)
         """For file-object callers (``torch.save``): data is sent as parts fill and on commit."""
 
     @abstractmethod
@@ -171,7 +179,7 @@ class BlobStore(ABC):
             raise
         upload.commit()
 
-    def put(self, key: str, source: BinaryIO | Iterable[bytes]) -> int:
+    def put(self, key: str, source: bytes | bytearray | memoryview | Readable | Iterable[bytes]) -> int:
         """Atomically store everything read from ``source``; return the byte count."""
         total = 0
         with self.writer(key) as upload:
@@ -188,13 +196,13 @@ class BlobStore(ABC):
         return f"{type(self).__name__}({self.uri!r})"
 
 
-def _chunks_of(source: BinaryIO | Iterable[bytes]) -> Iterator[bytes]:
-    if isinstance(source, (bytes, bytearray, memoryview)):
+def _chunks_of(
+    source: bytes | bytearray | memoryview | Readable | Iterable[bytes],
+) -> Iterator[bytes | bytearray | memoryview]:
+    if isinstance(source, bytes | bytearray | memoryview):
         yield source
-        return
-    read = getattr(source, "read", None)
-    if read is None:
+    elif isinstance(source, Readable):
+        while chunk := source.read(COPY_CHUNK_SIZE):
+            yield chunk
+    else:
         yield from source
-        return
-    while chunk := read(COPY_CHUNK_SIZE):
-        yield chunk

@@ -97,7 +97,7 @@ class _LocalUpload(BlobUpload):
         self._temp = Path(temp_name)
         self._file = os.fdopen(descriptor, "wb")
 
-    def write(self, data: bytes | memoryview) -> int:
+    def write(self, data: bytes | bytearray | memoryview) -> int:
         return self._file.write(data)
 
     def commit(self) -> None:

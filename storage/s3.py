@@ -14,7 +14,7 @@ fails. Every request is retried by botocore's standard retry mode
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import boto3
@@ -114,7 +114,7 @@ class S3Store(BlobStore):
 
     def list(self, prefix: str = "") -> list[str]:
         full_prefix = self._prefix + validate_prefix(prefix)
-        keys = []
+        keys: list[str] = []
         with _translated_errors(f"listing {full_prefix!r}"):
             for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=self._bucket, Prefix=full_prefix):
                 keys.extend(item["Key"][len(self._prefix) :] for item in page.get("Contents", ()))
@@ -149,7 +149,7 @@ class _S3Upload(BlobUpload):
         self._upload_id: str | None = None
         self._parts: list[dict[str, Any]] = []
 
-    def write(self, data: bytes | memoryview) -> int:
+    def write(self, data: bytes | bytearray | memoryview) -> int:
         self._buffer += data
         while len(self._buffer) >= self._part_size:
             self._upload_part(bytes(self._buffer[: self._part_size]))
@@ -184,10 +184,9 @@ class _S3Upload(BlobUpload):
     def abort(self) -> None:
         self._buffer.clear()
         if self._upload_id is not None:
-            try:
+            # The upload is already failing; S3 lifecycle rules reap orphaned parts.
+            with suppress(BotoCoreError, ClientError):
                 self._client.abort_multipart_upload(Bucket=self._bucket, Key=self._name, UploadId=self._upload_id)
-            except (BotoCoreError, ClientError):
-                pass  # the upload is already failing; S3 lifecycle rules reap orphaned parts
 
 
 @contextmanager

@@ -1,4 +1,10 @@
-"""Shared fixtures: a real server per test module, over TLS on loopback."""
+"""Shared fixtures: a real server per test module, over TLS on loopback.
+
+Tests that start a server, worker processes, moto or Azurite are marked
+``integration`` here, from the fixtures they use (a test that starts them
+itself says so with ``pytest.mark.integration``), and get a higher timeout;
+``make test-fast`` runs the others (``-m "not integration"``).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,44 @@ from tests.platform import Platform
 pytest_plugins = ["tests.services"]
 
 torch.set_num_threads(1)
+
+# Fixtures that start (or talk to) a server, its workers, moto or Azurite;
+# boto3_session is only ever used against moto.
+INTEGRATION_FIXTURES = frozenset(
+    {
+        "platform",
+        "tenant",
+        "moto_service",
+        "moto_auth_service",
+        "azurite_service",
+        "s3_store",
+        "azure_store",
+        "boto3_session",
+    }
+)
+# Parameters of tests.services' ``blob_store`` that need moto or Azurite.
+REMOTE_BLOB_STORES = frozenset({"s3", "azure"})
+# Integration tests wait for real processes, perhaps on a loaded machine: their
+# ceiling (a hang detector, see tests/waiting.py) is above the default 300 s.
+INTEGRATION_TIMEOUT_S = 900
+
+
+def is_integration(item: pytest.Item) -> bool:
+    """Whether ``item`` starts a server, workers, moto or Azurite."""
+    if item.get_closest_marker("integration"):
+        return True
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and callspec.params.get("blob_store") in REMOTE_BLOB_STORES:
+        return True
+    return not INTEGRATION_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if is_integration(item):
+            item.add_marker(pytest.mark.integration)
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(INTEGRATION_TIMEOUT_S))
 
 
 @pytest.fixture(scope="module")

@@ -54,7 +54,7 @@ def test_infinite_radius_is_plain_gossip():
     own = torch.randn(6, generator=generator)
     neighbours = [torch.randn(6, generator=generator) for _ in range(3)]
     weights = [1.0, 0.5, 2.0]
-    plain = own + 0.2 * sum(w * (n - own) for w, n in zip(weights, neighbours))
+    plain = own + 0.2 * sum(w * (n - own) for w, n in zip(weights, neighbours, strict=True))
     assert torch.allclose(clipped_gossip(own, neighbours, weights, 0.2, FixedRadius(math.inf)), plain)
 
 

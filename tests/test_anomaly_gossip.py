@@ -87,7 +87,7 @@ def run(attack: AttackConfig | None, screened: bool, absent: frozenset[int] = fr
 
 
 def test_sign_flip_worker_is_quarantined_and_honest_workers_reach_near_clean_error():
-    clean_error, clean_events, _ = run(None, screened=True)
+    _, clean_events, _ = run(None, screened=True)
     assert clean_events == []
     without_worker_0, _, _ = run(None, screened=True, absent=frozenset({0}))
     attack = AttackConfig(AttackKind.SIGN_FLIP, frozenset({0}))

@@ -171,7 +171,7 @@ def test_screen_round_with_anchor_matches_screening_updates(own, generator):
     by_point = UpdateScreener(LAYOUT).screen_round({p: anchor + u for p, u in updates.items()}, own, anchor=anchor)
     for peer in updates:
         assert by_point[peer].verdict is by_update[peer].verdict
-        for a, b in zip(by_point[peer].checks, by_update[peer].checks):
+        for a, b in zip(by_point[peer].checks, by_update[peer].checks, strict=True):
             assert a.score == pytest.approx(b.score, rel=1e-3, abs=1e-3)
     assert by_update[3].verdict is Verdict.REJECT
 

@@ -7,7 +7,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from cantata.security.audit import (
     read_records,
     verify,
 )
+from tests.waiting import wait_for
 
 ADMIN = "spiffe://cantata/admin/root"
 
@@ -150,9 +150,7 @@ def test_checkpoints_every_n_records_and_at_close(audit_dir):
 def test_checkpoint_within_the_time_limit_without_further_appends(audit_dir):
     with AuditLog.open(audit_dir, checkpoint_every_seconds=0.2) as log:
         log.append(ADMIN, Action.SERVER_STARTED)
-        deadline = time.monotonic() + 10
-        while checkpoints(audit_dir)[-1]["seq"] != 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: checkpoints(audit_dir)[-1]["seq"] == 1, interval=0.05)
         assert checkpoints(audit_dir)[-1]["seq"] == 1
 
 

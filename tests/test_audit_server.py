@@ -10,7 +10,7 @@ from cantata.sdk import enroll, errors
 from cantata.sdk.job import Job
 from cantata.security.audit import Action, read_records, verify
 from tests.platform import cli
-from tests.test_jobs import _wait_for
+from tests.waiting import wait_for
 
 QUICK = dict(steps=20, eval_every=10, checkpoint_every=10, batch_size=4, seq_len=16)
 
@@ -20,25 +20,25 @@ def history(platform, tmp_path_factory):
     """Drive the platform through the acts the audit log must record."""
     acme = platform.enroll("audited")
     job = acme.submit(Job(name="recorded", **QUICK))
-    assert job.wait(timeout=120).state == "SUCCEEDED"
+    assert job.wait().state == "SUCCEEDED"
     acme.download_checkpoint(job.id, 10, tmp_path_factory.mktemp("dl") / "m.pt")
     doomed = acme.submit(
         Job(name="doomed", steps=100_000, batch_size=4, seq_len=16, eval_every=50_000, checkpoint_every=50_000)
     )
     doomed.cancel()
-    doomed.wait(timeout=60)
+    doomed.wait()
     with pytest.raises(errors.PermissionDenied):
         acme.tenants()  # a tenant calling an admin method
     with platform.admin() as admin:
         admin.set_quota("audited", max_concurrent_jobs=3)
-        serial = [t for t in admin.tenants() if t.name == "audited"][0].certificate_serial
+        serial = next(t for t in admin.tenants() if t.name == "audited").certificate_serial
         admin.suspend_tenant("audited")
         admin.resume_tenant("audited")
     enroll.request_tenancy("unwanted", platform.address, platform.ca_pem, platform.enroll_address)
     with platform.admin() as admin:
         admin.reject_tenant("unwanted")
     rival = platform.enroll("other-audited")
-    rival.submit(Job(name="theirs", **QUICK)).wait(timeout=120)
+    rival.submit(Job(name="theirs", **QUICK)).wait()
     with platform.admin() as admin:
         admin.revoke_certificate(serial)
     with pytest.raises(errors.Unauthenticated):
@@ -76,7 +76,7 @@ def _actions(platform) -> set[str]:
     ],
 )
 def test_every_act_is_recorded(platform, history, action):
-    _wait_for(lambda: action in _actions(platform), timeout=10)
+    wait_for(lambda: action in _actions(platform))
 
 
 def test_denials_name_the_actor_and_peer_and_hold_no_secrets(platform, history):

@@ -313,7 +313,7 @@ def test_missing_log_is_an_error(tmp_path):
 
 def test_corrupt_identity_file_is_an_error(log_dir):
     (log_dir / "log.json").write_bytes(b"\x00garbage")
-    with pytest.raises(AuditLogCorrupt, match="log.json is not a valid audit log identity"):
+    with pytest.raises(AuditLogCorrupt, match=r"log.json is not a valid audit log identity"):
         verify(log_dir)
 
 

@@ -19,12 +19,12 @@ SERVICE_MODULES = (tenancy_pb2, admin_pb2, jobs_pb2, checkpoints_pb2, worker_pb2
 
 def all_methods() -> list[tuple[str, bool]]:
     """(full method name, server-streaming) for every method in the generated descriptors."""
-    methods = []
-    for module in SERVICE_MODULES:
-        for service in module.DESCRIPTOR.services_by_name.values():
-            for m in service.methods:
-                methods.append((f"/{service.full_name}/{m.name}", m.server_streaming))
-    return methods
+    return [
+        (f"/{service.full_name}/{m.name}", m.server_streaming)
+        for module in SERVICE_MODULES
+        for service in module.DESCRIPTOR.services_by_name.values()
+        for m in service.methods
+    ]
 
 
 def call_raw(channel: grpc.Channel, method: str, streaming: bool, metadata=()) -> grpc.StatusCode:

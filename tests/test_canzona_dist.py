@@ -23,6 +23,8 @@ from cantata.trainer.optim import build_optimizer, merge_optimizer_shards
 from cantata.trainer.optim.muon import Muon
 from cantata.trainer.optim.tp import ShardedMatrix, TensorParallelMuon, tensor_parallel_matrices
 
+pytestmark = pytest.mark.integration  # spawns 4 worker processes
+
 STEPS = 20
 RESUME_AT = 10
 LR = 0.02

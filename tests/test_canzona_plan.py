@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -102,7 +103,7 @@ def test_greedy_rollback_groups_respect_capacity_and_cover_every_matrix_once():
     assert sorted(i for g in groups for i in g.items) == list(range(40))
     order = [i for g in groups for i in g.items]
     assert [costs[i] for i in order] == sorted(costs, reverse=True)
-    for group, following in zip(groups, groups[1:]):
+    for group, following in itertools.pairwise(groups):
         hosts, loads = lpt_pack([costs[i] for i in group.items], 4)
         assert max(loads) <= capacity and list(group.hosts) == hosts
         _, with_next = lpt_pack([costs[i] for i in group.items + following.items[:1]], 4)

@@ -49,7 +49,7 @@ def finished(platform, tenant, stores):
     jobs = {}
     for kind in ("s3", "az"):
         handle = tenant.submit(Job(name=f"on-{kind}", checkpoint_store=stores[kind][0], **QUICK))
-        status = handle.wait(timeout=180)
+        status = handle.wait()
         assert status.state == "SUCCEEDED", status.reason
         jobs[kind] = handle.id
     return jobs

@@ -86,7 +86,7 @@ def test_a_row_moved_to_another_tenant_does_not_decrypt(sources, tmp_path):
     sources.register("acme", DataSourceSpec("corpus", "s3", "", S3_SECRETS))
     sources.register("globex", DataSourceSpec("corpus", "s3", "", {**S3_SECRETS, "access_key_id": "OTHER"}))
     _copy_sealed(tmp_path / "cantata.db", "tenant", "acme", "globex")
-    with pytest.raises(SealedSecretsError, match="secrets of data source 'corpus' do not decrypt: .*globex"):
+    with pytest.raises(SealedSecretsError, match=r"secrets of data source 'corpus' do not decrypt: .*globex"):
         sources.worker_credentials("globex", "corpus")
     assert SourceCredentials.from_json(sources.worker_credentials("acme", "corpus")).secrets == S3_SECRETS
 

@@ -29,7 +29,8 @@ from cantata.trainer.data.shards import dtype_for, encode_shard
 from cantata.trainer.data.upload import upload_shards
 from tests.services import AZURITE_ACCOUNT, AZURITE_KEY, azurite_connection_string
 from tests.test_decentralized_jobs import _events_so_far, _worker_of
-from tests.test_jobs import _pids_of, _wait_for
+from tests.test_jobs import _pids_of
+from tests.waiting import wait_for
 
 SHARD_TOKENS = 40_000
 QUICK = dict(model="gpt-tiny", steps=30, eval_every=30, checkpoint_every=30, batch_size=4, seq_len=32)
@@ -94,7 +95,7 @@ def _s3_source(tenant, shards, moto_service, name: str) -> str:
 
 def test_a_two_worker_job_trains_from_local_shards(tenant, local_dataset):
     handle = tenant.submit(Job(name="local-shards", dataset=local_dataset, workers=2, algorithm="allreduce", **QUICK))
-    status = handle.wait(timeout=180)
+    status = handle.wait()
     assert status.state == "SUCCEEDED", status.reason
     losses = _losses(handle)
     assert losses[-1] < losses[0] - 0.5 and math.isfinite(status.val_loss)
@@ -105,7 +106,7 @@ def test_a_two_worker_job_trains_from_local_shards(tenant, local_dataset):
 
 def test_a_job_trains_from_s3_through_a_registered_data_source(platform, tenant, shards, moto_service):
     handle = tenant.submit(Job(name="s3-shards", dataset=_s3_source(tenant, shards, moto_service, "lake"), **QUICK))
-    status = handle.wait(timeout=180)
+    status = handle.wait()
     assert status.state == "SUCCEEDED", status.reason
     assert _losses(handle)[-1] < _losses(handle)[0] - 0.5
 
@@ -129,8 +130,8 @@ def test_worker_secrets_are_on_disk_only_while_the_workers_run(platform, tenant,
     dataset = _s3_source(tenant, shards, moto_service, "scrubbed")
     handle = tenant.submit(Job(name="scrubbed", dataset=dataset, workers=2, algorithm="allreduce", **QUICK))
     workspace = platform.paths.jobs / handle.id
-    _wait_for(lambda: MOTO_SECRET in _text(workspace / "worker-1.json"))  # the running workers' configs hold it
-    assert handle.wait(timeout=180).state == "SUCCEEDED"
+    wait_for(lambda: MOTO_SECRET in _text(workspace / "worker-1.json"))  # the running workers' configs hold it
+    assert handle.wait().state == "SUCCEEDED"
     assert _secret_files(workspace) == []  # configs and certificate keys gone with the job ...
     assert any("finished, validation loss" in line for _, line in handle.logs())  # ... its logs kept
 
@@ -157,10 +158,10 @@ def test_a_restarted_worker_gets_the_current_secrets_not_a_stale_copy(platform, 
             seq_len=16,
         )
     )
-    _wait_for(lambda: handle.status().step >= 10, timeout=180)
+    wait_for(lambda: handle.status().step >= 10)
     tenant.delete_data_source("doomed")
     os.kill(next(pid for pid in _pids_of(handle.id) if _worker_of(pid) == 1), 9)
-    status = handle.wait(timeout=120)
+    status = handle.wait()
     assert status.state == "FAILED"
     assert "worker 1 exited with code -9" in status.reason, status.reason
     assert "cannot restart it: data source 'doomed' not found" in status.reason, status.reason
@@ -181,7 +182,7 @@ def test_a_job_trains_from_encrypted_shards_on_azure(tenant, shards, azurite_ser
     )
 
     handle = tenant.submit(Job(name="sealed-shards", dataset=f"az://vault@{container}/python", **QUICK))
-    status = handle.wait(timeout=180)
+    status = handle.wait()
     assert status.state == "SUCCEEDED", status.reason
     assert _losses(handle)[-1] < _losses(handle)[0] - 0.5
 
@@ -192,7 +193,7 @@ def test_a_job_trains_from_encrypted_shards_on_azure(tenant, shards, azurite_ser
         dataset_key=DatasetKey.generate("acme").secret,
         replace=True,
     )
-    status = tenant.submit(Job(name="wrong-key", dataset=f"az://vault@{container}/python", **QUICK)).wait(timeout=120)
+    status = tenant.submit(Job(name="wrong-key", dataset=f"az://vault@{container}/python", **QUICK)).wait()
     assert status.state == "FAILED"
     assert "SealedShardError: encrypted shard" in status.reason and container in status.reason
 
@@ -265,7 +266,7 @@ def test_bad_datasets_fail_the_job_naming_the_object(
         )
         dataset = f"s3://src-{bucket}@{bucket}/python"
         expected = "DatasetNotFoundError"
-    status = tenant.submit(Job(name=case.replace(" ", "-"), dataset=dataset, **QUICK)).wait(timeout=120)
+    status = tenant.submit(Job(name=case.replace(" ", "-"), dataset=dataset, **QUICK)).wait()
     assert status.state == "FAILED"
     assert expected in status.reason and bucket in status.reason, status.reason
 
@@ -279,7 +280,7 @@ def test_text_that_is_not_utf8_is_skipped_with_a_warning_or_fails_by_policy(plat
         (folder / f"{index}.txt").write_bytes(path.read_bytes())
     (folder / "2.txt").write_bytes(b"caf\xe9 latin-1, not UTF-8 " * 200)
     status = tenant.submit(Job(name=f"utf8-{policy}", dataset=folder.as_uri(), on_bad_utf8=policy, **QUICK))
-    status = status.wait(timeout=120)
+    status = status.wait()
     bad = f"{folder.as_uri()}/2.txt"
     if policy == "skip":
         assert status.state == "SUCCEEDED", status.reason
@@ -313,16 +314,16 @@ def test_a_job_killed_with_its_server_resumes_at_the_exact_next_batch(platform, 
         trace_samples=True,
     )
     reference = tenant.submit(Job(name="reference", steps=200, **spec))
-    assert reference.wait(timeout=180).state == "SUCCEEDED"
+    assert reference.wait().state == "SUCCEEDED"
     expected = {worker: dict(lines) for worker, lines in _traced_samples(reference).items()}
     assert expected[0][1] != expected[1][1]  # the two ranks read different windows
 
     handle = tenant.submit(Job(name="interrupted", steps=1500, **spec))
-    _wait_for(lambda: any(c.step >= 20 for c in tenant.checkpoints(handle.id)))
+    wait_for(lambda: any(c.step >= 20 for c in tenant.checkpoints(handle.id)))
     platform.kill()
-    _wait_for(lambda: not _pids_of(handle.id), timeout=15)
+    wait_for(lambda: not _pids_of(handle.id))
     platform.start()
-    _wait_for(lambda: min(len(lines) for lines in _traced_samples(handle).values()) > 300, timeout=180)
+    wait_for(lambda: min(len(lines) for lines in _traced_samples(handle).values()) > 300)
     handle.cancel()
     resumed = [m for m in _messages(handle) if m.startswith("resumed from checkpoint at step")]
     assert resumed, "the job did not resume from a checkpoint"
@@ -404,12 +405,12 @@ def test_a_gasloc_job_resumes_at_the_exact_next_batch_without_refetching_what_it
                 trace_samples=True,
             )
         )
-        _wait_for(lambda: any(c.step >= 40 for c in tenant.checkpoints(handle.id)), timeout=180)
+        wait_for(lambda: any(c.step >= 40 for c in tenant.checkpoints(handle.id)))
         platform.kill()
-        _wait_for(lambda: not _pids_of(handle.id), timeout=15)
+        wait_for(lambda: not _pids_of(handle.id))
         resumes = _traced_so_far(platform, handle.id)  # where each worker's second attempt begins
         platform.start()
-        _wait_for(lambda: all(n > resumes[w] + 20 for w, n in _traced_so_far(platform, handle.id).items()), timeout=180)
+        wait_for(lambda: all(n > resumes[w] + 20 for w, n in _traced_so_far(platform, handle.id).items()))
     finally:
         _moto_recorder(moto_service, "stop-recording")
     recorded = [json.loads(line) for line in _moto_recorder(moto_service, "download-recording").splitlines() if line]
@@ -418,15 +419,14 @@ def test_a_gasloc_job_resumes_at_the_exact_next_batch_without_refetching_what_it
     # A worker restarted later jumps to the job's round: it seeks to the first batch of that round.
     victim = next(pid for pid in _pids_of(handle.id) if _worker_of(pid) == 1)
     os.kill(victim, 9)
-    _wait_for(lambda: victim not in _pids_of(handle.id), timeout=15)
+    wait_for(lambda: victim not in _pids_of(handle.id))
     rejoins = _traced_so_far(platform, handle.id)[1]
-    rejoined = _wait_for(
-        lambda: [m for m in (e.message for e in _events_so_far(handle)) if m.startswith("worker 1 rejoins at round")],
-        timeout=120,
+    rejoined = wait_for(
+        lambda: [m for m in (e.message for e in _events_so_far(handle)) if m.startswith("worker 1 rejoins at round")]
     )
-    _wait_for(lambda: _traced_so_far(platform, handle.id)[1] > rejoins, timeout=60)
+    wait_for(lambda: _traced_so_far(platform, handle.id)[1] > rejoins)
     handle.cancel()
-    handle.wait(timeout=60)
+    handle.wait()
     resumed = [m for m in _messages(handle) if m.startswith("resumed from checkpoint at step")]
     assert resumed, "the job did not resume from a checkpoint"
     resumed_at = int(resumed[0].rsplit(" ", 1)[1])

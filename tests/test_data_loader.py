@@ -144,9 +144,11 @@ def test_state_of_another_run_is_refused(dataset):
     with DataLoader(dataset, batch_size=2, seq_len=SEQ, seed=5, rank=0, world=2) as loader:
         _ids(loader, 3)
         state = loader.state_dict()
-    with DataLoader(dataset, batch_size=2, seq_len=SEQ, seed=5, rank=0, world=3) as other:
-        with pytest.raises(DataError, match="state of another run: world=2 \\(now 3\\)"):
-            other.load_state_dict(state)
+    with (
+        DataLoader(dataset, batch_size=2, seq_len=SEQ, seed=5, rank=0, world=3) as other,
+        pytest.raises(DataError, match="state of another run: world=2 \\(now 3\\)"),
+    ):
+        other.load_state_dict(state)
 
 
 def test_validation_windows_never_appear_in_training(dataset):
@@ -171,18 +173,22 @@ def test_a_corrupt_shard_found_by_the_prefetch_thread_is_raised_to_the_trainer(d
         data = bytearray(path.read_bytes())
         data[HEADER_SIZE + 3] ^= 0xFF
         path.write_bytes(data)
-    with DataLoader(dataset, batch_size=2, seq_len=SEQ, seed=1) as loader:
-        with pytest.raises(ShardChecksumError, match="shard file://.*shard-0000[0-5].tok: token checksum mismatch"):
-            loader.next_batch()
+    with (
+        DataLoader(dataset, batch_size=2, seq_len=SEQ, seed=1) as loader,
+        pytest.raises(ShardChecksumError, match=r"shard file://.*shard-0000[0-5].tok: token checksum mismatch"),
+    ):
+        loader.next_batch()
 
 
 def test_objects_too_short_for_a_window_are_reported(tmp_path):
     for index in range(2):
         (tmp_path / f"s{index}.tok").write_bytes(encode_shard(np.arange(5), dtype_for("uint16")))
     dataset = open_dataset(tmp_path.as_uri(), allowed_roots=[tmp_path])
-    with DataLoader(dataset, batch_size=2, seq_len=SEQ, seed=1) as loader:
-        with pytest.raises(DataError, match="objects hold no training window of 9 tokens"):
-            loader.next_batch()
+    with (
+        DataLoader(dataset, batch_size=2, seq_len=SEQ, seed=1) as loader,
+        pytest.raises(DataError, match="objects hold no training window of 9 tokens"),
+    ):
+        loader.next_batch()
 
 
 def test_first_pass_reports_progress_events(dataset):

@@ -76,7 +76,7 @@ def test_symlinked_file_inside_the_dataset_is_refused_when_listed_and_when_read(
     dataset = open_dataset(data.as_uri(), allowed_roots=[tmp_path])
     (data / "b.txt").unlink()
     (data / "b.txt").symlink_to(secret)  # swapped for a link after listing
-    with pytest.raises(DatasetPathError, match="b.txt is a symbolic link"):
+    with pytest.raises(DatasetPathError, match=r"b.txt is a symbolic link"):
         _tokens_of(dataset)
 
 
@@ -99,7 +99,7 @@ def test_non_utf8_text_is_skipped_with_a_warning_naming_the_file(tmp_path):
 def test_non_utf8_text_fails_under_the_fail_policy(tmp_path):
     (tmp_path / "bad.txt").write_bytes(BAD_UTF8)
     dataset = open_dataset(tmp_path.as_uri(), allowed_roots=[tmp_path], utf8_policy=Utf8Policy.FAIL)
-    with pytest.raises(TextEncodingError, match="bad.txt is not valid UTF-8"):
+    with pytest.raises(TextEncodingError, match=r"bad.txt is not valid UTF-8"):
         _tokens_of(dataset)
 
 
@@ -114,7 +114,7 @@ def test_jsonl_takes_the_text_field_and_skips_bad_records(tmp_path):
 
 def test_jsonl_record_without_text_names_the_line(tmp_path):
     (tmp_path / "docs.jsonl").write_text('{"text": "ok"}\n{"body": "no text"}\n')
-    with pytest.raises(TextEncodingError, match='docs.jsonl line 2 has no "text" string field'):
+    with pytest.raises(TextEncodingError, match=r'docs.jsonl line 2 has no "text" string field'):
         _tokens_of(open_dataset(tmp_path.as_uri(), allowed_roots=[tmp_path]))
 
 
@@ -218,7 +218,7 @@ def test_encrypted_shards_swapped_between_names_are_refused(tmp_path):
     a.write_bytes(b.read_bytes())
     b.write_bytes(a_bytes)
     dataset = open_dataset(store.uri, allowed_roots=[tmp_path], dataset_key=key)
-    with pytest.raises(SealedShardError, match="a.tok.sealed: object is sealed for .*object=b.tok"):
+    with pytest.raises(SealedShardError, match=r"a.tok.sealed: object is sealed for .*object=b.tok"):
         _tokens_of(dataset)
 
 

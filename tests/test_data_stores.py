@@ -59,7 +59,10 @@ def _stream_text(dataset, batches):
 
 
 @pytest.mark.parametrize("encrypted", [False, True], ids=["raw", "encrypted"])
-@pytest.mark.parametrize("kind", ["local", "s3", "az"])
+@pytest.mark.parametrize(
+    "kind",
+    ["local", pytest.param("s3", marks=pytest.mark.integration), pytest.param("az", marks=pytest.mark.integration)],
+)
 def test_uploaded_dataset_streams_the_prepared_text(kind, encrypted, prepared, tmp_path, capsys, monkeypatch, request):
     monkeypatch.setenv("CANTATA_HOME", str(tmp_path / "home"))
     (tmp_path / "home" / "profiles" / "acme").mkdir(parents=True)

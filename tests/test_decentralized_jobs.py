@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from datetime import timedelta
+from pathlib import Path
 
 import grpc
 import pytest
@@ -17,7 +18,8 @@ from cantata.security.pki import CertificateAuthority, Principal
 from cantata.trainer.gossip import gossip_server_name
 from cantata.trainer.gossip.chunks import Assembly
 from cantata.trainer.gossip.client import exchange_with
-from tests.test_jobs import _pids_of, _wait_for
+from tests.test_jobs import _pids_of
+from tests.waiting import wait_for
 
 SMALL = dict(workers=4, local_steps=5, steps=60, eval_every=30, checkpoint_every=20, batch_size=8, seq_len=32)
 
@@ -29,7 +31,7 @@ def test_decentralized_job_succeeds_with_falling_loss(tenant, algorithm, topolog
     handle = tenant.submit(
         Job(name=algorithm, algorithm=algorithm, topology=topology, compression=compression, **SMALL)
     )
-    status = handle.wait(timeout=300)
+    status = handle.wait()
     assert status.state == "SUCCEEDED", status.reason
     events = list(handle.events())
     rounds = [e for e in events if e.kind == "ROUND"]
@@ -61,7 +63,7 @@ def test_worker_groups_train_data_parallel_inside_and_gossip_from_rank_0(tenant)
             **{**SMALL, "workers": 2, "steps": 40},
         )
     )
-    status = handle.wait(timeout=300)
+    status = handle.wait()
     assert status.state == "SUCCEEDED", status.reason
     events = list(handle.events())
     rounds = [e for e in events if e.kind == "ROUND"]
@@ -110,7 +112,7 @@ def test_sign_flipping_worker_is_quarantined_and_the_job_still_learns(platform, 
     with pytest.raises(errors.PermissionDenied):
         tenant.simulate_attack(attacked.id, [1], "nan")  # a tenant can never switch it on
     blocker.cancel()
-    status = attacked.wait(timeout=300)
+    status = attacked.wait()
     assert status.state == "SUCCEEDED", status.reason
     assert status.val_loss < 4.0
     with platform.admin() as admin:
@@ -123,7 +125,7 @@ def test_sign_flipping_worker_is_quarantined_and_the_job_still_learns(platform, 
 
 def test_a_peer_of_another_job_is_refused_and_audited(platform, tenant):
     handle = tenant.submit(Job(name="guarded", algorithm="gasloc", **{**SMALL, "workers": 2, "steps": 100_000}))
-    _wait_for(lambda: any(e.kind == "ROUND" for e in _events_so_far(handle)), timeout=180)
+    wait_for(lambda: any(e.kind == "ROUND" for e in _events_so_far(handle)))
     with sqlite3.connect(f"file:{platform.data_dir / 'state.db'}?mode=ro", uri=True) as db:
         ((address,),) = db.execute("SELECT gossip_address FROM workers WHERE job_id=? AND idx=0", (handle.id,))
     ca = CertificateAuthority.load(platform.paths.ca_cert.read_bytes(), platform.paths.ca_key.read_bytes())
@@ -146,26 +148,26 @@ def test_a_peer_of_another_job_is_refused_and_audited(platform, tenant):
             if r.action == Action.AUTHZ_DENIED and r.resource == handle.id
         ]
 
-    _wait_for(refusals, timeout=30)
+    wait_for(refusals)
     (record,) = refusals()
     assert record.actor == "spiffe://cantata/job/job-other/worker/1" and record.tenant == "acme"
     assert record.details["service"] == "gossip" and "not a worker of job" in record.details["reason"]
     assert record.details["reported_by"] == Principal.worker(handle.id, 0).uri
     handle.cancel()
-    assert handle.wait(timeout=120).state == "CANCELLED"
+    assert handle.wait().state == "CANCELLED"
 
 
 def _kill_mid_job_and_finish(handle, worker: int) -> list[str]:
     """SIGKILL one worker process after round 3; the job must still succeed. Returns its event messages."""
     kill_after_round_3(handle, worker)
-    status = handle.wait(timeout=300)
+    status = handle.wait()
     assert status.state == "SUCCEEDED", status.reason
     return [e.message for e in handle.events()]
 
 
 def kill_after_round_3(handle, worker: int) -> None:
     """SIGKILL one worker process of a running decentralized job once round 3 is done."""
-    _wait_for(lambda: any(e.kind == "ROUND" and e.step >= 3 for e in _events_so_far(handle)), timeout=180)
+    wait_for(lambda: any(e.kind == "ROUND" and e.step >= 3 for e in _events_so_far(handle)))
     victim = [pid for pid in _pids_of(handle.id) if _worker_of(pid) == worker]
     assert victim, f"worker {worker} is not running: {handle.status()}"
     os.kill(victim[0], 9)
@@ -179,6 +181,6 @@ def _events_so_far(handle):
 
 def _worker_of(pid: int) -> int:
     """The worker index a worker process was started for (from its config file name)."""
-    args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     config = args[args.index(b"--config") + 1].decode()
     return int(config.rsplit("worker-", 1)[1].split(".")[0])

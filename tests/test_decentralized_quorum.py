@@ -25,7 +25,7 @@ def test_a_job_goes_on_while_min_workers_are_alive(tenant):
         Job(name="quorate", algorithm="gasloc", min_workers=2, **{**SMALL, "workers": 3, "steps": 150})
     )
     kill_after_round_3(handle, worker=1)
-    status = handle.wait(timeout=300)
+    status = handle.wait()
     assert status.state == "SUCCEEDED", status.reason
     assert any("continuing with 2 of 3 worker processes" in e.message for e in handle.events())
 
@@ -35,6 +35,6 @@ def test_a_job_fails_once_fewer_than_min_workers_are_alive(tenant):
         Job(name="strict", algorithm="gasloc", min_workers=3, **{**SMALL, "workers": 3, "steps": 100_000})
     )  # ends only by the kill
     kill_after_round_3(handle, worker=1)
-    status = handle.wait(timeout=300)
+    status = handle.wait()
     assert status.state == "FAILED"
     assert "worker 1 exited with code -9" in status.reason and "min_workers=3" in status.reason

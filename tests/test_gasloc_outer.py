@@ -41,7 +41,7 @@ def test_round_matches_mixing_matrix_and_keeps_live_mean_with_dead_peer():
     after = _inner_steps(thetas, 0)
     dead = {2}
     nexts, stats = sim.round(0, thetas, after, dead=dead)
-    ys = torch.stack([t + 0.8 * (a - t) for t, a in zip(thetas, after)]).double()
+    ys = torch.stack([t + 0.8 * (a - t) for t, a in zip(thetas, after, strict=True)]).double()
     w = topology.mixing_matrix(0, alive=[i for i in range(n) if i not in dead])
     expected = w @ ys
     for i in range(n):
@@ -97,7 +97,7 @@ def test_module_outer_writes_theta_next_into_parameters():
         reference.grad = reference.detach() - (mine_after + peer_after) / 2
         sgd.step()
 
-        def exchange(r, peers, wire):
+        def exchange(r, peers, wire, peer_theta=peer_theta, peer_after=peer_after):
             assert peers == [1]
             exchange.proposal = peer.propose(r, peer_theta, peer_after)
             exchange.mine = wire

@@ -1,3 +1,4 @@
+import functools
 import socket
 import threading
 import time
@@ -13,6 +14,7 @@ from cantata.security.pki import CertificateAuthority, Principal
 from cantata.trainer.gossip import GossipNode, gossip_server_name, heap
 from cantata.trainer.gossip.chunks import Assembly
 from cantata.trainer.gossip.client import exchange_with
+from tests.waiting import wait_for
 
 torch.set_num_threads(1)
 
@@ -76,6 +78,11 @@ def _channel(address, bundle, job, callee, with_cert=True):
     )
 
 
+def _wait_for_round(node, round):
+    """Until ``node`` has posted its payload for ``round``: its exchange has begun."""
+    wait_for(lambda: node.mailbox.outgoing(round, timeout=0.1) is not None)
+
+
 def _call(channel):
     """Exchange as worker 1 with worker 0 over ``channel``."""
     exchange_with([channel], 0, 1, torch.zeros(10), Assembly(0, 0, bytearray(40)), timeout=5, chunk_bytes=CHUNK)
@@ -107,8 +114,8 @@ def test_two_workers_of_a_job_exchange_bit_exact(nodes):
             else torch.randint(0, 256, (numel,), generator=gen, dtype=torch.uint8)
         )
         got_a, got_b = _in_parallel(
-            lambda: a.exchange(round, {1: b.address}, x),
-            lambda: b.exchange(round, {0: a.address}, y),
+            functools.partial(a.exchange, round, {1: b.address}, x),
+            functools.partial(b.exchange, round, {0: a.address}, y),
         )
         assert set(got_a) == {1} and set(got_b) == {0}
         assert got_a[1].dtype == dtype and torch.equal(got_a[1], y)
@@ -137,7 +144,7 @@ def test_peer_of_another_job_is_refused_and_reported(ca, nodes):
     results = {}
     waiting = threading.Thread(target=lambda: results.update(a.exchange(0, {1: "127.0.0.1:9"}, torch.ones(10))))
     waiting.start()
-    time.sleep(0.2)
+    _wait_for_round(a, 0)
     with _channel(a.address, intruder, JOB, 0) as channel, pytest.raises(grpc.RpcError) as refused:
         _call(channel)
     waiting.join()
@@ -152,7 +159,7 @@ def test_worker_claiming_another_index_is_refused(ca, nodes):
     a = nodes(0, deadline_s=2.0)
     liar = _bundle(ca, JOB, 2)  # a real worker of the job, sending chunks as worker 1
     threading.Thread(target=lambda: a.exchange(0, {1: "127.0.0.1:9"}, torch.ones(10))).start()
-    time.sleep(0.2)
+    _wait_for_round(a, 0)
     with _channel(a.address, liar, JOB, 0) as channel, pytest.raises(grpc.RpcError) as refused:
         _call(channel)
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import torch
 from cantata.sdk import errors
 from cantata.sdk.client import Client
 from cantata.sdk.job import Job
+from tests.waiting import wait_for
 
 QUICK = dict(model="gpt-tiny", steps=60, eval_every=30, checkpoint_every=30, batch_size=8, seq_len=32)
 
@@ -31,19 +31,9 @@ def _pids_of(job_id: str) -> list[int]:
     return pids
 
 
-def _wait_for(predicate, timeout: float = 120, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError("condition not met")
-
-
 def test_single_worker_job_trains_to_success(tenant):
     handle = tenant.submit(Job(name="single", **QUICK))
-    status = handle.wait(timeout=180)
+    status = handle.wait()
     assert status.state == "SUCCEEDED", status.reason
     events = list(handle.events())
     states = [e.state for e in events if e.kind == "STATE"]
@@ -59,7 +49,7 @@ def test_single_worker_job_trains_to_success(tenant):
 
 def test_two_worker_allreduce_job_and_checkpoint_download(tenant, tmp_path):
     handle = tenant.submit(Job(name="dp", algorithm="allreduce", workers=2, **QUICK))
-    status = handle.wait(timeout=180)
+    status = handle.wait()
     assert status.state == "SUCCEEDED", status.reason
     assert status.val_loss < 4.5  # from ln(256) = 5.55 at the start
     logs = list(handle.logs())
@@ -72,7 +62,7 @@ def test_two_worker_allreduce_job_and_checkpoint_download(tenant, tmp_path):
 
 def test_muon_job_trains_with_canzona_data_parallel(tenant):
     handle = tenant.submit(Job(name="muon", algorithm="allreduce", workers=2, optimizer="muon", **QUICK))
-    status = handle.wait(timeout=180)
+    status = handle.wait()
     assert status.state == "SUCCEEDED", status.reason
     losses = [e.loss for e in handle.events() if e.kind == "PROGRESS"]
     assert losses[-1] < losses[0] - 0.5 and status.val_loss < 4.5
@@ -121,13 +111,13 @@ def test_cancel_stops_workers_and_ends_cancelled(tenant):
             seq_len=32,
         )
     )
-    _wait_for(lambda: handle.status().state == "RUNNING")
+    wait_for(lambda: handle.status().state == "RUNNING")
     assert _pids_of(handle.id)
     assert handle.cancel().state in ("CANCELLING", "CANCELLED")
-    status = handle.wait(timeout=60)
+    status = handle.wait()
     assert status.state == "CANCELLED"
     assert [e.state for e in handle.events() if e.kind == "STATE"][-2:] == ["CANCELLING", "CANCELLED"]
-    _wait_for(lambda: not _pids_of(handle.id), timeout=10)
+    wait_for(lambda: not _pids_of(handle.id))
 
 
 def test_cancel_reaches_a_queued_job(tenant, platform):
@@ -152,24 +142,24 @@ def test_cancel_reaches_a_queued_job(tenant, platform):
     for b in blockers:
         b.cancel()
     for b in blockers:
-        assert b.wait(timeout=60).state == "CANCELLED"
+        assert b.wait().state == "CANCELLED"
 
 
 def test_a_crashing_worker_fails_the_job_with_its_reason(tenant, platform):
     handle = tenant.submit(Job(name="crash", **QUICK))
-    pids = _wait_for(lambda: handle.status().state == "RUNNING" and _pids_of(handle.id))
+    pids = wait_for(lambda: handle.status().state == "RUNNING" and _pids_of(handle.id))
     os.kill(pids[0], 9)
-    status = handle.wait(timeout=60)
+    status = handle.wait()
     assert status.state == "FAILED"
     assert "worker 0 exited with code -9" in status.reason
-    _wait_for(lambda: not _pids_of(handle.id), timeout=10)
+    wait_for(lambda: not _pids_of(handle.id))
 
 
 def test_worker_error_is_reported_as_the_failure_reason(tenant, platform):
     tiny = platform.data_dir / "checkpoints" / "tiny-data"
     tiny.mkdir()
     (tiny / "a.txt").write_text("too short")
-    status = tenant.submit(Job(name="bad-data", dataset=tiny.as_uri(), **QUICK)).wait(timeout=60)
+    status = tenant.submit(Job(name="bad-data", dataset=tiny.as_uri(), **QUICK)).wait()
     assert status.state == "FAILED"
     assert f"DataError: dataset {tiny.as_uri()}: rank 0's objects hold no training window" in status.reason
 

@@ -34,14 +34,14 @@ def initial_params() -> list[torch.Tensor]:
 
 def run(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], steps: int = 20) -> list[torch.Tensor]:
     for step in range(steps):
-        for param, grad in zip(params, random_grads(step)):
+        for param, grad in zip(params, random_grads(step), strict=True):
             param.grad = grad
         optimizer.step()
     return [p.detach() for p in params]
 
 
 def relative_error(actual: list[torch.Tensor], expected: list[torch.Tensor]) -> float:
-    return max(((a - e).norm() / e.norm()).item() for a, e in zip(actual, expected))
+    return max(((a - e).norm() / e.norm()).item() for a, e in zip(actual, expected, strict=True))
 
 
 def test_matches_torch_muon_with_adamw_rms_matching_over_20_steps():
@@ -70,10 +70,10 @@ def test_sharded_engine_on_one_process_equals_muon():
     params = initial_params()
     engine = DataParallelMuon([(f"p{i}", p) for i, p in enumerate(params)], bucket_elements=100)
     for step in range(20):
-        for param, grad in zip(params, random_grads(step)):
+        for param, grad in zip(params, random_grads(step), strict=True):
             param.grad = grad
         engine.step(lr=0.02, weight_decay=0.1)
-    assert all(torch.equal(a.detach(), e) for a, e in zip(params, expected))
+    assert all(torch.equal(a.detach(), e) for a, e in zip(params, expected, strict=True))
 
 
 def test_rejects_parameters_that_are_not_matrices():
@@ -143,7 +143,7 @@ def test_state_survives_weights_only_save_and_resumes_exactly(name):
     second = build_optimizer(resumed, name, lr=0.01)
     second.load_state_dict(torch.load(buffer, weights_only=True))
     train(resumed, second, range(4, 8))
-    for (n, a), (_, b) in zip(straight.named_parameters(), resumed.named_parameters()):
+    for (n, a), (_, b) in zip(straight.named_parameters(), resumed.named_parameters(), strict=True):
         assert torch.equal(a, b), n
 
 

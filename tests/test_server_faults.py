@@ -7,19 +7,20 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cantata.sdk.job import Job
 from cantata.security.audit import Action, read_records, verify
-from tests.test_jobs import _pids_of, _wait_for
+from tests.test_jobs import _pids_of
+from tests.waiting import wait_for
 
 JOB = dict(model="gpt-tiny", steps=1500, eval_every=500, checkpoint_every=20, batch_size=4, seq_len=16)
 
 
 def test_sigkill_mid_job_then_restart_resumes_from_the_checkpoint(platform, tenant):
     handle = tenant.submit(Job(name="survivor", **JOB))
-    _wait_for(lambda: any(c.step >= 20 for c in tenant.checkpoints(handle.id)))
+    wait_for(lambda: any(c.step >= 20 for c in tenant.checkpoints(handle.id)))
     before = _events_until_now(tenant, handle.id)
     platform.kill()
-    _wait_for(lambda: not _pids_of(handle.id), timeout=15)  # orphaned workers stop on their own
+    wait_for(lambda: not _pids_of(handle.id))  # orphaned workers stop on their own
     platform.start()
-    status = handle.wait(timeout=240)
+    status = handle.wait()
     assert status.state == "SUCCEEDED", status.reason
     after = list(handle.events())
     assert [(e.seq, e.kind, e.step) for e in after[: len(before)]] == [(e.seq, e.kind, e.step) for e in before]
@@ -36,8 +37,7 @@ def _events_until_now(tenant, job_id):
     events = []
     stream = tenant._jobs.WatchJob(jobs_pb2.WatchJobRequest(job_id=job_id), timeout=2)
     try:
-        for e in stream:
-            events.append(e)
+        events.extend(stream)  # keeps what arrived before the deadline
     except grpc.RpcError as err:
         assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     from cantata.sdk.client import Event
@@ -47,13 +47,13 @@ def _events_until_now(tenant, job_id):
 
 def test_sigterm_stops_gracefully_and_requeues_running_jobs(platform, tenant):
     handle = tenant.submit(Job(name="graceful", **JOB))
-    _wait_for(lambda: handle.status().state == "RUNNING")
+    wait_for(lambda: handle.status().state == "RUNNING")
     assert platform.stop() == 0
     assert not _pids_of(handle.id)
     records = list(read_records(platform.data_dir / "audit"))
     assert records[-1].action == Action.SERVER_STOPPED and verify(platform.data_dir / "audit").ok
     platform.start()
-    status = handle.wait(timeout=240)
+    status = handle.wait()
     assert status.state == "SUCCEEDED", status.reason
     assert any("server stopped" in e.message for e in handle.events())
 

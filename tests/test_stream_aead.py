@@ -358,7 +358,7 @@ def test_encryption_and_decryption_stream_in_bounded_memory(tmp_path) -> None:
     total = 256 << 20
     result = subprocess.run(
         [sys.executable, "-c", MEMORY_PROBE, str(total), str(tmp_path / "big.sealed"), KEYS.to_json()],
-        capture_output=True, text=True, check=True, timeout=120,
+        capture_output=True, text=True, check=True,
     )  # fmt: skip
     plaintext, encrypt_growth_kib, decrypt_growth_kib = map(int, result.stdout.split())
     assert plaintext == total

@@ -12,11 +12,13 @@ config file.
 from __future__ import annotations
 
 import json
+from typing import TypedDict
 
 import torch.distributed as dist
 
 from cantata.security.keys import JobKeys
 from cantata.security.sealed_checkpoint import (
+    ShardInfo,
     begin_checkpoint,
     commit_checkpoint,
     latest_checkpoint,
@@ -29,10 +31,17 @@ from cantata.storage import open_store
 KEEP_LAST = 3
 
 
+class _Where(TypedDict):
+    """Whose checkpoints: every sealed-checkpoint call takes these."""
+
+    tenant: str
+    job_id: str
+
+
 class JobCheckpoints:
     def __init__(self, store_uri: str, tenant: str, job_id: str, keys: JobKeys):
         self._store = open_store(store_uri)
-        self._where = {"tenant": tenant, "job_id": job_id}
+        self._where: _Where = {"tenant": tenant, "job_id": job_id}
         self._keys = keys
 
     def latest_step(self) -> int | None:
@@ -55,7 +64,9 @@ class JobCheckpoints:
             for name, state in shards.items()
         ]
         if group is not None:
-            gathered = [None] * dist.get_world_size(group) if rank == 0 else None
+            gathered: list[list[ShardInfo]] | None = (
+                [[] for _ in range(dist.get_world_size(group))] if rank == 0 else None
+            )
             dist.gather_object(infos, gathered, dst=0, group=group)
             infos = [info for rank_infos in (gathered or []) for info in rank_infos]
         if rank != 0:

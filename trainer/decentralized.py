@@ -322,6 +322,7 @@ def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.E
                         shards.update({"model": model.state_dict(), "outer-0": outer.state_dict()})
                     size = checkpoints.save(step, cfg.group_rank, shards, group)
                     if lead:
+                        assert size is not None  # the lead is rank 0, which commits
                         reporter.checkpoint(step, spec.checkpoint_store, size)
             if lead:
                 report_data_wait(reporter, feed, time.perf_counter() - began)

@@ -152,6 +152,7 @@ def train(cfg: WorkerConfig, reporter: Reporter, stop: threading.Event) -> float
                     shards["model"] = model.state_dict()
                 size = checkpoints.save(step, cfg.worker, shards, group)
                 if lead:
+                    assert size is not None  # the lead is rank 0, which commits
                     reporter.checkpoint(step, spec.checkpoint_store, size)
         if lead:
             report_data_wait(reporter, feed, time.perf_counter() - began)

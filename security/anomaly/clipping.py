@@ -99,7 +99,7 @@ def clipped_gossip(
     tau = rule.radius(torch.stack([d.norm() for d in differences]))
     caps = caps if caps is not None else [None] * len(neighbours)
     pull = torch.zeros_like(own)
-    for difference, weight, cap in zip(differences, edge_weights, caps):
+    for difference, weight, cap in zip(differences, edge_weights, caps, strict=True):
         radius = tau if cap is None else min(tau, cap)
         pull.add_(clip(difference, radius), alpha=weight)
     return own - step * pull

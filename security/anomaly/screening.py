@@ -29,6 +29,7 @@ attacker that is rejected from the first round never shapes its reference.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -135,7 +136,7 @@ class LayerLayout:
     def __post_init__(self) -> None:
         if len(self.bounds) != len(self.names) + 1 or self.bounds[0] != 0:
             raise ValueError("bounds must start at 0 and have one more entry than names")
-        if any(b <= a for a, b in zip(self.bounds, self.bounds[1:])):
+        if any(b <= a for a, b in itertools.pairwise(self.bounds)):
             raise ValueError("every layer must hold at least one element")
 
     @classmethod
@@ -157,7 +158,7 @@ class LayerLayout:
 
     @property
     def layer_sizes(self) -> tuple[int, ...]:
-        return tuple(b - a for a, b in zip(self.bounds, self.bounds[1:]))
+        return tuple(b - a for a, b in itertools.pairwise(self.bounds))
 
 
 class RobustWindow:

@@ -111,12 +111,15 @@ class Checkpoint:
     def from_stored(cls, stored: Mapping[str, object]) -> Checkpoint:
         """Parse a checkpoint line's JSON; raises :class:`AuditLogCorrupt` when malformed."""
         try:
-            index, seq, within = stored["n"], stored["seq"], stored["within"]
+            numbers = (stored["n"], stored["seq"], stored["within"])
             texts = {name: stored[name] for name in ("hash", "time", "log", "key", "prev", "sig")}
             encoded_next = stored.get("next_key")
-            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (index, seq, within)):
+            integers = [v for v in numbers if isinstance(v, int) and not isinstance(v, bool)]
+            if len(integers) != len(numbers):
                 raise TypeError("n, seq and within must be integers")
-            if not all(isinstance(v, str) for v in texts.values()) or not isinstance(encoded_next, str | None):
+            index, seq, within = integers
+            strings = {name: value for name, value in texts.items() if isinstance(value, str)}
+            if len(strings) != len(texts) or not isinstance(encoded_next, str | None):
                 raise TypeError("text fields must be strings")
             next_key = (
                 Ed25519PublicKey.from_public_bytes(base64.b64decode(encoded_next, validate=True))
@@ -126,14 +129,14 @@ class Checkpoint:
             return cls(
                 index=index,
                 seq=seq,
-                hash=texts["hash"],
-                time=parse_time(texts["time"]),
-                log_id=texts["log"],
-                key_id=texts["key"],
-                prev=texts["prev"],
+                hash=strings["hash"],
+                time=parse_time(strings["time"]),
+                log_id=strings["log"],
+                key_id=strings["key"],
+                prev=strings["prev"],
                 within=within,
                 next_key=next_key,
-                signature=base64.b64decode(texts["sig"], validate=True),
+                signature=base64.b64decode(strings["sig"], validate=True),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise AuditLogCorrupt(f"malformed checkpoint: {exc}") from None

@@ -105,6 +105,15 @@ def _read_tail(number: int, data: bytes) -> _Tail:
 class AuditLog:
     """An open, append-only audit log; one writer process at a time. Thread-safe."""
 
+    # Where the log stands; set by _load_checkpoint_tail and _load_segment_tail.
+    _seq: int
+    _head: str
+    _segment_number: int
+    _segment_size: int
+    _checkpoint_index: int
+    _checkpoint_seq: int
+    _checkpoint_prev: str
+
     def __init__(
         self,
         layout: AuditLayout,
@@ -278,7 +287,7 @@ class AuditLog:
     def _append_locked(
         self, actor: str, action: str, resource: str, tenant: str, outcome: str, details: dict, peer: str
     ) -> AuditRecord:
-        now = datetime.now(UTC)
+        now, prev = datetime.now(UTC), self._head
         body = {
             "seq": self._seq + 1,
             "time": format_time(now),
@@ -290,7 +299,7 @@ class AuditLog:
             "outcome": outcome,
             "peer": peer,
             "details": details,
-            "prev": self._head,
+            "prev": prev,
         }
         chain_hash = body_hash(body)
         line = canonical({**body, "hash": chain_hash}) + b"\n"
@@ -319,7 +328,7 @@ class AuditLog:
             outcome=outcome,
             peer=peer,
             details=details,
-            prev=body["prev"],
+            prev=prev,
             hash=chain_hash,
         )
 

@@ -116,23 +116,24 @@ class AuditRecord:
             raise AuditLogCorrupt(f"record lacks field {missing}") from None
         if not isinstance(seq, int) or isinstance(seq, bool) or not isinstance(details, dict):
             raise AuditLogCorrupt("record has a malformed seq or details field")
-        if not all(isinstance(value, str) for value in texts.values()):
+        strings = {name: value for name, value in texts.items() if isinstance(value, str)}
+        if len(strings) != len(texts):
             raise AuditLogCorrupt("record has a non-string field")
         try:
-            moment = parse_time(texts["time"])
+            moment = parse_time(strings["time"])
         except ValueError:
             raise AuditLogCorrupt(f"record has a malformed time {texts['time']!r}") from None
         return cls(
             seq=seq,
             time=moment,
-            log_id=texts["log"],
-            actor=texts["actor"],
-            action=texts["action"],
-            resource=texts["resource"],
-            tenant=texts["tenant"],
-            outcome=texts["outcome"],
-            peer=texts["peer"],
+            log_id=strings["log"],
+            actor=strings["actor"],
+            action=strings["action"],
+            resource=strings["resource"],
+            tenant=strings["tenant"],
+            outcome=strings["outcome"],
+            peer=strings["peer"],
             details=details,
-            prev=texts["prev"],
-            hash=texts["hash"],
+            prev=strings["prev"],
+            hash=strings["hash"],
         )

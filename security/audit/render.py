@@ -133,7 +133,7 @@ def _markdown_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _markdown_table(header: Iterable[str], rows: Iterable[Iterable[str]]) -> list[str]:
+def _markdown_table(header: Iterable[str], rows: Iterable[Iterable[object]]) -> list[str]:
     header = list(header)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_markdown_cell(str(cell)) for cell in row) + " |" for row in rows]

@@ -153,9 +153,15 @@ def _entry(line: LogLine) -> _Entry:
     if line.stored is None:
         return _Entry(line, problem=line.error)
     stored = line.stored
-    fields = tuple(stored.get(name) for name in ("seq", "prev", "hash", "log", "time"))
-    seq, prev, stored_hash, log_id, moment = fields
-    if not isinstance(seq, int) or isinstance(seq, bool) or not all(isinstance(v, str) for v in fields[1:]):
+    seq, prev, stored_hash, log_id, moment = (stored.get(name) for name in ("seq", "prev", "hash", "log", "time"))
+    if not (
+        isinstance(seq, int)
+        and not isinstance(seq, bool)
+        and isinstance(prev, str)
+        and isinstance(stored_hash, str)
+        and isinstance(log_id, str)
+        and isinstance(moment, str)
+    ):
         return _Entry(line, problem="not an audit record (fields missing or mistyped)")
     if canonical(stored) == line.raw:
         computed, problem = canonical_line_hash(line.raw, stored_hash), None
@@ -212,6 +218,7 @@ def _scan_checkpoints(
             Finding(None, BreakKind.CORRUPT, f"{path.name} is empty: even the genesis checkpoint is gone")
         )
         return scan
+    expected_prev: str | None
     expected_index, expected_prev, covered = 0, FIRST_PREV, 0
     for line in split_lines(0, read_file(path), final=True):
         scan.total += 1

@@ -14,29 +14,69 @@ worker's 0600 config file, the data source's credentials as
 ``SourceCredentials.to_json()`` and the tenant's dataset key as
 ``DatasetKey.to_json()``; the worker parses them into a
 :class:`DatasetAccess` for :func:`open_feed`.
+
+Names are imported from their submodules on first use, so that the ``data``
+CLI plugin builds its parser without loading torch.
 """
 
-from cantata.trainer.data.batch import Batch
-from cantata.trainer.data.corpus import BatchSampler, TextCorpus, load_builtin_corpus
-from cantata.trainer.data.errors import (
-    DataError,
-    DatasetAccessError,
-    DatasetNotFoundError,
-    DatasetPathError,
-    DatasetUnavailableError,
-    DatasetURIError,
-    SealedShardError,
-    ShardChecksumError,
-    ShardError,
-    ShardHeaderError,
-    ShardTruncatedError,
-    TextEncodingError,
-)
-from cantata.trainer.data.feed import DatasetAccess, Feed, open_feed
-from cantata.trainer.data.loader import DataEvent, DataLoader, ValidationSet
-from cantata.trainer.data.sealing import DatasetKey
-from cantata.trainer.data.sources import Dataset, DatasetURI, SourceCredentials, open_dataset
-from cantata.trainer.data.text import Utf8Policy
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cantata.trainer.data.batch import Batch
+    from cantata.trainer.data.corpus import BatchSampler, TextCorpus, load_builtin_corpus
+    from cantata.trainer.data.errors import (
+        DataError,
+        DatasetAccessError,
+        DatasetNotFoundError,
+        DatasetPathError,
+        DatasetUnavailableError,
+        DatasetURIError,
+        SealedShardError,
+        ShardChecksumError,
+        ShardError,
+        ShardHeaderError,
+        ShardTruncatedError,
+        TextEncodingError,
+    )
+    from cantata.trainer.data.feed import DatasetAccess, Feed, open_feed
+    from cantata.trainer.data.loader import DataEvent, DataLoader, ValidationSet
+    from cantata.trainer.data.sealing import DatasetKey
+    from cantata.trainer.data.sources import Dataset, DatasetURI, SourceCredentials, open_dataset
+    from cantata.trainer.data.text import Utf8Policy
+
+_HOMES = {
+    "Batch": "batch",
+    "BatchSampler": "corpus",
+    "TextCorpus": "corpus",
+    "load_builtin_corpus": "corpus",
+    "DataError": "errors",
+    "DatasetAccessError": "errors",
+    "DatasetNotFoundError": "errors",
+    "DatasetPathError": "errors",
+    "DatasetURIError": "errors",
+    "DatasetUnavailableError": "errors",
+    "SealedShardError": "errors",
+    "ShardChecksumError": "errors",
+    "ShardError": "errors",
+    "ShardHeaderError": "errors",
+    "ShardTruncatedError": "errors",
+    "TextEncodingError": "errors",
+    "DatasetAccess": "feed",
+    "Feed": "feed",
+    "open_feed": "feed",
+    "DataEvent": "loader",
+    "DataLoader": "loader",
+    "ValidationSet": "loader",
+    "DatasetKey": "sealing",
+    "Dataset": "sources",
+    "DatasetURI": "sources",
+    "SourceCredentials": "sources",
+    "open_dataset": "sources",
+    "Utf8Policy": "text",
+}
 
 __all__ = [
     "Batch",
@@ -68,3 +108,16 @@ __all__ = [
     "open_dataset",
     "open_feed",
 ]
+
+
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> Any:
+        """The public name ``name``, imported from its submodule."""
+        try:
+            home = _HOMES[name]
+        except KeyError:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+        value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+        globals()[name] = value
+        return value

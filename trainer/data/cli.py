@@ -1,4 +1,8 @@
-"""``cantata data prepare|upload``: a plugin (entry-point group ``cantata.cli``) adding to the CLI's ``data`` group."""
+"""``cantata data prepare|upload``: a plugin (entry-point group ``cantata.cli``) adding to the CLI's ``data`` group.
+
+Every ``cantata`` call builds the parser: the package imports its torch-based
+loaders lazily, and stores and sealing are imported only when ``upload`` runs.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +11,9 @@ import json
 import sys
 from pathlib import Path
 
-from cantata.storage import open_store
 from cantata.trainer.data.prepare import DEFAULT_SHARD_TOKENS, prepare_shards
-from cantata.trainer.data.sealing import KEY_FILE, DatasetKey
 from cantata.trainer.data.shards import DTYPES, dtype_for
-from cantata.trainer.data.sources import translated_store_errors
 from cantata.trainer.data.text import Utf8Policy
-from cantata.trainer.data.upload import upload_shards
 
 
 def _say(message: str) -> None:
@@ -39,6 +39,11 @@ def cmd_prepare(args) -> int:
 
 
 def cmd_upload(args) -> int:
+    from cantata.storage import open_store
+    from cantata.trainer.data.sealing import KEY_FILE, DatasetKey
+    from cantata.trainer.data.sources import translated_store_errors
+    from cantata.trainer.data.upload import upload_shards
+
     dataset_key = None
     if args.encrypt:
         from cantata.sdk.profiles import Profile  # the tenant's profile holds its dataset key

@@ -37,7 +37,9 @@ class DatasetAccess:
 
 
 class Feed(Protocol):
-    wait_seconds: float  # time the trainer spent blocked on data
+    @property
+    def wait_seconds(self) -> float:
+        """Time the trainer spent blocked on data."""
 
     def next_batch(self) -> Batch: ...
 

@@ -10,14 +10,12 @@ dataset (``StreamContext(tenant, "dataset", 0, key)``), so an object renamed,
 swapped or moved to another tenant is refused.
 
 The dataset key is a JSON file ``dataset-key.json`` (mode 0600) in the
-tenant's profile: ``{"tenant": ..., "key": base64(32 bytes)}``. A worker gets
+tenant's profile (its format is :mod:`cantata.dataset_key`). A worker gets
 the same document in its private config (see :mod:`cantata.trainer.data`).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import os
 import struct
@@ -29,13 +27,14 @@ from typing import Any
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from cantata import dataset_key as key_file
+from cantata.dataset_key import KEY_FILE as KEY_FILE  # the profile's key file, for the data CLI
+from cantata.dataset_key import KEY_SIZE
 from cantata.security.stream_aead import IntegrityError, StreamContext, StreamDecryptor, StreamEncryptor
 from cantata.trainer.data.errors import DataError, SealedShardError
 
 SEALED_SUFFIX = ".sealed"
 DATASET_JOB = "dataset"
-KEY_FILE = "dataset-key.json"
-KEY_SIZE = 32
 NONCE_SIZE = 12
 _WRAP_LABEL = b"cantata/dataset-key-wrap/v1\x00"
 
@@ -69,7 +68,7 @@ class DatasetKey:
             raise IntegrityError(f"data key was not wrapped by {self.tenant}'s dataset key") from None
 
     def to_json(self) -> str:
-        return json.dumps({"tenant": self.tenant, "key": base64.b64encode(self.secret).decode()})
+        return key_file.dumps(self.tenant, self.secret)
 
     @classmethod
     def from_json(cls, text: str) -> DatasetKey:
@@ -82,21 +81,17 @@ class DatasetKey:
     @classmethod
     def from_dict(cls, document: Any) -> DatasetKey:
         try:
-            return cls(str(document["tenant"]), base64.b64decode(document["key"], validate=True))
-        except (ValueError, KeyError, TypeError, binascii.Error) as error:
-            raise DataError(f"invalid dataset key document: {error}") from None
+            return cls(*key_file.from_document(document))
+        except ValueError as error:
+            raise DataError(str(error)) from None
 
     @classmethod
     def load_or_create(cls, path: Path, tenant: str) -> DatasetKey:
         """The key in ``path``, made (mode 0600) on first use."""
         try:
-            return cls.from_json(path.read_text())
-        except FileNotFoundError:
-            key = cls.generate(tenant)
-            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(descriptor, "w") as file:
-                file.write(key.to_json() + "\n")
-            return key
+            return cls(*key_file.load_or_create(path, tenant))
+        except ValueError as error:
+            raise DataError(str(error)) from None
 
 
 def object_context(tenant: str, key: str) -> StreamContext:

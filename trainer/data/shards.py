@@ -54,7 +54,7 @@ class ShardHeader:
         return head[:-4] + struct.pack("<I", crc32(head[:-4]))
 
     @classmethod
-    def decode(cls, data: bytes | memoryview, name: str) -> ShardHeader:
+    def decode(cls, data: bytes | bytearray | memoryview, name: str) -> ShardHeader:
         if len(data) < HEADER_SIZE:
             raise ShardTruncatedError(f"shard {name}: {len(data)} bytes, shorter than its {HEADER_SIZE}-byte header")
         magic, version, width, reserved, count, tokens_crc, header_crc = HEADER.unpack_from(data)

@@ -339,16 +339,21 @@ def open_dataset(
 ) -> Dataset:
     """Resolve ``uri`` and list its objects (raising a :class:`DataError` naming what is wrong)."""
     parsed = DatasetURI.parse(uri)
-    options = dict(dataset_key=dataset_key, utf8_policy=utf8_policy)
     if parsed.scheme == "builtin":
         root = Path(parsed.location)
         directory = LocalDirectory(root, uri, frozenset({"site-packages"}), trusted_root=True)
-        return Dataset(uri, directory, text_suffixes=(".py",), **options)
+        return Dataset(uri, directory, text_suffixes=(".py",), dataset_key=dataset_key, utf8_policy=utf8_policy)
     if parsed.scheme == "file":
         path = Path(os.path.abspath(parsed.location))
         if ".." in Path(parsed.location).parts or not _within(path, [Path(r) for r in allowed_roots]):
             raise DatasetPathError(f"dataset {uri}: {path} is outside the allowed roots")
-        return Dataset(uri, LocalDirectory(path, uri), text_suffixes=TEXT_SUFFIXES, **options)
+        return Dataset(
+            uri,
+            LocalDirectory(path, uri),
+            text_suffixes=TEXT_SUFFIXES,
+            dataset_key=dataset_key,
+            utf8_policy=utf8_policy,
+        )
     if parsed.source:
         if credentials is None or credentials.name != parsed.source:
             raise DataError(f"dataset {uri} names data source {parsed.source!r}, whose credentials were not given")
@@ -357,4 +362,6 @@ def open_dataset(
         store_options = {**credentials.store_options(), **store_options}
     with translated_store_errors(f"opening dataset {uri}"):
         store = open_store(parsed.store_uri, **store_options)
-    return Dataset(uri, StoreObjects(store), text_suffixes=TEXT_SUFFIXES, **options)
+    return Dataset(
+        uri, StoreObjects(store), text_suffixes=TEXT_SUFFIXES, dataset_key=dataset_key, utf8_policy=utf8_policy
+    )

@@ -204,5 +204,8 @@ class GASLoCOuter:
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor | None]) -> None:
         """Restore after a restart; the parameters must already hold ``state["theta"]``."""
-        self.theta = state["theta"].clone()
+        theta = state["theta"]
+        if theta is None:
+            raise ValueError("the state holds no theta")
+        self.theta = theta.clone()
         self.step.load_state_dict(state)

@@ -148,7 +148,7 @@ class RandomMatchings(Topology):
 
     def edges(self, round: int) -> frozenset[Edge]:
         rng = random.Random(f"cantata-gasloc-matching:{self.seed}:{round}")
-        edges = set()
+        edges: set[Edge] = set()
         for _ in range(self.peers):
             order = list(range(self.n))
             rng.shuffle(order)

@@ -59,7 +59,7 @@ def to_chunks(
     """Yield one stripe of ``payload`` (contiguous, 1-D, CPU, kept alive by the caller)
     as chunks that are views of its memory, paced by ``bucket``."""
     name = dtype_name(payload.dtype)
-    raw = memoryview(payload.view(torch.uint8).numpy()) if payload.numel() else memoryview(b"")
+    raw = payload.view(torch.uint8).numpy().data if payload.numel() else memoryview(b"")
     start, end = stripe_bounds(len(raw), stripe, stripes)
     count = max(1, -(-(end - start) // chunk_bytes))
     for index in range(count):
@@ -143,8 +143,9 @@ class Assembly:
 
     def tensor(self) -> torch.Tensor:
         """The payload; raises ``CorruptPayload`` if chunks are missing."""
-        if not self.complete:
+        header = self._header
+        if header is None or not self.complete:
             raise CorruptPayload("payload incomplete")
         if not self.buffer:
-            return torch.empty(0, dtype=DTYPES[self._header[1]])
-        return torch.frombuffer(self.buffer, dtype=DTYPES[self._header[1]])
+            return torch.empty(0, dtype=DTYPES[header[1]])
+        return torch.frombuffer(self.buffer, dtype=DTYPES[header[1]])

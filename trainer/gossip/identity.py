@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cantata.security.pki import Principal, gossip_server_name, principal_from_auth_context
+from cantata.security.pki import gossip_server_name, principal_from_auth_context
 
 __all__ = ["PeerRefused", "authorize_peer", "gossip_server_name"]
 
@@ -15,13 +15,13 @@ class PeerRefused(PermissionError):
         self.principal = principal
 
 
-def authorize_peer(auth_context: dict, job_id: str, own_index: int) -> Principal:
-    """The verified caller, if it is another worker of ``job_id``; else ``PeerRefused``."""
+def authorize_peer(auth_context: dict, job_id: str, own_index: int) -> int:
+    """The verified caller's worker index, if it is another worker of ``job_id``; else ``PeerRefused``."""
     principal = principal_from_auth_context(auth_context)
     if principal is None:
         raise PeerRefused("no verified client certificate")
-    if principal.role != "worker" or principal.job_id != job_id:
+    if principal.role != "worker" or principal.job_id != job_id or principal.index is None:
         raise PeerRefused(f"{principal.uri} is not a worker of job {job_id}", principal.uri)
     if principal.index == own_index:
         raise PeerRefused(f"{principal.uri} is this worker itself", principal.uri)
-    return principal
+    return principal.index

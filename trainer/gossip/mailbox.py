@@ -54,10 +54,11 @@ class Mailbox:
     def assembly(self, round: int, peer: int) -> Assembly | None:
         """Where ``peer``'s payload for ``round`` is put together; None if the round is not current."""
         with self._cond:
-            if round != self._round:
+            outgoing = self._outgoing
+            if round != self._round or outgoing is None:
                 return None
             if peer not in self._assemblies:
-                size = self._outgoing.numel() * self._outgoing.element_size()
+                size = outgoing.numel() * outgoing.element_size()
                 buffer = self._spare.pop() if self._spare else bytearray(size)
                 self._assemblies[peer] = Assembly(round, peer, buffer)
             return self._assemblies[peer]

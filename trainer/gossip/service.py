@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from typing import NoReturn, Protocol
 
 import grpc
 
@@ -22,6 +23,16 @@ log = logging.getLogger(__name__)
 RefusalHook = Callable[[str, str, str], None]
 """``on_refused(peer_address, principal, reason)``: called for every refused caller (for the audit log);
 ``principal`` is the URI its verified certificate names, "" if none."""
+
+
+class ServicerContext(Protocol):
+    """What the service uses of a ``grpc.ServicerContext``, typed: ``abort`` always raises."""
+
+    def abort(self, code: grpc.StatusCode, details: str) -> NoReturn: ...
+
+    def auth_context(self) -> dict[str, list[bytes]]: ...
+
+    def peer(self) -> str: ...
 
 
 class GossipService:
@@ -45,19 +56,19 @@ class GossipService:
         self.link_bucket = link_bucket
         self.on_refused = on_refused
 
-    def identify(self, context: grpc.ServicerContext) -> int:
+    def identify(self, context: ServicerContext) -> int:
         """The caller's worker index, from its verified certificate; aborts anyone else."""
         try:
-            return authorize_peer(context.auth_context(), self.job_id, self.worker_index).index
+            return authorize_peer(context.auth_context(), self.job_id, self.worker_index)
         except PeerRefused as refusal:
             self._refuse(context, refusal.principal, str(refusal))
 
-    def _refuse(self, context: grpc.ServicerContext, principal: str, reason: str) -> None:
+    def _refuse(self, context: ServicerContext, principal: str, reason: str) -> NoReturn:
         log.warning("gossip refused %s: %s", context.peer(), reason)
         self.on_refused(context.peer(), principal, reason)
         context.abort(grpc.StatusCode.PERMISSION_DENIED, reason)
 
-    def Exchange(self, request_iterator: Iterator[Chunk], context: grpc.ServicerContext) -> Iterator[Chunk]:
+    def Exchange(self, request_iterator: Iterator[Chunk], context: ServicerContext) -> Iterator[Chunk]:
         peer = self.identify(context)
         first = next(request_iterator, None)
         if first is None:

@@ -80,18 +80,8 @@ def _read_varint(view: memoryview, pos: int) -> tuple[int, int]:
 
 def decode(raw: bytes) -> Chunk:
     view = memoryview(raw)
-    fields: dict[str, object] = {
-        "round": 0,
-        "sender": 0,
-        "index": 0,
-        "count": 0,
-        "total_bytes": 0,
-        "dtype": "",
-        "checksum": 0,
-        "data": b"",
-        "stripe": 0,
-        "stripes": 0,
-    }
+    numbers = dict.fromkeys(("round", "sender", "index", "count", "total_bytes", "checksum", "stripe", "stripes"), 0)
+    dtype, data = "", memoryview(b"")
     pos = 0
     while pos < len(view):
         key, pos = _read_varint(view, pos)
@@ -99,21 +89,21 @@ def decode(raw: bytes) -> Chunk:
         if kind == 0:
             value, pos = _read_varint(view, pos)
             if number in _VARINT_FIELDS:
-                fields[_VARINT_FIELDS[number]] = value
+                numbers[_VARINT_FIELDS[number]] = value
         elif kind == 2:
             length, pos = _read_varint(view, pos)
             if pos + length > len(view):
                 raise MalformedChunk("length-delimited field overruns the message")
             if number == 6:
-                fields["dtype"] = bytes(view[pos : pos + length]).decode("utf-8", errors="replace")
+                dtype = bytes(view[pos : pos + length]).decode("utf-8", errors="replace")
             elif number == 8:
-                fields["data"] = view[pos : pos + length]
+                data = view[pos : pos + length]
             pos += length
         elif kind == 1:
             if pos + 8 > len(view):
                 raise MalformedChunk("truncated fixed64 field")
             if number == 11:
-                fields["checksum"] = struct.unpack_from("<Q", view, pos)[0]
+                numbers["checksum"] = struct.unpack_from("<Q", view, pos)[0]
             pos += 8
         elif kind == 5:
             if pos + 4 > len(view):
@@ -123,5 +113,5 @@ def decode(raw: bytes) -> Chunk:
             raise MalformedChunk(f"unsupported wire type {kind}")
     if pos != len(view):
         raise MalformedChunk("truncated message")
-    fields["stripes"] = fields["stripes"] or 1
-    return Chunk(**fields)
+    numbers["stripes"] = numbers["stripes"] or 1
+    return Chunk(dtype=dtype, data=data, **numbers)

@@ -43,10 +43,10 @@ class _BucketLayout:
 
 def _layouts(plan: ShardingPlan, numels: Sequence[int]) -> list[_BucketLayout]:
     layouts = []
-    for bucket, owners in zip(plan.buckets, plan.owners):
+    for bucket, owners in zip(plan.buckets, plan.owners, strict=True):
         fill = [0] * plan.world_size
         slots = []
-        for param, owner in zip(bucket.params, owners):
+        for param, owner in zip(bucket.params, owners, strict=True):
             slots.append(_Slot(param, owner, fill[owner]))
             fill[owner] += numels[param]
         layouts.append(_BucketLayout(tuple(slots), max(fill)))
@@ -81,7 +81,7 @@ class DataParallelMuon:
         self.config = config
         numels = [p.numel() for p in self.params]
         if plan is None:
-            costs = [newton_schulz_flops(tuple(p.shape), config.ns_steps) for p in self.params]
+            costs = [newton_schulz_flops((p.shape[0], p.shape[1]), config.ns_steps) for p in self.params]
             plan = alpha_balanced_plan(build_buckets(numels, bucket_elements), costs, self.world_size, alpha)
         if plan.world_size != self.world_size:
             raise ValueError(f"plan is for {plan.world_size} ranks, group has {self.world_size}")
@@ -100,7 +100,7 @@ class DataParallelMuon:
             return stats
         scattered = [self._launch_reduce_scatter(layout, stats) for layout in self._layouts]
         gathers = []
-        for layout, (shard, work) in zip(self._layouts, scattered):
+        for layout, (shard, work) in zip(self._layouts, scattered, strict=True):
             work.wait()
             shard.div_(self.world_size)
             for slot in layout.slots:

@@ -69,7 +69,9 @@ def orthogonalized_momentum(grad: Tensor, momentum_buffer: Tensor, config: MuonC
     return newton_schulz(direction, config)
 
 
-def apply_update(param: Tensor, direction: Tensor, *, lr: float, weight_decay: float, full_shape: torch.Size) -> None:
+def apply_update(
+    param: Tensor, direction: Tensor, *, lr: float, weight_decay: float, full_shape: tuple[int, ...]
+) -> None:
     """Decoupled weight decay, then step along `direction` (a whole matrix or its shard of `full_shape`)."""
     param.mul_(1 - lr * weight_decay)
     param.add_(direction.to(param.dtype), alpha=-rms_matched_lr(lr, full_shape))

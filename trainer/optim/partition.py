@@ -27,8 +27,8 @@ class ShardingPlan:
     def owner_by_param(self) -> dict[int, int]:
         return {
             param: owner
-            for bucket, owners in zip(self.buckets, self.owners)
-            for param, owner in zip(bucket.params, owners)
+            for bucket, owners in zip(self.buckets, self.owners, strict=True)
+            for param, owner in zip(bucket.params, owners, strict=True)
         }
 
     def rank_costs(self, costs: Sequence[float]) -> list[float]:
@@ -41,17 +41,17 @@ class ShardingPlan:
     def rank_elements(self) -> list[int]:
         """Elements each rank owns (its slice of the reduce-scatter and all-gather)."""
         elements = [0] * self.world_size
-        for bucket, owners in zip(self.buckets, self.owners):
-            for numel, owner in zip(bucket.numels, owners):
+        for bucket, owners in zip(self.buckets, self.owners, strict=True):
+            for numel, owner in zip(bucket.numels, owners, strict=True):
                 elements[owner] += numel
         return elements
 
     def padded_elements(self) -> int:
         """Elements moved by padded collectives: world_size times the largest slice, per bucket."""
         total = 0
-        for bucket, owners in zip(self.buckets, self.owners):
+        for bucket, owners in zip(self.buckets, self.owners, strict=True):
             slices = [0] * self.world_size
-            for numel, owner in zip(bucket.numels, owners):
+            for numel, owner in zip(bucket.numels, owners, strict=True):
                 slices[owner] += numel
             total += self.world_size * max(slices)
         return total
@@ -99,7 +99,7 @@ def alpha_targets_plan(
             for d in deficits
         ]
         owners[index] = _snap_to_boundaries(bucket, targets)
-        for param, owner in zip(bucket.params, owners[index]):
+        for param, owner in zip(bucket.params, owners[index], strict=True):
             loads[owner] += costs[param]
     return ShardingPlan(f"alpha={alpha:g}", world_size, tuple(buckets), tuple(owners))
 
@@ -118,7 +118,7 @@ def alpha_balanced_plan(
 def layerwise_pingpong_plan(buckets: Sequence[Bucket], world_size: int) -> ShardingPlan:
     """NVIDIA's layer-wise baseline: parameters by size, largest first, dealt out 0..D-1, D-1..0, ..."""
     _check_world_size(world_size)
-    numel_of = {p: n for bucket in buckets for p, n in zip(bucket.params, bucket.numels)}
+    numel_of = {p: n for bucket in buckets for p, n in zip(bucket.params, bucket.numels, strict=True)}
     order = sorted(numel_of, key=lambda p: (-numel_of[p], p))
     owner_of = {}
     for position, param in enumerate(order):
@@ -152,7 +152,7 @@ def _starts(bucket: Bucket) -> list[int]:
 def _snap_to_boundaries(bucket: Bucket, targets: Sequence[float]) -> tuple[int, ...]:
     """Owner of each parameter when rank r's cut is the boundary nearest the cumulative target."""
     boundaries = _starts(bucket) + [bucket.numel]
-    cuts = []
+    cuts: list[int] = []
     cumulative = 0.0
     for target in targets[:-1]:
         cumulative += target

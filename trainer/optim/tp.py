@@ -153,7 +153,7 @@ class TensorParallelMuon:
         self.host_momentum = {
             item: torch.zeros(self.matrices[item].full_shape, dtype=self.matrices[item].shard.dtype)
             for group in self.groups
-            for item, host in zip(group.items, group.hosts)
+            for item, host in zip(group.items, group.hosts, strict=True)
             if host == self.rank
         }
         self.replicated_momentum: dict[int, Tensor] = {}
@@ -166,6 +166,7 @@ class TensorParallelMuon:
         scattering: _InFlight | None = None
         for index in range(len(self.groups)):
             current = gathering
+            assert current is not None  # launched for this group by the previous iteration
             gathering = self._launch_gather(self.groups[index + 1], stats) if index + 1 < len(self.groups) else None
             current.work.wait()
             directions = self._compute_hosted(current, stats)
@@ -202,10 +203,12 @@ class TensorParallelMuon:
     def _launch_gather(self, group: MicroGroup, stats: StepStats) -> _InFlight:
         send_parts, send_sizes = [], []
         for destination in range(self.world_size):
-            hosted = [self.matrices[i] for i, h in zip(group.items, group.hosts) if h == destination]
+            hosted = [self.matrices[i] for i, h in zip(group.items, group.hosts, strict=True) if h == destination]
             send_parts += [m.shard_grad().reshape(-1) for m in hosted]
             send_sizes.append(sum(m.shard.numel() for m in hosted))
-        mine = sum(self.matrices[i].shard.numel() for i, h in zip(group.items, group.hosts) if h == self.rank)
+        mine = sum(
+            self.matrices[i].shard.numel() for i, h in zip(group.items, group.hosts, strict=True) if h == self.rank
+        )
         send = torch.cat(send_parts)
         received = send.new_empty(mine * self.world_size)
         work = dist.all_to_all_single(
@@ -216,7 +219,7 @@ class TensorParallelMuon:
 
     def _compute_hosted(self, gathered: _InFlight, stats: StepStats) -> list[Tensor]:
         """Full-matrix directions of the matrices this rank hosts, in group order."""
-        hosted = [i for i, h in zip(gathered.group.items, gathered.group.hosts) if h == self.rank]
+        hosted = [i for i, h in zip(gathered.group.items, gathered.group.hosts, strict=True) if h == self.rank]
         per_source = sum(self.matrices[i].shard.numel() for i in hosted)
         rows = gathered.received.view(self.world_size, per_source)
         directions, offset = [], 0
@@ -232,16 +235,16 @@ class TensorParallelMuon:
         return directions
 
     def _launch_scatter(self, group: MicroGroup, directions: list[Tensor], stats: StepStats) -> _InFlight:
-        hosted = [i for i, h in zip(group.items, group.hosts) if h == self.rank]
+        hosted = [i for i, h in zip(group.items, group.hosts, strict=True) if h == self.rank]
         send_parts = []
         for destination in range(self.world_size):
-            for item, direction in zip(hosted, directions):
+            for item, direction in zip(hosted, directions, strict=True):
                 m = self.matrices[item]
                 piece = direction.chunk(self.world_size, dim=m.shard_dim)[destination]
                 send_parts.append(piece.to(m.shard.dtype).reshape(-1))
         per_destination = sum(self.matrices[i].shard.numel() for i in hosted)
         receive_sizes = [
-            sum(self.matrices[i].shard.numel() for i, h in zip(group.items, group.hosts) if h == source)
+            sum(self.matrices[i].shard.numel() for i, h in zip(group.items, group.hosts, strict=True) if h == source)
             for source in range(self.world_size)
         ]
         reference = self.matrices[group.items[0]].shard
@@ -257,7 +260,7 @@ class TensorParallelMuon:
         scattered.work.wait()
         offset = 0
         for source in range(self.world_size):
-            for item, host in zip(scattered.group.items, scattered.group.hosts):
+            for item, host in zip(scattered.group.items, scattered.group.hosts, strict=True):
                 if host != source:
                     continue
                 m = self.matrices[item]
