@@ -18,9 +18,9 @@ def plot_losses(status: JobStatus, events: list[Event], out: Path) -> Path:
     val = [(e.step, e.val_loss) for e in events if e.kind == "EVAL"]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
     if train:
-        ax.plot(*zip(*train), label="training loss", linewidth=1)
+        ax.plot(*zip(*train, strict=True), label="training loss", linewidth=1)
     if val:
-        ax.plot(*zip(*val), "o-", label="validation loss")
+        ax.plot(*zip(*val, strict=True), "o-", label="validation loss")
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats/byte)")
     ax.set_title(f"{status.name} ({status.id}): {status.state.lower()}, {status.algorithm} x{status.workers}")

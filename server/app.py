@@ -96,7 +96,7 @@ class ControlPlane:
         ):
             raise OSError(f"cannot listen on {self.settings.enroll_listen}")
         host = self.listen.rpartition(":")[0]
-        connect_host = "127.0.0.1" if host in ("0.0.0.0", "", "[::]") else host
+        connect_host = "127.0.0.1" if host in ("0.0.0.0", "", "[::]") else host  # noqa: S104 (maps a wildcard to loopback)
 
         roots = self.paths.allowed_roots(self.settings)
         secrets = SecretsBroker(self.keyring, self.data_sources, self.audit, dataset_roots=roots)

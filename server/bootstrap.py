@@ -85,7 +85,7 @@ def init_data_dir(root: Path, *, listen: str, enroll_listen: str = "", admin: st
     paths.save_settings(settings)
 
     def connect(address: str) -> str:
-        return address.replace("0.0.0.0", "127.0.0.1")
+        return address.replace("0.0.0.0", "127.0.0.1")  # noqa: S104 (maps a wildcard to loopback)
 
     return write_profile(
         admin, connect(listen), connect(settings.enroll_listen), ca.cert_pem, bundle.cert_pem, bundle.key_pem

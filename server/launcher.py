@@ -15,6 +15,7 @@ ranks of one decentralized worker group) share its rendezvous address.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -84,10 +85,8 @@ def worker_secrets(secrets: dict) -> dict:
 
 
 def kill_group(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class WorkerLauncher:
