@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import os
 import time
@@ -295,7 +296,7 @@ class Client:
     def job(self, job_id: str) -> JobHandle:
         return JobHandle(self, job_id)
 
-    def list(self) -> list[JobStatus]:
+    def list(self) -> builtins.list[JobStatus]:
         jobs, token = [], ""
         while True:
             reply = self._call(self._jobs.ListJobs, jobs_pb2.ListJobsRequest(page_size=200, page_token=token))
@@ -342,7 +343,7 @@ class Client:
             raise from_rpc_error(err) from None
 
     # ---- checkpoints ---------------------------------------------------
-    def checkpoints(self, job_id: str) -> list[Checkpoint]:
+    def checkpoints(self, job_id: str) -> builtins.list[Checkpoint]:
         reply = self._call(self._checkpoints.ListCheckpoints, checkpoints_pb2.ListCheckpointsRequest(job_id=job_id))
         return [Checkpoint(c.job_id, c.step, c.size_bytes, c.created.ToJsonString()) for c in reply.checkpoints]
 
@@ -391,7 +392,7 @@ class Client:
         request = data_source_request(name, kind, endpoint, credentials, dataset_key, replace)
         return DataSource.from_proto(self._call(self._data_sources.RegisterDataSource, request))
 
-    def data_sources(self) -> list[DataSource]:
+    def data_sources(self) -> builtins.list[DataSource]:
         reply = self._call(self._data_sources.ListDataSources, datasources_pb2.ListDataSourcesRequest())
         return [DataSource.from_proto(s) for s in reply.sources]
 
@@ -407,7 +408,7 @@ class Client:
         return AuditReport(reply.intact, reply.verdict, reply.content)
 
     # ---- administration ------------------------------------------------
-    def tenants(self, status: str = "") -> list[Tenant]:
+    def tenants(self, status: str = "") -> builtins.list[Tenant]:
         reply = self._call(self._admin.ListTenants, admin_pb2.ListTenantsRequest(status=status))
         return [Tenant.from_proto(t) for t in reply.tenants]
 
@@ -453,14 +454,14 @@ class Client:
         )
         return KeyRotation(reply.version, reply.objects_rewrapped, list(reply.retired))
 
-    def simulate_attack(self, job_id: str, workers: list[int], attack: str, strength: float = 0.0) -> None:
+    def simulate_attack(self, job_id: str, workers: builtins.list[int], attack: str, strength: float = 0.0) -> None:
         """Evaluation only (admins): make some workers of a queued job send malicious updates."""
         self._call(
             self._admin.SimulateAttack,
             admin_pb2.SimulateAttackRequest(job_id=job_id, workers=workers, attack=attack, strength=strength),
         )
 
-    def anomalies(self, job_id: str) -> list[Anomaly]:
+    def anomalies(self, job_id: str) -> builtins.list[Anomaly]:
         """Updates that the job's workers screened out (admins)."""
         reply = self._call(self._admin.ListAnomalies, admin_pb2.ListAnomaliesRequest(job_id=job_id))
         return [

@@ -88,6 +88,8 @@ def fetch_status(name: str) -> EnrollmentStatus:
     """Ask for the request's status; once approved, install the certificate in the profile."""
     profile = Profile.named(name)
     key = serialization.load_pem_private_key(profile.key.read_bytes(), password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{profile.key} is not the ECDSA key `cantata tenant request` made")
     now = int(time.time())
     signature = key.sign(status_message(name, now), ec.ECDSA(hashes.SHA256()))
     channel, stub = _stub(profile.enroll_server, profile.ca.read_bytes())
@@ -127,7 +129,8 @@ def renew_certificate(name: str) -> str:
     finally:
         channel.close()
     cert = x509.load_pem_x509_certificate(reply.certificate_pem)
-    if cert.public_key().public_numbers() != key.public_key().public_numbers():
+    spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    if cert.public_key().public_bytes(*spki) != key.public_key().public_bytes(*spki):
         raise RuntimeError("the server returned a certificate for another key: refusing it")
     profile.write_key(_key_pem(key))
     profile.cert.write_bytes(reply.certificate_pem)

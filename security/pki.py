@@ -143,6 +143,14 @@ def load_csr(pem: bytes) -> x509.CertificateSigningRequest:
     return csr
 
 
+def csr_public_key(pem: bytes) -> ec.EllipticCurvePublicKey:
+    """The ECDSA public key of a PEM CSR whose self-signature verifies (``InvalidCSR`` otherwise)."""
+    key = load_csr(pem).public_key()
+    if not isinstance(key, ec.EllipticCurvePublicKey):  # load_csr refuses other keys; this narrows the type
+        raise InvalidCSR("CSR key must be ECDSA")
+    return key
+
+
 def csr_fingerprint(pem: bytes) -> str:
     """``sha256:<hex>`` over the CSR's DER encoding, as shown to admins."""
     der = load_csr(pem).public_bytes(serialization.Encoding.DER)

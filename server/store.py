@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from cantata.proto.v1 import common_pb2, jobs_pb2
 from cantata.proto.vocabulary import TERMINAL_STATES as TERMINAL
@@ -81,7 +82,7 @@ class JobRecord:
     tenant: str
     request_id: str
     spec: common_pb2.JobSpec
-    state: int
+    state: common_pb2.JobState
     reason: str
     step: int
     loss: float
@@ -352,7 +353,7 @@ class Store:
             row["tenant"],
             row["request_id"],
             spec,
-            row["state"],
+            cast("common_pb2.JobState", row["state"]),
             row["reason"],
             row["step"],
             row["loss"],
@@ -385,7 +386,7 @@ class Store:
             ]
             return [self._job(self._db, i) for i in ids]
 
-    def transition(self, job_id: str, state: int, reason: str = "", *, message: str = "") -> bool:
+    def transition(self, job_id: str, state: common_pb2.JobState, reason: str = "", *, message: str = "") -> bool:
         """Move a job to ``state`` if allowed from its current state.
 
         Returns False (and changes nothing) when the job is already terminal or
@@ -393,7 +394,7 @@ class Store:
         """
         with self._tx() as db:
             job = self._job(db, job_id)
-            if state not in TRANSITIONS.get(job.state, ()):
+            if state not in TRANSITIONS.get(job.state, set()):
                 return False
             attempts = job.attempts + (1 if state == common_pb2.STARTING else 0)
             db.execute(

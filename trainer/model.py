@@ -89,4 +89,4 @@ class GPT(nn.Module):
 def build_model(name: str, seed: int) -> GPT:
     """The named model with deterministic initial weights (same on every worker)."""
     torch.manual_seed(seed)
-    return GPT(MODELS[name])
+    return GPT(MODELS[Model(name)])

@@ -16,7 +16,7 @@ from cantata.security.anomaly.attack_policy import (
 )
 from cantata.security.audit import Action
 from cantata.security.keys import KeyProvider
-from cantata.security.pki import CertificateAuthority, Principal, load_csr
+from cantata.security.pki import CertificateAuthority, Principal, csr_public_key
 from cantata.security.sealed_checkpoint import key_versions_in_use, rewrap_checkpoints
 from cantata.server.auth import caller
 from cantata.server.datasource_store import DataSourceStore
@@ -104,7 +104,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                     f"fingerprint mismatch for {request.name!r}: the pending request is {tenant.csr_fingerprint}"
                 )
             principal = Principal.tenant(tenant.name)
-            cert = self._ca.sign(load_csr(tenant.csr_pem).public_key(), principal, lifetime=self._cert_lifetime)
+            cert = self._ca.sign(csr_public_key(tenant.csr_pem), principal, lifetime=self._cert_lifetime)
             tenant = self._store.approve_tenant(
                 request.name, request.csr_fingerprint, cert.public_bytes(Encoding.PEM), quota, caller(context).name
             )
@@ -203,7 +203,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         if request.strength:
             raw[ATTACK_STRENGTH.get(request.attack, "scale")] = request.strength
         job = self._store.job(request.job_id)
-        if parse_attack_config(raw, SpecOrigin.ADMIN).kind not in OWN_FRAME_ATTACKS:
+        attack = parse_attack_config(raw, SpecOrigin.ADMIN)
+        if attack is None or attack.kind not in OWN_FRAME_ATTACKS:
             raise InvalidAttackConfig(
                 f"{request.attack} needs every honest vector: run it in benchmarks/bench_anomaly.py, not in a job"
             )

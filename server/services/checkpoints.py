@@ -52,7 +52,7 @@ class CheckpointsService(checkpoints_pb2_grpc.CheckpointsServicer):
         job = self._scoped(context, request.job_id)
         info = next((c for c in self._list(job) if c.step == request.step), None)
         shard = next((s for s in info.shards if s.name == MODEL_SHARD), None) if info else None
-        if shard is None:
+        if info is None or shard is None:
             raise NotFound(f"checkpoint {request.step} of job {job.id!r} not found")
         me = caller(context)
         resource = f"{job.id}@{info.step}"

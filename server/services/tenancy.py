@@ -14,6 +14,7 @@ from cantata.security.pki import (
     CertificateAuthority,
     InvalidCSR,
     csr_fingerprint,
+    csr_public_key,
     load_csr,
     tenancy_status_message,
     validate_name,
@@ -63,7 +64,7 @@ class TenancyService(tenancy_pb2_grpc.TenancyServicer):
             raise NotFound(not_found) from None
         if abs(time.time() - request.unix_time) > STATUS_CLOCK_SKEW:
             raise InvalidRequest("status proof is stale; check the clock", field="unix_time")
-        public_key = load_csr(tenant.csr_pem).public_key()
+        public_key = csr_public_key(tenant.csr_pem)
         assert isinstance(public_key, ec.EllipticCurvePublicKey)
         if not verify_message(public_key, request.signature, tenancy_status_message(tenant.name, request.unix_time)):
             raise NotFound(not_found)  # same answer as a missing name
@@ -77,7 +78,7 @@ class TenancyService(tenancy_pb2_grpc.TenancyServicer):
         me = caller(context)
         if len(request.csr_pem) > MAX_CSR_BYTES:
             raise InvalidCSR("CSR too large")
-        public_key = load_csr(request.csr_pem).public_key()
+        public_key = csr_public_key(request.csr_pem)
         cert = self._ca.sign(public_key, me, lifetime=self._cert_lifetime)
         pem = cert.public_bytes(Encoding.PEM)
         self._store.record_certificate(cert.serial_number, me.uri, cert.not_valid_after_utc)
