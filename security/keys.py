@@ -211,10 +211,13 @@ class JobKeys:
             )
         return key.unwrap(envelope)
 
-    def to_json(self) -> str:
-        """Serialise for a worker's private (0600) config file."""
+    def to_dict(self) -> dict[str, Any]:
+        """The document a worker's private (0600) config holds; ``from_dict`` reads it back."""
         secrets = {str(v): base64.b64encode(k.secret).decode() for v, k in self.keys.items()}
-        return json.dumps({"tenant": self.tenant, "job_id": self.job_id, "keys": secrets})
+        return {"tenant": self.tenant, "job_id": self.job_id, "keys": secrets}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
 
     @classmethod
     def from_json(cls, text: str) -> JobKeys:

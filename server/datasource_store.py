@@ -25,6 +25,7 @@ import re
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from cryptography.exceptions import InvalidTag
@@ -247,16 +248,14 @@ class DataSourceStore:
             self._open(tenant, name, kind, endpoint, sealed),
         )
 
-    def worker_credentials(self, tenant: str, name: str) -> str:
-        """The credentials document a job's worker gets (``SourceCredentials`` JSON)."""
+    def worker_credentials(self, tenant: str, name: str) -> dict[str, Any]:
+        """The credentials document a job's worker gets (what ``SourceCredentials.from_dict`` reads)."""
         record, document = self._secrets(tenant, name)
-        return json.dumps(
-            {"name": name, "kind": record.kind, "endpoint": record.endpoint, "secrets": document["secrets"]}
-        )
+        return {"name": name, "kind": record.kind, "endpoint": record.endpoint, "secrets": document["secrets"]}
 
-    def worker_dataset_key(self, tenant: str, name: str) -> str | None:
-        """The tenant's dataset key registered with the source (``DatasetKey`` JSON), if any."""
+    def worker_dataset_key(self, tenant: str, name: str) -> dict[str, str] | None:
+        """The tenant's dataset key registered with the source (what ``DatasetKey.from_dict`` reads), if any."""
         _, document = self._secrets(tenant, name)
         if document["dataset_key"] is None:
             return None
-        return json.dumps({"tenant": tenant, "key": document["dataset_key"]})
+        return {"tenant": tenant, "key": document["dataset_key"]}

@@ -26,7 +26,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from google.protobuf import json_format
 
@@ -66,22 +65,6 @@ def process_alive(pid: int, job_id: str) -> bool:
     except OSError:
         return False
     return b"cantata.trainer.worker" in cmdline and job_id.encode() in cmdline
-
-
-def worker_secrets(secrets: dict) -> dict:
-    """The config's secret parts as nested JSON objects, from the JSON documents their providers hand over."""
-
-    def document(text: str | None) -> Any:
-        return json.loads(text) if text else None
-
-    return {
-        "checkpoint_keys": document(secrets["checkpoint_keys"]),
-        "data": {
-            "roots": secrets.get("dataset_roots", []),
-            "credentials": document(secrets.get("dataset_credentials")),
-            "dataset_key": document(secrets.get("dataset_key")),
-        },
-    }
 
 
 def kill_group(pid: int, sig: int) -> None:
@@ -203,7 +186,7 @@ class WorkerLauncher:
             "worker": i,
             "cert": str(ws / f"worker-{i}.pem"),
             "key": str(ws / f"worker-{i}.key"),
-            **worker_secrets(secrets),
+            **secrets,
         }
         config_path = ws / f"worker-{i}.json"
         write_private(config_path, json.dumps(config, indent=2).encode())

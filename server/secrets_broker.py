@@ -25,7 +25,11 @@ class SecretsBroker:
         self._dataset_roots = [str(root) for root in dataset_roots]
 
     def worker_secrets(self, job: JobRecord) -> dict[str, Any]:
-        """The job's keys and, for a data-source dataset, its credentials (raises ``DataSourceError`` if it is gone)."""
+        """The secret part of a worker's config: the job's keys and, for a data-source dataset, its credentials.
+
+        The layout is what ``cantata.trainer.config.WorkerConfig.load`` reads; raises
+        ``DataSourceError`` if the job's data source is gone.
+        """
         keys = self._keyring.job_keys(job.tenant, job.id)
         self._audit.append(
             "server",
@@ -34,16 +38,16 @@ class SecretsBroker:
             tenant=job.tenant,
             details={"purpose": "job keys for workers", "versions": keys.versions},
         )
-        grants: dict[str, Any] = {"checkpoint_keys": keys.to_json(), "dataset_roots": list(self._dataset_roots)}
+        data: dict[str, Any] = {"roots": list(self._dataset_roots), "credentials": None, "dataset_key": None}
         source = dataset_source(job.spec.dataset)
         if source:
-            grants["dataset_credentials"] = self._data_sources.worker_credentials(job.tenant, source)
-            grants["dataset_key"] = self._data_sources.worker_dataset_key(job.tenant, source)
+            data["credentials"] = self._data_sources.worker_credentials(job.tenant, source)
+            data["dataset_key"] = self._data_sources.worker_dataset_key(job.tenant, source)
             self._audit.append(
                 "server",
                 Action.DATA_SOURCE_RELEASED,
                 resource=source,
                 tenant=job.tenant,
-                details={"job": job.id, "with_shard_decryption": grants["dataset_key"] is not None},
+                details={"job": job.id, "with_shard_decryption": data["dataset_key"] is not None},
             )
-        return grants
+        return {"checkpoint_keys": keys.to_dict(), "data": data}

@@ -2,7 +2,6 @@
 
 import base64
 import datetime as dt
-import json
 import sqlite3
 from concurrent import futures
 
@@ -57,10 +56,10 @@ def test_secrets_are_encrypted_at_rest_and_reach_the_worker_intact(sources, tmp_
     for secret in (SECRET_KEY.encode(), b"AKIAEXAMPLE", key, base64.b64encode(key)):
         assert secret not in sealed  # the column holds only the wrapped data key and ciphertext
     assert envelope_key_version(sealed[:ENVELOPE_SIZE]) == 1  # wrapped by the tenant's KEK v1
-    credentials = SourceCredentials.from_json(sources.worker_credentials("acme", "corpus"))
+    credentials = SourceCredentials.from_dict(sources.worker_credentials("acme", "corpus"))
     assert (credentials.kind, credentials.endpoint, credentials.secrets) == ("s3", "http://127.0.0.1:9000", S3_SECRETS)
     assert credentials.store_options()["aws_secret_access_key"] == SECRET_KEY
-    assert DatasetKey.from_json(sources.worker_dataset_key("acme", "corpus")) == DatasetKey("acme", key)
+    assert DatasetKey.from_dict(sources.worker_dataset_key("acme", "corpus")) == DatasetKey("acme", key)
 
 
 def test_names_are_scoped_to_their_tenant(sources):
@@ -88,7 +87,7 @@ def test_a_row_moved_to_another_tenant_does_not_decrypt(sources, tmp_path):
     _copy_sealed(tmp_path / "cantata.db", "tenant", "acme", "globex")
     with pytest.raises(SealedSecretsError, match=r"secrets of data source 'corpus' do not decrypt: .*globex"):
         sources.worker_credentials("globex", "corpus")
-    assert SourceCredentials.from_json(sources.worker_credentials("acme", "corpus")).secrets == S3_SECRETS
+    assert SourceCredentials.from_dict(sources.worker_credentials("acme", "corpus")).secrets == S3_SECRETS
 
 
 def test_a_row_copied_to_another_source_of_the_tenant_does_not_decrypt(sources, tmp_path):
@@ -114,8 +113,8 @@ def test_rotation_rewraps_the_data_keys_and_sources_still_open(sources, keyring)
     assert sources.rewrap("acme") == 1 and sources.rewrap("acme") == 0
     assert sources.key_versions_in_use("acme") == {2} and sources.key_versions_in_use("globex") == {1}
     keyring.retire("acme", 1)  # v1's key material is destroyed: only the re-wrapped envelope opens now
-    assert SourceCredentials.from_json(sources.worker_credentials("acme", "corpus")).secrets == S3_SECRETS
-    assert DatasetKey.from_json(sources.worker_dataset_key("acme", "corpus")).secret == bytes(range(32))
+    assert SourceCredentials.from_dict(sources.worker_credentials("acme", "corpus")).secrets == S3_SECRETS
+    assert DatasetKey.from_dict(sources.worker_dataset_key("acme", "corpus")).secret == bytes(range(32))
 
 
 def test_duplicate_name_needs_replace(sources):
@@ -123,7 +122,7 @@ def test_duplicate_name_needs_replace(sources):
     with pytest.raises(DataSourceExists, match="data source 'corpus' already exists"):
         sources.register("acme", DataSourceSpec("corpus", "s3", "", S3_SECRETS))
     sources.register("acme", DataSourceSpec("corpus", "s3", "", {**S3_SECRETS, "region": "eu-west-1"}), replace=True)
-    assert json.loads(sources.worker_credentials("acme", "corpus"))["secrets"]["region"] == "eu-west-1"
+    assert sources.worker_credentials("acme", "corpus")["secrets"]["region"] == "eu-west-1"
 
 
 @pytest.mark.parametrize(

@@ -68,7 +68,7 @@ def test_an_existing_name_is_a_conflict_until_replaced(tenant, server_sources):
     )
     assert replaced.endpoint == "https://s3.example.com"
     assert [s.endpoint for s in tenant.data_sources() if s.name == "twice"] == ["https://s3.example.com"]
-    stored = SourceCredentials.from_json(server_sources.worker_credentials("acme", "twice"))
+    stored = SourceCredentials.from_dict(server_sources.worker_credentials("acme", "twice"))
     assert stored.secrets == {**S3, "region": "eu-west-1"}
     tenant.delete_data_source("twice")
 
@@ -211,7 +211,7 @@ def test_cli_adds_lists_and_removes_with_secrets_from_the_environment(platform, 
         "endpoint": "http://127.0.0.1:9000",
         "has_dataset_key": False,
     }
-    stored = SourceCredentials.from_json(server_sources.worker_credentials("acme", "cli-s3"))
+    stored = SourceCredentials.from_dict(server_sources.worker_credentials("acme", "cli-s3"))
     assert stored.secrets == {**S3, "region": "eu-west-1"}
 
     listed = cli("data", "sources", "list", "--profile", "acme", env=env)
@@ -262,7 +262,7 @@ def test_cli_sends_the_profiles_dataset_key(platform, tenant, server_sources):
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
     profile_key = DatasetKey.from_json(key_file.read_text())
     assert profile_key.tenant == "acme"
-    assert DatasetKey.from_json(server_sources.worker_dataset_key("acme", "sealed")) == profile_key
+    assert DatasetKey.from_dict(server_sources.worker_dataset_key("acme", "sealed")) == profile_key
     tenant.delete_data_source("sealed")
 
 
@@ -275,8 +275,8 @@ def test_key_rotation_rewraps_data_sources_and_they_still_open(platform, tenant)
     store = DataSourceStore(platform.paths.database, platform.paths.open_keyring())  # the keyring after rotation
     try:
         assert store.key_versions_in_use("acme") == {rotation.version}
-        assert SourceCredentials.from_json(store.worker_credentials("acme", "rotated")).secrets == S3
-        assert DatasetKey.from_json(store.worker_dataset_key("acme", "rotated")).secret == bytes(range(32))
+        assert SourceCredentials.from_dict(store.worker_credentials("acme", "rotated")).secrets == S3
+        assert DatasetKey.from_dict(store.worker_dataset_key("acme", "rotated")).secret == bytes(range(32))
     finally:
         store.close()
     tenant.delete_data_source("rotated")

@@ -1,4 +1,4 @@
-"""The worker config the launcher writes is what ``WorkerConfig.load`` reads: secrets as nested objects, typed once."""
+"""The worker config the secrets broker and launcher write is what ``WorkerConfig.load`` reads: secrets as nested objects, typed once."""
 
 from __future__ import annotations
 
@@ -7,28 +7,46 @@ from pathlib import Path
 
 import pytest
 
+from cantata.proto.v1 import common_pb2
 from cantata.security.keys import KeyringError, LocalKeyring, MasterKey
-from cantata.server.launcher import worker_secrets
+from cantata.server.database import Database
+from cantata.server.datasource_store import DataSourceSpec, DataSourceStore
+from cantata.server.secrets_broker import SecretsBroker
+from cantata.server.store import JobRecord
 from cantata.trainer.config import WorkerConfig
 from cantata.trainer.data import DataError, DatasetKey, SourceCredentials
 
 SECRET = "s3cr3t-access-key-value"
+CREDENTIALS = SourceCredentials(
+    "corpus", "s3", "http://127.0.0.1:9", {"access_key_id": "AK", "secret_access_key": SECRET}
+)
+
+
+class _Audit:
+    def append(self, *args, **kwargs) -> None:
+        pass
+
+
+def _job(dataset: str) -> JobRecord:
+    spec = common_pb2.JobSpec(name="x", dataset=dataset)
+    return JobRecord("job-1", "acme", "r" * 8, spec, common_pb2.STARTING, "", 0, 0.0, 0.0, 1, "", "")
 
 
 @pytest.fixture
-def secrets(tmp_path: Path) -> dict:
-    """What the server hands the launcher for one job's workers (``App._worker_secrets``)."""
+def broker(tmp_path: Path) -> SecretsBroker:
+    """The server's secrets broker over a real keyring and data-source store."""
     keyring = LocalKeyring(tmp_path / "keyring.sealed", MasterKey.create_file(tmp_path / "master.key"))
     keyring.ensure_tenant("acme")
-    credentials = SourceCredentials(
-        "corpus", "s3", "http://127.0.0.1:9", {"access_key_id": "AK", "secret_access_key": SECRET}
-    )
-    return {
-        "checkpoint_keys": keyring.job_keys("acme", "job-1").to_json(),
-        "dataset_roots": [str(tmp_path / "data")],
-        "dataset_credentials": credentials.to_json(),
-        "dataset_key": DatasetKey("acme", bytes(range(32))).to_json(),
-    }
+    sources = DataSourceStore(Database(tmp_path / "state.db"), keyring)
+    spec = DataSourceSpec("corpus", "s3", CREDENTIALS.endpoint, dict(CREDENTIALS.secrets), bytes(range(32)))
+    sources.register("acme", spec)
+    return SecretsBroker(keyring, sources, _Audit(), [tmp_path / "data"])
+
+
+@pytest.fixture
+def secrets(broker: SecretsBroker) -> dict:
+    """What the broker hands the launcher for the workers of a job reading ``s3://corpus@bucket``."""
+    return broker.worker_secrets(_job("s3://corpus@bucket/prefix"))
 
 
 def _write(tmp_path: Path, secret_parts: dict) -> Path:
@@ -54,14 +72,14 @@ def _write(tmp_path: Path, secret_parts: dict) -> Path:
 
 
 def test_secrets_are_nested_objects_parsed_once_into_their_types(tmp_path, secrets):
-    parts = worker_secrets(secrets)
+    parts = secrets
     assert isinstance(parts["checkpoint_keys"], dict) and isinstance(parts["data"]["credentials"], dict)
     cfg = WorkerConfig.load(_write(tmp_path, parts))
     assert cfg.checkpoint_keys.tenant == "acme" and cfg.checkpoint_keys.job_id == "job-1"
     assert cfg.checkpoint_keys.current.secret
     access = cfg.dataset_access
     assert access.roots == (tmp_path / "data",)
-    assert access.credentials == SourceCredentials.from_json(secrets["dataset_credentials"])
+    assert access.credentials == CREDENTIALS
     assert access.dataset_key == DatasetKey("acme", bytes(range(32)))
     assert (cfg.worker, cfg.workers, cfg.spec.algorithm, cfg.ca) == (1, 2, "allreduce", tmp_path / "ca.pem")
     shown = repr(cfg)
@@ -69,14 +87,13 @@ def test_secrets_are_nested_objects_parsed_once_into_their_types(tmp_path, secre
         assert secret not in shown
 
 
-def test_a_job_without_a_data_source_gets_no_dataset_secrets(tmp_path, secrets):
-    del secrets["dataset_credentials"], secrets["dataset_key"]
-    cfg = WorkerConfig.load(_write(tmp_path, worker_secrets(secrets)))
+def test_a_job_without_a_data_source_gets_no_dataset_secrets(tmp_path, broker):
+    cfg = WorkerConfig.load(_write(tmp_path, broker.worker_secrets(_job("builtin:pystdlib"))))
     assert cfg.dataset_access.credentials is None and cfg.dataset_access.dataset_key is None
 
 
 def test_malformed_secrets_are_refused_at_load(tmp_path, secrets):
-    parts = worker_secrets(secrets)
+    parts = secrets
     with pytest.raises(KeyringError):
         WorkerConfig.load(_write(tmp_path, {**parts, "checkpoint_keys": {"tenant": "acme"}}))
     with pytest.raises(DataError):
