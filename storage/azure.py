@@ -7,14 +7,20 @@ environment variable that the Azure tools use. Azurite is reached with its
 development connection string. An object that fits in one block goes up in
 a single Put Blob; larger ones stage blocks and become visible only when the
 block list is committed (blocks of an abandoned upload are never committed and
-the service discards them). Requests are retried with
-exponential backoff.
+the service discards them after seven days, so there is nothing to sweep).
+
+Transient errors (connection errors, timeouts, 408/429/5xx) are retried by
+the storage SDK's exponential retry policy for ``retry_seconds`` in all (a
+deadline added to it); an explicit ``retries`` count caps the attempts as
+well. A missing container and refused credentials are
+permanent (:class:`StoreNotFound`, :class:`StorePermissionError`).
 """
 
 from __future__ import annotations
 
 import base64
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +28,7 @@ from typing import Any
 
 from azure.core.exceptions import (
     AzureError,
+    ClientAuthenticationError,
     HttpResponseError,
     ResourceNotFoundError,
     ServiceRequestError,
@@ -30,6 +37,7 @@ from azure.core.exceptions import (
 from azure.storage.blob import BlobBlock, BlobServiceClient, ContainerClient, ExponentialRetry
 
 from cantata.storage.base import (
+    DEFAULT_RETRY_SECONDS,
     BlobNotFoundError,
     BlobReader,
     BlobStore,
@@ -37,6 +45,8 @@ from cantata.storage.base import (
     ChunkReader,
     StoreConfigError,
     StoreError,
+    StoreNotFound,
+    StorePermissionError,
     StoreUnavailableError,
     store_prefix,
     validate_key,
@@ -45,7 +55,44 @@ from cantata.storage.base import (
 
 CONNECTION_STRING_ENV = "AZURE_STORAGE_CONNECTION_STRING"
 DEFAULT_BLOCK_SIZE = 8 << 20
-DEFAULT_RETRIES = 4
+UNCOUNTED_RETRIES = 1_000_000  # no count limit: the time budget ends the retries
+FIRST_BACKOFF = 0.5
+MAX_BACKOFF = 4.0
+
+
+class _BudgetedRetry(ExponentialRetry):
+    """The storage SDK's exponential retry, ended by a time budget as well as by its count.
+
+    Its policy counts attempts only (azure-core's ``RetryPolicy`` has a
+    ``timeout`` but does not fit the storage pipeline), so the budget is
+    checked before each retry and caps each backoff.
+    """
+
+    def __init__(self, budget: float, retry_total: int) -> None:
+        super().__init__(
+            initial_backoff=FIRST_BACKOFF,
+            increment_base=2,
+            retry_total=retry_total,
+            random_jitter_range=FIRST_BACKOFF,
+            retry_connect=retry_total,
+            retry_read=retry_total,
+            retry_status=retry_total,
+        )
+        self._budget = budget
+
+    def configure_retries(self, request: Any) -> dict[str, Any]:
+        settings = super().configure_retries(request)
+        settings["deadline"] = time.monotonic() + self._budget
+        return settings
+
+    def increment(self, settings: dict[str, Any], request: Any, response: Any = None, error: Any = None) -> bool:
+        if time.monotonic() >= settings["deadline"]:
+            return False
+        return super().increment(settings, request, response, error)
+
+    def get_backoff_time(self, settings: dict[str, Any]) -> float:
+        remaining = settings["deadline"] - time.monotonic()
+        return max(0.0, min(super().get_backoff_time(settings), MAX_BACKOFF, remaining))
 
 
 class AzureBlobStore(BlobStore):
@@ -60,18 +107,19 @@ class AzureBlobStore(BlobStore):
         account_url: str | None = None,
         credential: Any = None,
         block_size: int = DEFAULT_BLOCK_SIZE,
-        retries: int = DEFAULT_RETRIES,
+        retry_seconds: float = DEFAULT_RETRY_SECONDS,
+        retries: int | None = None,
         connection_timeout: float = 10.0,
+        read_timeout: float = 60.0,
     ) -> None:
         if not container:
             raise StoreConfigError("an Azure Blob store needs a container")
         self._prefix = store_prefix(prefix)
         self._block_size = block_size
         options: dict[str, Any] = {
-            "retry_policy": ExponentialRetry(
-                initial_backoff=1, increment_base=2, retry_total=retries, random_jitter_range=1
-            ),
-            "connection_timeout": connection_timeout,
+            "retry_policy": _BudgetedRetry(retry_seconds, UNCOUNTED_RETRIES if retries is None else retries),
+            "connection_timeout": min(connection_timeout, retry_seconds) or connection_timeout,
+            "read_timeout": min(read_timeout, retry_seconds) or read_timeout,
             "max_chunk_get_size": block_size,
             "max_single_get_size": block_size,
         }
@@ -173,13 +221,17 @@ def _translated_errors(action: str) -> Iterator[None]:
         yield
     except ResourceNotFoundError as error:
         if getattr(error, "error_code", None) == "ContainerNotFound":  # set by azure-storage, not azure-core
-            raise StoreConfigError(f"{action}: the container does not exist") from error
+            raise StoreNotFound(f"{action}: the container does not exist") from error
         raise BlobNotFoundError(f"{action}: not found") from error
+    except ClientAuthenticationError as error:
+        raise StorePermissionError(f"{action}: Azure Blob refused the credentials ({error.reason or error})") from error
     except (ServiceRequestError, ServiceResponseError) as error:
         raise StoreUnavailableError(f"{action}: Azure Blob unreachable ({error})") from error
     except HttpResponseError as error:
-        if (error.status_code or 0) >= 500:
+        if (error.status_code or 0) >= 500 or error.status_code in (408, 429):
             raise StoreUnavailableError(f"{action}: Azure Blob kept failing ({error.status_code})") from error
+        if error.status_code in (401, 403):
+            raise StorePermissionError(f"{action}: Azure Blob refused the action ({error.reason or error})") from error
         raise StoreError(f"{action}: {error.reason or error}") from error
     except AzureError as error:
         raise StoreError(f"{action}: {error}") from error
