@@ -148,33 +148,33 @@ class AzureBlobStore(BlobStore):
         return self._prefix + validate_key(key)
 
     def _start_upload(self, key: str) -> BlobUpload:
-        return _AzureUpload(self._container, self.blob_name(key), self._block_size)
+        return _AzureUpload(self._container, self.blob_name(key), self._block_size, self.uri)
 
     def get(self, key: str) -> BlobReader:
         name = self.blob_name(key)
-        with _translated_errors(f"reading {name!r}"):
+        with _translated_errors(f"reading {name!r} in {self.uri}"):
             downloader = self._container.download_blob(name)
-        return ChunkReader(_translated_chunks(downloader.chunks(), name))
+        return ChunkReader(_translated_chunks(downloader.chunks(), f"{name!r} in {self.uri}"))
 
     def list(self, prefix: str = "") -> list[str]:
         full_prefix = self._prefix + validate_prefix(prefix)
-        with _translated_errors(f"listing {full_prefix!r}"):
+        with _translated_errors(f"listing {full_prefix!r} in {self.uri}"):
             names = [blob.name for blob in self._container.list_blobs(name_starts_with=full_prefix)]
         return sorted(name[len(self._prefix) :] for name in names)
 
     def delete(self, key: str) -> None:
         name = self.blob_name(key)
         try:
-            with _translated_errors(f"deleting {name!r}"):
+            with _translated_errors(f"deleting {name!r} in {self.uri}"):
                 self._container.delete_blob(name)
         except BlobNotFoundError:
             return
 
 
 class _AzureUpload(BlobUpload):
-    def __init__(self, container: ContainerClient, name: str, block_size: int) -> None:
+    def __init__(self, container: ContainerClient, name: str, block_size: int, uri: str) -> None:
         self._blob = container.get_blob_client(name)
-        self._name = name
+        self._action = f"uploading {name!r} in {uri}"
         self._block_size = block_size
         self._upload_id = uuid.uuid4().hex
         self._buffer = bytearray()
@@ -190,18 +190,18 @@ class _AzureUpload(BlobUpload):
     def _stage(self, block: bytes) -> None:
         raw_id = f"{self._upload_id}-{len(self._block_ids):08d}".encode()
         block_id = base64.b64encode(raw_id).decode()
-        with _translated_errors(f"uploading {self._name!r}"):
+        with _translated_errors(self._action):
             self._blob.stage_block(block_id, block, length=len(block))
         self._block_ids.append(block_id)
 
     def commit(self) -> None:
-        with _translated_errors(f"uploading {self._name!r}"):
+        with _translated_errors(self._action):
             if not self._block_ids:
                 self._blob.upload_blob(bytes(self._buffer), length=len(self._buffer), overwrite=True)
                 return
         if self._buffer:
             self._stage(bytes(self._buffer))
-        with _translated_errors(f"uploading {self._name!r}"):
+        with _translated_errors(self._action):
             self._blob.commit_block_list([BlobBlock(block_id) for block_id in self._block_ids])
 
     def abort(self) -> None:
@@ -209,8 +209,8 @@ class _AzureUpload(BlobUpload):
         self._block_ids.clear()
 
 
-def _translated_chunks(chunks: Iterator[bytes], name: str) -> Iterator[bytes]:
-    with _translated_errors(f"reading {name!r}"):
+def _translated_chunks(chunks: Iterator[bytes], what: str) -> Iterator[bytes]:
+    with _translated_errors(f"reading {what}"):
         yield from chunks
 
 

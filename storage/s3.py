@@ -52,9 +52,9 @@ T = TypeVar("T")
 
 DEFAULT_PART_SIZE = 8 << 20
 MIN_PART_SIZE = 5 << 20
-ATTEMPTS_PER_ROUND = 3  # botocore's attempts per call while a time budget governs
+ATTEMPTS_PER_ROUND = 2  # botocore's attempts per call while a time budget governs
 READ_CHUNK_SIZE = 1 << 20
-_NOT_FOUND_CODES = {"NoSuchKey", "404", "NotFound"}
+_NOT_FOUND_CODES = {"NoSuchKey", "NoSuchUpload", "404", "NotFound"}
 _DENIED_CODES = {
     "AccessDenied",
     "AllAccessDisabled",
@@ -96,10 +96,11 @@ class S3Store(BlobStore):
         self._prefix = store_prefix(prefix)
         self._part_size = part_size
         self._budget = retry_seconds if retries is None else 0.0
+        attempt_seconds = retry_seconds / ATTEMPTS_PER_ROUND if retries is None else retry_seconds
         config = Config(
             retries={"mode": "standard", "total_max_attempts": ATTEMPTS_PER_ROUND if retries is None else retries + 1},
-            connect_timeout=min(connect_timeout, retry_seconds) or connect_timeout,
-            read_timeout=min(read_timeout, retry_seconds) or read_timeout,
+            connect_timeout=min(connect_timeout, attempt_seconds) or connect_timeout,
+            read_timeout=min(read_timeout, attempt_seconds) or read_timeout,
             s3={"addressing_style": "path"} if endpoint_url else None,
         )
         session = session or boto3.session.Session(profile_name=profile_name)
@@ -161,24 +162,43 @@ class S3Store(BlobStore):
         self._call(f"deleting {name!r}", lambda: self._client.delete_object(Bucket=self._bucket, Key=name))
 
     def sweep(self, older_than: float = DEFAULT_ORPHAN_AGE) -> int:
-        """Abort multipart uploads under the store's prefix initiated more than ``older_than`` seconds ago."""
+        """Abort multipart uploads under the store's prefix untouched for more than ``older_than`` seconds.
+
+        An upload is touched when it starts and with each part, so a long
+        upload still sending parts is kept.
+        """
         cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=older_than)
 
-        def stale() -> list[dict[str, Any]]:
+        def started_before() -> list[dict[str, Any]]:
             pages = self._client.get_paginator("list_multipart_uploads").paginate(
                 Bucket=self._bucket, Prefix=self._prefix
             )
             return [u for page in pages for u in page.get("Uploads", ()) if u["Initiated"] < cutoff]
 
-        uploads = self._call("listing multipart uploads", stale)
-        for upload in uploads:
-            self._call(
-                f"aborting the upload of {upload['Key']!r}",
-                lambda u=upload: self._client.abort_multipart_upload(
-                    Bucket=self._bucket, Key=u["Key"], UploadId=u["UploadId"]
-                ),
+        def last_touched(upload: dict[str, Any]) -> dt.datetime:
+            pages = self._client.get_paginator("list_parts").paginate(
+                Bucket=self._bucket, Key=upload["Key"], UploadId=upload["UploadId"]
             )
-        return len(uploads)
+            return max(
+                (part["LastModified"] for page in pages for part in page.get("Parts", ())), default=upload["Initiated"]
+            )
+
+        removed = 0
+        for upload in self._call("listing multipart uploads", started_before):
+            key, upload_id = upload["Key"], upload["UploadId"]
+            try:
+                if self._call(f"listing the parts of {key!r}", lambda u=upload: last_touched(u)) >= cutoff:
+                    continue
+                self._call(
+                    f"aborting the upload of {key!r}",
+                    lambda k=key, i=upload_id: self._client.abort_multipart_upload(
+                        Bucket=self._bucket, Key=k, UploadId=i
+                    ),
+                )
+            except BlobNotFoundError:  # completed or aborted by its writer meanwhile
+                continue
+            removed += 1
+        return removed
 
 
 class _S3Reader(BlobReader):
