@@ -56,7 +56,7 @@ from cantata.storage.base import (
 CONNECTION_STRING_ENV = "AZURE_STORAGE_CONNECTION_STRING"
 DEFAULT_BLOCK_SIZE = 8 << 20
 UNCOUNTED_RETRIES = 1_000_000  # no count limit: the time budget ends the retries
-FIRST_BACKOFF = 0.5
+FIRST_BACKOFF = 1  # seconds, then 1 + 2**n with up to 1 s of jitter, capped by MAX_BACKOFF and the budget
 MAX_BACKOFF = 4.0
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from functools import partial
 from typing import Any, TypeVar
 
 import boto3
@@ -183,21 +184,19 @@ class S3Store(BlobStore):
                 (part["LastModified"] for page in pages for part in page.get("Parts", ())), default=upload["Initiated"]
             )
 
+        def aborted(upload: dict[str, Any]) -> bool:
+            """Abort ``upload`` if it is still untouched since the cutoff."""
+            if last_touched(upload) >= cutoff:
+                return False
+            self._client.abort_multipart_upload(Bucket=self._bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+            return True
+
         removed = 0
         for upload in self._call("listing multipart uploads", started_before):
-            key, upload_id = upload["Key"], upload["UploadId"]
             try:
-                if self._call(f"listing the parts of {key!r}", lambda u=upload: last_touched(u)) >= cutoff:
-                    continue
-                self._call(
-                    f"aborting the upload of {key!r}",
-                    lambda k=key, i=upload_id: self._client.abort_multipart_upload(
-                        Bucket=self._bucket, Key=k, UploadId=i
-                    ),
-                )
+                removed += self._call(f"sweeping the upload of {upload['Key']!r}", partial(aborted, upload))
             except BlobNotFoundError:  # completed or aborted by its writer meanwhile
                 continue
-            removed += 1
         return removed
 
 
