@@ -4,9 +4,8 @@ Each upload goes to a private temporary file under ``<root>/.partial/``, is
 fsynced, renamed over its final name (atomic on POSIX) and the directory is
 fsynced, so a crash leaves either the old object or the new one. Keys never
 resolve outside the root, even through symbolic links. A full disk is a
-:class:`StoreFull` naming the store and the file; opening the store sweeps
-partial files a killed writer left behind (untouched for ``orphan_age``
-seconds), and :meth:`LocalStore.sweep` does so on demand.
+:class:`StoreFull` naming the store and the file. :meth:`LocalStore.sweep`
+removes the partial files of writers that were killed.
 """
 
 from __future__ import annotations
@@ -38,10 +37,9 @@ _FULL = {errno.ENOSPC, errno.EDQUOT}
 class LocalStore(BlobStore):
     """Objects stored as files below ``root`` (created with mode 0700 if missing)."""
 
-    def __init__(self, root: str | os.PathLike[str], *, orphan_age: float = DEFAULT_ORPHAN_AGE) -> None:
+    def __init__(self, root: str | os.PathLike[str]) -> None:
         self._root = Path(root).resolve()
         (self._root / PARTIAL_DIR).mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.sweep(orphan_age)
 
     @property
     def uri(self) -> str:

@@ -24,6 +24,8 @@ import boto3
 import grpc
 import pytest
 
+from cantata.sdk import errors as sdk_errors
+from cantata.sdk.job import Job
 from cantata.server.errors import status_of
 from cantata.server.store import Store
 from cantata.server.sweeper import OrphanSweeper
@@ -38,6 +40,7 @@ from cantata.storage import (
 from cantata.storage.local import PARTIAL_DIR, LocalStore
 from cantata.storage.s3 import MIN_PART_SIZE, S3Store
 from tests.faultproxy import FaultProxy
+from tests.platform import Platform
 from tests.services import (
     AZURITE_ACCOUNT,
     S3_TEST_CREDENTIALS,
@@ -246,7 +249,8 @@ def test_a_killed_writers_partial_file_is_swept_and_a_fresh_one_kept(tmp_path: P
     assert old.stat().st_size == fresh.stat().st_size == 4 << 20
     hours_ago = time.time() - 2 * 3600
     os.utime(old, (hours_ago, hours_ago))  # as if its writer had been killed two hours ago
-    store = LocalStore(root)  # opening sweeps what is older than the default hour
+    store = LocalStore(root)
+    assert store.sweep() == 1  # older than the default hour
     assert not old.exists() and fresh.exists()
     assert store.sweep(older_than=3600) == 0
     assert store.list() == []
@@ -288,3 +292,40 @@ def test_the_server_sweeper_cleans_its_stores(tmp_path: Path) -> None:
     assert sweeper.store_uris() == [default.as_uri()]
     assert sweeper.sweep() == 1
     assert not orphan.exists()
+
+
+# ---- the server -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory, moto_service: RunningService) -> Iterator[Platform]:
+    """A server whose S3 stores are on moto, started with a killed writer's partial file in its default store."""
+    aws = {
+        "AWS_ENDPOINT_URL": moto_service.endpoint,
+        "AWS_DEFAULT_REGION": S3_TEST_CREDENTIALS["region_name"],
+        "AWS_ACCESS_KEY_ID": S3_TEST_CREDENTIALS["aws_access_key_id"],
+        "AWS_SECRET_ACCESS_KEY": S3_TEST_CREDENTIALS["aws_secret_access_key"],
+    }
+    p = Platform(tmp_path_factory.mktemp("platform"), env=aws)
+    _killed_writer(p.paths.checkpoints.as_uri())
+    (orphan,) = (p.paths.checkpoints / PARTIAL_DIR).iterdir()
+    hours_ago = time.time() - 2 * 3600
+    os.utime(orphan, (hours_ago, hours_ago))
+    p.start()
+    yield p
+    p.stop()
+
+
+def test_the_server_sweeps_its_default_store_when_it_starts(platform: Platform) -> None:
+    partials = platform.paths.checkpoints / PARTIAL_DIR
+    wait_for(lambda: not any(partials.iterdir()))
+    assert "removed 1 orphaned upload(s)" in platform.server_log()
+
+
+def test_a_jobs_missing_bucket_is_a_failed_precondition_not_unavailable(tenant) -> None:
+    handle = tenant.submit(Job(name="nowhere", checkpoint_store="s3://no-such-bucket/ckpt", steps=1))
+    try:
+        with pytest.raises(sdk_errors.CantataError) as caught:
+            tenant.checkpoints(handle.id)
+        assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "no-such-bucket" in str(caught.value) and "does not exist" in str(caught.value)
+    finally:
+        handle.cancel()
