@@ -112,3 +112,6 @@ class ErrorReason(enum.StrEnum):
     PERMISSION_DENIED = "PERMISSION_DENIED"
     UNAVAILABLE = "UNAVAILABLE"
     DATA_LOSS = "DATA_LOSS"
+    STORE_NOT_FOUND = "STORE_NOT_FOUND"  # a job's bucket or container does not exist
+    STORE_PERMISSION_DENIED = "STORE_PERMISSION_DENIED"  # a store refused the credentials or the action
+    STORE_FULL = "STORE_FULL"  # a local store has no space left

@@ -45,6 +45,7 @@ from cantata.server.services.jobs import JobsService
 from cantata.server.services.tenancy import TenancyService
 from cantata.server.services.worker import WorkerService
 from cantata.server.store import Store
+from cantata.server.sweeper import OrphanSweeper
 from cantata.server.tls import RotatingCredentials
 
 MAX_MESSAGE_BYTES = 4 << 20
@@ -117,8 +118,15 @@ class ControlPlane:
             max_restarts=self.settings.max_worker_restarts,
         )
         self.scheduler = Scheduler(self.store, launcher, lifecycle, slots=self.settings.max_workers_on_node)
+        default_store = self.paths.checkpoints.resolve().as_uri()
+        self.sweeper = OrphanSweeper(
+            self.store,
+            default_store,
+            older_than=self.settings.orphan_upload_seconds,
+            interval=self.settings.orphan_sweep_seconds,
+        )
         spec_defaults = {
-            "default_store": self.paths.checkpoints.resolve().as_uri(),
+            "default_store": default_store,
             "roots": roots,
         }
         tenancy = TenancyService(self.store, self.ca, self.settings.tenant_cert_days, self.audit.append)
@@ -162,6 +170,7 @@ class ControlPlane:
         enrollment.start()
         self._server, self._enrollment = server, enrollment
         self.scheduler.start()
+        self.sweeper.start()
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.audit.append(
             "server",
@@ -180,6 +189,7 @@ class ControlPlane:
             self._enrollment.stop(grace)
             self._server.stop(grace).wait()
             self.scheduler.shutdown()
+            self.sweeper.shutdown()
         self.audit.append("server", Action.SERVER_STOPPED)
         self.audit.close()
         self.database.close()

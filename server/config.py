@@ -41,6 +41,8 @@ class ServerSettings:
     tenant_cert_days: int = 30
     revoke_quarantined_workers: bool = False  # policy when a worker is quarantined for gradient anomalies
     max_worker_restarts: int = 3  # per worker of a decentralized job
+    orphan_upload_seconds: float = 3600.0  # unfinished uploads older than this in a checkpoint store are removed
+    orphan_sweep_seconds: float = 600.0  # how often the checkpoint stores are swept for them
 
 
 def enrollment_address(listen: str) -> str:

@@ -29,6 +29,7 @@ from cantata.security.pki import InvalidCSR, InvalidName, Principal, peer_certif
 from cantata.server.datasource_store import DataSourceExists, DataSourceNotFound, InvalidDataSource
 from cantata.server.jobspec import InvalidField
 from cantata.server.store import Conflict, NotFound, QuotaExceeded
+from cantata.storage import StoreFull, StoreNotFound, StorePermissionError, StoreUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,11 @@ MAPPING: dict[type[Exception], Mapped] = {
     Refused: Mapped(grpc.StatusCode.PERMISSION_DENIED, ErrorReason.PERMISSION_DENIED),
     Unavailable: Mapped(grpc.StatusCode.UNAVAILABLE, ErrorReason.UNAVAILABLE),
     DataLoss: Mapped(grpc.StatusCode.DATA_LOSS, ErrorReason.DATA_LOSS),
+    # Blob stores: only a transient error is UNAVAILABLE; the others need an operator, so retrying is pointless.
+    StoreUnavailableError: Mapped(grpc.StatusCode.UNAVAILABLE, ErrorReason.UNAVAILABLE),
+    StoreNotFound: Mapped(grpc.StatusCode.FAILED_PRECONDITION, ErrorReason.STORE_NOT_FOUND),
+    StorePermissionError: Mapped(grpc.StatusCode.PERMISSION_DENIED, ErrorReason.STORE_PERMISSION_DENIED),
+    StoreFull: Mapped(grpc.StatusCode.RESOURCE_EXHAUSTED, ErrorReason.STORE_FULL),
 }
 
 

@@ -8,6 +8,9 @@ from cantata.storage.base import (
     InvalidBlobKeyError,
     StoreConfigError,
     StoreError,
+    StoreFull,
+    StoreNotFound,
+    StorePermissionError,
     StoreUnavailableError,
 )
 from cantata.storage.uri import open_store
@@ -20,6 +23,9 @@ __all__ = [
     "InvalidBlobKeyError",
     "StoreConfigError",
     "StoreError",
+    "StoreFull",
+    "StoreNotFound",
+    "StorePermissionError",
     "StoreUnavailableError",
     "open_store",
 ]

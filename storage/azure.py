@@ -7,14 +7,20 @@ environment variable that the Azure tools use. Azurite is reached with its
 development connection string. An object that fits in one block goes up in
 a single Put Blob; larger ones stage blocks and become visible only when the
 block list is committed (blocks of an abandoned upload are never committed and
-the service discards them). Requests are retried with
-exponential backoff.
+the service discards them after seven days, so there is nothing to sweep).
+
+Transient errors (connection errors, timeouts, 408/429/5xx) are retried by
+the storage SDK's exponential retry policy for ``retry_seconds`` in all (a
+deadline added to it); an explicit ``retries`` count caps the attempts as
+well. A missing container and refused credentials are
+permanent (:class:`StoreNotFound`, :class:`StorePermissionError`).
 """
 
 from __future__ import annotations
 
 import base64
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +28,7 @@ from typing import Any
 
 from azure.core.exceptions import (
     AzureError,
+    ClientAuthenticationError,
     HttpResponseError,
     ResourceNotFoundError,
     ServiceRequestError,
@@ -30,6 +37,7 @@ from azure.core.exceptions import (
 from azure.storage.blob import BlobBlock, BlobServiceClient, ContainerClient, ExponentialRetry
 
 from cantata.storage.base import (
+    DEFAULT_RETRY_SECONDS,
     BlobNotFoundError,
     BlobReader,
     BlobStore,
@@ -37,6 +45,8 @@ from cantata.storage.base import (
     ChunkReader,
     StoreConfigError,
     StoreError,
+    StoreNotFound,
+    StorePermissionError,
     StoreUnavailableError,
     store_prefix,
     validate_key,
@@ -45,7 +55,44 @@ from cantata.storage.base import (
 
 CONNECTION_STRING_ENV = "AZURE_STORAGE_CONNECTION_STRING"
 DEFAULT_BLOCK_SIZE = 8 << 20
-DEFAULT_RETRIES = 4
+UNCOUNTED_RETRIES = 1_000_000  # no count limit: the time budget ends the retries
+FIRST_BACKOFF = 1  # seconds, then 1 + 2**n with up to 1 s of jitter, capped by MAX_BACKOFF and the budget
+MAX_BACKOFF = 4.0
+
+
+class _BudgetedRetry(ExponentialRetry):
+    """The storage SDK's exponential retry, ended by a time budget as well as by its count.
+
+    Its policy counts attempts only (azure-core's ``RetryPolicy`` has a
+    ``timeout`` but does not fit the storage pipeline), so the budget is
+    checked before each retry and caps each backoff.
+    """
+
+    def __init__(self, budget: float, retry_total: int) -> None:
+        super().__init__(
+            initial_backoff=FIRST_BACKOFF,
+            increment_base=2,
+            retry_total=retry_total,
+            random_jitter_range=FIRST_BACKOFF,
+            retry_connect=retry_total,
+            retry_read=retry_total,
+            retry_status=retry_total,
+        )
+        self._budget = budget
+
+    def configure_retries(self, request: Any) -> dict[str, Any]:
+        settings = super().configure_retries(request)
+        settings["deadline"] = time.monotonic() + self._budget
+        return settings
+
+    def increment(self, settings: dict[str, Any], request: Any, response: Any = None, error: Any = None) -> bool:
+        if time.monotonic() >= settings["deadline"]:
+            return False
+        return super().increment(settings, request, response, error)
+
+    def get_backoff_time(self, settings: dict[str, Any]) -> float:
+        remaining = settings["deadline"] - time.monotonic()
+        return max(0.0, min(super().get_backoff_time(settings), MAX_BACKOFF, remaining))
 
 
 class AzureBlobStore(BlobStore):
@@ -60,18 +107,19 @@ class AzureBlobStore(BlobStore):
         account_url: str | None = None,
         credential: Any = None,
         block_size: int = DEFAULT_BLOCK_SIZE,
-        retries: int = DEFAULT_RETRIES,
+        retry_seconds: float = DEFAULT_RETRY_SECONDS,
+        retries: int | None = None,
         connection_timeout: float = 10.0,
+        read_timeout: float = 60.0,
     ) -> None:
         if not container:
             raise StoreConfigError("an Azure Blob store needs a container")
         self._prefix = store_prefix(prefix)
         self._block_size = block_size
         options: dict[str, Any] = {
-            "retry_policy": ExponentialRetry(
-                initial_backoff=1, increment_base=2, retry_total=retries, random_jitter_range=1
-            ),
-            "connection_timeout": connection_timeout,
+            "retry_policy": _BudgetedRetry(retry_seconds, UNCOUNTED_RETRIES if retries is None else retries),
+            "connection_timeout": min(connection_timeout, retry_seconds) or connection_timeout,
+            "read_timeout": min(read_timeout, retry_seconds) or read_timeout,
             "max_chunk_get_size": block_size,
             "max_single_get_size": block_size,
         }
@@ -100,33 +148,33 @@ class AzureBlobStore(BlobStore):
         return self._prefix + validate_key(key)
 
     def _start_upload(self, key: str) -> BlobUpload:
-        return _AzureUpload(self._container, self.blob_name(key), self._block_size)
+        return _AzureUpload(self._container, self.blob_name(key), self._block_size, self.uri)
 
     def get(self, key: str) -> BlobReader:
         name = self.blob_name(key)
-        with _translated_errors(f"reading {name!r}"):
+        with _translated_errors(f"reading {name!r} in {self.uri}"):
             downloader = self._container.download_blob(name)
-        return ChunkReader(_translated_chunks(downloader.chunks(), name))
+        return ChunkReader(_translated_chunks(downloader.chunks(), f"{name!r} in {self.uri}"))
 
     def list(self, prefix: str = "") -> list[str]:
         full_prefix = self._prefix + validate_prefix(prefix)
-        with _translated_errors(f"listing {full_prefix!r}"):
+        with _translated_errors(f"listing {full_prefix!r} in {self.uri}"):
             names = [blob.name for blob in self._container.list_blobs(name_starts_with=full_prefix)]
         return sorted(name[len(self._prefix) :] for name in names)
 
     def delete(self, key: str) -> None:
         name = self.blob_name(key)
         try:
-            with _translated_errors(f"deleting {name!r}"):
+            with _translated_errors(f"deleting {name!r} in {self.uri}"):
                 self._container.delete_blob(name)
         except BlobNotFoundError:
             return
 
 
 class _AzureUpload(BlobUpload):
-    def __init__(self, container: ContainerClient, name: str, block_size: int) -> None:
+    def __init__(self, container: ContainerClient, name: str, block_size: int, uri: str) -> None:
         self._blob = container.get_blob_client(name)
-        self._name = name
+        self._action = f"uploading {name!r} in {uri}"
         self._block_size = block_size
         self._upload_id = uuid.uuid4().hex
         self._buffer = bytearray()
@@ -142,18 +190,18 @@ class _AzureUpload(BlobUpload):
     def _stage(self, block: bytes) -> None:
         raw_id = f"{self._upload_id}-{len(self._block_ids):08d}".encode()
         block_id = base64.b64encode(raw_id).decode()
-        with _translated_errors(f"uploading {self._name!r}"):
+        with _translated_errors(self._action):
             self._blob.stage_block(block_id, block, length=len(block))
         self._block_ids.append(block_id)
 
     def commit(self) -> None:
-        with _translated_errors(f"uploading {self._name!r}"):
+        with _translated_errors(self._action):
             if not self._block_ids:
                 self._blob.upload_blob(bytes(self._buffer), length=len(self._buffer), overwrite=True)
                 return
         if self._buffer:
             self._stage(bytes(self._buffer))
-        with _translated_errors(f"uploading {self._name!r}"):
+        with _translated_errors(self._action):
             self._blob.commit_block_list([BlobBlock(block_id) for block_id in self._block_ids])
 
     def abort(self) -> None:
@@ -161,8 +209,8 @@ class _AzureUpload(BlobUpload):
         self._block_ids.clear()
 
 
-def _translated_chunks(chunks: Iterator[bytes], name: str) -> Iterator[bytes]:
-    with _translated_errors(f"reading {name!r}"):
+def _translated_chunks(chunks: Iterator[bytes], what: str) -> Iterator[bytes]:
+    with _translated_errors(f"reading {what}"):
         yield from chunks
 
 
@@ -173,13 +221,17 @@ def _translated_errors(action: str) -> Iterator[None]:
         yield
     except ResourceNotFoundError as error:
         if getattr(error, "error_code", None) == "ContainerNotFound":  # set by azure-storage, not azure-core
-            raise StoreConfigError(f"{action}: the container does not exist") from error
+            raise StoreNotFound(f"{action}: the container does not exist") from error
         raise BlobNotFoundError(f"{action}: not found") from error
+    except ClientAuthenticationError as error:
+        raise StorePermissionError(f"{action}: Azure Blob refused the credentials ({error.reason or error})") from error
     except (ServiceRequestError, ServiceResponseError) as error:
         raise StoreUnavailableError(f"{action}: Azure Blob unreachable ({error})") from error
     except HttpResponseError as error:
-        if (error.status_code or 0) >= 500:
+        if (error.status_code or 0) >= 500 or error.status_code in (408, 429):
             raise StoreUnavailableError(f"{action}: Azure Blob kept failing ({error.status_code})") from error
+        if error.status_code in (401, 403):
+            raise StorePermissionError(f"{action}: Azure Blob refused the action ({error.reason or error})") from error
         raise StoreError(f"{action}: {error.reason or error}") from error
     except AzureError as error:
         raise StoreError(f"{action}: {error}") from error

@@ -6,6 +6,12 @@ file-like object or an iterable of chunks into one) and are *atomic*: a
 reader sees either the previous object under a key or the complete new one,
 never a partial upload. An upload interrupted by an exception is aborted and
 leaves nothing behind under its key.
+
+Errors are typed by what a caller should do: :class:`StoreUnavailableError`
+is transient (the store already retried it for its ``retry_seconds``
+budget); :class:`StoreNotFound`, :class:`StorePermissionError` and
+:class:`StoreFull` are permanent until an operator acts, and are never
+retried. :meth:`BlobStore.sweep` reclaims what killed writers left behind.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from contextlib import contextmanager
 from typing import Protocol, runtime_checkable
 
 COPY_CHUNK_SIZE = 1 << 20
+DEFAULT_RETRY_SECONDS = 60.0  # how long a store keeps retrying a transient error
+DEFAULT_ORPHAN_AGE = 3600.0  # an unfinished upload untouched this long belongs to a dead writer
 
 
 @runtime_checkable
@@ -47,6 +55,18 @@ class StoreUnavailableError(StoreError):
 
 class StoreConfigError(StoreError):
     """A store URI or its settings are invalid or incomplete."""
+
+
+class StoreNotFound(StoreConfigError):
+    """The bucket or container the store names does not exist (permanent)."""
+
+
+class StorePermissionError(StoreError):
+    """The store refused the credentials or the action: access denied, invalid key (permanent)."""
+
+
+class StoreFull(StoreError):
+    """The store has no space left; the message names the store and the path."""
 
 
 def validate_key(key: str) -> str:
@@ -167,6 +187,14 @@ class BlobStore(ABC):
     @abstractmethod
     def delete(self, key: str) -> None:
         """Remove the object under ``key``; a missing object is not an error."""
+
+    def sweep(self, older_than: float = DEFAULT_ORPHAN_AGE) -> int:
+        """Remove uploads that were started more than ``older_than`` seconds ago and never finished.
+
+        Returns how many were removed. A store with nothing to reclaim (Azure
+        Blob discards uncommitted blocks itself) keeps this default.
+        """
+        return 0
 
     @contextmanager
     def writer(self, key: str) -> Iterator[BlobUpload]:

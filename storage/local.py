@@ -3,26 +3,35 @@
 Each upload goes to a private temporary file under ``<root>/.partial/``, is
 fsynced, renamed over its final name (atomic on POSIX) and the directory is
 fsynced, so a crash leaves either the old object or the new one. Keys never
-resolve outside the root, even through symbolic links.
+resolve outside the root, even through symbolic links. A full disk is a
+:class:`StoreFull` naming the store and the file. :meth:`LocalStore.sweep`
+removes the partial files of writers that were killed.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from cantata.storage.base import (
+    DEFAULT_ORPHAN_AGE,
     BlobNotFoundError,
     BlobReader,
     BlobStore,
     BlobUpload,
     InvalidBlobKeyError,
+    StoreFull,
     validate_key,
     validate_prefix,
 )
 
 PARTIAL_DIR = ".partial"
+_FULL = {errno.ENOSPC, errno.EDQUOT}
 
 
 class LocalStore(BlobStore):
@@ -47,7 +56,20 @@ class LocalStore(BlobStore):
         return path
 
     def _start_upload(self, key: str) -> BlobUpload:
-        return _LocalUpload(self._path(key), self._root / PARTIAL_DIR)
+        return _LocalUpload(self.uri, self._path(key), self._root / PARTIAL_DIR)
+
+    def sweep(self, older_than: float = DEFAULT_ORPHAN_AGE) -> int:
+        """Remove partial files not written to for more than ``older_than`` seconds."""
+        cutoff = time.time() - older_than
+        removed = 0
+        for entry in os.scandir(self._root / PARTIAL_DIR):
+            try:
+                if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                    os.unlink(entry.path)
+                    removed += 1
+            except FileNotFoundError:  # its writer committed or aborted meanwhile
+                continue
+        return removed
 
     def get(self, key: str) -> BlobReader:
         try:
@@ -91,25 +113,45 @@ class _FileReader(BlobReader):
 
 
 class _LocalUpload(BlobUpload):
-    def __init__(self, destination: Path, partial_dir: Path) -> None:
+    def __init__(self, uri: str, destination: Path, partial_dir: Path) -> None:
+        self._uri = uri
         self._destination = destination
-        descriptor, temp_name = tempfile.mkstemp(dir=partial_dir, prefix="upload-")
+        with self._space():
+            descriptor, temp_name = tempfile.mkstemp(dir=partial_dir, prefix="upload-")
         self._temp = Path(temp_name)
         self._file = os.fdopen(descriptor, "wb")
 
+    @contextmanager
+    def _space(self) -> Iterator[None]:
+        """Turn a full disk or quota into :class:`StoreFull` naming the store and the object."""
+        try:
+            yield
+        except OSError as error:
+            if error.errno in _FULL:
+                raise StoreFull(
+                    f"store {self._uri} is full: cannot write {self._destination} ({error.strerror})"
+                ) from error
+            raise
+
     def write(self, data: bytes | bytearray | memoryview) -> int:
-        return self._file.write(data)
+        with self._space():
+            return self._file.write(data)
 
     def commit(self) -> None:
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        self._destination.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(self._temp, self._destination)
-        _fsync_directory(self._destination.parent)
+        with self._space():
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            self._destination.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(self._temp, self._destination)
+            _fsync_directory(self._destination.parent)
 
     def abort(self) -> None:
-        self._file.close()
+        try:
+            self._file.close()
+        except OSError as error:  # buffered bytes that no longer fit: they are being discarded anyway
+            if error.errno not in _FULL:
+                raise
         self._temp.unlink(missing_ok=True)
 
 

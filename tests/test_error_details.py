@@ -26,6 +26,7 @@ from cantata.server.datasource_store import (
 from cantata.server.errors import ErrorInterceptor
 from cantata.server.jobspec import InvalidField
 from cantata.server.store import Conflict, NotFound, QuotaExceeded, StoreError
+from cantata.storage import StoreFull, StoreNotFound, StorePermissionError, StoreUnavailableError
 from tests.platform import free_port
 
 Code = grpc.StatusCode
@@ -48,6 +49,10 @@ EXPECTED = [
     (server_errors.Refused("a worker may only report for itself"), Code.PERMISSION_DENIED, "PERMISSION_DENIED"),
     (server_errors.Unavailable("checkpoint store unavailable"), Code.UNAVAILABLE, "UNAVAILABLE"),
     (server_errors.DataLoss("checkpoint failed verification"), Code.DATA_LOSS, "DATA_LOSS"),
+    (StoreUnavailableError("S3 unreachable"), Code.UNAVAILABLE, "UNAVAILABLE"),
+    (StoreNotFound("the bucket does not exist"), Code.FAILED_PRECONDITION, "STORE_NOT_FOUND"),
+    (StorePermissionError("access denied"), Code.PERMISSION_DENIED, "STORE_PERMISSION_DENIED"),
+    (StoreFull("store file:///s is full"), Code.RESOURCE_EXHAUSTED, "STORE_FULL"),
 ]
 
 

@@ -15,7 +15,7 @@ from cantata.security.sealed_checkpoint import IntegrityError, list_checkpoints,
 from cantata.server.auth import caller
 from cantata.server.errors import DataLoss, Unavailable
 from cantata.server.store import JobRecord, NotFound, Store
-from cantata.storage import StoreError, open_store
+from cantata.storage import StoreError, StoreNotFound, StorePermissionError, open_store
 
 MODEL_SHARD = "model"
 
@@ -37,6 +37,8 @@ class CheckpointsService(checkpoints_pb2_grpc.CheckpointsServicer):
                 job_id=job.id,
                 keys=self._keyring.job_keys(job.tenant, job.id),
             )
+        except (StoreNotFound, StorePermissionError):
+            raise  # permanent: mapped as such, never as UNAVAILABLE
         except StoreError as exc:
             raise Unavailable(f"checkpoint store unavailable: {exc}") from exc
 

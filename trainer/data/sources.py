@@ -39,6 +39,7 @@ from cantata.storage import (
     BlobStore,
     StoreConfigError,
     StoreError,
+    StoreNotFound,
     StoreUnavailableError,
     open_store,
 )
@@ -65,7 +66,6 @@ _ACCESS_CODES = {
     "AuthorizationFailure",
     "AuthorizationPermissionMismatch",
 }
-_MISSING_CODES = {"NoSuchBucket", "ContainerNotFound"}
 
 
 class ObjectKind(enum.Enum):
@@ -240,12 +240,13 @@ def translated_store_errors(action: str) -> Iterator[None]:
         raise DatasetNotFoundError(f"{action}: {error}") from error
     except StoreUnavailableError as error:
         raise DatasetUnavailableError(f"{action}: {error}") from error
+    except StoreNotFound as error:
+        code = _service_code(error.__cause__)
+        raise DatasetNotFoundError(f"{action}: the bucket or container does not exist ({code})") from error
     except StoreConfigError as error:
         raise DatasetNotFoundError(f"{action}: {error}") from error
     except StoreError as error:
         code = _service_code(error.__cause__)
-        if code in _MISSING_CODES:
-            raise DatasetNotFoundError(f"{action}: the bucket or container does not exist ({code})") from error
         if code in _ACCESS_CODES:
             raise DatasetAccessError(f"{action}: the store refused the credentials ({code})") from error
         raise DataError(f"{action}: {error}") from error
