@@ -66,6 +66,10 @@ class DataLoss(CantataError):
     """Stored data failed verification (a tampered or truncated checkpoint): nothing of it was used."""
 
 
+class StoreFull(CantataError):
+    """A checkpoint or dataset store has no space left; the error names the store."""
+
+
 class Unavailable(CantataError):
     """The server cannot be reached, or the TLS handshake failed."""
 
@@ -124,6 +128,8 @@ def from_rpc_error(err: grpc.RpcError) -> CantataError:
     if reason == ErrorReason.QUOTA_EXCEEDED:
         what, limit, used = (info.metadata.get(key, "") for key in ("what", "limit", "used"))
         return QuotaExceeded(message, what=what, limit=int(limit or 0), used=int(used or 0), **common)
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+    if reason == ErrorReason.STORE_FULL:
+        return StoreFull(message, **common)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:  # gRPC's own message-size limit: no reason of ours
         return InvalidArgument(f"request too large: {message}", **common)
     return _BY_CODE.get(code, CantataError)(message, **common)

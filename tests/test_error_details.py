@@ -155,6 +155,17 @@ def test_field_and_quota_details_and_what_the_sdk_makes_of_them():
     assert (sdk_error.what, sdk_error.limit, sdk_error.used, sdk_error.request_id) == ("workers per job", 4, 6, "q")
 
 
+def test_a_full_store_is_not_mistaken_for_an_oversized_request():
+    full = _FailedCall(
+        server_errors.status_of(
+            StoreFull("store file:///srv/ckpt is full: no space left at /srv/ckpt/x.partial"), request_id="f"
+        )
+    )
+    sdk_error = errors.from_rpc_error(full)
+    assert type(sdk_error) is errors.StoreFull and "/srv/ckpt" in sdk_error.message
+    assert sdk_error.code == Code.RESOURCE_EXHAUSTED and sdk_error.request_id == "f"
+
+
 def test_the_sdk_ignores_reasons_of_another_domain():
     status = server_errors.status_of(InvalidField("lr", "must be finite"), request_id="r")
     rich = rpc_status.from_call(_FailedCall(status))
