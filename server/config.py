@@ -41,6 +41,7 @@ class ServerSettings:
     tenant_cert_days: int = 30
     revoke_quarantined_workers: bool = False  # policy when a worker is quarantined for gradient anomalies
     max_worker_restarts: int = 3  # per worker of a decentralized job
+    worker_heartbeat_timeout_s: float = 60.0  # a worker silent this long is hung: it is killed
 
 
 def enrollment_address(listen: str) -> str:
