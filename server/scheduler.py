@@ -87,8 +87,10 @@ class Scheduler:
     def _place(self) -> None:
         free = self._slots - self._launcher.running_workers()
         for job in self._store.jobs(states=frozenset({pb.QUEUED})):
-            if processes(job.spec) > free or self._launcher.is_running(job.id):
-                break  # first come, first served: no overtaking by smaller jobs, nor by a resumed one still stopping
+            if processes(job.spec) > free:
+                break  # first come, first served: no overtaking by smaller jobs
+            if self._launcher.is_running(job.id):
+                break  # resumed while its earlier workers still stop: it waits for them, and the jobs after it too
             if not self._lifecycle.placing(job):
                 continue
             try:

@@ -13,6 +13,7 @@ from cantata.proto.v1 import jobs_pb2
 from cantata.security.audit import Action
 from cantata.server.heartbeats import Heartbeats
 from cantata.server.lifecycle import JobLifecycle
+from cantata.server.scheduler import Scheduler
 from cantata.server.store import JobRecord, NotResumable, QuotaExceeded, Store
 
 TENANT = "acme"
@@ -219,3 +220,44 @@ def test_heartbeats_count_from_the_start_until_a_first_report_and_forget_ended_w
     clock.now = 1008.5
     assert beats.silent(restarted) == [("job-a", 0, 3.5)]
     assert beats.silent([]) == [] and beats.silent([("job-a", 1, 1008.0)]) == []  # ended workers were forgotten
+
+
+@dataclass
+class Launcher:
+    """The launcher as the scheduler sees it: one job's earlier workers may still be stopping."""
+
+    stopping: set[str] = field(default_factory=set)
+    launched: list[str] = field(default_factory=list)
+    killed: list[tuple[str, int]] = field(default_factory=list)
+
+    def poll(self) -> list:
+        return []
+
+    def finished_jobs(self) -> list[str]:
+        return []
+
+    def running_workers(self) -> int:
+        return 0
+
+    def is_running(self, job_id: str) -> bool:
+        return job_id in self.stopping
+
+    def live_workers(self) -> list[tuple[str, int, float]]:
+        return []
+
+    def launch(self, job: JobRecord, *, attack: dict | None = None) -> dict[int, int]:
+        self.launched.append(job.id)
+        return {0: 100, 1: 101}
+
+
+def test_a_job_resumed_while_its_earlier_workers_stop_waits_for_them(lifecycle, store, workers):
+    job = _running(lifecycle, store, workers)
+    lifecycle.worker_exited(job.id, 1, 1)  # FAILED; its worker 0 is being terminated
+    _resume(lifecycle, store, job)
+    launcher = Launcher(stopping={job.id})
+    scheduler = Scheduler(store, launcher, lifecycle, Heartbeats(60), slots=8)  # type: ignore[arg-type]
+    scheduler.tick()
+    assert launcher.launched == [] and store.job(job.id).state == pb.QUEUED
+    launcher.stopping.clear()
+    scheduler.tick()
+    assert launcher.launched == [job.id] and store.job(job.id).state == pb.STARTING
