@@ -253,6 +253,18 @@ def cmd_jobs_cancel(args) -> int:
     return 0
 
 
+def cmd_jobs_resume(args) -> int:
+    with _client(args) as client:
+        handle = client.resume(args.job_id)
+        if not args.watch:
+            status = handle.status()
+            _print(args, asdict(status), [_job_line(status)])
+            return 0
+        status = handle.wait(progress=not args.json)
+    _print(args, asdict(status), [_job_line(status)])
+    return 0 if status.state == "SUCCEEDED" else 1
+
+
 def cmd_jobs_plot(args) -> int:
     from cantata.sdk.plot import plot_losses
 
@@ -490,6 +502,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
         p.add_argument("job_id")
         _client_flags(p, None)
         p.set_defaults(func=func)
+    p = jobs.add_parser("resume", help="resume a FAILED or CANCELLED job from its latest checkpoint, same id")
+    p.add_argument("job_id")
+    p.add_argument("--watch", action="store_true", help="follow the job with a progress bar until it ends")
+    _client_flags(p, None)
+    p.set_defaults(func=cmd_jobs_resume)
     p = jobs.add_parser("list", help="your jobs")
     _client_flags(p, None)
     p.set_defaults(func=cmd_jobs_list)

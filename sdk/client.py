@@ -308,6 +308,17 @@ class Client:
     def cancel(self, job_id: str) -> JobStatus:
         return JobStatus.from_proto(self._call(self._jobs.CancelJob, jobs_pb2.CancelJobRequest(job_id=job_id)))
 
+    def resume(self, job_id: str) -> JobHandle:
+        """Resume a FAILED or CANCELLED job from its latest checkpoint, under the same id.
+
+        The job is QUEUED again (subject to the tenant's quotas, like a submit) and its
+        event stream goes on: the earlier terminal event stays in its history, and
+        ``handle.events()`` and ``handle.wait()`` follow the job to its new end. A job in
+        any other state is refused with ``Conflict``.
+        """
+        info = self._call(self._jobs.ResumeJob, jobs_pb2.ResumeJobRequest(job_id=job_id))
+        return JobHandle(self, info.id)
+
     def events(self, job_id: str, cursor: int = 0) -> Iterator[Event]:
         """Every event after ``cursor``, live, ending with the terminal one.
 
@@ -500,6 +511,9 @@ class JobHandle:
 
     def cancel(self) -> JobStatus:
         return self._client.cancel(self.id)
+
+    def resume(self) -> JobHandle:
+        return self._client.resume(self.id)
 
     def logs(self, *, follow: bool = False) -> Iterator[tuple[int, str]]:
         return self._client.logs(self.id, follow=follow)

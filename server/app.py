@@ -33,6 +33,7 @@ from cantata.server.config import DataDir, ServerSettings
 from cantata.server.database import Database
 from cantata.server.datasource_store import DataSourceStore
 from cantata.server.errors import ErrorInterceptor
+from cantata.server.heartbeats import Heartbeats
 from cantata.server.launcher import WorkerLauncher
 from cantata.server.lifecycle import JobLifecycle
 from cantata.server.scheduler import Scheduler
@@ -117,7 +118,8 @@ class ControlPlane:
             max_attempts=self.settings.max_job_attempts,
             max_restarts=self.settings.max_worker_restarts,
         )
-        self.scheduler = Scheduler(self.store, launcher, lifecycle, slots=self.settings.max_workers_on_node)
+        heartbeats = Heartbeats(self.settings.worker_heartbeat_timeout_s)
+        self.scheduler = Scheduler(self.store, launcher, lifecycle, heartbeats, slots=self.settings.max_workers_on_node)
         default_store = self.paths.checkpoints.resolve().as_uri()
         self.sweeper = OrphanSweeper(
             self.store,
@@ -154,7 +156,11 @@ class ControlPlane:
         )
         worker_pb2_grpc.add_WorkerServicer_to_server(
             WorkerService(
-                self.store, lifecycle, self.audit, revoke_quarantined=self.settings.revoke_quarantined_workers
+                self.store,
+                lifecycle,
+                self.audit,
+                heartbeats,
+                revoke_quarantined=self.settings.revoke_quarantined_workers,
             ),
             server,
         )

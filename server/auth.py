@@ -44,6 +44,7 @@ RULES: dict[str, frozenset[str]] = {
     "/cantata.v1.Jobs/GetJob": frozenset({TENANT}),
     "/cantata.v1.Jobs/ListJobs": frozenset({TENANT}),
     "/cantata.v1.Jobs/CancelJob": frozenset({TENANT}),
+    "/cantata.v1.Jobs/ResumeJob": frozenset({TENANT}),
     "/cantata.v1.Jobs/WatchJob": frozenset({TENANT}),
     "/cantata.v1.Jobs/ReadLogs": frozenset({TENANT}),
     "/cantata.v1.Checkpoints/ListCheckpoints": frozenset({TENANT}),

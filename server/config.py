@@ -43,6 +43,7 @@ class ServerSettings:
     max_worker_restarts: int = 3  # per worker of a decentralized job
     orphan_upload_seconds: float = 3600.0  # unfinished uploads older than this in a checkpoint store are removed
     orphan_sweep_seconds: float = 600.0  # how often the checkpoint stores are swept for them
+    worker_heartbeat_timeout_s: float = 60.0  # a worker silent this long is hung: it is killed
 
 
 def enrollment_address(listen: str) -> str:

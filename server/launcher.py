@@ -50,6 +50,8 @@ class _Running:
     attack: dict | None
     kill_at: float | None = None
     exited: dict[int, int] = field(default_factory=dict)
+    spawned: dict[int, float] = field(default_factory=dict)  # process index -> time.monotonic() at its start
+    killed: set[int] = field(default_factory=set)  # killed one by one (hung), not yet reaped
 
 
 def free_port() -> int:
@@ -141,6 +143,7 @@ class WorkerLauncher:
         proc = self._spawn(job, worker, self._secrets.worker_secrets(job))
         running.procs[worker] = proc
         running.exited.pop(worker, None)
+        running.killed.discard(worker)
         return proc.pid
 
     def scrub(self, job_id: str) -> None:
@@ -191,6 +194,7 @@ class WorkerLauncher:
         config_path = ws / f"worker-{i}.json"
         write_private(config_path, json.dumps(config, indent=2).encode())
         env = {**os.environ, "OMP_NUM_THREADS": str(config["threads"]), "PYTHONUNBUFFERED": "1"}
+        running.spawned[i] = time.monotonic()
         with open(self.log_path(job.id, i), "ab") as log:
             return subprocess.Popen(
                 [sys.executable, "-m", "cantata.trainer.worker", "--config", str(config_path), "--job", job.id],
@@ -211,6 +215,21 @@ class WorkerLauncher:
 
     def is_running(self, job_id: str) -> bool:
         return job_id in self._running
+
+    def live_workers(self) -> list[tuple[str, int, float]]:
+        """(job id, process index, monotonic start time) of every worker not exited and not killed."""
+        return [
+            (job_id, i, running.spawned[i])
+            for job_id, running in self._running.items()
+            for i in running.procs
+            if i not in running.exited and i not in running.killed
+        ]
+
+    def kill(self, job_id: str, worker: int) -> None:
+        """SIGKILL one worker's process group now (it hung); ``poll`` reaps it like any exit."""
+        running = self._running[job_id]
+        running.killed.add(worker)
+        kill_group(running.procs[worker].pid, signal.SIGKILL)
 
     def terminate(self, job_id: str) -> None:
         """SIGTERM every worker of the job now; SIGKILL whatever is left after the grace period."""

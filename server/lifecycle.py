@@ -1,7 +1,8 @@
 """A job's lifecycle: every transition of its state, and what each event of its workers means.
 
 ``QUEUED → STARTING → RUNNING → SUCCEEDED | FAILED | CANCELLED``, with
-``CANCELLING`` between a cancel and its end. Terminal states are final.
+``CANCELLING`` between a cancel and its end. Terminal states are final, except
+that a tenant may resume a FAILED or CANCELLED job (:meth:`~JobLifecycle.resume_requested`).
 
 - Placement: the scheduler picks a queued job; :meth:`JobLifecycle.placing`
   starts an attempt (or gives up after ``max_attempts``), then the scheduler
@@ -15,6 +16,11 @@
   finished, else FAILED; CANCELLED if it was being cancelled.
 - Cancellation (a tenant's request, or its suspension): a queued job ends at
   once; a started one is CANCELLING until its workers exited.
+- Resumption (a tenant's request): a FAILED or CANCELLED job is QUEUED again
+  under its id, to resume from its last checkpoint; the one way out of a
+  terminal state.
+- Hung workers (the scheduler, from the heartbeats): a worker silent past the
+  heartbeat timeout is killed, and its exit is judged like any other.
 - The server: when it stops or restarts, every active job goes back to
   QUEUED, to resume from its last checkpoint, until it has used
   ``max_attempts``.
@@ -176,6 +182,42 @@ class JobLifecycle:
                 self._workers.terminate(job_id)
                 if not self._workers.is_running(job_id):  # workers not started yet, or gone
                     self.workers_exited(job_id)
+
+    # ---- resumption ---------------------------------------------------------
+    def resume_requested(self, job: JobRecord, *, actor: str, peer: str) -> None:
+        """The job's tenant asked to resume a FAILED or CANCELLED job: QUEUED again under its id.
+
+        Its workers resume from its latest checkpoint, as after a requeue. Refused (and not
+        audited) for any other state, or over the tenant's quotas; audited before it happens.
+        """
+
+        def audit(current: JobRecord) -> None:
+            state = pb.JobState.Name(current.state)
+            self._audit.append(
+                actor, Action.JOB_RESUMED, resource=job.id, tenant=job.tenant, peer=peer, details={"from": state}
+            )
+
+        with self.lock:
+            self._store.resume_job(job.id, self._store.tenant(job.tenant), "resumed by tenant", before=audit)
+
+    # ---- hung workers ---------------------------------------------------------
+    def worker_silent(self, job_id: str, worker: int, seconds: float) -> None:
+        """A worker sent no report for ``seconds`` (past the heartbeat timeout): kill it as hung, unless it finished.
+
+        Its exit then takes the path of any dead worker (:meth:`worker_exited`).
+        """
+        with self.lock:
+            job = self._store.job(job_id)
+            if job.state not in STARTED:
+                return  # ending already: the launcher's grace period kills what is left
+            if any(w.idx == worker and w.finished for w in self._store.workers(job_id)):
+                return  # it finished and is exiting, which may take a while on a busy node: not hung
+            message = f"worker {worker} sent no heartbeat for {seconds:.1f} s; killed"
+            self._store.append_event(
+                job_id,
+                jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, worker=worker, total_steps=job.spec.steps, message=message),
+            )
+            self._workers.kill(job_id, worker)
 
     # ---- the server ---------------------------------------------------------
     def server_stopping(self) -> None:

@@ -4,7 +4,9 @@ Which job runs next, on how many slots, is decided here; what a placement or
 a worker's exit means for the job is the lifecycle's
 (:mod:`cantata.server.lifecycle`); starting and signalling processes is the
 launcher's. One background thread ticks every ``interval`` seconds: reap
-exited workers, settle jobs whose workers are all gone, then place queued ones.
+exited workers, settle jobs whose workers are all gone, kill workers silent
+past the heartbeat timeout (:mod:`cantata.server.heartbeats`), then place
+queued ones. A resumed job whose earlier workers are still stopping waits.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import threading
 
 from cantata.proto.v1 import common_pb2 as pb
 from cantata.server.groups import processes
+from cantata.server.heartbeats import Heartbeats
 from cantata.server.launcher import WorkerLauncher
 from cantata.server.lifecycle import JobLifecycle
 from cantata.server.store import ACTIVE, Store
@@ -24,11 +27,19 @@ log = logging.getLogger(__name__)
 
 class Scheduler:
     def __init__(
-        self, store: Store, launcher: WorkerLauncher, lifecycle: JobLifecycle, *, slots: int, interval: float = 0.2
+        self,
+        store: Store,
+        launcher: WorkerLauncher,
+        lifecycle: JobLifecycle,
+        heartbeats: Heartbeats,
+        *,
+        slots: int,
+        interval: float = 0.2,
     ):
         self._store = store
         self._launcher = launcher
         self._lifecycle = lifecycle
+        self._heartbeats = heartbeats
         self._slots = slots
         self._interval = interval
         self._stop = threading.Event()
@@ -65,13 +76,21 @@ class Scheduler:
             for job_id in self._launcher.finished_jobs():
                 self._launcher.release(job_id)
                 self._lifecycle.workers_exited(job_id)
+            self._kill_silent()
             self._place()
+
+    def _kill_silent(self) -> None:
+        """Workers that sent nothing for longer than the heartbeat timeout are hung: the lifecycle kills them."""
+        for job_id, worker, seconds in self._heartbeats.silent(self._launcher.live_workers()):
+            self._lifecycle.worker_silent(job_id, worker, seconds)
 
     def _place(self) -> None:
         free = self._slots - self._launcher.running_workers()
         for job in self._store.jobs(states=frozenset({pb.QUEUED})):
             if processes(job.spec) > free:
                 break  # first come, first served: no overtaking by smaller jobs
+            if self._launcher.is_running(job.id):
+                break  # resumed while its earlier workers still stop: it waits for them, and the jobs after it too
             if not self._lifecycle.placing(job):
                 continue
             try:

@@ -13,7 +13,7 @@ import math
 import sqlite3
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +25,8 @@ from cantata.server.database import Database
 from cantata.server.groups import processes
 
 ACTIVE = frozenset({common_pb2.STARTING, common_pb2.RUNNING, common_pb2.CANCELLING})
+# Ended states a tenant may resume from (``Store.resume_job``): the one way out of a terminal state.
+RESUMABLE = frozenset({common_pb2.FAILED, common_pb2.CANCELLED})
 
 # Allowed transitions. RUNNING/STARTING -> QUEUED is a requeue after the server
 # itself was stopped or killed: the job resumes from its last checkpoint.
@@ -56,6 +58,15 @@ class NotFound(StoreError):
 
 class Conflict(StoreError):
     """The object exists or is in a state that forbids the change."""
+
+
+class NotResumable(Conflict):
+    """Only a FAILED or CANCELLED job can be resumed."""
+
+    def __init__(self, job: JobRecord):
+        state = common_pb2.JobState.Name(job.state)
+        why = "it finished: there is nothing left to train" if job.state == common_pb2.SUCCEEDED else "it has not ended"
+        super().__init__(f"job {job.id!r} is {state} and cannot be resumed ({why}); only a FAILED or CANCELLED job can")
 
 
 class QuotaExceeded(StoreError):
@@ -301,17 +312,7 @@ class Store:
             ).fetchone()
             if row is not None:
                 return self._job(db, row["id"]), False
-            quota = tenant.quota
-            if quota.max_workers_per_job and processes(spec) > quota.max_workers_per_job:
-                raise QuotaExceeded("workers per job", quota.max_workers_per_job, processes(spec))
-            if quota.max_total_steps and spec.steps > quota.max_total_steps:
-                raise QuotaExceeded("steps per job", quota.max_total_steps, spec.steps)
-            if quota.max_concurrent_jobs:
-                active = db.execute(
-                    f"SELECT COUNT(*) FROM jobs WHERE tenant=? AND state NOT IN ({_in(TERMINAL)})", (tenant.name,)
-                ).fetchone()[0]
-                if active >= quota.max_concurrent_jobs:
-                    raise QuotaExceeded("concurrent jobs", quota.max_concurrent_jobs, active)
+            self._check_quota(db, tenant, spec)
             job_id = "job-" + uuid.uuid4().hex[:16]
             now = utcnow()
             db.execute(
@@ -327,6 +328,50 @@ class Store:
                 ),
             )
             return self._job(db, job_id), True
+
+    def _check_quota(self, db: sqlite3.Connection, tenant: Tenant, spec: common_pb2.JobSpec) -> None:
+        """Raise ``QuotaExceeded`` if one more active job with ``spec`` is over the tenant's limits."""
+        quota = tenant.quota
+        if quota.max_workers_per_job and processes(spec) > quota.max_workers_per_job:
+            raise QuotaExceeded("workers per job", quota.max_workers_per_job, processes(spec))
+        if quota.max_total_steps and spec.steps > quota.max_total_steps:
+            raise QuotaExceeded("steps per job", quota.max_total_steps, spec.steps)
+        if quota.max_concurrent_jobs:
+            active = db.execute(
+                f"SELECT COUNT(*) FROM jobs WHERE tenant=? AND state NOT IN ({_in(TERMINAL)})", (tenant.name,)
+            ).fetchone()[0]
+            if active >= quota.max_concurrent_jobs:
+                raise QuotaExceeded("concurrent jobs", quota.max_concurrent_jobs, active)
+
+    def resume_job(self, job_id: str, tenant: Tenant, reason: str, *, before: Callable[[JobRecord], None]) -> None:
+        """Requeue a FAILED or CANCELLED job under its id, with a fresh count of attempts.
+
+        The state check, the quota check (as for a submit) and the requeue are one
+        transaction; ``before(job)`` runs inside it once the checks passed, so what
+        it records (the audit) precedes the requeue, and if it raises nothing changes.
+        """
+        with self._tx() as db:
+            job = self._job(db, job_id)
+            if job.state not in RESUMABLE:
+                raise NotResumable(job)
+            self._check_quota(db, tenant, job.spec)
+            before(job)
+            db.execute(
+                "UPDATE jobs SET state=?, reason=?, attempts=0, updated_at=? WHERE id=?",
+                (common_pb2.QUEUED, reason, utcnow(), job_id),
+            )
+            self._append_event(
+                db,
+                job_id,
+                jobs_pb2.JobEvent(
+                    kind=jobs_pb2.STATE,
+                    state=common_pb2.QUEUED,
+                    step=job.step,
+                    total_steps=job.spec.steps,
+                    message=reason,
+                    val_loss=job.val_loss,
+                ),
+            )
 
     def job(self, job_id: str, tenant: str | None = None) -> JobRecord:
         """The job, scoped to ``tenant`` when given: another tenant's job is NotFound."""
@@ -453,6 +498,12 @@ class Store:
                 self._events.wait(timeout=wait)
                 rows = self._fetch_events(job_id, cursor)
             return [jobs_pb2.JobEvent.FromString(r[0]) for r in rows]
+
+    def resumed_after(self, job_id: str, seq: int) -> bool:
+        """Whether the job's state changed after event ``seq``: after a terminal event, only a resume does that."""
+        with self._lock:
+            rows = self._db.execute("SELECT body FROM events WHERE job_id=? AND seq>? ORDER BY seq", (job_id, seq))
+            return any(jobs_pb2.JobEvent.FromString(r[0]).kind == jobs_pb2.STATE for r in rows)
 
     def _fetch_events(self, job_id: str, cursor: int) -> list[sqlite3.Row]:
         return self._db.execute(

@@ -1,33 +1,80 @@
-"""The worker's line to the control plane (the Worker service, over mutual TLS)."""
+"""The worker's line to the control plane (the Worker service, over mutual TLS), and its heartbeat.
+
+It needs only the light part of the worker's config (:class:`Endpoint`), so a
+worker starts its heartbeat before it loads torch: that alone can take longer
+than the server's heartbeat timeout on a busy node.
+"""
 
 from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 
 from cantata.proto.v1 import worker_pb2, worker_pb2_grpc
-from cantata.trainer.config import WorkerConfig
 
 REPORT_TIMEOUT = 30.0
+HEARTBEAT_INTERVAL = 5.0  # seconds between heartbeats until the server's first reply says otherwise
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where and as whom a worker reports: the fields of its config file the reporter reads."""
+
+    server: str
+    ca: Path
+    cert: Path
+    key: Path
+    job_id: str
+    worker: int
+
+    @classmethod
+    def load(cls, path: Path) -> Endpoint:
+        raw = json.loads(Path(path).read_text())
+        return cls(raw["server"], Path(raw["ca"]), Path(raw["cert"]), Path(raw["key"]), raw["job_id"], raw["worker"])
 
 
 class Reporter:
     """Sends reports; ``stop_requested`` turns true once the server says the job is cancelling."""
 
-    def __init__(self, cfg: WorkerConfig):
+    def __init__(self, endpoint: Endpoint):
         credentials = grpc.ssl_channel_credentials(
-            root_certificates=cfg.ca.read_bytes(),
-            private_key=cfg.key.read_bytes(),
-            certificate_chain=cfg.cert.read_bytes(),
+            root_certificates=endpoint.ca.read_bytes(),
+            private_key=endpoint.key.read_bytes(),
+            certificate_chain=endpoint.cert.read_bytes(),
         )
-        self._channel = grpc.secure_channel(cfg.server, credentials)
+        self._channel = grpc.secure_channel(endpoint.server, credentials)
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
-        self._job_id, self._worker = cfg.job_id, cfg.worker
+        self._job_id, self._worker = endpoint.job_id, endpoint.worker
+        self._heartbeat_interval = HEARTBEAT_INTERVAL
+        self._closed = threading.Event()
         self.stop_requested = False
 
     def send(self, **payload) -> None:
         report = worker_pb2.WorkerReport(job_id=self._job_id, worker=self._worker, **payload)
         reply = self._stub.Report(report, timeout=REPORT_TIMEOUT, wait_for_ready=True)
-        self.stop_requested = self.stop_requested or reply.stop
+        if reply.stop:
+            self.stop_requested = True
+        if reply.heartbeat_interval_s > 0:
+            self._heartbeat_interval = reply.heartbeat_interval_s
+
+    def start_heartbeat(self) -> None:
+        """Report that this process lives, from a background thread, as often as the server asks, until ``close``.
+
+        A process that is stopped or wedged stops beating with it, and the server kills it as hung.
+        """
+        threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
+
+    def _beat(self) -> None:
+        while not self._closed.is_set():
+            # the server may be unreachable for now (the next beat tries again), or the channel closed at exit
+            with contextlib.suppress(grpc.RpcError, ValueError):
+                self.send(heartbeat=worker_pb2.Heartbeat())
+            self._closed.wait(self._heartbeat_interval)
 
     def started(self) -> None:
         self.send(started=True)
@@ -74,4 +121,5 @@ class Reporter:
         return dict(reply.peers), reply.round, dict(reply.rounds)
 
     def close(self) -> None:
+        self._closed.set()
         self._channel.close()

@@ -2,6 +2,8 @@
 
 Exit codes: 0 finished or stopped on request, 1 failed (the reason is
 reported to the server first), 3 the server that started us is gone.
+
+The heartbeat starts first; the training modules (and torch) load after it.
 """
 
 from __future__ import annotations
@@ -17,10 +19,7 @@ import traceback
 from pathlib import Path
 
 from cantata.proto.vocabulary import DECENTRALIZED
-from cantata.trainer.config import WorkerConfig
-from cantata.trainer.decentralized import train_decentralized
-from cantata.trainer.loop import Stopped, train
-from cantata.trainer.reporter import Reporter
+from cantata.trainer.reporter import Endpoint, Reporter
 
 EXIT_ORPHANED = 3
 
@@ -43,16 +42,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--job", help="job id (shown in the process list)")
     args = parser.parse_args(argv)
-    cfg = WorkerConfig.load(args.config)
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     watch_parent()
-    reporter = Reporter(cfg)
+    reporter = Reporter(Endpoint.load(args.config))
+    reporter.start_heartbeat()
+    try:
+        return train_job(args.config, reporter, stop)
+    finally:
+        reporter.close()
+
+
+def train_job(config: Path, reporter: Reporter, stop: threading.Event) -> int:
+    """Train the job of ``config`` and report how it ended; returns the exit code."""
+    # Loaded once the heartbeat beats: importing torch can outlast the server's heartbeat timeout.
+    from cantata.trainer.config import WorkerConfig
+    from cantata.trainer.decentralized import train_decentralized
+    from cantata.trainer.loop import Stopped, train
+
+    cfg = WorkerConfig.load(config)
     try:
         reporter.started()
-        run = train_decentralized if cfg.spec.algorithm in DECENTRALIZED else train
-        final_val_loss = run(cfg, reporter, stop)
+        loop = train_decentralized if cfg.spec.algorithm in DECENTRALIZED else train
+        final_val_loss = loop(cfg, reporter, stop)
         reporter.finished(final_val_loss)
         print(f"worker {cfg.worker}: finished, validation loss {final_val_loss:.4f}", flush=True)
         return 0
@@ -64,8 +77,6 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(Exception):  # the server may be unreachable; the exit code still tells
             reporter.failed(f"{type(exc).__name__}: {exc}")
         return 1
-    finally:
-        reporter.close()
 
 
 if __name__ == "__main__":

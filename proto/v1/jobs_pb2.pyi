@@ -66,6 +66,12 @@ class CancelJobRequest(_message.Message):
     job_id: str
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
+class ResumeJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
 class WatchJobRequest(_message.Message):
     __slots__ = ("job_id", "cursor")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]

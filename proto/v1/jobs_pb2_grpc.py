@@ -55,6 +55,11 @@ class JobsStub:
                 request_serializer=cantata_dot_v1_dot_jobs__pb2.CancelJobRequest.SerializeToString,
                 response_deserializer=cantata_dot_v1_dot_common__pb2.JobInfo.FromString,
                 _registered_method=True)
+        self.ResumeJob = channel.unary_unary(
+                '/cantata.v1.Jobs/ResumeJob',
+                request_serializer=cantata_dot_v1_dot_jobs__pb2.ResumeJobRequest.SerializeToString,
+                response_deserializer=cantata_dot_v1_dot_common__pb2.JobInfo.FromString,
+                _registered_method=True)
         self.WatchJob = channel.unary_stream(
                 '/cantata.v1.Jobs/WatchJob',
                 request_serializer=cantata_dot_v1_dot_jobs__pb2.WatchJobRequest.SerializeToString,
@@ -95,8 +100,18 @@ class JobsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResumeJob(self, request, context):
+        """A FAILED or CANCELLED job goes back to QUEUED under the same id, and its
+        workers resume from its latest checkpoint; subject to the tenant's quotas.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def WatchJob(self, request, context):
         """Events after `cursor`, live; the stream ends after the terminal event.
+        A resumed job's earlier terminal event stays in its history; a stream
+        passing it carries it with `terminal` false and goes on to the new end.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -129,6 +144,11 @@ def add_JobsServicer_to_server(servicer, server):
             'CancelJob': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelJob,
                     request_deserializer=cantata_dot_v1_dot_jobs__pb2.CancelJobRequest.FromString,
+                    response_serializer=cantata_dot_v1_dot_common__pb2.JobInfo.SerializeToString,
+            ),
+            'ResumeJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeJob,
+                    request_deserializer=cantata_dot_v1_dot_jobs__pb2.ResumeJobRequest.FromString,
                     response_serializer=cantata_dot_v1_dot_common__pb2.JobInfo.SerializeToString,
             ),
             'WatchJob': grpc.unary_stream_rpc_method_handler(
@@ -249,6 +269,33 @@ class Jobs:
             target,
             '/cantata.v1.Jobs/CancelJob',
             cantata_dot_v1_dot_jobs__pb2.CancelJobRequest.SerializeToString,
+            cantata_dot_v1_dot_common__pb2.JobInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cantata.v1.Jobs/ResumeJob',
+            cantata_dot_v1_dot_jobs__pb2.ResumeJobRequest.SerializeToString,
             cantata_dot_v1_dot_common__pb2.JobInfo.FromString,
             options,
             channel_credentials,

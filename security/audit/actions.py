@@ -26,6 +26,7 @@ class Action(StrEnum):
     JOB_CANCEL_REQUESTED = "job_cancel_requested"
     JOB_CANCELLED = "job_cancelled"
     JOB_FINISHED = "job_finished"
+    JOB_RESUMED = "job_resumed"
     # checkpoints
     CHECKPOINT_WRITTEN = "checkpoint_written"
     CHECKPOINT_READ = "checkpoint_read"

@@ -1,4 +1,4 @@
-"""Jobs: submit, get, list, cancel, watch events, read logs. Scoped to the caller's tenant."""
+"""Jobs: submit, get, list, cancel, resume, watch events, read logs. Scoped to the caller's tenant."""
 
 from __future__ import annotations
 
@@ -93,11 +93,19 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         self._lifecycle.cancel_requested(job, actor=caller(context).uri, peer=context.peer())
         return job_info(self._store.job(job.id))
 
+    def ResumeJob(self, request, context):
+        job = self._job(context, request.job_id)
+        self._lifecycle.resume_requested(job, actor=caller(context).uri, peer=context.peer())
+        return job_info(self._store.job(job.id))
+
     def WatchJob(self, request, context):
+        """Events after the cursor, to the job's end; an earlier end that a resume followed is not the end."""
         job = self._job(context, request.job_id)
         cursor = max(0, request.cursor)
         while context.is_active():
             for event in self._store.events_after(job.id, cursor, wait=WATCH_POLL):
+                if event.terminal and self._store.resumed_after(job.id, event.seq):
+                    event.terminal = False
                 yield event
                 cursor = event.seq
                 if event.terminal:

@@ -1,4 +1,4 @@
-"""Worker: how a job's worker processes report progress, checkpoints and their end."""
+"""Worker: how a job's worker processes report progress, checkpoints, their end, and that they are alive."""
 
 from __future__ import annotations
 
@@ -7,16 +7,26 @@ from cantata.security.audit import Action, Outcome
 from cantata.security.pki import Principal
 from cantata.server.auth import caller
 from cantata.server.errors import InvalidRequest, Refused
+from cantata.server.heartbeats import Heartbeats
 from cantata.server.lifecycle import JobLifecycle
 from cantata.server.ports import AuditSink
 from cantata.server.store import AnomalyRecord, Store, utcnow
 
 
 class WorkerService(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, store: Store, lifecycle: JobLifecycle, audit: AuditSink, *, revoke_quarantined: bool):
+    def __init__(
+        self,
+        store: Store,
+        lifecycle: JobLifecycle,
+        audit: AuditSink,
+        heartbeats: Heartbeats,
+        *,
+        revoke_quarantined: bool,
+    ):
         self._store = store
         self._lifecycle = lifecycle
         self._audit = audit.append
+        self._heartbeats = heartbeats
         self._revoke_quarantined = revoke_quarantined  # policy: a quarantined worker loses its certificate
 
     def Report(self, request, context):
@@ -31,10 +41,13 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 peer=context.peer(),
             )
             raise Refused("a worker may only report for itself")
+        self._heartbeats.seen(me.name, request.worker)  # any report is a sign of life
         job = self._store.job(me.name)
         kind = request.WhichOneof("payload")
         event = None
-        if kind == "started":
+        if kind == "heartbeat":
+            pass
+        elif kind == "started":
             self._lifecycle.worker_started(job, request.worker)
         elif kind == "progress":
             p = request.progress
@@ -79,7 +92,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             event.worker = request.worker
             event.total_steps = job.spec.steps
             self._store.append_event(job.id, event)
-        return worker_pb2.WorkerReportReply(stop=self._store.job(job.id).state == common_pb2.CANCELLING)
+        return worker_pb2.WorkerReportReply(
+            stop=self._store.job(job.id).state == common_pb2.CANCELLING,
+            heartbeat_interval_s=self._heartbeats.interval,
+        )
 
     def GetPeers(self, request, context):
         me = caller(context)
