@@ -35,6 +35,7 @@ from cantata.server.datasource_store import DataSourceStore
 from cantata.server.errors import ErrorInterceptor
 from cantata.server.launcher import WorkerLauncher
 from cantata.server.lifecycle import JobLifecycle
+from cantata.server.restarts import RestartPolicy
 from cantata.server.scheduler import Scheduler
 from cantata.server.secrets_broker import SecretsBroker
 from cantata.server.services.admin import AdminService
@@ -113,8 +114,11 @@ class ControlPlane:
             self.store,
             self.audit,
             launcher,
-            max_attempts=self.settings.max_job_attempts,
-            max_restarts=self.settings.max_worker_restarts,
+            restarts=RestartPolicy(
+                self.settings.max_worker_restarts,
+                self.settings.restart_backoff_seconds,
+                self.settings.restart_backoff_max_seconds,
+            ),
         )
         self.scheduler = Scheduler(self.store, launcher, lifecycle, slots=self.settings.max_workers_on_node)
         spec_defaults = {
