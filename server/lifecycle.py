@@ -67,6 +67,7 @@ class JobLifecycle:
         self._restarts = restarts
         self._clock = clock
         self._not_before: dict[str, float] = {}  # job id -> when a restarting job may be placed again
+        self._permanent: set[str] = set()  # jobs a worker of which reported a permanent failure
         self.lock = threading.RLock()
 
     # ---- placement ------------------------------------------------------
@@ -77,6 +78,7 @@ class JobLifecycle:
     def placing(self, job: JobRecord) -> bool:
         """Start an attempt of a queued job (STARTING); False if it is not to be launched (it moved on)."""
         self._not_before.pop(job.id, None)
+        self._permanent.discard(job.id)
         return self._store.transition(job.id, pb.STARTING, "starting workers")
 
     def placed(self, job: JobRecord, pids: dict[int, int]) -> None:
@@ -99,9 +101,15 @@ class JobLifecycle:
         if worker == 0:
             self._store.record_progress(job.id, step=job.spec.steps, val_loss=final_val_loss)
 
-    def worker_failed(self, job: JobRecord, worker: int, reason: str) -> None:
-        """The worker says why it fails; the reason is given when its exit is judged."""
+    def worker_failed(self, job: JobRecord, worker: int, reason: str, *, permanent: bool = False) -> None:
+        """The worker says why it fails; the reason is given when its exit is judged.
+
+        A ``permanent`` failure (the job's data or settings are at fault) ends an all-reduce or single
+        job without a restart: it would fail the same way.
+        """
         self._store.mark_worker(job.id, worker, failure=reason)
+        if permanent:
+            self._permanent.add(job.id)
 
     # ---- what the launcher sees -------------------------------------------
     def worker_exited(self, job_id: str, worker: int, returncode: int) -> None:
@@ -134,6 +142,9 @@ class JobLifecycle:
         record = next(w for w in self._store.workers(job_id) if w.idx == worker)
         detail = record.failure or self._workers.log_tail(job_id, worker) or "no output"
         reason = f"worker {worker} exited with code {code}: {detail}"
+        if job_id in self._permanent and not decentralized(job.spec):
+            self._fail(job, f"{reason}; not restarted: the error is permanent")
+            return
         if not decentralized(job.spec):
             self.restart(job_id, reason, worker=worker)
             return

@@ -294,6 +294,26 @@ def test_a_job_without_max_failures_has_the_default_budget(store, audit, workers
     assert store.job(job.id).reason.endswith("gave up after 4 failures (max_failures=3)")
 
 
+def test_a_permanent_failure_ends_the_job_without_a_restart(lifecycle, store, audit, workers):
+    job = _started(lifecycle, store, workers, _submit(store))
+    lifecycle.worker_failed(job, 1, "DataError: no training window", permanent=True)
+    _exit(lifecycle, workers, job, 0, 1)  # its peer may be seen exiting first
+    reason = "worker 0 exited with code 1: no output; not restarted: the error is permanent"
+    _ended(store, job.id, pb.FAILED, reason)
+    assert (store.job(job.id).failures, workers.terminated) == (0, [job.id])
+    assert Action.JOB_RESTARTED not in [a for a, _ in audit.of(job.id)]
+
+
+def test_a_transient_failure_reported_by_the_worker_restarts_the_job(lifecycle, store, workers):
+    job = _started(lifecycle, store, workers, _submit(store))
+    lifecycle.worker_failed(job, 0, "StoreUnavailableError: s3 timed out")
+    _exit(lifecycle, workers, job, 0, 1)
+    assert store.job(job.id).state == pb.QUEUED
+    assert _messages(store, job.id) == [
+        "worker 0 exited with code 1: StoreUnavailableError: s3 timed out; restarting the job from step 0 (attempt 1/2)"
+    ]
+
+
 def test_restart_is_for_started_jobs_only(lifecycle, store, workers):
     job = _submit(store)
     assert not lifecycle.restart(job.id, "worker 0 stopped responding")
@@ -558,6 +578,13 @@ def _budget_spent(lc, store, workers, clock) -> JobRecord:
     return job
 
 
+def _permanent(lc, store, workers, clock) -> JobRecord:
+    job = _started(lc, store, workers, _submit(store))
+    lc.worker_failed(job, 0, "TextEncodingError: not UTF-8", permanent=True)
+    _exit(lc, workers, job, 0, 1)
+    return job
+
+
 def _below_quorum(lc, store, workers, clock) -> JobRecord:
     job = _decentralized(lc, store, workers, max_failures=0)
     _exit(lc, workers, job, 0, 1)
@@ -611,6 +638,7 @@ PATHS = {  # path -> (drive a job to its end, the terminal state)
         pb.FAILED,
     ),
     "its budget of failures is spent": (_budget_spent, pb.FAILED),
+    "a worker fails for good": (_permanent, pb.FAILED),
     "a decentralized job loses its quorum": (_below_quorum, pb.FAILED),
     "its workers cannot be started": (_launch_failed, pb.FAILED),
     "cancelled while queued": (lambda lc, s, w, c: lc.cancel_requested(j := _submit(s), **CANCEL) or j, pb.CANCELLED),
