@@ -41,6 +41,7 @@ from cantata.proto.vocabulary import (
 MAX_STEPS = 10_000_000
 MAX_WORKERS = 256  # worker processes of one job, all groups together
 MAX_RANKS_PER_WORKER = 64
+MAX_FAILURES, DEFAULT_MAX_FAILURES = 100, 3
 DECENTRALIZED_DEFAULTS = {  # algorithm -> (local steps H, outer lr eta, outer momentum gamma, topology)
     Algorithm.DILOCO: (20, 0.7, 0.9, Topology.COMPLETE),
     Algorithm.GASLOC: (20, 1.0, 0.5, Topology.RING),
@@ -298,6 +299,16 @@ FIELDS: tuple[JobField, ...] = (
         Rule("a majority, workers // 2 + 1", lambda spec: spec.workers // 2 + 1),
         range=Range(1, MAX_WORKERS),
         algorithms=DECENTRALIZED,
+    ),
+    JobField(
+        "max_failures",
+        int,
+        "worker failures survived by restarting from the latest checkpoint (gasloc/diloco: restarts per worker); "
+        "the server's max_worker_restarts bounds it",
+        None,
+        DEFAULT_MAX_FAILURES,
+        range=Range(0, MAX_FAILURES),
+        optional=True,
     ),
 )
 FIELD = {f.name: f for f in FIELDS}

@@ -36,6 +36,7 @@ from cantata.server.errors import ErrorInterceptor
 from cantata.server.heartbeats import Heartbeats
 from cantata.server.launcher import WorkerLauncher
 from cantata.server.lifecycle import JobLifecycle
+from cantata.server.restarts import RestartPolicy
 from cantata.server.scheduler import Scheduler
 from cantata.server.secrets_broker import SecretsBroker
 from cantata.server.services.admin import AdminService
@@ -115,8 +116,11 @@ class ControlPlane:
             self.store,
             self.audit,
             launcher,
-            max_attempts=self.settings.max_job_attempts,
-            max_restarts=self.settings.max_worker_restarts,
+            restarts=RestartPolicy(
+                self.settings.max_worker_restarts,
+                self.settings.restart_backoff_seconds,
+                self.settings.restart_backoff_max_seconds,
+            ),
         )
         heartbeats = Heartbeats(self.settings.worker_heartbeat_timeout_s)
         self.scheduler = Scheduler(self.store, launcher, lifecycle, heartbeats, slots=self.settings.max_workers_on_node)

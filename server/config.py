@@ -22,6 +22,7 @@ from pathlib import Path
 from cantata.security.keys import MASTER_KEY_ENV, LocalKeyring, MasterKey
 
 CONFIG_NAME = "server.json"
+RETIRED_SETTINGS = frozenset({"max_job_attempts"})  # read from older server.json files and ignored
 
 
 @dataclass
@@ -36,11 +37,12 @@ class ServerSettings:
     )
     allowed_roots: list[str] = field(default_factory=list)  # extra file:// roots for stores and data
     cancel_grace_seconds: float = 5.0
-    max_job_attempts: int = 3  # starts of one job, counting resumes after a server restart
     worker_cert_hours: float = 72.0
     tenant_cert_days: int = 30
     revoke_quarantined_workers: bool = False  # policy when a worker is quarantined for gradient anomalies
-    max_worker_restarts: int = 3  # per worker of a decentralized job
+    max_worker_restarts: int = 10  # upper bound on every job's max_failures (decentralized: restarts per worker)
+    restart_backoff_seconds: float = 1.0  # wait before a job's first restart after a failure; doubles each time
+    restart_backoff_max_seconds: float = 30.0  # the longest wait between restarts
     orphan_upload_seconds: float = 3600.0  # unfinished uploads older than this in a checkpoint store are removed
     orphan_sweep_seconds: float = 600.0  # how often the checkpoint stores are swept for them
     worker_heartbeat_timeout_s: float = 60.0  # a worker silent this long is hung: it is killed
@@ -118,7 +120,8 @@ class DataDir:
     def load_settings(self) -> ServerSettings:
         if not self.config.exists():
             raise FileNotFoundError(f"{self.root} is not a Cantata data directory (run `cantata server init`)")
-        return ServerSettings(**json.loads(self.config.read_text()))
+        saved = json.loads(self.config.read_text())
+        return ServerSettings(**{k: v for k, v in saved.items() if k not in RETIRED_SETTINGS})
 
     def save_settings(self, settings: ServerSettings) -> None:
         self.config.write_text(json.dumps(asdict(settings), indent=2) + "\n")

@@ -4,16 +4,19 @@
 ``CANCELLING`` between a cancel and its end. Terminal states are final, except
 that a tenant may resume a FAILED or CANCELLED job (:meth:`~JobLifecycle.resume_requested`).
 
-- Placement: the scheduler picks a queued job; :meth:`JobLifecycle.placing`
-  starts an attempt (or gives up after ``max_attempts``), then the scheduler
-  reports :meth:`~JobLifecycle.placed` or :meth:`~JobLifecycle.launch_failed`.
+- Placement: the scheduler picks a queued job that is :meth:`~JobLifecycle.due`;
+  :meth:`JobLifecycle.placing` starts an attempt, then the scheduler reports
+  :meth:`~JobLifecycle.placed` or :meth:`~JobLifecycle.launch_failed`.
 - Worker reports (the worker service): worker 0 started → RUNNING; each
   finished or failed worker is marked, for its exit to be judged.
 - Worker exits (the scheduler, from the launcher): a worker that exits with an
-  error fails its job, except that a decentralized job restarts it (up to
-  ``max_restarts``) or goes on while a quorum of worker groups lives. Once all
-  of a job's workers exited, it is settled: SUCCEEDED if enough of them
-  finished, else FAILED; CANCELLED if it was being cancelled.
+  error is a failure. An all-reduce or single job restarts its worker group
+  (:meth:`~JobLifecycle.restart`) from its latest checkpoint (back to QUEUED, placed again
+  after a backoff) until it has had more than its budget of failures
+  (:mod:`cantata.server.restarts`), then fails; a decentralized job restarts
+  the dead worker alone, or goes on while a quorum of worker groups lives.
+  Once all of a job's workers exited, it is settled: SUCCEEDED if enough of
+  them finished, else FAILED; CANCELLED if it was being cancelled.
 - Cancellation (a tenant's request, or its suspension): a queued job ends at
   once; a started one is CANCELLING until its workers exited.
 - Resumption (a tenant's request): a FAILED or CANCELLED job is QUEUED again
@@ -22,16 +25,19 @@ that a tenant may resume a FAILED or CANCELLED job (:meth:`~JobLifecycle.resume_
 - Hung workers (the scheduler, from the heartbeats): a worker silent past the
   heartbeat timeout is killed, and its exit is judged like any other.
 - The server: when it stops or restarts, every active job goes back to
-  QUEUED, to resume from its last checkpoint, until it has used
-  ``max_attempts``.
+  QUEUED, to resume from its last checkpoint; that is no failure (``attempts``
+  counts starts, for information only).
 
-Each event method writes the store transition together with its audit record.
+Each event method writes the store transition together with its audit record;
+every terminal state has exactly one ``job_finished`` or ``job_cancelled`` record.
 Processes are the launcher's business, reached through :class:`WorkerProcesses`.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 
 from cantata.proto.v1 import common_pb2 as pb
 from cantata.proto.v1 import jobs_pb2
@@ -39,6 +45,7 @@ from cantata.security.audit import Action
 from cantata.server.datasource_store import DataSourceError
 from cantata.server.groups import decentralized, processes, quorum
 from cantata.server.ports import AuditSink, WorkerProcesses
+from cantata.server.restarts import RestartPolicy
 from cantata.server.store import ACTIVE, JobRecord, Store, WorkerRecord
 
 STARTED = (pb.STARTING, pb.RUNNING)
@@ -52,21 +59,32 @@ class JobLifecycle:
     """
 
     def __init__(
-        self, store: Store, audit: AuditSink, workers: WorkerProcesses, *, max_attempts: int, max_restarts: int
+        self,
+        store: Store,
+        audit: AuditSink,
+        workers: WorkerProcesses,
+        *,
+        restarts: RestartPolicy,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self._store = store
         self._audit = audit
         self._workers = workers
-        self._max_attempts = max_attempts
-        self._max_restarts = max_restarts
+        self._restarts = restarts
+        self._clock = clock
+        self._not_before: dict[str, float] = {}  # job id -> when a restarting job may be placed again
+        self._permanent: set[str] = set()  # jobs a worker of which reported a permanent failure
         self.lock = threading.RLock()
 
     # ---- placement ------------------------------------------------------
+    def due(self, job: JobRecord) -> bool:
+        """Whether a queued job may be placed now: no worker of its last attempt is left, and its backoff is over."""
+        return not self._workers.is_running(job.id) and self._clock() >= self._not_before.get(job.id, 0.0)
+
     def placing(self, job: JobRecord) -> bool:
-        """Start an attempt of a queued job (STARTING); False if it is not to be launched (it gave up, or moved on)."""
-        if job.attempts >= self._max_attempts:
-            self._store.transition(job.id, pb.FAILED, f"gave up after {job.attempts} attempts")
-            return False
+        """Start an attempt of a queued job (STARTING); False if it is not to be launched (it moved on)."""
+        self._not_before.pop(job.id, None)
+        self._permanent.discard(job.id)
         return self._store.transition(job.id, pb.STARTING, "starting workers")
 
     def placed(self, job: JobRecord, pids: dict[int, int]) -> None:
@@ -75,7 +93,9 @@ class JobLifecycle:
         self._audit_job(job, Action.JOB_STARTED, workers=len(pids))
 
     def launch_failed(self, job: JobRecord, error: Exception) -> None:
-        self._store.transition(job.id, pb.FAILED, f"could not start workers: {error}")
+        reason = f"could not start workers: {error}"
+        if self._store.transition(job.id, pb.FAILED, reason):
+            self._audit_job(job, Action.JOB_FINISHED, state="FAILED", reason=reason)
 
     # ---- what workers report ----------------------------------------------
     def worker_started(self, job: JobRecord, worker: int) -> None:
@@ -87,9 +107,15 @@ class JobLifecycle:
         if worker == 0:
             self._store.record_progress(job.id, step=job.spec.steps, val_loss=final_val_loss)
 
-    def worker_failed(self, job: JobRecord, worker: int, reason: str) -> None:
-        """The worker says why it fails; the reason is given when its exit is judged."""
+    def worker_failed(self, job: JobRecord, worker: int, reason: str, *, permanent: bool = False) -> None:
+        """The worker says why it fails; the reason is given when its exit is judged.
+
+        A ``permanent`` failure (the job's data or settings are at fault) ends an all-reduce or single
+        job without a restart: it would fail the same way.
+        """
         self._store.mark_worker(job.id, worker, failure=reason)
+        if permanent:
+            self._permanent.add(job.id)
 
     # ---- what the launcher sees -------------------------------------------
     def worker_exited(self, job_id: str, worker: int, returncode: int) -> None:
@@ -122,14 +148,52 @@ class JobLifecycle:
         record = next(w for w in self._store.workers(job_id) if w.idx == worker)
         detail = record.failure or self._workers.log_tail(job_id, worker) or "no output"
         reason = f"worker {worker} exited with code {code}: {detail}"
-        if decentralized(job.spec):
-            reason = self._survive(job, record, reason)
-            if not reason:
-                return
-        self._workers.scrub(job_id)  # a failing job restarts no worker: its secrets go before it ends
-        if self._store.transition(job_id, pb.FAILED, reason):
+        if job_id in self._permanent and not decentralized(job.spec):
+            self._fail(job, f"{reason}; not restarted: the error is permanent")
+            return
+        if not decentralized(job.spec):
+            self.restart(job_id, reason, worker=worker)
+            return
+        reason = self._survive(job, record, reason)
+        if reason:
+            self._fail(job, reason)
+
+    def restart(self, job_id: str, reason: str, *, worker: int = 0) -> bool:
+        """One failure of a started job (``reason`` says what failed): restart its worker group, or fail it.
+
+        Within its budget the job goes back to QUEUED, its workers are stopped, and the scheduler starts
+        them again from the latest checkpoint once they are all gone and the backoff has passed; an event
+        and a ``job_restarted`` record say so. Past its budget the job fails. Returns whether it restarts.
+        A worker that died, or one that stopped responding (the heartbeat), both come here.
+        """
+        with self.lock:
+            job = self._store.job(job_id)
+            if job.state not in STARTED:
+                return False
+            failures, budget = self._store.count_failure(job_id), self._restarts.budget(job.spec)
+            if failures > budget:
+                plural = "" if failures == 1 else "s"
+                self._fail(job, f"{reason}; gave up after {failures} failure{plural} (max_failures={budget})")
+                return False
+            step = self._store.latest_checkpoint_step(job_id)
+            self._audit_job(
+                job, Action.JOB_RESTARTED, failures=failures, max_failures=budget, from_step=step, reason=reason
+            )
+            message = f"{reason}; restarting the job from step {step} (attempt {failures}/{budget})"
+            event = jobs_pb2.JobEvent(
+                kind=jobs_pb2.MESSAGE, worker=worker, step=step, total_steps=job.spec.steps, message=message
+            )
+            self._store.append_event(job_id, event)
+            self._store.transition(job_id, pb.QUEUED, f"restarting from step {step} after failure {failures}/{budget}")
+            self._not_before[job_id] = self._clock() + self._restarts.delay(failures)
+            self._workers.terminate(job_id)
+            return True
+
+    def _fail(self, job: JobRecord, reason: str) -> None:
+        self._workers.scrub(job.id)  # a failing job restarts no worker: its secrets go before it ends
+        if self._store.transition(job.id, pb.FAILED, reason):
             self._audit_job(job, Action.JOB_FINISHED, state="FAILED", reason=reason)
-        self._workers.terminate(job_id)
+        self._workers.terminate(job.id)
 
     def _survive(self, job: JobRecord, worker: WorkerRecord, reason: str) -> str:
         """A decentralized job outlives a dead worker: restart it, or go on while a quorum is alive.
@@ -137,15 +201,15 @@ class JobLifecycle:
         Returns "" if the job goes on, else why it fails. A restarted worker gets the job's
         secrets as they are now: if its data source was deleted, it is not restarted.
         """
-        message = ""
-        if worker.restarts < self._max_restarts:
+        message, budget = "", self._restarts.budget(job.spec)
+        if worker.restarts < budget:
             try:
                 pid = self._workers.relaunch(job, worker.idx)
             except DataSourceError as exc:
                 reason = f"{reason}; cannot restart it: {exc}"
             else:
                 self._store.restart_worker(job.id, worker.idx, pid)
-                message = f"{reason}; restarting it ({worker.restarts + 1}/{self._max_restarts})"
+                message = f"{reason}; restarting it ({worker.restarts + 1}/{budget})"
         if not message:
             alive = self._workers.alive_workers(job.id)
             if alive < quorum(job.spec):
@@ -233,10 +297,11 @@ class JobLifecycle:
                 self._interrupted(job, "server restarted")
 
     def _interrupted(self, job: JobRecord, why: str) -> None:
+        """The server went away under a job: no failure of the job, which resumes (or ends, if cancelling)."""
         if job.state == pb.CANCELLING:
-            self._store.transition(job.id, pb.CANCELLED, job.reason or "cancelled")
-        elif job.attempts >= self._max_attempts:
-            self._store.transition(job.id, pb.FAILED, f"{why}; gave up after {job.attempts} attempts")
+            reason = job.reason or "cancelled"
+            if self._store.transition(job.id, pb.CANCELLED, reason):
+                self._audit_job(job, Action.JOB_CANCELLED, reason=reason)
         else:
             self._store.transition(job.id, pb.QUEUED, f"{why}; will resume from the last checkpoint")
 

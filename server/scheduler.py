@@ -47,7 +47,7 @@ class Scheduler:
 
     def start(self) -> None:
         """After a crash: kill orphaned workers, requeue or end every active job, scrub every workspace; then tick."""
-        for job in self._store.jobs(states=ACTIVE):
+        for job in self._store.jobs(states=ACTIVE | {pb.QUEUED}):  # a restarting job's last workers too
             for worker in self._store.workers(job.id):
                 self._launcher.kill_orphan(worker.pid, job.id)
         self._lifecycle.server_restarted()
@@ -87,10 +87,8 @@ class Scheduler:
     def _place(self) -> None:
         free = self._slots - self._launcher.running_workers()
         for job in self._store.jobs(states=frozenset({pb.QUEUED})):
-            if processes(job.spec) > free:
-                break  # first come, first served: no overtaking by smaller jobs
-            if self._launcher.is_running(job.id):
-                break  # resumed while its earlier workers still stop: it waits for them, and the jobs after it too
+            if processes(job.spec) > free or not self._lifecycle.due(job):
+                break  # first come, first served: no overtaking by smaller jobs, nor while one waits to restart
             if not self._lifecycle.placing(job):
                 continue
             try:

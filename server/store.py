@@ -98,9 +98,10 @@ class JobRecord:
     step: int
     loss: float
     val_loss: float
-    attempts: int
+    attempts: int  # starts, whatever ended the previous one
     created_at: str
     updated_at: str
+    failures: int = 0  # worker failures it restarted after (server restarts are none)
 
     @property
     def terminal(self) -> bool:
@@ -406,6 +407,7 @@ class Store:
             row["attempts"],
             row["created_at"],
             row["updated_at"],
+            row["failures"],
         )
 
     def jobs(
@@ -477,6 +479,12 @@ class Store:
                 args.append(val_loss)
             db.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE id=?", (*args, job_id))
 
+    def count_failure(self, job_id: str) -> int:
+        """One more worker failure of the job; returns how many it has had."""
+        with self._tx() as db:
+            db.execute("UPDATE jobs SET failures=failures+1 WHERE id=?", (job_id,))
+            return int(db.execute("SELECT failures FROM jobs WHERE id=?", (job_id,)).fetchone()[0])
+
     # ---- events --------------------------------------------------------
     def append_event(self, job_id: str, event: jobs_pb2.JobEvent) -> int:
         with self._tx() as db:
@@ -504,6 +512,15 @@ class Store:
         with self._lock:
             rows = self._db.execute("SELECT body FROM events WHERE job_id=? AND seq>? ORDER BY seq", (job_id, seq))
             return any(jobs_pb2.JobEvent.FromString(r[0]).kind == jobs_pb2.STATE for r in rows)
+
+    def latest_checkpoint_step(self, job_id: str) -> int:
+        """The step of the job's last checkpoint its workers reported committed; 0 if none."""
+        with self._lock:
+            for (body,) in self._db.execute("SELECT body FROM events WHERE job_id=? ORDER BY seq DESC", (job_id,)):
+                event = jobs_pb2.JobEvent.FromString(body)
+                if event.kind == jobs_pb2.CHECKPOINT:
+                    return event.step
+        return 0
 
     def _fetch_events(self, job_id: str, cursor: int) -> list[sqlite3.Row]:
         return self._db.execute(

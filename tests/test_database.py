@@ -111,9 +111,13 @@ def test_a_database_made_before_versioning_opens_unchanged(tmp_path: Path, keyri
         )
     before = _tables(path)
 
-    db = Database(path)
+    db = Database(path, MIGRATIONS[:1])
     assert db.version == 1
     assert _tables(path) == before  # nothing was recreated or altered
+    db.close()
+
+    db = Database(path)  # the later steps then apply to it
+    assert db.version == len(MIGRATIONS)
     store, sources = Store(db), DataSourceStore(db, keyring)
     assert store.tenant("acme").quota.max_concurrent_jobs == 2
     job = store.job("job-1", tenant="acme")
@@ -152,7 +156,7 @@ def test_a_failing_migration_changes_nothing(tmp_path: Path) -> None:
 def test_a_database_newer_than_the_server_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     Database(path, (*MIGRATIONS, "CREATE TABLE future (x)")).close()
-    with pytest.raises(DatabaseError, match="schema version 2"):
+    with pytest.raises(DatabaseError, match=f"schema version {len(MIGRATIONS) + 1};"):
         Database(path)
 
 

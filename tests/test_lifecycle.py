@@ -1,4 +1,4 @@
-"""Every path of a job's lifecycle, on a real store and without processes: one terminal state, today's audit records."""
+"""Every path of a job's lifecycle, on a real store and without processes: one terminal state, one terminal record."""
 
 from __future__ import annotations
 
@@ -13,9 +13,12 @@ from cantata.proto.v1 import jobs_pb2
 from cantata.security.audit import Action
 from cantata.server.datasource_store import DataSourceNotFound
 from cantata.server.lifecycle import JobLifecycle
+from cantata.server.restarts import RestartPolicy
 from cantata.server.store import JobRecord, Store
 
-MAX_ATTEMPTS, MAX_RESTARTS = 3, 2
+MAX_RESTARTS = 2  # the server's bound on max_failures
+BACKOFF, MAX_BACKOFF = 1.0, 3.0
+INTERRUPTIONS = 5  # server restarts a job lives through: more than any budget here
 TENANT = "acme"
 
 
@@ -82,9 +85,22 @@ def workers() -> FakeWorkers:
     return FakeWorkers()
 
 
+@dataclass
+class Clock:
+    now: float = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @pytest.fixture
-def lifecycle(store: Store, audit: RecordingAudit, workers: FakeWorkers) -> JobLifecycle:
-    return JobLifecycle(store, audit, workers, max_attempts=MAX_ATTEMPTS, max_restarts=MAX_RESTARTS)
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def lifecycle(store: Store, audit: RecordingAudit, workers: FakeWorkers, clock: Clock) -> JobLifecycle:
+    return JobLifecycle(store, audit, workers, restarts=RestartPolicy(MAX_RESTARTS, BACKOFF, MAX_BACKOFF), clock=clock)
 
 
 _requests = iter(range(10**6))
@@ -179,12 +195,12 @@ def test_workers_that_exit_cleanly_without_finishing_fail_the_job(lifecycle, sto
 def test_a_failed_worker_fails_an_allreduce_job_with_its_reason(
     lifecycle, store, audit, workers, reported, log, detail
 ):
-    job = _started(lifecycle, store, workers, _submit(store))
+    job = _started(lifecycle, store, workers, _submit(store, max_failures=0))
     if reported:
         lifecycle.worker_failed(job, 1, reported)
     workers.logs[(job.id, 1)] = log
     _exit(lifecycle, workers, job, 1, 3)
-    reason = f"worker 1 exited with code 3: {detail}"
+    reason = f"worker 1 exited with code 3: {detail}; gave up after 1 failure (max_failures=0)"
     _ended(store, job.id, pb.FAILED, reason)
     assert workers.scrubbed == [job.id] and workers.terminated == [job.id]  # secrets go, the others are stopped
     _all_exit(lifecycle, workers, job)  # the rest exiting later changes nothing
@@ -194,6 +210,128 @@ def test_a_failed_worker_fails_an_allreduce_job_with_its_reason(
         (Action.JOB_FINISHED, {"state": "FAILED", "reason": reason}),
     ]
     assert workers.relaunched == []  # an all-reduce job restarts no worker
+
+
+# ---- all-reduce and single jobs restart within their budget --------------------
+
+
+def _checkpoint(store: Store, job: JobRecord, step: int) -> None:
+    store.append_event(job.id, jobs_pb2.JobEvent(kind=jobs_pb2.CHECKPOINT, step=step))
+
+
+def test_a_failed_worker_restarts_the_job_from_its_latest_checkpoint(lifecycle, store, audit, workers, clock):
+    job = _started(lifecycle, store, workers, _submit(store, max_failures=2))
+    _checkpoint(store, job, 4)
+    _checkpoint(store, job, 8)
+    _exit(lifecycle, workers, job, 1, -9)
+    reason = "worker 1 exited with code -9: no output"
+    job = store.job(job.id)
+    assert (job.state, job.reason, job.failures) == (pb.QUEUED, "restarting from step 8 after failure 1/2", 1)
+    assert _messages(store, job.id) == [f"{reason}; restarting the job from step 8 (attempt 1/2)"]
+    assert audit.of(job.id)[-1] == (
+        Action.JOB_RESTARTED,
+        {"failures": 1, "max_failures": 2, "from_step": 8, "reason": reason},
+    )
+    assert workers.terminated == [job.id] and workers.relaunched == []  # the whole group goes, to start again
+    _exit(lifecycle, workers, job, 0, -15)  # the others, stopped, are no further failure
+    assert store.job(job.id).failures == 1
+    assert not lifecycle.due(job)  # its last workers are still there
+    _all_exit(lifecycle, workers, job)
+    assert not lifecycle.due(job)  # and then the backoff
+    clock.now += BACKOFF
+    assert lifecycle.due(job)
+    job = _started(lifecycle, store, workers, store.job(job.id))
+    assert (job.state, job.attempts) == (pb.RUNNING, 2)
+    for i in (0, 1):
+        lifecycle.worker_finished(store.job(job.id), i, final_val_loss=1.0)
+    _all_exit(lifecycle, workers, job)
+    _ended(store, job.id, pb.SUCCEEDED, "")
+    assert [a for a, _ in audit.of(job.id)] == [
+        Action.JOB_STARTED,
+        Action.JOB_RESTARTED,
+        Action.JOB_STARTED,
+        Action.JOB_FINISHED,
+    ]
+
+
+def _fail_repeatedly(lifecycle, store, workers, clock, job: JobRecord, times: int) -> list[float]:
+    """Kill worker 0 of each attempt ``times`` times; returns the backoff each restart waited."""
+    waits = []
+    for _ in range(times):
+        job = _started(lifecycle, store, workers, store.job(job.id))
+        _exit(lifecycle, workers, job, 0, 1)
+        _all_exit(lifecycle, workers, job)
+        if store.job(job.id).state != pb.QUEUED:
+            break
+        start = clock.now
+        while not lifecycle.due(store.job(job.id)):
+            clock.now += 0.5
+        waits.append(clock.now - start)
+    return waits
+
+
+def test_a_job_fails_once_it_had_more_failures_than_its_budget(lifecycle, store, audit, workers, clock):
+    job = _submit(store, max_failures=2)
+    assert _fail_repeatedly(lifecycle, store, workers, clock, job, 3) == [BACKOFF, 2 * BACKOFF]
+    _ended(
+        store, job.id, pb.FAILED, "worker 0 exited with code 1: no output; gave up after 3 failures (max_failures=2)"
+    )
+    assert [a for a, _ in audit.of(job.id)].count(Action.JOB_RESTARTED) == 2
+    assert audit.of(job.id)[-1] == (Action.JOB_FINISHED, {"state": "FAILED", "reason": store.job(job.id).reason})
+
+
+def test_the_server_bounds_a_jobs_budget_and_caps_the_backoff(store, audit, workers, clock):
+    lifecycle = JobLifecycle(store, audit, workers, restarts=RestartPolicy(4, BACKOFF, MAX_BACKOFF), clock=clock)
+    job = _submit(store, max_failures=100)
+    assert _fail_repeatedly(lifecycle, store, workers, clock, job, 5) == [1.0, 2.0, 3.0, 3.0]
+    assert store.job(job.id).reason.endswith("gave up after 5 failures (max_failures=4)")
+
+
+def test_a_job_without_max_failures_has_the_default_budget(store, audit, workers, clock):
+    lifecycle = JobLifecycle(store, audit, workers, restarts=RestartPolicy(10, 0.0, 0.0), clock=clock)
+    job = _submit(store)  # as stored before the field existed
+    assert _fail_repeatedly(lifecycle, store, workers, clock, job, 4) == [0.0, 0.0, 0.0]
+    assert store.job(job.id).reason.endswith("gave up after 4 failures (max_failures=3)")
+
+
+def test_a_permanent_failure_ends_the_job_without_a_restart(lifecycle, store, audit, workers):
+    job = _started(lifecycle, store, workers, _submit(store))
+    lifecycle.worker_failed(job, 1, "DataError: no training window", permanent=True)
+    _exit(lifecycle, workers, job, 0, 1)  # its peer may be seen exiting first
+    reason = "worker 0 exited with code 1: no output; not restarted: the error is permanent"
+    _ended(store, job.id, pb.FAILED, reason)
+    assert (store.job(job.id).failures, workers.terminated) == (0, [job.id])
+    assert Action.JOB_RESTARTED not in [a for a, _ in audit.of(job.id)]
+
+
+def test_a_transient_failure_reported_by_the_worker_restarts_the_job(lifecycle, store, workers):
+    job = _started(lifecycle, store, workers, _submit(store))
+    lifecycle.worker_failed(job, 0, "StoreUnavailableError: s3 timed out")
+    _exit(lifecycle, workers, job, 0, 1)
+    assert store.job(job.id).state == pb.QUEUED
+    assert _messages(store, job.id) == [
+        "worker 0 exited with code 1: StoreUnavailableError: s3 timed out; restarting the job from step 0 (attempt 1/2)"
+    ]
+
+
+def test_restart_is_for_started_jobs_only(lifecycle, store, workers):
+    job = _submit(store)
+    assert not lifecycle.restart(job.id, "worker 0 stopped responding")
+    _started(lifecycle, store, workers, job)
+    assert lifecycle.restart(job.id, "worker 0 stopped responding")  # what the heartbeat calls for a hung worker
+    assert not lifecycle.restart(job.id, "worker 1 stopped responding")  # already restarting: one failure
+    assert store.job(job.id).failures == 1
+    assert _messages(store, job.id) == ["worker 0 stopped responding; restarting the job from step 0 (attempt 1/2)"]
+
+
+def test_cancelling_a_job_that_waits_to_restart_ends_it(lifecycle, store, audit, workers):
+    job = _started(lifecycle, store, workers, _submit(store))
+    _exit(lifecycle, workers, job, 0, 1)
+    lifecycle.cancel_requested(store.job(job.id), actor="spiffe://cantata/tenant/acme", peer="")
+    _ended(store, job.id, pb.CANCELLED, "cancelled by tenant")
+    _all_exit(lifecycle, workers, job)  # its last workers going changes nothing
+    _ended(store, job.id, pb.CANCELLED, "cancelled by tenant")
+    assert [a for a, _ in audit.of(job.id)][-1] == Action.JOB_CANCELLED
 
 
 def test_an_exit_clears_the_workers_gossip_address(lifecycle, store, workers):
@@ -239,6 +377,19 @@ def test_a_dead_decentralized_worker_is_restarted_up_to_max_restarts(lifecycle, 
     assert [a for a, _ in audit.of(job.id)] == [Action.JOB_STARTED, Action.JOB_FINISHED]
 
 
+def test_a_decentralized_jobs_max_failures_bounds_each_workers_restarts(lifecycle, store, audit, workers):
+    job = _decentralized(lifecycle, store, workers, max_failures=1)
+    _exit(lifecycle, workers, job, 2, 9)
+    workers.running[job.id] += 1
+    _exit(lifecycle, workers, job, 2, 9)
+    assert workers.relaunched == [(job.id, 2)]
+    assert _messages(store, job.id) == [
+        "worker 2 exited with code 9: no output; restarting it (1/1)",
+        "worker 2 exited with code 9: no output; continuing with 2 of 3 worker processes",
+    ]
+    assert Action.JOB_RESTARTED not in [a for a, _ in audit.of(job.id)]  # the job itself never stopped
+
+
 def test_a_worker_whose_data_source_is_gone_is_not_restarted(lifecycle, store, workers):
     job = _decentralized(lifecycle, store, workers)
     workers.refuse_restart = DataSourceNotFound("data source 'corpus' not found")
@@ -277,19 +428,9 @@ def test_a_job_that_cannot_start_its_workers_fails(lifecycle, store, audit):
     assert lifecycle.placing(job)
     lifecycle.launch_failed(job, OSError("no such file"))
     _ended(store, job.id, pb.FAILED, "could not start workers: no such file")
-    assert audit.of(job.id) == []  # today no record is written on this path
-
-
-def test_a_queued_job_that_used_its_attempts_gives_up(lifecycle, store, audit, workers):
-    job = _submit(store)
-    generous = JobLifecycle(store, audit, workers, max_attempts=MAX_ATTEMPTS + 1, max_restarts=MAX_RESTARTS)
-    for _ in range(MAX_ATTEMPTS):  # interrupted on a server that allowed more attempts than this one does
-        _started(generous, store, workers, store.job(job.id))
-        generous.server_stopping()
-    assert store.job(job.id).attempts == MAX_ATTEMPTS and store.job(job.id).state == pb.QUEUED
-    assert not lifecycle.placing(store.job(job.id))
-    _ended(store, job.id, pb.FAILED, f"gave up after {MAX_ATTEMPTS} attempts")
-    assert [a for a, _ in audit.of(job.id)] == [Action.JOB_STARTED] * MAX_ATTEMPTS  # no record for giving up, as today
+    assert audit.of(job.id) == [
+        (Action.JOB_FINISHED, {"state": "FAILED", "reason": "could not start workers: no such file"})
+    ]
 
 
 def test_placing_a_job_that_is_no_longer_queued_does_nothing(lifecycle, store):
@@ -381,16 +522,152 @@ def test_the_server_going_away_requeues_active_jobs_and_ends_cancelling_ones(
     assert (job.state, job.reason) == (pb.QUEUED, f"{why}; will resume from the last checkpoint")
     _ended(store, cancelling.id, pb.CANCELLED, "cancelled by tenant")
     assert store.job(queued.id).state == pb.QUEUED and store.job(queued.id).attempts == 0
-    assert len(audit.records) == records  # none of these transitions writes a record today
+    assert audit.records[records:] == [  # the requeue is no record; the end of the cancelled job is one
+        {
+            "actor": "server",
+            "action": Action.JOB_CANCELLED,
+            "resource": cancelling.id,
+            "tenant": TENANT,
+            "details": {"reason": "cancelled by tenant"},
+        },
+    ]
     assert lifecycle.placing(store.job(running.id))  # and the requeued job starts its next attempt
     assert store.job(running.id).attempts == 2
 
 
-def test_a_job_interrupted_on_its_last_attempt_fails(lifecycle, store, workers):
-    job = _submit(store)
-    for _ in range(MAX_ATTEMPTS - 1):
+@pytest.mark.parametrize("max_failures", [0, 1])
+def test_server_restarts_are_no_failures_however_many(lifecycle, store, audit, workers, max_failures):
+    job = _submit(store, max_failures=max_failures)
+    for attempt in range(1, INTERRUPTIONS + 1):
         _started(lifecycle, store, workers, store.job(job.id))
-        lifecycle.server_stopping()
-    _started(lifecycle, store, workers, store.job(job.id))
+        (lifecycle.server_stopping if attempt % 2 else lifecycle.server_restarted)()
+        workers.running.pop(job.id)
+        assert store.job(job.id).state == pb.QUEUED and lifecycle.due(store.job(job.id))
+    job = _started(lifecycle, store, workers, store.job(job.id))
+    assert (job.attempts, job.failures) == (INTERRUPTIONS + 1, 0)  # attempts inform; they do not end a job
+    for i in (0, 1):
+        lifecycle.worker_finished(store.job(job.id), i, final_val_loss=1.0)
+    _all_exit(lifecycle, workers, job)
+    _ended(store, job.id, pb.SUCCEEDED, "")
+    assert [a for a, _ in audit.of(job.id)] == [Action.JOB_STARTED] * (INTERRUPTIONS + 1) + [Action.JOB_FINISHED]
+
+
+# ---- every path to a terminal state leaves exactly one terminal record ------------
+
+CANCEL = {"actor": "spiffe://cantata/tenant/acme", "peer": ""}
+
+
+def _finish_all(lc: JobLifecycle, store: Store, workers: FakeWorkers, job: JobRecord) -> None:
+    for w in store.workers(job.id):
+        lc.worker_finished(store.job(job.id), w.idx, final_val_loss=1.0)
+    _all_exit(lc, workers, job)
+
+
+def _restarted_then_succeeded(lc, store, workers, clock) -> JobRecord:
+    job = _started(lc, store, workers, _submit(store))
+    _exit(lc, workers, job, 1, -9)
+    _all_exit(lc, workers, job)
+    clock.now += MAX_BACKOFF
+    _finish_all(lc, store, workers, _started(lc, store, workers, store.job(job.id)))
+    return job
+
+
+def _budget_spent(lc, store, workers, clock) -> JobRecord:
+    job = _submit(store, max_failures=1)
+    _fail_repeatedly(lc, store, workers, clock, job, 2)
+    return job
+
+
+def _permanent(lc, store, workers, clock) -> JobRecord:
+    job = _started(lc, store, workers, _submit(store))
+    lc.worker_failed(job, 0, "TextEncodingError: not UTF-8", permanent=True)
+    _exit(lc, workers, job, 0, 1)
+    return job
+
+
+def _below_quorum(lc, store, workers, clock) -> JobRecord:
+    job = _decentralized(lc, store, workers, max_failures=0)
+    _exit(lc, workers, job, 0, 1)
+    _exit(lc, workers, job, 1, 1)
+    return job
+
+
+def _launch_failed(lc, store, workers, clock) -> JobRecord:
+    job = _submit(store)
+    assert lc.placing(job)
+    lc.launch_failed(job, OSError("no such file"))
+    return job
+
+
+def _cancelled_while_waiting_to_restart(lc, store, workers, clock) -> JobRecord:
+    job = _started(lc, store, workers, _submit(store))
+    _exit(lc, workers, job, 0, 1)
+    lc.cancel_requested(store.job(job.id), **CANCEL)
+    return job
+
+
+def _cancelling_when_the_server(event: str):
+    def path(lc, store, workers, clock) -> JobRecord:
+        job = _started(lc, store, workers, _submit(store))
+        lc.cancel_requested(store.job(job.id), **CANCEL)
+        getattr(lc, event)()
+        return job
+
+    return path
+
+
+def _suspended(lc, store, workers, clock) -> JobRecord:
+    job = _started(lc, store, workers, _submit(store))
+    lc.tenant_suspended(TENANT)
+    _all_exit(lc, workers, job)
+    return job
+
+
+PATHS = {  # path -> (drive a job to its end, the terminal state)
+    "its workers finish": (
+        lambda lc, s, w, c: _finish_all(lc, s, w, j := _started(lc, s, w, _submit(s))) or j,
+        pb.SUCCEEDED,
+    ),
+    "restarted after a failure, then finishes": (_restarted_then_succeeded, pb.SUCCEEDED),
+    "workers exit without finishing": (
+        lambda lc, s, w, c: _all_exit(lc, w, j := _started(lc, s, w, _submit(s))) or j,
+        pb.FAILED,
+    ),
+    "a worker fails, max_failures=0": (
+        lambda lc, s, w, c: _exit(lc, w, j := _started(lc, s, w, _submit(s, max_failures=0)), 0, 1) or j,
+        pb.FAILED,
+    ),
+    "its budget of failures is spent": (_budget_spent, pb.FAILED),
+    "a worker fails for good": (_permanent, pb.FAILED),
+    "a decentralized job loses its quorum": (_below_quorum, pb.FAILED),
+    "its workers cannot be started": (_launch_failed, pb.FAILED),
+    "cancelled while queued": (lambda lc, s, w, c: lc.cancel_requested(j := _submit(s), **CANCEL) or j, pb.CANCELLED),
+    "cancelled while running": (
+        lambda lc, s, w, c: (
+            lc.cancel_requested(j := _started(lc, s, w, _submit(s)), **CANCEL) or _all_exit(lc, w, j) or j
+        ),
+        pb.CANCELLED,
+    ),
+    "cancelled while waiting to restart": (_cancelled_while_waiting_to_restart, pb.CANCELLED),
+    "its tenant is suspended": (_suspended, pb.CANCELLED),
+    "cancelling when the server stops": (_cancelling_when_the_server("server_stopping"), pb.CANCELLED),
+    "cancelling when the server restarts": (_cancelling_when_the_server("server_restarted"), pb.CANCELLED),
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_every_terminal_path_leaves_one_terminal_record(lifecycle, store, audit, workers, clock, path):
+    drive, state = PATHS[path]
+    job = drive(lifecycle, store, workers, clock)
+    assert store.job(job.id).state == state
+    lifecycle.workers_exited(job.id)  # whatever arrives after the end adds nothing
     lifecycle.server_restarted()
-    _ended(store, job.id, pb.FAILED, f"server restarted; gave up after {MAX_ATTEMPTS} attempts")
+    lifecycle.cancel_requested(store.job(job.id), **CANCEL)
+    _ended(store, job.id, state, store.job(job.id).reason)
+    terminal = [(a, d) for a, d in audit.of(job.id) if a in (Action.JOB_FINISHED, Action.JOB_CANCELLED)]
+    if state == pb.CANCELLED:
+        assert terminal == [(Action.JOB_CANCELLED, {"reason": store.job(job.id).reason})]
+    else:
+        assert terminal == [
+            (Action.JOB_FINISHED, {"state": pb.JobState.Name(state), "reason": store.job(job.id).reason})
+        ]

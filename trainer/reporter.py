@@ -94,8 +94,8 @@ class Reporter:
     def finished(self, final_val_loss: float) -> None:
         self.send(finished=worker_pb2.Finished(final_val_loss=final_val_loss))
 
-    def failed(self, reason: str) -> None:
-        self.send(failed=worker_pb2.Failed(reason=reason))
+    def failed(self, reason: str, *, permanent: bool = False) -> None:
+        self.send(failed=worker_pb2.Failed(reason=reason, permanent=permanent))
 
     def gossip_endpoint(self, address: str) -> None:
         self.send(gossip=worker_pb2.GossipEndpoint(address=address))

@@ -1,7 +1,9 @@
 """Worker process entry point: ``python -m cantata.trainer.worker --config FILE``.
 
 Exit codes: 0 finished or stopped on request, 1 failed (the reason is
-reported to the server first), 3 the server that started us is gone.
+reported to the server first), 3 the server that started us is gone. A
+failure the job's own inputs cause (its data, its settings) is reported as
+permanent: restarting the job from its checkpoint would fail the same way.
 
 The heartbeat starts first; the training modules (and torch) load after it.
 """
@@ -19,9 +21,19 @@ import traceback
 from pathlib import Path
 
 from cantata.proto.vocabulary import DECENTRALIZED
+from cantata.storage.base import StoreConfigError, StorePermissionError
+from cantata.trainer.data.errors import DatasetUnavailableError
 from cantata.trainer.reporter import Endpoint, Reporter
 
 EXIT_ORPHANED = 3
+# DataError is a ValueError; a missing bucket (a StoreConfigError) or refused credentials stay so until someone acts.
+PERMANENT = (ValueError, TypeError, LookupError, PermissionError, StoreConfigError, StorePermissionError)
+TRANSIENT = (DatasetUnavailableError,)
+
+
+def permanent(exc: BaseException) -> bool:
+    """Whether ``exc`` would happen again on a restart: the job's inputs are at fault, not the moment."""
+    return isinstance(exc, PERMANENT) and not isinstance(exc, TRANSIENT)
 
 
 def watch_parent(interval: float = 0.5) -> None:
@@ -75,7 +87,7 @@ def train_job(config: Path, reporter: Reporter, stop: threading.Event) -> int:
     except Exception as exc:
         traceback.print_exc()
         with contextlib.suppress(Exception):  # the server may be unreachable; the exit code still tells
-            reporter.failed(f"{type(exc).__name__}: {exc}")
+            reporter.failed(f"{type(exc).__name__}: {exc}", permanent=permanent(exc))
         return 1
 
 

@@ -43,10 +43,12 @@ class Finished(_message.Message):
     def __init__(self, final_val_loss: _Optional[float] = ...) -> None: ...
 
 class Failed(_message.Message):
-    __slots__ = ("reason",)
+    __slots__ = ("reason", "permanent")
     REASON_FIELD_NUMBER: _ClassVar[int]
+    PERMANENT_FIELD_NUMBER: _ClassVar[int]
     reason: str
-    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+    permanent: bool
+    def __init__(self, reason: _Optional[str] = ..., permanent: _Optional[bool] = ...) -> None: ...
 
 class Message(_message.Message):
     __slots__ = ("text",)

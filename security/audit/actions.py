@@ -23,6 +23,7 @@ class Action(StrEnum):
     # jobs
     JOB_SUBMITTED = "job_submitted"
     JOB_STARTED = "job_started"
+    JOB_RESTARTED = "job_restarted"  # a worker failed: its group restarts from the latest checkpoint
     JOB_CANCEL_REQUESTED = "job_cancel_requested"
     JOB_CANCELLED = "job_cancelled"
     JOB_FINISHED = "job_finished"

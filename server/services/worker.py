@@ -70,7 +70,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         elif kind == "finished":
             self._lifecycle.worker_finished(job, request.worker, request.finished.final_val_loss)
         elif kind == "failed":
-            self._lifecycle.worker_failed(job, request.worker, request.failed.reason[:2000])
+            self._lifecycle.worker_failed(
+                job, request.worker, request.failed.reason[:2000], permanent=request.failed.permanent
+            )
         elif kind == "message":
             event = jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, message=request.message.text[:2000])
         elif kind == "gossip":
