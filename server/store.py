@@ -345,7 +345,7 @@ class Store:
                 raise QuotaExceeded("concurrent jobs", quota.max_concurrent_jobs, active)
 
     def resume_job(self, job_id: str, tenant: Tenant, reason: str, *, before: Callable[[JobRecord], None]) -> None:
-        """Requeue a FAILED or CANCELLED job under its id, with a fresh count of attempts.
+        """Requeue a FAILED or CANCELLED job under its id, with a fresh count of attempts and failures.
 
         The state check, the quota check (as for a submit) and the requeue are one
         transaction; ``before(job)`` runs inside it once the checks passed, so what
@@ -358,7 +358,7 @@ class Store:
             self._check_quota(db, tenant, job.spec)
             before(job)
             db.execute(
-                "UPDATE jobs SET state=?, reason=?, attempts=0, updated_at=? WHERE id=?",
+                "UPDATE jobs SET state=?, reason=?, attempts=0, failures=0, updated_at=? WHERE id=?",
                 (common_pb2.QUEUED, reason, utcnow(), job_id),
             )
             self._append_event(

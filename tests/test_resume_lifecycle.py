@@ -13,6 +13,7 @@ from cantata.proto.v1 import jobs_pb2
 from cantata.security.audit import Action
 from cantata.server.heartbeats import Heartbeats
 from cantata.server.lifecycle import JobLifecycle
+from cantata.server.restarts import RestartPolicy
 from cantata.server.scheduler import Scheduler
 from cantata.server.store import JobRecord, NotResumable, QuotaExceeded, Store
 
@@ -81,7 +82,7 @@ def workers() -> Workers:
 
 @pytest.fixture
 def lifecycle(store: Store, audit: Audit, workers: Workers) -> JobLifecycle:
-    return JobLifecycle(store, audit, workers, max_attempts=2, max_restarts=0)
+    return JobLifecycle(store, audit, workers, restarts=RestartPolicy(0, 0.0, 0.0))  # the first failure ends a job
 
 
 _requests = iter(range(10**6))
@@ -118,7 +119,7 @@ def test_a_cancelled_job_is_queued_again_audited_first_with_its_attempts_renewed
     job = _cancelled(lifecycle, store, workers)
     _resume(lifecycle, store, job)
     resumed = store.job(job.id)
-    assert (resumed.state, resumed.reason, resumed.attempts) == (pb.QUEUED, "resumed by tenant", 0)
+    assert (resumed.state, resumed.reason, resumed.attempts, resumed.failures) == (pb.QUEUED, "resumed by tenant", 0, 0)
     record = audit.records[-1]
     assert (record["actor"], record["action"], record["resource"], record["details"]) == (
         ACTOR,
@@ -130,15 +131,16 @@ def test_a_cancelled_job_is_queued_again_audited_first_with_its_attempts_renewed
     assert states[-2:] == [(pb.CANCELLED, True, "cancelled by tenant"), (pb.QUEUED, False, "resumed by tenant")]
     terminal = next(e.seq for e in store.events_after(job.id, 0) if e.terminal)
     assert store.resumed_after(job.id, terminal)
-    assert lifecycle.placing(resumed)  # a fresh count of attempts: max_attempts does not stop it
+    assert lifecycle.placing(resumed)
 
 
 def test_a_failed_job_can_be_resumed_but_not_a_succeeded_queued_or_running_one(lifecycle, store, workers):
     failed = _running(lifecycle, store, workers)
     lifecycle.worker_exited(failed.id, 1, 1)
     assert store.job(failed.id).state == pb.FAILED
+    assert store.job(failed.id).failures == 1
     _resume(lifecycle, store, failed)
-    assert store.job(failed.id).state == pb.QUEUED
+    assert (store.job(failed.id).state, store.job(failed.id).failures) == (pb.QUEUED, 0)  # a fresh failure budget
     with pytest.raises(NotResumable, match="is QUEUED and cannot be resumed"):
         _resume(lifecycle, store, failed)
     store.transition(failed.id, pb.CANCELLED, "cancelled")
@@ -255,7 +257,9 @@ def test_a_job_resumed_while_its_earlier_workers_stop_waits_for_them(lifecycle, 
     lifecycle.worker_exited(job.id, 1, 1)  # FAILED; its worker 0 is being terminated
     _resume(lifecycle, store, job)
     launcher = Launcher(stopping={job.id})
-    scheduler = Scheduler(store, launcher, lifecycle, Heartbeats(60), slots=8)  # type: ignore[arg-type]
+    # As in the server, the launcher is both the scheduler's and the lifecycle's view of the processes.
+    placing = JobLifecycle(store, Audit(), launcher, restarts=RestartPolicy(0, 0.0, 0.0))  # type: ignore[arg-type]
+    scheduler = Scheduler(store, launcher, placing, Heartbeats(60), slots=8)  # type: ignore[arg-type]
     scheduler.tick()
     assert launcher.launched == [] and store.job(job.id).state == pb.QUEUED
     launcher.stopping.clear()
