@@ -19,7 +19,11 @@
   QUEUED, to resume from its last checkpoint, until it has used
   ``max_attempts``.
 
-Each event method writes the store transition together with its audit record.
+Each event method writes the store transition together with its audit record,
+in one store transaction committed only once the record is durable: a
+transition the audit log cannot record does not happen (the caller sees
+:class:`~cantata.security.audit.AuditLogUnavailable` and the scheduler
+retries it once the log can be written again).
 Processes are the launcher's business, reached through :class:`WorkerProcesses`.
 """
 
@@ -65,8 +69,13 @@ class JobLifecycle:
 
     def placed(self, job: JobRecord, pids: dict[int, int]) -> None:
         """The job's workers were started with these pids (process index -> pid)."""
-        self._store.set_workers(job.id, pids)
-        self._audit_job(job, Action.JOB_STARTED, workers=len(pids))
+        with self._store.database.transaction():
+            self._store.set_workers(job.id, pids)
+            self._audit_job(job, Action.JOB_STARTED, workers=len(pids))
+
+    def placement_deferred(self, job: JobRecord, why: str) -> None:
+        """The audit log could not record the start (its workers, if any, are stopped): queue the job again."""
+        self._store.transition(job.id, pb.QUEUED, f"{why}; will start once the audit log can be written")
 
     def launch_failed(self, job: JobRecord, error: Exception) -> None:
         self._store.transition(job.id, pb.FAILED, f"could not start workers: {error}")
@@ -97,8 +106,9 @@ class JobLifecycle:
         with self.lock:
             job = self._store.job(job_id)
             if job.state == pb.CANCELLING:
-                if self._store.transition(job_id, pb.CANCELLED, job.reason or "cancelled"):
-                    self._audit_job(job, Action.JOB_CANCELLED, reason=job.reason)
+                with self._store.database.transaction():
+                    if self._store.transition(job_id, pb.CANCELLED, job.reason or "cancelled"):
+                        self._audit_job(job, Action.JOB_CANCELLED, reason=job.reason)
             elif job.state in STARTED:
                 workers = self._store.workers(job_id)
                 needed = quorum(job.spec) if decentralized(job.spec) else len(workers)
@@ -106,8 +116,9 @@ class JobLifecycle:
                     state, reason = pb.SUCCEEDED, ""
                 else:
                     state, reason = pb.FAILED, "workers exited without finishing"
-                if self._store.transition(job_id, state, reason):
-                    self._audit_job(job, Action.JOB_FINISHED, state=pb.JobState.Name(state), reason=reason)
+                with self._store.database.transaction():
+                    if self._store.transition(job_id, state, reason):
+                        self._audit_job(job, Action.JOB_FINISHED, state=pb.JobState.Name(state), reason=reason)
 
     def _worker_died(self, job_id: str, worker: int, code: int) -> None:
         job = self._store.job(job_id)
@@ -121,8 +132,9 @@ class JobLifecycle:
             if not reason:
                 return
         self._workers.scrub(job_id)  # a failing job restarts no worker: its secrets go before it ends
-        if self._store.transition(job_id, pb.FAILED, reason):
-            self._audit_job(job, Action.JOB_FINISHED, state="FAILED", reason=reason)
+        with self._store.database.transaction():
+            if self._store.transition(job_id, pb.FAILED, reason):
+                self._audit_job(job, Action.JOB_FINISHED, state="FAILED", reason=reason)
         self._workers.terminate(job_id)
 
     def _survive(self, job: JobRecord, worker: WorkerRecord, reason: str) -> str:
@@ -169,8 +181,9 @@ class JobLifecycle:
         with self.lock:
             job = self._store.job(job_id)
             if job.state == pb.QUEUED:
-                self._store.transition(job_id, pb.CANCELLED, reason)
-                self._audit_job(job, Action.JOB_CANCELLED, reason=reason)
+                with self._store.database.transaction():
+                    self._store.transition(job_id, pb.CANCELLED, reason)
+                    self._audit_job(job, Action.JOB_CANCELLED, reason=reason)
             elif job.state in STARTED:
                 self._store.transition(job_id, pb.CANCELLING, reason)
                 self._workers.terminate(job_id)

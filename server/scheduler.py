@@ -5,6 +5,11 @@ a worker's exit means for the job is the lifecycle's
 (:mod:`cantata.server.lifecycle`); starting and signalling processes is the
 launcher's. One background thread ticks every ``interval`` seconds: reap
 exited workers, settle jobs whose workers are all gone, then place queued ones.
+
+While the audit log cannot be written (``audit_failure`` says why) a tick does
+nothing: workers run on, and their exits, the settling of their jobs and new
+placements wait, so no job changes state unrecorded. A worker exit or a settled
+job whose record failed mid-tick is kept and handled again at the next tick.
 """
 
 from __future__ import annotations
@@ -12,8 +17,10 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 
 from cantata.proto.v1 import common_pb2 as pb
+from cantata.security.audit import AuditLogUnavailable
 from cantata.server.groups import processes
 from cantata.server.launcher import WorkerLauncher
 from cantata.server.lifecycle import JobLifecycle
@@ -24,13 +31,23 @@ log = logging.getLogger(__name__)
 
 class Scheduler:
     def __init__(
-        self, store: Store, launcher: WorkerLauncher, lifecycle: JobLifecycle, *, slots: int, interval: float = 0.2
+        self,
+        store: Store,
+        launcher: WorkerLauncher,
+        lifecycle: JobLifecycle,
+        *,
+        slots: int,
+        interval: float = 0.2,
+        audit_failure: Callable[[], str | None] = lambda: None,
     ):
         self._store = store
         self._launcher = launcher
         self._lifecycle = lifecycle
         self._slots = slots
         self._interval = interval
+        self._audit_failure = audit_failure
+        self._exits: list = []  # reaped worker exits not yet handled
+        self._unsettled: list[str] = []  # released jobs not yet settled
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
 
@@ -59,12 +76,20 @@ class Scheduler:
                 log.exception("scheduler tick failed")
 
     def tick(self) -> None:
+        if self._audit_failure():
+            return
         with self._lifecycle.lock:
-            for exit_ in self._launcher.poll():
+            self._exits.extend(self._launcher.poll())
+            while self._exits:
+                exit_ = self._exits[0]
                 self._lifecycle.worker_exited(exit_.job_id, exit_.worker, exit_.returncode)
+                self._exits.pop(0)
             for job_id in self._launcher.finished_jobs():
                 self._launcher.release(job_id)
-                self._lifecycle.workers_exited(job_id)
+                self._unsettled.append(job_id)
+            while self._unsettled:
+                self._lifecycle.workers_exited(self._unsettled[0])
+                self._unsettled.pop(0)
             self._place()
 
     def _place(self) -> None:
@@ -72,14 +97,24 @@ class Scheduler:
         for job in self._store.jobs(states=frozenset({pb.QUEUED})):
             if processes(job.spec) > free:
                 break  # first come, first served: no overtaking by smaller jobs
+            if self._launcher.is_running(job.id):
+                continue  # a deferred start's workers are still stopping
             if not self._lifecycle.placing(job):
                 continue
             try:
                 attack = self._store.attack(job.id)
                 pids = self._launcher.launch(self._store.job(job.id), attack=json.loads(attack) if attack else None)
+            except AuditLogUnavailable as exc:  # its keys were not released: nothing started
+                self._lifecycle.placement_deferred(job, str(exc))
+                return
             except Exception as exc:
                 log.exception("launch of %s failed", job.id)
                 self._lifecycle.launch_failed(job, exc)
                 continue
-            self._lifecycle.placed(job, pids)
+            try:
+                self._lifecycle.placed(job, pids)
+            except AuditLogUnavailable as exc:  # started but not recorded: stop it, and start it again later
+                self._launcher.terminate(job.id)
+                self._lifecycle.placement_deferred(job, str(exc))
+                return
             free -= processes(job.spec)

@@ -14,6 +14,7 @@ from cantata.proto.v1 import admin_pb2, common_pb2, jobs_pb2
 from cantata.sdk import errors
 from cantata.sdk.client import Client
 from cantata.security.anomaly.attack_policy import InvalidAttackConfig
+from cantata.security.audit import AuditLogUnavailable
 from cantata.security.keys import UnknownTenantError
 from cantata.security.pki import InvalidCSR, InvalidName, Principal
 from cantata.server import errors as server_errors
@@ -48,6 +49,7 @@ EXPECTED = [
     (server_errors.Refused("a worker may only report for itself"), Code.PERMISSION_DENIED, "PERMISSION_DENIED"),
     (server_errors.Unavailable("checkpoint store unavailable"), Code.UNAVAILABLE, "UNAVAILABLE"),
     (server_errors.DataLoss("checkpoint failed verification"), Code.DATA_LOSS, "DATA_LOSS"),
+    (AuditLogUnavailable("the audit log cannot be written: No space left on device"), Code.UNAVAILABLE, "UNAVAILABLE"),
 ]
 
 

@@ -1,6 +1,16 @@
-"""The worker's line to the control plane (the Worker service, over mutual TLS)."""
+"""The worker's line to the control plane (the Worker service, over mutual TLS).
+
+A call the server answers ``UNAVAILABLE`` (its audit log cannot be written, so
+it recorded nothing) is sent again with exponential backoff for up to
+``retry_for`` seconds, then fails as before: a worker outlives a short outage
+of the server's disk and still dies of a long one rather than train unaudited.
+"""
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import grpc
 
@@ -8,6 +18,24 @@ from cantata.proto.v1 import worker_pb2, worker_pb2_grpc
 from cantata.trainer.config import WorkerConfig
 
 REPORT_TIMEOUT = 30.0
+RETRY_FOR = 120.0  # seconds a call answered UNAVAILABLE is retried
+FIRST_BACKOFF, MAX_BACKOFF = 0.5, 10.0
+
+Reply = TypeVar("Reply")
+
+
+def retry_unavailable(call: Callable[[], Reply], retry_for: float) -> Reply:
+    """``call()``, again after 0.5, 1, 2 ... (at most 10) s while it fails with ``UNAVAILABLE``, for ``retry_for`` s."""
+    deadline = time.monotonic() + retry_for
+    delay = FIRST_BACKOFF
+    while True:
+        try:
+            return call()
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, MAX_BACKOFF)
 
 
 class Reporter:
@@ -23,10 +51,13 @@ class Reporter:
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
         self._job_id, self._worker = cfg.job_id, cfg.worker
         self.stop_requested = False
+        self.retry_for = RETRY_FOR
 
     def send(self, **payload) -> None:
         report = worker_pb2.WorkerReport(job_id=self._job_id, worker=self._worker, **payload)
-        reply = self._stub.Report(report, timeout=REPORT_TIMEOUT, wait_for_ready=True)
+        reply = retry_unavailable(
+            lambda: self._stub.Report(report, timeout=REPORT_TIMEOUT, wait_for_ready=True), self.retry_for
+        )
         self.stop_requested = self.stop_requested or reply.stop
 
     def started(self) -> None:
@@ -68,8 +99,9 @@ class Reporter:
 
     def peers(self) -> tuple[dict[int, str], int, dict[int, int]]:
         """The job's registered gossip endpoints, the latest finished round, and each worker's."""
-        reply = self._stub.GetPeers(
-            worker_pb2.GetPeersRequest(job_id=self._job_id), timeout=REPORT_TIMEOUT, wait_for_ready=True
+        request = worker_pb2.GetPeersRequest(job_id=self._job_id)
+        reply = retry_unavailable(
+            lambda: self._stub.GetPeers(request, timeout=REPORT_TIMEOUT, wait_for_ready=True), self.retry_for
         )
         return dict(reply.peers), reply.round, dict(reply.rounds)
 
