@@ -18,6 +18,8 @@ pytestmark = pytest.mark.integration
 NEVER_PLACED = dict(model="gpt-tiny", algorithm="allreduce", workers=2, steps=20, batch_size=8, seq_len=32)
 # A long name makes the approval's record larger than any submit's, so it cannot fit where a submit did not.
 PENDING = "pending-tenant-whose-name-makes-its-approval-record-the-larger"
+LONG_ENDPOINT = "http://an-s3-endpoint-whose-name-makes-the-registration-record-the-larger.example:9000"
+S3 = {"access_key_id": "AKIAEXAMPLE", "secret_access_key": "not-a-real-secret"}
 
 
 @pytest.fixture
@@ -58,11 +60,15 @@ def test_a_full_audit_disk_refuses_audited_work_keeps_reads_and_recovers_without
     with pytest.raises(Unavailable, match="the audit log cannot be written: No space left on device"):
         admin.approve_tenant(PENDING, pending.fingerprint)
     assert [t.status for t in admin.tenants() if t.name == PENDING] == ["PENDING"]
+    with pytest.raises(Unavailable, match="the audit log cannot be written"):
+        tenant.register_data_source("corpus", kind="s3", endpoint=LONG_ENDPOINT, credentials=S3)
+    assert tenant.data_sources() == []
     assert tenant.get(queued.id).state == "QUEUED"  # reads audit nothing and go on
 
     filler.unlink()
     after = tenant.submit(Job(name="after", **NEVER_PLACED))  # the same server, no restart
     assert admin.approve_tenant(PENDING, pending.fingerprint).status == "APPROVED"
+    assert tenant.register_data_source("corpus", kind="s3", endpoint=LONG_ENDPOINT, credentials=S3).name == "corpus"
     assert sorted(j.id for j in tenant.list()) == sorted([*accepted, after.id])
     admin.close()
     tenant.close()
