@@ -10,9 +10,16 @@ opening (covering whatever a crash left unsigned), every
 ``checkpoint_every_records`` records, within ``checkpoint_every_seconds`` of
 the first unsigned record, at key rotation and at :meth:`AuditLog.close`.
 
-A crash can leave a torn last line. :meth:`AuditLog.open` moves those bytes
-into ``quarantine/`` and appends an ``audit_log_recovered`` record naming
-them, so the loss is on the signed record rather than silently dropped.
+A crash can leave a torn last line. :meth:`AuditLog.open` proves every
+record after the last signed checkpoint (:mod:`.tail`), moves torn trailing
+bytes into ``quarantine/`` and appends an ``audit_log_recovered`` record naming
+them, so the loss is on the signed record rather than silently dropped; any
+other damage refuses the open.
+
+Fail closed: a write that fails (a full disk, an I/O error) is cut back to the
+file's last good size and raises :class:`AuditLogUnavailable`, so the caller
+does not act; :attr:`AuditLog.failure` says why until a write succeeds again,
+which the next append (or :meth:`AuditLog.probe`) tries by itself.
 """
 
 from __future__ import annotations
