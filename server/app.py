@@ -9,6 +9,7 @@ each given its collaborators (:mod:`cantata.server.ports`) in its constructor.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import signal
 import threading
 from concurrent import futures
@@ -26,7 +27,7 @@ from cantata.proto.v1 import (
     tenancy_pb2_grpc,
     worker_pb2_grpc,
 )
-from cantata.security.audit import Action, AuditLog
+from cantata.security.audit import Action, AuditLog, AuditLogUnavailable
 from cantata.security.pki import CertificateAuthority
 from cantata.server.auth import AuthInterceptor, Gatekeeper, request_id
 from cantata.server.config import DataDir, ServerSettings
@@ -51,6 +52,8 @@ from cantata.server.sweeper import OrphanSweeper
 from cantata.server.tls import RotatingCredentials
 
 MAX_MESSAGE_BYTES = 4 << 20
+
+log = logging.getLogger(__name__)
 
 
 class ControlPlane:
@@ -123,7 +126,14 @@ class ControlPlane:
             ),
         )
         heartbeats = Heartbeats(self.settings.worker_heartbeat_timeout_s)
-        self.scheduler = Scheduler(self.store, launcher, lifecycle, heartbeats, slots=self.settings.max_workers_on_node)
+        self.scheduler = Scheduler(
+            self.store,
+            launcher,
+            lifecycle,
+            heartbeats,
+            slots=self.settings.max_workers_on_node,
+            audit_failure=self.audit.probe,
+        )
         default_store = self.paths.checkpoints.resolve().as_uri()
         self.sweeper = OrphanSweeper(
             self.store,
@@ -200,7 +210,10 @@ class ControlPlane:
             self._server.stop(grace).wait()
             self.scheduler.shutdown()
             self.sweeper.shutdown()
-        self.audit.append("server", Action.SERVER_STOPPED)
+        try:
+            self.audit.append("server", Action.SERVER_STOPPED)
+        except AuditLogUnavailable:
+            log.error("stopping without a server_stopped record: the audit log cannot be written")
         self.audit.close()
         self.database.close()
         self._stopped.set()

@@ -10,6 +10,7 @@ is a status built by :func:`cantata.server.errors.status`.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import uuid
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import grpc
 
 from cantata.proto.vocabulary import REQUEST_ID_KEY
-from cantata.security.audit import Action
+from cantata.security.audit import Action, AuditLogUnavailable
 from cantata.security.pki import PeerCertificate, Principal, peer_certificate
 from cantata.server.errors import status
 from cantata.server.ports import CertificateRegistry, JobDirectory, TenantDirectory
@@ -153,15 +154,16 @@ class AuthInterceptor(grpc.ServerInterceptor):
             return
         action = Action.AUTH_FAILED if decision.code == grpc.StatusCode.UNAUTHENTICATED else Action.AUTHZ_DENIED
         principal = decision.principal
-        self._audit(
-            principal.uri if principal else "anonymous",
-            action,
-            resource=method,
-            tenant=principal.name if principal and principal.role == TENANT else "",
-            outcome="denied",
-            details={"reason": decision.reason},
-            peer=context.peer(),
-        )
+        with contextlib.suppress(AuditLogUnavailable):  # refused either way; the log's failure is in the server log
+            self._audit(
+                principal.uri if principal else "anonymous",
+                action,
+                resource=method,
+                tenant=principal.name if principal and principal.role == TENANT else "",
+                outcome="denied",
+                details={"reason": decision.reason},
+                peer=context.peer(),
+            )
         context.abort_with_status(
             status(decision.code, decision.reason, reason=decision.code.name, request_id=request_id())
         )

@@ -159,8 +159,25 @@ class Database:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction (``BEGIN IMMEDIATE``): committed on exit, rolled back on an exception."""
+        """One write transaction (``BEGIN IMMEDIATE``): committed on exit, rolled back on an exception.
+
+        Inside another one on the same thread it is a savepoint of it: its
+        changes are undone on its own exception, and are kept only if the
+        outer transaction commits. That is how an act is held until its audit
+        record is durable: the act's store writes and the append go in one
+        outer transaction, so an append that fails leaves nothing behind.
+        """
         with self.lock:
+            if self.connection.in_transaction:
+                self.connection.execute("SAVEPOINT nested")
+                try:
+                    yield self.connection
+                except BaseException:
+                    self.connection.execute("ROLLBACK TO nested")
+                    self.connection.execute("RELEASE nested")
+                    raise
+                self.connection.execute("RELEASE nested")
+                return
             self.connection.execute("BEGIN IMMEDIATE")
             try:
                 yield self.connection

@@ -24,6 +24,7 @@ from grpc_status import rpc_status
 
 from cantata.proto.vocabulary import ERROR_DOMAIN, REQUEST_ID_KEY, ErrorReason
 from cantata.security.anomaly.attack_policy import InvalidAttackConfig
+from cantata.security.audit import AuditLogUnavailable
 from cantata.security.keys import UnknownTenantError
 from cantata.security.pki import InvalidCSR, InvalidName, Principal, peer_certificate
 from cantata.server.datasource_store import DataSourceExists, DataSourceNotFound, InvalidDataSource
@@ -84,6 +85,7 @@ MAPPING: dict[type[Exception], Mapped] = {
     InvalidAttackConfig: Mapped(grpc.StatusCode.INVALID_ARGUMENT, ErrorReason.INVALID_ATTACK),
     Refused: Mapped(grpc.StatusCode.PERMISSION_DENIED, ErrorReason.PERMISSION_DENIED),
     Unavailable: Mapped(grpc.StatusCode.UNAVAILABLE, ErrorReason.UNAVAILABLE),
+    AuditLogUnavailable: Mapped(grpc.StatusCode.UNAVAILABLE, ErrorReason.UNAVAILABLE),
     DataLoss: Mapped(grpc.StatusCode.DATA_LOSS, ErrorReason.DATA_LOSS),
     # Blob stores: only a transient error is UNAVAILABLE; the others need an operator, so retrying is pointless.
     StoreUnavailableError: Mapped(grpc.StatusCode.UNAVAILABLE, ErrorReason.UNAVAILABLE),

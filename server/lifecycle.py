@@ -28,8 +28,12 @@ that a tenant may resume a FAILED or CANCELLED job (:meth:`~JobLifecycle.resume_
   QUEUED, to resume from its last checkpoint; that is no failure (``attempts``
   counts starts, for information only).
 
-Each event method writes the store transition together with its audit record;
-every terminal state has exactly one ``job_finished`` or ``job_cancelled`` record.
+Each event method writes the store transition together with its audit record,
+in one store transaction committed only once the record is durable: a
+transition the audit log cannot record does not happen (the caller sees
+:class:`~cantata.security.audit.AuditLogUnavailable` and the scheduler
+retries it once the log can be written again). Every terminal state has
+exactly one ``job_finished`` or ``job_cancelled`` record.
 Processes are the launcher's business, reached through :class:`WorkerProcesses`.
 """
 
@@ -89,13 +93,19 @@ class JobLifecycle:
 
     def placed(self, job: JobRecord, pids: dict[int, int]) -> None:
         """The job's workers were started with these pids (process index -> pid)."""
-        self._store.set_workers(job.id, pids)
-        self._audit_job(job, Action.JOB_STARTED, workers=len(pids))
+        with self._store.database.transaction():
+            self._store.set_workers(job.id, pids)
+            self._audit_job(job, Action.JOB_STARTED, workers=len(pids))
+
+    def placement_deferred(self, job: JobRecord, why: str) -> None:
+        """The audit log could not record the start (its workers, if any, are stopped): queue the job again."""
+        self._store.transition(job.id, pb.QUEUED, f"{why}; will start once the audit log can be written")
 
     def launch_failed(self, job: JobRecord, error: Exception) -> None:
         reason = f"could not start workers: {error}"
-        if self._store.transition(job.id, pb.FAILED, reason):
-            self._audit_job(job, Action.JOB_FINISHED, state="FAILED", reason=reason)
+        with self._store.database.transaction():
+            if self._store.transition(job.id, pb.FAILED, reason):
+                self._audit_job(job, Action.JOB_FINISHED, state="FAILED", reason=reason)
 
     # ---- what workers report ----------------------------------------------
     def worker_started(self, job: JobRecord, worker: int) -> None:
@@ -129,8 +139,9 @@ class JobLifecycle:
         with self.lock:
             job = self._store.job(job_id)
             if job.state == pb.CANCELLING:
-                if self._store.transition(job_id, pb.CANCELLED, job.reason or "cancelled"):
-                    self._audit_job(job, Action.JOB_CANCELLED, reason=job.reason)
+                with self._store.database.transaction():
+                    if self._store.transition(job_id, pb.CANCELLED, job.reason or "cancelled"):
+                        self._audit_job(job, Action.JOB_CANCELLED, reason=job.reason)
             elif job.state in STARTED:
                 workers = self._store.workers(job_id)
                 needed = quorum(job.spec) if decentralized(job.spec) else len(workers)
@@ -138,8 +149,9 @@ class JobLifecycle:
                     state, reason = pb.SUCCEEDED, ""
                 else:
                     state, reason = pb.FAILED, "workers exited without finishing"
-                if self._store.transition(job_id, state, reason):
-                    self._audit_job(job, Action.JOB_FINISHED, state=pb.JobState.Name(state), reason=reason)
+                with self._store.database.transaction():
+                    if self._store.transition(job_id, state, reason):
+                        self._audit_job(job, Action.JOB_FINISHED, state=pb.JobState.Name(state), reason=reason)
 
     def _worker_died(self, job_id: str, worker: int, code: int) -> None:
         job = self._store.job(job_id)
@@ -170,29 +182,35 @@ class JobLifecycle:
             job = self._store.job(job_id)
             if job.state not in STARTED:
                 return False
-            failures, budget = self._store.count_failure(job_id), self._restarts.budget(job.spec)
+            budget = self._restarts.budget(job.spec)
+            with self._store.database.transaction():
+                failures = self._store.count_failure(job_id)
+                if failures <= budget:
+                    step = self._store.latest_checkpoint_step(job_id)
+                    self._audit_job(
+                        job, Action.JOB_RESTARTED, failures=failures, max_failures=budget, from_step=step, reason=reason
+                    )
+                    message = f"{reason}; restarting the job from step {step} (attempt {failures}/{budget})"
+                    event = jobs_pb2.JobEvent(
+                        kind=jobs_pb2.MESSAGE, worker=worker, step=step, total_steps=job.spec.steps, message=message
+                    )
+                    self._store.append_event(job_id, event)
+                    self._store.transition(
+                        job_id, pb.QUEUED, f"restarting from step {step} after failure {failures}/{budget}"
+                    )
             if failures > budget:
                 plural = "" if failures == 1 else "s"
                 self._fail(job, f"{reason}; gave up after {failures} failure{plural} (max_failures={budget})")
                 return False
-            step = self._store.latest_checkpoint_step(job_id)
-            self._audit_job(
-                job, Action.JOB_RESTARTED, failures=failures, max_failures=budget, from_step=step, reason=reason
-            )
-            message = f"{reason}; restarting the job from step {step} (attempt {failures}/{budget})"
-            event = jobs_pb2.JobEvent(
-                kind=jobs_pb2.MESSAGE, worker=worker, step=step, total_steps=job.spec.steps, message=message
-            )
-            self._store.append_event(job_id, event)
-            self._store.transition(job_id, pb.QUEUED, f"restarting from step {step} after failure {failures}/{budget}")
             self._not_before[job_id] = self._clock() + self._restarts.delay(failures)
             self._workers.terminate(job_id)
             return True
 
     def _fail(self, job: JobRecord, reason: str) -> None:
         self._workers.scrub(job.id)  # a failing job restarts no worker: its secrets go before it ends
-        if self._store.transition(job.id, pb.FAILED, reason):
-            self._audit_job(job, Action.JOB_FINISHED, state="FAILED", reason=reason)
+        with self._store.database.transaction():
+            if self._store.transition(job.id, pb.FAILED, reason):
+                self._audit_job(job, Action.JOB_FINISHED, state="FAILED", reason=reason)
         self._workers.terminate(job.id)
 
     def _survive(self, job: JobRecord, worker: WorkerRecord, reason: str) -> str:
@@ -239,8 +257,9 @@ class JobLifecycle:
         with self.lock:
             job = self._store.job(job_id)
             if job.state == pb.QUEUED:
-                self._store.transition(job_id, pb.CANCELLED, reason)
-                self._audit_job(job, Action.JOB_CANCELLED, reason=reason)
+                with self._store.database.transaction():
+                    self._store.transition(job_id, pb.CANCELLED, reason)
+                    self._audit_job(job, Action.JOB_CANCELLED, reason=reason)
             elif job.state in STARTED:
                 self._store.transition(job_id, pb.CANCELLING, reason)
                 self._workers.terminate(job_id)
@@ -300,8 +319,9 @@ class JobLifecycle:
         """The server went away under a job: no failure of the job, which resumes (or ends, if cancelling)."""
         if job.state == pb.CANCELLING:
             reason = job.reason or "cancelled"
-            if self._store.transition(job.id, pb.CANCELLED, reason):
-                self._audit_job(job, Action.JOB_CANCELLED, reason=reason)
+            with self._store.database.transaction():
+                if self._store.transition(job.id, pb.CANCELLED, reason):
+                    self._audit_job(job, Action.JOB_CANCELLED, reason=reason)
         else:
             self._store.transition(job.id, pb.QUEUED, f"{why}; will resume from the last checkpoint")
 

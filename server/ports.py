@@ -29,6 +29,10 @@ class AuditSink(Protocol):
         peer: str = ...,
     ) -> object: ...
 
+    def require_writable(self) -> None:
+        """Raise ``AuditLogUnavailable`` while the log cannot be written, before an act no transaction can undo."""
+        ...
+
 
 class SecretsBroker(Protocol):
     """What only a job's workers may hold (its keys, its data source's credentials), released for them."""

@@ -6,7 +6,13 @@ a worker's exit means for the job is the lifecycle's
 launcher's. One background thread ticks every ``interval`` seconds: reap
 exited workers, settle jobs whose workers are all gone, kill workers silent
 past the heartbeat timeout (:mod:`cantata.server.heartbeats`), then place
-queued ones. A resumed job whose earlier workers are still stopping waits.
+queued ones. A job whose earlier workers are still stopping (a restart, a
+resume, a deferred start) waits, and so do the jobs behind it.
+
+While the audit log cannot be written (``audit_failure`` says why) a tick does
+nothing: workers run on, and their exits, the settling of their jobs and new
+placements wait, so no job changes state unrecorded. A worker exit or a settled
+job whose record failed mid-tick is kept and handled again at the next tick.
 """
 
 from __future__ import annotations
@@ -14,8 +20,10 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 
 from cantata.proto.v1 import common_pb2 as pb
+from cantata.security.audit import AuditLogUnavailable
 from cantata.server.groups import processes
 from cantata.server.heartbeats import Heartbeats
 from cantata.server.launcher import WorkerLauncher
@@ -35,6 +43,7 @@ class Scheduler:
         *,
         slots: int,
         interval: float = 0.2,
+        audit_failure: Callable[[], str | None] = lambda: None,
     ):
         self._store = store
         self._launcher = launcher
@@ -42,6 +51,9 @@ class Scheduler:
         self._heartbeats = heartbeats
         self._slots = slots
         self._interval = interval
+        self._audit_failure = audit_failure
+        self._exits: list = []  # reaped worker exits not yet handled
+        self._unsettled: list[str] = []  # released jobs not yet settled
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
 
@@ -70,12 +82,20 @@ class Scheduler:
                 log.exception("scheduler tick failed")
 
     def tick(self) -> None:
+        if self._audit_failure():
+            return
         with self._lifecycle.lock:
-            for exit_ in self._launcher.poll():
+            self._exits.extend(self._launcher.poll())
+            while self._exits:
+                exit_ = self._exits[0]
                 self._lifecycle.worker_exited(exit_.job_id, exit_.worker, exit_.returncode)
+                self._exits.pop(0)
             for job_id in self._launcher.finished_jobs():
                 self._launcher.release(job_id)
-                self._lifecycle.workers_exited(job_id)
+                self._unsettled.append(job_id)
+            while self._unsettled:
+                self._lifecycle.workers_exited(self._unsettled[0])
+                self._unsettled.pop(0)
             self._kill_silent()
             self._place()
 
@@ -94,9 +114,17 @@ class Scheduler:
             try:
                 attack = self._store.attack(job.id)
                 pids = self._launcher.launch(self._store.job(job.id), attack=json.loads(attack) if attack else None)
+            except AuditLogUnavailable as exc:  # its keys were not released: nothing started
+                self._lifecycle.placement_deferred(job, str(exc))
+                return
             except Exception as exc:
                 log.exception("launch of %s failed", job.id)
                 self._lifecycle.launch_failed(job, exc)
                 continue
-            self._lifecycle.placed(job, pids)
+            try:
+                self._lifecycle.placed(job, pids)
+            except AuditLogUnavailable as exc:  # started but not recorded: stop it, and start it again later
+                self._launcher.terminate(job.id)
+                self._lifecycle.placement_deferred(job, str(exc))
+                return
             free -= processes(job.spec)

@@ -14,6 +14,7 @@ from cantata.proto.v1 import admin_pb2, common_pb2, jobs_pb2
 from cantata.sdk import errors
 from cantata.sdk.client import Client
 from cantata.security.anomaly.attack_policy import InvalidAttackConfig
+from cantata.security.audit import AuditLogUnavailable
 from cantata.security.keys import UnknownTenantError
 from cantata.security.pki import InvalidCSR, InvalidName, Principal
 from cantata.server import errors as server_errors
@@ -53,6 +54,7 @@ EXPECTED = [
     (StoreNotFound("the bucket does not exist"), Code.FAILED_PRECONDITION, "STORE_NOT_FOUND"),
     (StorePermissionError("access denied"), Code.PERMISSION_DENIED, "STORE_PERMISSION_DENIED"),
     (StoreFull("store file:///s is full"), Code.RESOURCE_EXHAUSTED, "STORE_FULL"),
+    (AuditLogUnavailable("the audit log cannot be written: No space left on device"), Code.UNAVAILABLE, "UNAVAILABLE"),
 ]
 
 

@@ -3,6 +3,12 @@
 It needs only the light part of the worker's config (:class:`Endpoint`), so a
 worker starts its heartbeat before it loads torch: that alone can take longer
 than the server's heartbeat timeout on a busy node.
+
+A report the server answers ``UNAVAILABLE`` (its audit log cannot be written,
+so it recorded nothing) is sent again with exponential backoff for up to
+``retry_for`` seconds, then fails as before: a worker outlives a short outage
+of the server's disk and still dies of a long one rather than train unaudited.
+A heartbeat is not retried: the next beat is its retry.
 """
 
 from __future__ import annotations
@@ -10,8 +16,11 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 
@@ -19,6 +28,24 @@ from cantata.proto.v1 import worker_pb2, worker_pb2_grpc
 
 REPORT_TIMEOUT = 30.0
 HEARTBEAT_INTERVAL = 5.0  # seconds between heartbeats until the server's first reply says otherwise
+RETRY_FOR = 120.0  # seconds a report answered UNAVAILABLE is retried
+FIRST_BACKOFF, MAX_BACKOFF = 0.5, 10.0
+
+Reply = TypeVar("Reply")
+
+
+def retry_unavailable(call: Callable[[], Reply], retry_for: float) -> Reply:
+    """``call()``, again after 0.5, 1, 2 ... (at most 10) s while it fails with ``UNAVAILABLE``, for ``retry_for`` s."""
+    deadline = time.monotonic() + retry_for
+    delay = FIRST_BACKOFF
+    while True:
+        try:
+            return call()
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, MAX_BACKOFF)
 
 
 @dataclass(frozen=True)
@@ -53,10 +80,14 @@ class Reporter:
         self._heartbeat_interval = HEARTBEAT_INTERVAL
         self._closed = threading.Event()
         self.stop_requested = False
+        self.retry_for = RETRY_FOR
 
-    def send(self, **payload) -> None:
+    def send(self, *, retry: bool = True, **payload) -> None:
         report = worker_pb2.WorkerReport(job_id=self._job_id, worker=self._worker, **payload)
-        reply = self._stub.Report(report, timeout=REPORT_TIMEOUT, wait_for_ready=True)
+        reply = retry_unavailable(
+            lambda: self._stub.Report(report, timeout=REPORT_TIMEOUT, wait_for_ready=True),
+            self.retry_for if retry else 0.0,
+        )
         if reply.stop:
             self.stop_requested = True
         if reply.heartbeat_interval_s > 0:
@@ -73,7 +104,7 @@ class Reporter:
         while not self._closed.is_set():
             # the server may be unreachable for now (the next beat tries again), or the channel closed at exit
             with contextlib.suppress(grpc.RpcError, ValueError):
-                self.send(heartbeat=worker_pb2.Heartbeat())
+                self.send(heartbeat=worker_pb2.Heartbeat(), retry=False)
             self._closed.wait(self._heartbeat_interval)
 
     def started(self) -> None:

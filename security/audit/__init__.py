@@ -20,6 +20,7 @@ from .errors import (
     AuditLogCorrupt,
     AuditLogExists,
     AuditLogNotFound,
+    AuditLogUnavailable,
     SecretMaterialError,
 )
 from .keys import load_public_keys_file
@@ -43,6 +44,7 @@ __all__ = [
     "AuditLogCorrupt",
     "AuditLogExists",
     "AuditLogNotFound",
+    "AuditLogUnavailable",
     "AuditRecord",
     "BreakKind",
     "Durability",

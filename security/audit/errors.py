@@ -27,6 +27,10 @@ class AuditLogClosed(AuditError):
     """An append or rotation was attempted on a closed log."""
 
 
+class AuditLogUnavailable(AuditError):
+    """The log cannot be written now (a full disk, an I/O error); the failed write left it as it was."""
+
+
 class AuditKeyError(AuditError):
     """An audit signing or verification key is missing or unreadable."""
 

@@ -10,13 +10,21 @@ opening (covering whatever a crash left unsigned), every
 ``checkpoint_every_records`` records, within ``checkpoint_every_seconds`` of
 the first unsigned record, at key rotation and at :meth:`AuditLog.close`.
 
-A crash can leave a torn last line. :meth:`AuditLog.open` moves those bytes
-into ``quarantine/`` and appends an ``audit_log_recovered`` record naming
-them, so the loss is on the signed record rather than silently dropped.
+A crash can leave a torn last line. :meth:`AuditLog.open` proves every
+record after the last signed checkpoint (:mod:`.tail`), moves torn trailing
+bytes into ``quarantine/`` and appends an ``audit_log_recovered`` record naming
+them, so the loss is on the signed record rather than silently dropped; any
+other damage refuses the open.
+
+Fail closed: a write that fails (a full disk, an I/O error) is cut back to the
+file's last good size and raises :class:`AuditLogUnavailable`, so the caller
+does not act; :attr:`AuditLog.failure` says why until a write succeeds again,
+which the next append (or :meth:`AuditLog.probe`) tries by itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -35,11 +43,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from .actions import Action, Outcome
 from .checkpoint import FIRST_PREV, Checkpoint, line_hash
 from .details import screen_details
-from .errors import AuditLogBusy, AuditLogClosed, AuditLogCorrupt, AuditLogExists
+from .errors import AuditLogBusy, AuditLogClosed, AuditLogCorrupt, AuditLogExists, AuditLogUnavailable
 from .fsutil import fsync_directory, write_all, write_atomically, write_new_file
 from .layout import AuditLayout, LogIdentity
 from .record import AuditRecord, body_hash, canonical, format_time, genesis_hash
 from .segments import LogLine, read_file, split_lines
+from .tail import check_tail
 
 _log = logging.getLogger(__name__)
 _WORD = re.compile(r"[a-z][a-z0-9_]*")
@@ -113,6 +122,8 @@ class AuditLog:
     _checkpoint_index: int
     _checkpoint_seq: int
     _checkpoint_prev: str
+    _checkpoint_hash: str
+    _checkpoint_size: int
 
     def __init__(
         self,
@@ -138,6 +149,8 @@ class AuditLog:
         self._key_id = layout.keys.active_id()
         self._private_key = layout.keys.private_key(self._key_id)
         self._recovered: list[dict[str, object]] = []
+        self._failure: str | None = None  # why the last write failed, until one succeeds
+        self._broken: str | None = None  # a failed write could not be undone: refuse until reopened
         self._load_checkpoint_tail()
         self._load_segment_tail()
         self._checkpoint_fd = os.open(layout.checkpoints_path, os.O_WRONLY | os.O_APPEND)
@@ -192,6 +205,26 @@ class AuditLog:
             raise
 
     @property
+    def failure(self) -> str | None:
+        """Why the log cannot be written, while the last write failed; None when it can."""
+        return self._broken or self._failure
+
+    def probe(self) -> str | None:
+        """While writes fail, try to sign a checkpoint (so space that returned is noticed); return :attr:`failure`."""
+        with self._lock:
+            self._check_open()
+            if self._failure is not None and self._broken is None:
+                with contextlib.suppress(AuditLogUnavailable):
+                    self._checkpoint_locked()
+            return self.failure
+
+    def require_writable(self) -> None:
+        """Raise :class:`AuditLogUnavailable` while the log cannot be written (after a :meth:`probe`)."""
+        failure = self.probe()
+        if failure is not None:
+            raise AuditLogUnavailable(failure)
+
+    @property
     def last_seq(self) -> int:
         """Sequence number of the last record appended (0 for none)."""
         return self._seq
@@ -207,8 +240,10 @@ class AuditLog:
         details: dict | None = None,
         peer: str = "",
     ) -> AuditRecord:
-        """Record one act and return the stored record.
+        """Record one act, durably, and return the stored record.
 
+        Raises :class:`AuditLogUnavailable` when the record cannot be written
+        (the log is left exactly as it was), so the act must not happen.
         ``details`` is screened: a field named like secret material (``key``,
         ``password``, ``token``...) raises :class:`SecretMaterialError`, a
         ``ValueError``.
@@ -264,7 +299,10 @@ class AuditLog:
         with self._lock:
             if self._closed:
                 return
-            self._checkpoint_locked()
+            try:
+                self._checkpoint_locked()
+            except AuditLogUnavailable:  # the next open proves the unsigned tail and signs it
+                _log.error("audit log at %s closed without a final checkpoint: %s", self.layout.root, self.failure)
             self._closed = True
             self._stop.set()
             os.close(self._segment_fd)
@@ -283,6 +321,32 @@ class AuditLog:
     def _check_open(self) -> None:
         if self._closed:
             raise AuditLogClosed(f"the audit log at {self.layout.root} is closed")
+
+    def _write(self, fd: int, offset: int, data: bytes, sync) -> None:
+        """Append ``data`` at ``offset`` (the file's last good size) and sync it, or leave the file as it was.
+
+        A short or failed write, or a failed sync, is cut back to ``offset``
+        and raises :class:`AuditLogUnavailable`; if even that fails the log
+        refuses every write until it is reopened (which proves and repairs its tail).
+        """
+        if self._broken is not None:
+            raise AuditLogUnavailable(self._broken)
+        try:
+            write_all(fd, data)
+            if sync is not None:
+                sync(fd)
+        except OSError as exc:
+            self._failure = f"the audit log cannot be written: {exc.strerror or exc}"
+            try:
+                os.ftruncate(fd, offset)
+                os.fsync(fd)
+            except OSError as undo:
+                self._broken = f"{self._failure}; the failed write could not be undone ({undo.strerror or undo})"
+            _log.error("audit log at %s: %s", self.layout.root, self.failure)
+            raise AuditLogUnavailable(self.failure) from exc
+        if self._failure is not None:
+            _log.warning("audit log at %s can be written again", self.layout.root)
+        self._failure = None
 
     def _append_locked(
         self, actor: str, action: str, resource: str, tenant: str, outcome: str, details: dict, peer: str
@@ -303,11 +367,12 @@ class AuditLog:
         }
         chain_hash = body_hash(body)
         line = canonical({**body, "hash": chain_hash}) + b"\n"
+        if self._seq - self._checkpoint_seq >= self._every_records:
+            self._checkpoint_locked()  # the one due failed: keep the promise before writing more
         if self._segment_size and self._segment_size + len(line) > self._segment_max_bytes:
             self._start_segment(self._segment_number + 1)
-        write_all(self._segment_fd, line)
-        if self._durability is Durability.EACH_RECORD:
-            os.fdatasync(self._segment_fd)
+        sync = os.fdatasync if self._durability is Durability.EACH_RECORD else None
+        self._write(self._segment_fd, self._segment_size, line, sync)
         self._seq, self._head = self._seq + 1, chain_hash
         self._segment_size += len(line)
         if self._first_unsigned_at is None:
@@ -316,7 +381,10 @@ class AuditLog:
             self._seq - self._checkpoint_seq >= self._every_records
             or time.monotonic() - self._first_unsigned_at >= self._every_seconds
         ):
-            self._checkpoint_locked()
+            try:
+                self._checkpoint_locked()
+            except AuditLogUnavailable:  # the record is durable; the next append signs first
+                _log.warning("audit checkpoint failed after record %d: %s", self._seq, self._failure)
         return AuditRecord(
             seq=self._seq,
             time=now,
@@ -333,15 +401,31 @@ class AuditLog:
         )
 
     def _start_segment(self, number: int) -> None:
-        os.fsync(self._segment_fd)
+        if self._broken is not None:
+            raise AuditLogUnavailable(self._broken)
+        try:
+            os.fsync(self._segment_fd)
+            fd = os.open(self.layout.segment_path(number), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        except OSError as exc:
+            self._failure = f"the audit log cannot start segment {number}: {exc.strerror or exc}"
+            raise AuditLogUnavailable(self._failure) from exc
+        try:
+            fsync_directory(self.layout.segments_dir)
+        except OSError as exc:
+            os.close(fd)
+            self._failure = f"the audit log cannot start segment {number}: {exc.strerror or exc}"
+            raise AuditLogUnavailable(self._failure) from exc
         os.close(self._segment_fd)
-        self._segment_fd = os.open(self.layout.segment_path(number), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        fsync_directory(self.layout.segments_dir)
+        self._segment_fd = fd
         self._segment_number, self._segment_size = number, 0
 
     def _checkpoint_locked(self, next_key: Ed25519PublicKey | None = None) -> None:
         if self._durability is Durability.AT_CHECKPOINT:
-            os.fsync(self._segment_fd)
+            try:
+                os.fsync(self._segment_fd)
+            except OSError as exc:
+                self._failure = f"the audit log cannot be written: {exc.strerror or exc}"
+                raise AuditLogUnavailable(self._failure) from exc
         checkpoint = Checkpoint.sign(
             self._private_key,
             index=self._checkpoint_index + 1,
@@ -354,8 +438,8 @@ class AuditLog:
             next_key=next_key,
         )
         line = checkpoint.to_line()
-        write_all(self._checkpoint_fd, line + b"\n")
-        os.fsync(self._checkpoint_fd)
+        self._write(self._checkpoint_fd, self._checkpoint_size, line + b"\n", os.fsync)
+        self._checkpoint_size += len(line) + 1
         self._checkpoint_index, self._checkpoint_prev = checkpoint.index, line_hash(line)
         self._checkpoint_seq, self._first_unsigned_at = checkpoint.seq, None
 
@@ -373,7 +457,7 @@ class AuditLog:
                         continue
                     try:
                         self._checkpoint_locked()
-                    except OSError:
+                    except (OSError, AuditLogUnavailable):
                         _log.exception("audit checkpoint failed; retrying in %.0f s", wait)
 
     def _quarantine(self, path: Path, torn: LogLine) -> None:
@@ -410,36 +494,14 @@ class AuditLog:
         last = Checkpoint.from_stored(tail.last.stored)
         if last.log_id != self.identity.log_id:
             raise AuditLogCorrupt(f"{path}: the last checkpoint belongs to another log; run `cantata audit verify`")
-        self._checkpoint_index, self._checkpoint_seq = last.index, last.seq
+        self._checkpoint_index, self._checkpoint_seq, self._checkpoint_hash = last.index, last.seq, last.hash
         self._checkpoint_prev = line_hash(tail.last.raw)
+        self._checkpoint_size = path.stat().st_size
 
     def _load_segment_tail(self) -> None:
-        """Find the last record (quarantining a torn tail) and check it against the last checkpoint."""
-        self._seq, self._head = 0, genesis_hash(self.identity.log_id)
-        segments = self.layout.segments()
-        self._segment_number, self._segment_size = (segments[-1][0] if segments else 1), 0
-        for position, (number, path) in enumerate(reversed(segments)):
-            tail = _read_tail(number, read_file(path))
-            if tail.torn is not None and position == 0:
-                self._quarantine(path, tail.torn)
-            if position == 0:
-                self._segment_size = tail.torn.offset if tail.torn is not None else path.stat().st_size
-            if tail.last is not None:
-                self._adopt_last_record(path, tail.last)
-                break
-        if self._seq < self._checkpoint_seq:
-            raise AuditLogCorrupt(
-                f"{self.layout.root}: the log ends at record {self._seq} but checkpoint "
-                f"#{self._checkpoint_index} signed records up to {self._checkpoint_seq}; "
-                "records were removed; run `cantata audit verify`"
-            )
-
-    def _adopt_last_record(self, path: Path, line: LogLine) -> None:
-        stored = dict(line.stored or {})
-        stored_hash = stored.pop("hash", None)
-        seq = stored.get("seq")
-        if line.stored is None or not isinstance(seq, int) or body_hash(stored) != stored_hash:
-            raise AuditLogCorrupt(
-                f"{path} line {line.line_no}: the last record does not match its hash; run `cantata audit verify`"
-            )
-        self._seq, self._head = seq, stored_hash
+        """Prove every record after the last checkpoint, then quarantine a torn tail if there is one."""
+        tail = check_tail(self.layout, self.identity.log_id, self._checkpoint_seq, self._checkpoint_hash)
+        self._seq, self._head = tail.seq, tail.head
+        self._segment_number, self._segment_size = tail.segment_number, tail.segment_size
+        if tail.torn is not None:
+            self._quarantine(*tail.torn)

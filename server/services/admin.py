@@ -55,6 +55,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         self._default_quota = default_quota
         self._cert_lifetime = dt.timedelta(days=tenant_cert_days)
         self._audit = audit.append
+        self._audit_writable = audit.require_writable
         self._lifecycle = lifecycle
 
     def _info(self, tenant: Tenant) -> admin_pb2.TenantInfo:
@@ -95,39 +96,41 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                 raise InvalidRequest(f"quota {f} must be >= 0", field=f"quota.{f}")
             if value:
                 setattr(quota, f, value)
-        try:
-            tenant = self._store.tenant(request.name)
-            if tenant.status != "PENDING":
-                raise Conflict(f"tenant {request.name!r} is {tenant.status}, not PENDING")
-            if tenant.csr_fingerprint != request.csr_fingerprint:
-                raise Conflict(
-                    f"fingerprint mismatch for {request.name!r}: the pending request is {tenant.csr_fingerprint}"
+        with self._store.database.transaction():  # approved only once its records are durable
+            try:
+                tenant = self._store.tenant(request.name)
+                if tenant.status != "PENDING":
+                    raise Conflict(f"tenant {request.name!r} is {tenant.status}, not PENDING")
+                if tenant.csr_fingerprint != request.csr_fingerprint:
+                    raise Conflict(
+                        f"fingerprint mismatch for {request.name!r}: the pending request is {tenant.csr_fingerprint}"
+                    )
+                principal = Principal.tenant(tenant.name)
+                cert = self._ca.sign(csr_public_key(tenant.csr_pem), principal, lifetime=self._cert_lifetime)
+                tenant = self._store.approve_tenant(
+                    request.name, request.csr_fingerprint, cert.public_bytes(Encoding.PEM), quota, caller(context).name
                 )
-            principal = Principal.tenant(tenant.name)
-            cert = self._ca.sign(csr_public_key(tenant.csr_pem), principal, lifetime=self._cert_lifetime)
-            tenant = self._store.approve_tenant(
-                request.name, request.csr_fingerprint, cert.public_bytes(Encoding.PEM), quota, caller(context).name
-            )
-            self._store.record_certificate(cert.serial_number, principal.uri, cert.not_valid_after_utc)
-        except Conflict as exc:
-            self._record(context, Action.TENANT_APPROVED, request.name, outcome="refused", reason=str(exc))
-            raise
-        version = self._keyring.ensure_tenant(tenant.name)
-        self._record(context, Action.TENANT_APPROVED, tenant.name, quota=_quota_dict(quota))
-        self._record(context, Action.KEY_CREATED, tenant.name, key_version=version)
-        self._record(context, Action.CERTIFICATE_ISSUED, tenant.name, serial=format(cert.serial_number, "x"))
+                self._store.record_certificate(cert.serial_number, principal.uri, cert.not_valid_after_utc)
+            except Conflict as exc:
+                self._record(context, Action.TENANT_APPROVED, request.name, outcome="refused", reason=str(exc))
+                raise
+            version = self._keyring.ensure_tenant(tenant.name)
+            self._record(context, Action.TENANT_APPROVED, tenant.name, quota=_quota_dict(quota))
+            self._record(context, Action.KEY_CREATED, tenant.name, key_version=version)
+            self._record(context, Action.CERTIFICATE_ISSUED, tenant.name, serial=format(cert.serial_number, "x"))
         return self._info(tenant)
 
     def RejectTenant(self, request, context):
         return self._change(context, request, Action.TENANT_REJECTED, lambda: self._store.reject_tenant(request.name))
 
     def SuspendTenant(self, request, context):
-        def suspend():
-            tenant = self._store.set_tenant_status(request.name, "SUSPENDED", expect="APPROVED")
-            self._lifecycle.tenant_suspended(tenant.name)
-            return tenant
-
-        return self._change(context, request, Action.TENANT_SUSPENDED, suspend)
+        return self._change(
+            context,
+            request,
+            Action.TENANT_SUSPENDED,
+            lambda: self._store.set_tenant_status(request.name, "SUSPENDED", expect="APPROVED"),
+            then=self._lifecycle.tenant_suspended,
+        )
 
     def ResumeTenant(self, request, context):
         return self._change(
@@ -141,25 +144,29 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         for f in ("max_concurrent_jobs", "max_workers_per_job", "max_total_steps"):
             if getattr(request.quota, f) < 0:
                 raise InvalidRequest(f"quota {f} must be >= 0", field=f"quota.{f}")
-        tenant = self._store.set_quota(request.name, request.quota)
-        self._record(context, Action.QUOTA_CHANGED, tenant.name, quota=_quota_dict(tenant.quota))
+        with self._store.database.transaction():  # changed only once its record is durable
+            tenant = self._store.set_quota(request.name, request.quota)
+            self._record(context, Action.QUOTA_CHANGED, tenant.name, quota=_quota_dict(tenant.quota))
         return self._info(tenant)
 
     def RevokeCertificate(self, request, context):
-        principal = self._store.revoke_certificate(request.serial)
-        tenant = principal.rsplit("/", 1)[-1] if "/tenant/" in principal else ""
-        self._audit(
-            caller(context).uri,
-            Action.CERTIFICATE_REVOKED,
-            resource=request.serial,
-            tenant=tenant,
-            details={"principal": principal, "reason": request.reason},
-            peer=context.peer(),
-        )
+        with self._store.database.transaction():  # revoked only once its record is durable
+            principal = self._store.revoke_certificate(request.serial)
+            tenant = principal.rsplit("/", 1)[-1] if "/tenant/" in principal else ""
+            self._audit(
+                caller(context).uri,
+                Action.CERTIFICATE_REVOKED,
+                resource=request.serial,
+                tenant=tenant,
+                details={"principal": principal, "reason": request.reason},
+                peer=context.peer(),
+            )
         return admin_pb2.RevokeCertificateReply(serial=request.serial.lower(), principal=principal)
 
     def RotateTenantKey(self, request, context):
+        """Rotation rewraps objects in stores no transaction covers, so it starts only while the log can record it."""
         self._store.tenant(request.tenant)
+        self._audit_writable()
         version = self._keyring.rotate(request.tenant)
         sources_rewrapped = self._data_sources.rewrap(request.tenant)
         rewrapped, in_use = sources_rewrapped, self._data_sources.key_versions_in_use(request.tenant)
@@ -210,20 +217,25 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             )
         if any(w >= job.spec.workers for w in request.workers):
             raise InvalidAttackConfig(f"the job has {job.spec.workers} workers")
-        self._store.set_attack(job.id, json.dumps(raw))
-        self._audit(
-            caller(context).uri,
-            Action.ATTACK_SIMULATION_PLANNED,
-            resource=job.id,
-            tenant=job.tenant,
-            details={"attack": request.attack, "workers": list(request.workers)},
-            peer=context.peer(),
-        )
+        with self._store.database.transaction():  # planned only once its record is durable
+            self._store.set_attack(job.id, json.dumps(raw))
+            self._audit(
+                caller(context).uri,
+                Action.ATTACK_SIMULATION_PLANNED,
+                resource=job.id,
+                tenant=job.tenant,
+                details={"attack": request.attack, "workers": list(request.workers)},
+                peer=context.peer(),
+            )
         return admin_pb2.SimulateAttackReply(job_id=job.id)
 
-    def _change(self, context, request, action: str, change):
-        tenant = change()
-        self._record(context, action, tenant.name, reason=request.reason)
+    def _change(self, context, request, action: str, change, then=None):
+        """Change a tenant's standing and record it in one transaction; ``then`` acts on the tenant once recorded."""
+        with self._store.database.transaction():
+            tenant = change()
+            self._record(context, action, tenant.name, reason=request.reason)
+        if then is not None:
+            then(tenant.name)
         if tenant.status == "REJECTED":
             return admin_pb2.TenantInfo(name=tenant.name, status="REJECTED", csr_fingerprint=tenant.csr_fingerprint)
         return self._info(tenant)

@@ -53,15 +53,17 @@ class DataSourcesService(datasources_pb2_grpc.DataSourcesServicer):
 
     def RegisterDataSource(self, request, context):
         me = caller(context)
-        record = self._sources.register(me.name, parse_registration(request), replace=request.replace)
-        self._audit(
-            me.uri,
-            Action.DATA_SOURCE_REGISTERED,
-            resource=record.name,
-            tenant=me.name,
-            peer=context.peer(),
-            details={"kind": record.kind, "endpoint": record.endpoint, "replace": request.replace},
-        )
+        spec = parse_registration(request)
+        with self._sources.database.transaction():  # registered only once its record is durable
+            record = self._sources.register(me.name, spec, replace=request.replace)
+            self._audit(
+                me.uri,
+                Action.DATA_SOURCE_REGISTERED,
+                resource=record.name,
+                tenant=me.name,
+                peer=context.peer(),
+                details={"kind": record.kind, "endpoint": record.endpoint, "replace": request.replace},
+            )
         return _info(record)
 
     def ListDataSources(self, request, context):
@@ -71,6 +73,7 @@ class DataSourcesService(datasources_pb2_grpc.DataSourcesServicer):
 
     def DeleteDataSource(self, request, context):
         me = caller(context)
-        self._sources.delete(me.name, request.name)
-        self._audit(me.uri, Action.DATA_SOURCE_DELETED, resource=request.name, tenant=me.name, peer=context.peer())
+        with self._sources.database.transaction():  # deleted only once its record is durable
+            self._sources.delete(me.name, request.name)
+            self._audit(me.uri, Action.DATA_SOURCE_DELETED, resource=request.name, tenant=me.name, peer=context.peer())
         return datasources_pb2.DeleteDataSourceReply()

@@ -65,16 +65,22 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         source = dataset_source(spec.dataset)
         if source and not self._data_source_exists(tenant_name, source):
             raise DataSourceNotFound(f"dataset: data source {source!r} not found")
-        job, created = self._store.submit_job(self._store.tenant(tenant_name), request.request_id, spec)
-        if created:
-            self._audit(
-                caller(context).uri,
-                Action.JOB_SUBMITTED,
-                resource=job.id,
-                tenant=tenant_name,
-                details={"name": spec.name, "algorithm": spec.algorithm, "workers": spec.workers, "steps": spec.steps},
-                peer=context.peer(),
-            )
+        with self._store.database.transaction():  # the job exists only once its record is durable
+            job, created = self._store.submit_job(self._store.tenant(tenant_name), request.request_id, spec)
+            if created:
+                self._audit(
+                    caller(context).uri,
+                    Action.JOB_SUBMITTED,
+                    resource=job.id,
+                    tenant=tenant_name,
+                    details={
+                        "name": spec.name,
+                        "algorithm": spec.algorithm,
+                        "workers": spec.workers,
+                        "steps": spec.steps,
+                    },
+                    peer=context.peer(),
+                )
         return job_info(job)
 
     def GetJob(self, request, context):

@@ -42,18 +42,19 @@ class TenancyService(tenancy_pb2_grpc.TenancyServicer):
             raise InvalidCSR("CSR too large")
         load_csr(request.csr_pem)
         fingerprint = csr_fingerprint(request.csr_pem)
-        try:
-            tenant = self._store.add_tenancy_request(name, request.csr_pem, fingerprint)
-        except Conflict as exc:
-            raise AlreadyExists(str(exc)) from exc
-        self._audit(
-            "anonymous",
-            Action.TENANCY_REQUESTED,
-            resource=name,
-            tenant=name,
-            details={"csr_fingerprint": fingerprint},
-            peer=context.peer(),
-        )
+        with self._store.database.transaction():  # the request exists only once its record is durable
+            try:
+                tenant = self._store.add_tenancy_request(name, request.csr_pem, fingerprint)
+            except Conflict as exc:
+                raise AlreadyExists(str(exc)) from exc
+            self._audit(
+                "anonymous",
+                Action.TENANCY_REQUESTED,
+                resource=name,
+                tenant=name,
+                details={"csr_fingerprint": fingerprint},
+                peer=context.peer(),
+            )
         return tenancy_pb2.RequestTenancyReply(name=name, csr_fingerprint=fingerprint, status=tenant.status)
 
     def GetTenancyStatus(self, request, context):
@@ -81,14 +82,15 @@ class TenancyService(tenancy_pb2_grpc.TenancyServicer):
         public_key = csr_public_key(request.csr_pem)
         cert = self._ca.sign(public_key, me, lifetime=self._cert_lifetime)
         pem = cert.public_bytes(Encoding.PEM)
-        self._store.record_certificate(cert.serial_number, me.uri, cert.not_valid_after_utc)
-        self._store.set_tenant_certificate(me.name, pem)
-        self._audit(
-            me.uri,
-            Action.CERTIFICATE_ISSUED,
-            resource=format(cert.serial_number, "x"),
-            tenant=me.name,
-            details={"renewal": True, "expires": cert.not_valid_after_utc.isoformat()},
-            peer=context.peer(),
-        )
+        with self._store.database.transaction():  # issued only once its record is durable
+            self._store.record_certificate(cert.serial_number, me.uri, cert.not_valid_after_utc)
+            self._store.set_tenant_certificate(me.name, pem)
+            self._audit(
+                me.uri,
+                Action.CERTIFICATE_ISSUED,
+                resource=format(cert.serial_number, "x"),
+                tenant=me.name,
+                details={"renewal": True, "expires": cert.not_valid_after_utc.isoformat()},
+                peer=context.peer(),
+            )
         return tenancy_pb2.RenewCertificateReply(certificate_pem=pem)

@@ -123,7 +123,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         return jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, message=f"gossip endpoint refused {principal}")
 
     def _anomaly(self, me, job, reporter: int, a) -> jobs_pb2.JobEvent:
-        """Record a screened-out update: store, audit, and quarantine policy."""
+        """Record a screened-out update: store, audit, and quarantine policy, kept only once every record is durable."""
+        with self._store.database.transaction():
+            return self._anomaly_held(me, job, reporter, a)
+
+    def _anomaly_held(self, me, job, reporter: int, a) -> jobs_pb2.JobEvent:
         self._store.add_anomaly(
             AnomalyRecord(job.id, reporter, a.peer, a.round, a.check, a.verdict, a.score, a.quarantined, utcnow())
         )

@@ -1,0 +1,184 @@
+"""An act whose audit record cannot be written does not happen: the lifecycle and the scheduler, on a real store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cantata.proto.v1 import common_pb2 as pb
+from cantata.security.audit import Action, AuditLogUnavailable
+from cantata.server.launcher import WorkerExit
+from cantata.server.lifecycle import JobLifecycle
+from cantata.server.scheduler import Scheduler
+from cantata.server.store import JobRecord, Store
+from tests.test_lifecycle import FakeWorkers
+
+TENANT = "acme"
+FULL = "the audit log cannot be written: No space left on device"
+
+
+@dataclass
+class FlakyAudit:
+    """An audit log that refuses every append while ``down`` (or appends of ``refused`` actions), as a full disk does."""
+
+    down: bool = False
+    refused: set[str] = field(default_factory=set)
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    def append(self, actor: str, action: str, **fields: Any) -> None:
+        if self.down or action in self.refused:
+            raise AuditLogUnavailable(FULL)
+        self.records.append({"actor": actor, "action": action, **fields})
+
+    def failure(self) -> str | None:
+        return FULL if self.down else None
+
+    def actions(self, job_id: str) -> list[str]:
+        return [r["action"] for r in self.records if r.get("resource") == job_id]
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    store = Store(tmp_path / "state.db")
+    store.add_tenancy_request(TENANT, b"csr", "sha256:x")
+    store.approve_tenant(TENANT, "sha256:x", b"cert", pb.Quota(), "root")
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def audit() -> FlakyAudit:
+    return FlakyAudit()
+
+
+@pytest.fixture
+def workers() -> FakeWorkers:
+    return FakeWorkers()
+
+
+@pytest.fixture
+def lifecycle(store: Store, audit: FlakyAudit, workers: FakeWorkers) -> JobLifecycle:
+    return JobLifecycle(store, audit, workers, max_attempts=3, max_restarts=2)
+
+
+def _submit(store: Store, request: str = "r-1") -> JobRecord:
+    spec = pb.JobSpec(name="j", steps=10, workers=2, ranks_per_worker=1, algorithm="allreduce")
+    return store.submit_job(store.tenant(TENANT), request, spec)[0]
+
+
+def _running(lifecycle: JobLifecycle, store: Store, workers: FakeWorkers, job: JobRecord) -> JobRecord:
+    assert lifecycle.placing(job)
+    lifecycle.placed(job, {0: 1000, 1: 1001})
+    workers.running[job.id] = 2
+    lifecycle.worker_started(store.job(job.id), 0)
+    return store.job(job.id)
+
+
+def _events(store: Store, job_id: str) -> int:
+    return len(store.events_after(job_id, 0))
+
+
+def test_a_queued_job_is_not_cancelled_while_its_cancellation_cannot_be_recorded(lifecycle, store, audit):
+    job = _submit(store)
+    audit.refused = {Action.JOB_CANCELLED}  # the request is recorded, the disk fills before the cancellation is
+    with pytest.raises(AuditLogUnavailable):
+        lifecycle.cancel_requested(job, actor="spiffe://cantata/tenant/acme", peer="ipv4:127.0.0.1:1")
+    assert (store.job(job.id).state, _events(store, job.id)) == (pb.QUEUED, 1)
+    audit.refused = set()
+    lifecycle.cancel_requested(store.job(job.id), actor="spiffe://cantata/tenant/acme", peer="ipv4:127.0.0.1:1")
+    assert store.job(job.id).state == pb.CANCELLED
+    assert audit.actions(job.id) == [Action.JOB_CANCEL_REQUESTED, Action.JOB_CANCEL_REQUESTED, Action.JOB_CANCELLED]
+
+
+def test_a_start_that_cannot_be_recorded_records_no_workers_and_is_queued_again(lifecycle, store, audit):
+    job = _submit(store)
+    assert lifecycle.placing(job)
+    audit.down = True
+    with pytest.raises(AuditLogUnavailable):
+        lifecycle.placed(job, {0: 1000, 1: 1001})
+    assert store.workers(job.id) == []
+    lifecycle.placement_deferred(job, FULL)
+    assert store.job(job.id).state == pb.QUEUED and audit.actions(job.id) == []
+
+
+def test_a_job_does_not_end_unrecorded_and_ends_once_the_log_is_back(lifecycle, store, audit, workers):
+    job = _running(lifecycle, store, workers, _submit(store))
+    for worker in (0, 1):
+        lifecycle.worker_finished(store.job(job.id), worker, 1.0)
+    audit.down = True
+    with pytest.raises(AuditLogUnavailable):
+        lifecycle.workers_exited(job.id)
+    assert store.job(job.id).state == pb.RUNNING
+    audit.down = False
+    lifecycle.workers_exited(job.id)
+    assert store.job(job.id).state == pb.SUCCEEDED
+    assert audit.actions(job.id) == [Action.JOB_STARTED, Action.JOB_FINISHED]
+
+
+def test_a_dead_worker_does_not_fail_its_job_unrecorded(lifecycle, store, audit, workers):
+    job = _running(lifecycle, store, workers, _submit(store))
+    audit.down = True
+    with pytest.raises(AuditLogUnavailable):
+        lifecycle.worker_exited(job.id, 1, 9)
+    assert store.job(job.id).state == pb.RUNNING and workers.terminated == []
+
+
+@dataclass
+class FakeLauncher:
+    """What the scheduler asks of the launcher: exits to reap, jobs whose workers are all gone, free slots."""
+
+    exits: list[WorkerExit] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    polls: int = 0
+    released: list[str] = field(default_factory=list)
+
+    def poll(self) -> list[WorkerExit]:
+        self.polls += 1
+        exits, self.exits = self.exits, []
+        return exits
+
+    def finished_jobs(self) -> list[str]:
+        return list(self.finished)
+
+    def release(self, job_id: str) -> None:
+        self.finished.remove(job_id)
+        self.released.append(job_id)
+
+    def running_workers(self) -> int:
+        return 8  # no free slot: nothing is placed
+
+
+def test_the_scheduler_waits_while_the_log_is_down_and_then_settles_what_a_failed_record_left(
+    lifecycle, store, audit, workers
+):
+    job = _running(lifecycle, store, workers, _submit(store))
+    launcher = FakeLauncher(exits=[WorkerExit(job.id, 1, 9)])
+    scheduler = Scheduler(store, launcher, lifecycle, slots=8, audit_failure=audit.failure)  # type: ignore[arg-type]
+    audit.down = True
+    scheduler.tick()
+    assert launcher.polls == 0  # paused: the exit waits in the launcher
+
+    audit.down = False
+    original = audit.append
+    audit.append = _fail_once(original)  # type: ignore[method-assign]
+    with pytest.raises(AuditLogUnavailable):  # the disk fills again mid-tick
+        scheduler.tick()
+    assert store.job(job.id).state == pb.RUNNING
+    scheduler.tick()  # the exit reaped by the failed tick is handled now
+    assert store.job(job.id).state == pb.FAILED
+    assert audit.actions(job.id) == [Action.JOB_STARTED, Action.JOB_FINISHED]
+
+
+def _fail_once(append):
+    calls = []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise AuditLogUnavailable(FULL)
+        return append(*args, **kwargs)
+
+    return flaky
