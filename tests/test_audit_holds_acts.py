@@ -10,8 +10,10 @@ import pytest
 
 from cantata.proto.v1 import common_pb2 as pb
 from cantata.security.audit import Action, AuditLogUnavailable
+from cantata.server.heartbeats import Heartbeats
 from cantata.server.launcher import WorkerExit
 from cantata.server.lifecycle import JobLifecycle
+from cantata.server.restarts import RestartPolicy
 from cantata.server.scheduler import Scheduler
 from cantata.server.store import JobRecord, Store
 from tests.test_lifecycle import FakeWorkers
@@ -61,7 +63,7 @@ def workers() -> FakeWorkers:
 
 @pytest.fixture
 def lifecycle(store: Store, audit: FlakyAudit, workers: FakeWorkers) -> JobLifecycle:
-    return JobLifecycle(store, audit, workers, max_attempts=3, max_restarts=2)
+    return JobLifecycle(store, audit, workers, restarts=RestartPolicy(0, 0.0, 0.0))  # the first failure ends a job
 
 
 def _submit(store: Store, request: str = "r-1") -> JobRecord:
@@ -150,13 +152,16 @@ class FakeLauncher:
     def running_workers(self) -> int:
         return 8  # no free slot: nothing is placed
 
+    def live_workers(self) -> list[tuple[str, int, float]]:
+        return []  # none to check for heartbeats
+
 
 def test_the_scheduler_waits_while_the_log_is_down_and_then_settles_what_a_failed_record_left(
     lifecycle, store, audit, workers
 ):
     job = _running(lifecycle, store, workers, _submit(store))
     launcher = FakeLauncher(exits=[WorkerExit(job.id, 1, 9)])
-    scheduler = Scheduler(store, launcher, lifecycle, slots=8, audit_failure=audit.failure)  # type: ignore[arg-type]
+    scheduler = Scheduler(store, launcher, lifecycle, Heartbeats(60), slots=8, audit_failure=audit.failure)  # type: ignore[arg-type]
     audit.down = True
     scheduler.tick()
     assert launcher.polls == 0  # paused: the exit waits in the launcher
