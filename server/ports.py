@@ -9,8 +9,10 @@ the gatekeeper through their constructors.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any, Protocol
 
+from cantata.security.audit import AuditEntry
 from cantata.server.store import JobRecord
 
 
@@ -28,6 +30,10 @@ class AuditSink(Protocol):
         details: dict | None = ...,
         peer: str = ...,
     ) -> object: ...
+
+    def append_all(self, entries: Sequence[AuditEntry]) -> object:
+        """Several records of one act: all durable, or none."""
+        ...
 
     def require_writable(self) -> None:
         """Raise ``AuditLogUnavailable`` while the log cannot be written, before an act no transaction can undo."""

@@ -12,6 +12,7 @@ import pytest
 
 from cantata.security.audit import (
     Action,
+    AuditEntry,
     AuditLog,
     AuditLogCorrupt,
     AuditLogUnavailable,
@@ -64,6 +65,41 @@ def test_a_write_the_full_disk_refuses_leaves_the_log_as_it_was_and_the_next_one
         assert result.ok, result.summary()
         assert [r.resource for r in read_records(directory)] == ["job-0", "job-1", "job-2", "job-after"]
         AuditLog.open(directory).close()  # and it opens again, its tail proven
+
+
+def test_records_appended_together_are_all_written_or_none(tmp_path):
+    with small_tmpfs(tmp_path / "audit") as directory:
+        init_audit(directory)
+        log = AuditLog.open(directory)
+        try:
+            together = [
+                AuditEntry(ADMIN, action, resource="acme", tenant="acme")
+                for action in (Action.TENANT_APPROVED, Action.KEY_CREATED, Action.CERTIFICATE_ISSUED)
+            ]
+            records = log.append_all(together)
+            assert [r.seq for r in records] == [1, 2, 3] and records[1].prev == records[0].hash
+            segment = directory / SEGMENT
+            filler = fill(directory)
+            before = segment.read_bytes()
+            # Each record alone would fit what room the segment's last page has; the three together do not.
+            big = [
+                AuditEntry(ADMIN, Action.JOB_SUBMITTED, resource=f"job-{i}", details={"note": "x" * 1800})
+                for i in range(3)
+            ]
+            with pytest.raises(AuditLogUnavailable, match="No space left on device"):
+                log.append_all(big)
+            assert segment.read_bytes() == before
+            filler.unlink()
+            assert [r.seq for r in log.append_all(big)] == [4, 5, 6]
+        finally:
+            log.close()
+        result = verify(directory)
+        assert result.ok, result.summary()
+        assert [r.action for r in read_records(directory)][:3] == [
+            "tenant_approved",
+            "key_created",
+            "certificate_issued",
+        ]
 
 
 _CRASHING_WRITER = textwrap.dedent("""

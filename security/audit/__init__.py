@@ -24,7 +24,7 @@ from .errors import (
     SecretMaterialError,
 )
 from .keys import load_public_keys_file
-from .log import AuditLog, Durability, init_audit
+from .log import AuditEntry, AuditLog, Durability, init_audit
 from .record import AuditRecord
 from .render import REPORT_FORMATS, render_report
 from .report import Report, build_report
@@ -36,6 +36,7 @@ __all__ = [
     "DENIAL_ACTIONS",
     "REPORT_FORMATS",
     "Action",
+    "AuditEntry",
     "AuditError",
     "AuditKeyError",
     "AuditLog",

@@ -33,6 +33,7 @@ import re
 import secrets
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -53,6 +54,35 @@ from .tail import check_tail
 _log = logging.getLogger(__name__)
 _WORD = re.compile(r"[a-z][a-z0-9_]*")
 SYSTEM_ACTOR = "cantata:audit"
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One act to record (what :meth:`AuditLog.append` takes), for :meth:`AuditLog.append_all`."""
+
+    actor: str
+    action: Action | str
+    resource: str = ""
+    tenant: str = ""
+    outcome: Outcome | str = Outcome.OK
+    details: dict | None = None
+    peer: str = ""
+
+
+def _checked(entry: AuditEntry) -> AuditEntry:
+    """``entry`` with its words as plain strings and its details screened; ``ValueError`` if a field is malformed."""
+    if not isinstance(entry.actor, str) or not entry.actor:
+        raise ValueError("an audit record needs a non-empty actor")
+    for name, word in (("action", entry.action), ("outcome", entry.outcome)):
+        if not isinstance(word, str) or not _WORD.fullmatch(word):
+            raise ValueError(f"{name} must be a lowercase word like 'job_submitted', got {word!r}")
+    for name, text in (("resource", entry.resource), ("tenant", entry.tenant), ("peer", entry.peer)):
+        if not isinstance(text, str):
+            raise ValueError(f"{name} must be a string, got {type(text).__name__}")
+    details = screen_details(entry.details)
+    return AuditEntry(
+        entry.actor, str(entry.action), entry.resource, entry.tenant, str(entry.outcome), details, entry.peer
+    )
 
 
 class Durability(StrEnum):
@@ -161,7 +191,7 @@ class AuditLog:
         try:
             self._checkpoint_locked()
             for details in self._recovered:
-                self._append_locked(SYSTEM_ACTOR, Action.AUDIT_LOG_RECOVERED, "", "", Outcome.OK, details, "")
+                self._append_locked([_checked(AuditEntry(SYSTEM_ACTOR, Action.AUDIT_LOG_RECOVERED, details=details))])
         except BaseException:
             os.close(self._segment_fd)
             os.close(self._checkpoint_fd)
@@ -248,18 +278,21 @@ class AuditLog:
         ``password``, ``token``...) raises :class:`SecretMaterialError`, a
         ``ValueError``.
         """
-        if not isinstance(actor, str) or not actor:
-            raise ValueError("an audit record needs a non-empty actor")
-        for name, word in (("action", action), ("outcome", outcome)):
-            if not isinstance(word, str) or not _WORD.fullmatch(word):
-                raise ValueError(f"{name} must be a lowercase word like 'job_submitted', got {word!r}")
-        for name, text in (("resource", resource), ("tenant", tenant), ("peer", peer)):
-            if not isinstance(text, str):
-                raise ValueError(f"{name} must be a string, got {type(text).__name__}")
-        clean = screen_details(details)
+        entry = AuditEntry(actor, action, resource=resource, tenant=tenant, outcome=outcome, details=details, peer=peer)
+        return self.append_all([entry])[0]
+
+    def append_all(self, entries: Sequence[AuditEntry]) -> list[AuditRecord]:
+        """Record several acts of one action together: all of them durably, or (raising) none.
+
+        One write and one sync carry every record, so a failure leaves the log
+        as it was, as :meth:`append` does for one; an act that needs several
+        records (an approval: the tenant, its key, its certificate) never has
+        only some of them. Each entry is checked as :meth:`append` checks it.
+        """
+        fields = [_checked(entry) for entry in entries]
         with self._lock:
             self._check_open()
-            return self._append_locked(actor, str(action), resource, tenant, str(outcome), clean, peer)
+            return self._append_locked(fields)
 
     def checkpoint(self) -> None:
         """Sign a checkpoint now, covering every record appended so far."""
@@ -282,15 +315,9 @@ class AuditLog:
             self.layout.keys.set_active(new_id)
             self._key_id, self._private_key = new_id, new_key
             self.layout.keys.destroy_private_key(old_id)
-            self._append_locked(
-                actor,
-                Action.AUDIT_KEY_ROTATED,
-                f"audit-key:{new_id}",
-                "",
-                Outcome.OK,
-                {"old_key_id": old_id, "new_key_id": new_id},
-                "",
-            )
+            rotated = {"old_key_id": old_id, "new_key_id": new_id}
+            entry = AuditEntry(actor, Action.AUDIT_KEY_ROTATED, resource=f"audit-key:{new_id}", details=rotated)
+            self._append_locked([_checked(entry)])
             self._checkpoint_locked()
             return new_id
 
@@ -348,33 +375,52 @@ class AuditLog:
             _log.warning("audit log at %s can be written again", self.layout.root)
         self._failure = None
 
-    def _append_locked(
-        self, actor: str, action: str, resource: str, tenant: str, outcome: str, details: dict, peer: str
-    ) -> AuditRecord:
-        now, prev = datetime.now(UTC), self._head
-        body = {
-            "seq": self._seq + 1,
-            "time": format_time(now),
-            "log": self.identity.log_id,
-            "actor": actor,
-            "action": action,
-            "resource": resource,
-            "tenant": tenant,
-            "outcome": outcome,
-            "peer": peer,
-            "details": details,
-            "prev": prev,
-        }
-        chain_hash = body_hash(body)
-        line = canonical({**body, "hash": chain_hash}) + b"\n"
+    def _append_locked(self, entries: list[AuditEntry]) -> list[AuditRecord]:
+        now = datetime.now(UTC)
+        seq, head = self._seq, self._head
+        lines, records = [], []
+        for entry in entries:
+            body = {
+                "seq": seq + 1,
+                "time": format_time(now),
+                "log": self.identity.log_id,
+                "actor": entry.actor,
+                "action": entry.action,
+                "resource": entry.resource,
+                "tenant": entry.tenant,
+                "outcome": entry.outcome,
+                "peer": entry.peer,
+                "details": entry.details or {},
+                "prev": head,
+            }
+            chain_hash = body_hash(body)
+            lines.append(canonical({**body, "hash": chain_hash}) + b"\n")
+            records.append(
+                AuditRecord(
+                    seq=seq + 1,
+                    time=now,
+                    log_id=self.identity.log_id,
+                    actor=entry.actor,
+                    action=entry.action,
+                    resource=entry.resource,
+                    tenant=entry.tenant,
+                    outcome=entry.outcome,
+                    peer=entry.peer,
+                    details=entry.details or {},
+                    prev=head,
+                    hash=chain_hash,
+                )
+            )
+            seq, head = seq + 1, chain_hash
+        data = b"".join(lines)
         if self._seq - self._checkpoint_seq >= self._every_records:
             self._checkpoint_locked()  # the one due failed: keep the promise before writing more
-        if self._segment_size and self._segment_size + len(line) > self._segment_max_bytes:
+        if self._segment_size and self._segment_size + len(data) > self._segment_max_bytes:
             self._start_segment(self._segment_number + 1)
         sync = os.fdatasync if self._durability is Durability.EACH_RECORD else None
-        self._write(self._segment_fd, self._segment_size, line, sync)
-        self._seq, self._head = self._seq + 1, chain_hash
-        self._segment_size += len(line)
+        self._write(self._segment_fd, self._segment_size, data, sync)
+        self._seq, self._head = seq, head
+        self._segment_size += len(data)
         if self._first_unsigned_at is None:
             self._first_unsigned_at = time.monotonic()
         if (
@@ -385,20 +431,7 @@ class AuditLog:
                 self._checkpoint_locked()
             except AuditLogUnavailable:  # the record is durable; the next append signs first
                 _log.warning("audit checkpoint failed after record %d: %s", self._seq, self._failure)
-        return AuditRecord(
-            seq=self._seq,
-            time=now,
-            log_id=self.identity.log_id,
-            actor=actor,
-            action=action,
-            resource=resource,
-            tenant=tenant,
-            outcome=outcome,
-            peer=peer,
-            details=details,
-            prev=prev,
-            hash=chain_hash,
-        )
+        return records
 
     def _start_segment(self, number: int) -> None:
         if self._broken is not None:

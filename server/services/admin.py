@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 
 from cryptography.hazmat.primitives.serialization import Encoding
@@ -14,7 +15,7 @@ from cantata.security.anomaly.attack_policy import (
     SpecOrigin,
     parse_attack_config,
 )
-from cantata.security.audit import Action
+from cantata.security.audit import Action, AuditEntry
 from cantata.security.keys import KeyProvider
 from cantata.security.pki import CertificateAuthority, Principal, csr_public_key
 from cantata.security.sealed_checkpoint import key_versions_in_use, rewrap_checkpoints
@@ -55,6 +56,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         self._default_quota = default_quota
         self._cert_lifetime = dt.timedelta(days=tenant_cert_days)
         self._audit = audit.append
+        self._audit_all = audit.append_all
         self._audit_writable = audit.require_writable
         self._lifecycle = lifecycle
 
@@ -115,9 +117,16 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                 self._record(context, Action.TENANT_APPROVED, request.name, outcome="refused", reason=str(exc))
                 raise
             version = self._keyring.ensure_tenant(tenant.name)
-            self._record(context, Action.TENANT_APPROVED, tenant.name, quota=_quota_dict(quota))
-            self._record(context, Action.KEY_CREATED, tenant.name, key_version=version)
-            self._record(context, Action.CERTIFICATE_ISSUED, tenant.name, serial=format(cert.serial_number, "x"))
+            entry = functools.partial(
+                AuditEntry, caller(context).uri, resource=tenant.name, tenant=tenant.name, peer=context.peer()
+            )
+            self._audit_all(  # the three records of one approval: all durable, or none and no approval
+                [
+                    entry(Action.TENANT_APPROVED, details={"quota": _quota_dict(quota)}),
+                    entry(Action.KEY_CREATED, details={"key_version": version}),
+                    entry(Action.CERTIFICATE_ISSUED, details={"serial": format(cert.serial_number, "x")}),
+                ]
+            )
         return self._info(tenant)
 
     def RejectTenant(self, request, context):
