@@ -108,9 +108,14 @@ CREATE TABLE IF NOT EXISTS data_sources (
 );
 """
 
+# 2: the digest of each job's spec as submitted, so a reused request id with another spec is refused.
+# Jobs made before it keep '' and are compared by their stored spec.
+_V2_SPEC_DIGEST = "ALTER TABLE jobs ADD COLUMN spec_digest TEXT NOT NULL DEFAULT ''"
+
 # MIGRATIONS[n] takes a database from version n to n + 1. Append; never edit a step that has shipped.
 MIGRATIONS: tuple[str, ...] = (
     _V1_STORE + _V1_DATA_SOURCES,  # 1: the unversioned schema of the store and the data sources, as it was
+    _V2_SPEC_DIGEST,  # 2: jobs.spec_digest
 )
 
 
