@@ -13,6 +13,7 @@ from cantata.sdk.errors import (
     StreamInterrupted,
     Unauthenticated,
     Unavailable,
+    WaitTimedOut,
 )
 from cantata.sdk.job import Job
 
@@ -36,4 +37,5 @@ __all__ = [
     "Tenant",
     "Unauthenticated",
     "Unavailable",
+    "WaitTimedOut",
 ]
