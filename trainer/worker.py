@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -17,6 +18,7 @@ import traceback
 from pathlib import Path
 
 from cantata.proto.vocabulary import DECENTRALIZED
+from cantata.storage.logs import set_third_party_log_level
 from cantata.trainer.config import WorkerConfig
 from cantata.trainer.decentralized import train_decentralized
 from cantata.trainer.loop import Stopped, train
@@ -44,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job", help="job id (shown in the process list)")
     args = parser.parse_args(argv)
     cfg = WorkerConfig.load(args.config)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    set_third_party_log_level()  # the server's setting, from the environment it passed on
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
