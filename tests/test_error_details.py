@@ -25,7 +25,7 @@ from cantata.server.datasource_store import (
 )
 from cantata.server.errors import ErrorInterceptor
 from cantata.server.jobspec import InvalidField
-from cantata.server.store import Conflict, NotFound, QuotaExceeded, StoreError
+from cantata.server.store import Conflict, NotFound, QuotaExceeded, RequestIdReused, StoreError
 from tests.platform import free_port
 
 Code = grpc.StatusCode
@@ -37,6 +37,7 @@ EXPECTED = [
     (DataSourceNotFound("data source 'x' not found"), Code.NOT_FOUND, "DATA_SOURCE_NOT_FOUND"),
     (Conflict("tenant 'x' is APPROVED, not PENDING"), Code.FAILED_PRECONDITION, "CONFLICT"),
     (server_errors.AlreadyExists("tenant 'x' already exists"), Code.ALREADY_EXISTS, "ALREADY_EXISTS"),
+    (RequestIdReused("request-0001", "job-1"), Code.ALREADY_EXISTS, "REQUEST_ID_REUSED"),
     (DataSourceExists("data source 'x' exists"), Code.ALREADY_EXISTS, "DATA_SOURCE_EXISTS"),
     (QuotaExceeded("concurrent jobs", 2, 2), Code.RESOURCE_EXHAUSTED, "QUOTA_EXCEEDED"),
     (InvalidField("steps", "must be positive"), Code.INVALID_ARGUMENT, "INVALID_JOB"),
@@ -148,6 +149,14 @@ def test_field_and_quota_details_and_what_the_sdk_makes_of_them():
     sdk_error = errors.from_rpc_error(quota)
     assert type(sdk_error) is errors.QuotaExceeded
     assert (sdk_error.what, sdk_error.limit, sdk_error.used, sdk_error.request_id) == ("workers per job", 4, 6, "q")
+
+
+def test_a_reused_request_id_names_itself_and_its_job_and_is_a_conflict_in_the_sdk():
+    reused = _FailedCall(server_errors.status_of(RequestIdReused("request-0001", "job-1"), request_id="r"))
+    info = _rich(reused)[error_details_pb2.ErrorInfo]
+    assert dict(info.metadata) == {"request_id": "request-0001", "job_id": "job-1"}
+    sdk_error = errors.from_rpc_error(reused)
+    assert type(sdk_error) is errors.Conflict and "request-0001" in sdk_error.message
 
 
 def test_the_sdk_ignores_reasons_of_another_domain():
