@@ -330,9 +330,9 @@ class Client:
         """Every event after ``cursor``, live, ending with the terminal one.
 
         A dropped stream is resumed from the last event seen (no gaps, no
-        duplicates), with backoff, for up to ``resume_window`` seconds without
-        an event (a server restart); then ``StreamInterrupted`` is raised: a
-        dropped stream never looks like a finished job.
+        duplicates), with backoff, for up to ``resume_window`` seconds since
+        it was last connected (a server restart); then ``StreamInterrupted``
+        is raised: a dropped stream never looks like a finished job.
         """
         return self._watch(job_id, cursor, deadline=None)
 
@@ -343,7 +343,11 @@ class Client:
         while True:
             try:
                 request = jobs_pb2.WatchJobRequest(job_id=job_id, cursor=cursor)
-                for raw in self._jobs.WatchJob(request, timeout=_left(deadline, job_id)):
+                stream = self._jobs.WatchJob(request, timeout=_left(deadline, job_id))
+                stream.initial_metadata()  # the server sends it on opening the stream
+                if not stream.done():  # (re)established: a quiet stream does not use up the window
+                    down_since = None
+                for raw in stream:
                     event = Event.from_proto(raw)
                     cursor = event.seq
                     down_since, pause = None, RESUME_BACKOFF[0]

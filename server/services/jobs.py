@@ -102,6 +102,7 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
 
     def WatchJob(self, request, context):
         job = self._job(context, request.job_id)
+        context.send_initial_metadata(())  # the stream is open: a client resuming it knows before any event
         cursor = max(0, request.cursor)
         while context.is_active():
             for event in self._store.events_after(job.id, cursor, wait=WATCH_POLL):
