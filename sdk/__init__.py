@@ -14,6 +14,7 @@ from cantata.sdk.errors import (
     StreamInterrupted,
     Unauthenticated,
     Unavailable,
+    WaitTimedOut,
 )
 from cantata.sdk.job import Job
 
@@ -38,4 +39,5 @@ __all__ = [
     "Tenant",
     "Unauthenticated",
     "Unavailable",
+    "WaitTimedOut",
 ]

@@ -26,12 +26,27 @@ from cantata.proto.v1 import (
     jobs_pb2_grpc,
 )
 from cantata.proto.vocabulary import DATA_SOURCE_SECRETS, is_terminal
-from cantata.sdk.errors import CantataError, InvalidArgument, InvalidJob, StreamInterrupted, Unavailable, from_rpc_error
+from cantata.sdk.errors import (
+    InvalidArgument,
+    InvalidJob,
+    StreamInterrupted,
+    Unavailable,
+    WaitTimedOut,
+    from_rpc_error,
+)
 from cantata.sdk.job import Job
 from cantata.sdk.profiles import Profile
 
 TIMEOUT = 30.0
-STREAM_RETRIES = 5
+RESUME_WINDOW = 120.0  # seconds a dropped event stream is resumed for before StreamInterrupted
+RESUME_BACKOFF = (0.2, 5.0)  # first and longest pause between attempts to resume a stream
+# gRPC's own reconnect backoff grows to 120 s: cap it so a restarted server is found within seconds.
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 8 << 20),
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 5000),
+]
 MAX_REQUEST_BYTES = 4 << 20
 DATA_SOURCE_KINDS = {"s3": datasources_pb2.S3, "az": datasources_pb2.AZURE_BLOB}
 DATA_SOURCE_KIND_NAMES = {value: name for name, value in DATA_SOURCE_KINDS.items()}
@@ -233,7 +248,10 @@ def _read(path_or_pem: str | os.PathLike | bytes) -> bytes:
 class Client:
     """A connection to a Cantata server with one identity (a profile's certificate)."""
 
-    def __init__(self, address: str, *, ca, cert=None, key=None, timeout: float = TIMEOUT):
+    def __init__(
+        self, address: str, *, ca, cert=None, key=None, timeout: float = TIMEOUT, resume_window: float = RESUME_WINDOW
+    ):
+        """``timeout`` bounds each call; ``resume_window`` is how long ``events()`` resumes a dropped stream."""
         creds = grpc.ssl_channel_credentials(
             root_certificates=_read(ca),
             private_key=_read(key) if key is not None else None,
@@ -241,7 +259,8 @@ class Client:
         )
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.secure_channel(address, creds, options=[("grpc.max_receive_message_length", 8 << 20)])
+        self.resume_window = resume_window
+        self._channel = grpc.secure_channel(address, creds, options=CHANNEL_OPTIONS)
         self._jobs = jobs_pb2_grpc.JobsStub(self._channel)
         self._checkpoints = checkpoints_pb2_grpc.CheckpointsStub(self._channel)
         self._admin = admin_pb2_grpc.AdminStub(self._channel)
@@ -323,16 +342,27 @@ class Client:
         """Every event after ``cursor``, live, ending with the terminal one.
 
         A dropped stream is resumed from the last event seen (no gaps, no
-        duplicates); if it cannot be resumed, ``StreamInterrupted`` is raised:
-        a dropped stream never looks like a finished job.
+        duplicates), with backoff, for up to ``resume_window`` seconds since
+        it was last connected (a server restart); then ``StreamInterrupted``
+        is raised: a dropped stream never looks like a finished job.
         """
-        failures = 0
+        return self._watch(job_id, cursor, deadline=None)
+
+    def _watch(self, job_id: str, cursor: int, deadline: float | None) -> Iterator[Event]:
+        """``events()``; past ``deadline`` (a ``time.monotonic()`` value), no read blocks: ``WaitTimedOut``."""
+        down_since: float | None = None
+        pause = RESUME_BACKOFF[0]
         while True:
             try:
-                for raw in self._jobs.WatchJob(jobs_pb2.WatchJobRequest(job_id=job_id, cursor=cursor)):
+                request = jobs_pb2.WatchJobRequest(job_id=job_id, cursor=cursor)
+                stream = self._jobs.WatchJob(request, timeout=_left(deadline, job_id))
+                stream.initial_metadata()  # the server sends it on opening the stream
+                if not stream.done():  # (re)established: a quiet stream does not use up the window
+                    down_since = None
+                for raw in stream:
                     event = Event.from_proto(raw)
                     cursor = event.seq
-                    failures = 0
+                    down_since, pause = None, RESUME_BACKOFF[0]
                     yield event
                     if event.terminal:
                         return
@@ -340,10 +370,16 @@ class Client:
                 error = from_rpc_error(err)
                 if not isinstance(error, Unavailable):
                     raise error from None
-            failures += 1
-            if failures > STREAM_RETRIES:
-                raise StreamInterrupted(f"event stream of {job_id} dropped after event {cursor}")
-            time.sleep(min(0.2 * 2**failures, 5.0))
+            now = time.monotonic()
+            down_since = now if down_since is None else down_since
+            window_left = down_since + self.resume_window - now
+            if window_left <= 0:
+                raise StreamInterrupted(
+                    f"event stream of {job_id} dropped after event {cursor} and not resumed "
+                    f"within {self.resume_window:g} s"
+                )
+            time.sleep(min(pause, window_left, _left(deadline, job_id) or pause))
+            pause = min(pause * 2, RESUME_BACKOFF[1])
 
     def logs(self, job_id: str, *, follow: bool = False) -> Iterator[tuple[int, str]]:
         """(worker, line) pairs of the job's worker logs."""
@@ -519,7 +555,11 @@ class JobHandle:
         return self._client.logs(self.id, follow=follow)
 
     def wait(self, *, progress: bool = False, timeout: float | None = None) -> JobStatus:
-        """Follow the job's events to its end; with ``progress``, draw a progress bar."""
+        """Follow the job's events to its end; with ``progress``, draw a progress bar.
+
+        ``timeout`` (seconds) holds whatever the server does (no events, down,
+        frozen): past it, ``WaitTimedOut`` (a ``CantataError``) is raised.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         bar = None
         if progress:
@@ -527,14 +567,29 @@ class JobHandle:
 
             bar = ProgressBar(self.id)
         try:
-            for event in self.events():
+            for event in self._client._watch(self.id, 0, deadline):
                 if bar is not None:
                     bar.update(event)
                 if event.terminal:
                     break
-                if deadline is not None and time.monotonic() > deadline:
-                    raise CantataError(f"timed out waiting for {self.id}")
         finally:
             if bar is not None:
                 bar.close()
-        return self.status()
+        left = _left(deadline, self.id)
+        timeout = self._client.timeout if left is None else min(left, self._client.timeout)
+        try:
+            info = self._client._jobs.GetJob(jobs_pb2.GetJobRequest(job_id=self.id), timeout=timeout)
+        except grpc.RpcError as err:
+            _left(deadline, self.id)  # the deadline passed during the call: a timeout, not an outage
+            raise from_rpc_error(err) from None
+        return JobStatus.from_proto(info)
+
+
+def _left(deadline: float | None, job_id: str) -> float | None:
+    """Seconds until ``deadline`` (None: no deadline); ``WaitTimedOut`` once it has passed."""
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise WaitTimedOut(f"timed out waiting for {job_id}", code=grpc.StatusCode.DEADLINE_EXCEEDED)
+    return left

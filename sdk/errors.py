@@ -78,6 +78,10 @@ class StreamInterrupted(Unavailable):
     """An event or log stream ended before its terminal event."""
 
 
+class WaitTimedOut(CantataError):
+    """``JobHandle.wait(timeout=...)`` ran out of time before the job ended (the job goes on)."""
+
+
 _BY_CODE = {
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,

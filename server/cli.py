@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
 
 from cantata.server import audit_cli
 from cantata.server.bootstrap import init_data_dir, server_names
 from cantata.server.config import DataDir
 from cantata.server.tls import rotate_server_certificate
+from cantata.storage.logs import LEVEL_ENV, set_third_party_log_level
 
 
 def cmd_init(args) -> int:
@@ -25,6 +27,7 @@ def cmd_start(args) -> int:
     from cantata.server.app import ControlPlane
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ[LEVEL_ENV] = set_third_party_log_level(args.third_party_log_level)  # the workers inherit it
     plane = ControlPlane(Path(args.data_dir), listen=args.listen)
     port = plane.start()
     print(f"cantata server listening on port {port} (data dir {args.data_dir})", flush=True)
@@ -56,6 +59,11 @@ def register(groups: dict[str, argparse._SubParsersAction]) -> None:
     p = server.add_parser("start", help="serve until SIGTERM/SIGINT")
     p.add_argument("--data-dir", required=True)
     p.add_argument("--listen", help="override the address recorded by init")
+    p.add_argument(
+        "--third-party-log-level",
+        help=f"log level of the storage SDKs (Azure, boto, urllib3) in the server and its workers "
+        f"(default: ${LEVEL_ENV}, else WARNING)",
+    )
     p.set_defaults(func=cmd_start)
     p = server.add_parser("rotate-cert", help="issue a new server certificate; picked up without a restart")
     p.add_argument("--data-dir", required=True)

@@ -108,10 +108,15 @@ CREATE TABLE IF NOT EXISTS data_sources (
 );
 """
 
+# 3: the digest of each job's spec as submitted, so a reused request id with another spec is refused.
+# Jobs made before it keep '' and are compared by their stored spec.
+_V3_SPEC_DIGEST = "ALTER TABLE jobs ADD COLUMN spec_digest TEXT NOT NULL DEFAULT ''"
+
 # MIGRATIONS[n] takes a database from version n to n + 1. Append; never edit a step that has shipped.
 MIGRATIONS: tuple[str, ...] = (
     _V1_STORE + _V1_DATA_SOURCES,  # 1: the unversioned schema of the store and the data sources, as it was
     "ALTER TABLE jobs ADD COLUMN failures INTEGER NOT NULL DEFAULT 0",  # 2: worker failures a job survived
+    _V3_SPEC_DIGEST,  # 3: jobs.spec_digest
 )
 
 

@@ -29,7 +29,7 @@ from cantata.security.keys import UnknownTenantError
 from cantata.security.pki import InvalidCSR, InvalidName, Principal, peer_certificate
 from cantata.server.datasource_store import DataSourceExists, DataSourceNotFound, InvalidDataSource
 from cantata.server.jobspec import InvalidField
-from cantata.server.store import Conflict, NotFound, QuotaExceeded
+from cantata.server.store import Conflict, NotFound, QuotaExceeded, RequestIdReused
 from cantata.storage import StoreFull, StoreNotFound, StorePermissionError, StoreUnavailableError
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,7 @@ MAPPING: dict[type[Exception], Mapped] = {
     UnknownTenantError: Mapped(grpc.StatusCode.NOT_FOUND, ErrorReason.NOT_FOUND),
     DataSourceNotFound: Mapped(grpc.StatusCode.NOT_FOUND, ErrorReason.DATA_SOURCE_NOT_FOUND),
     Conflict: Mapped(grpc.StatusCode.FAILED_PRECONDITION, ErrorReason.CONFLICT),
+    RequestIdReused: Mapped(grpc.StatusCode.ALREADY_EXISTS, ErrorReason.REQUEST_ID_REUSED),
     AlreadyExists: Mapped(grpc.StatusCode.ALREADY_EXISTS, ErrorReason.ALREADY_EXISTS),
     DataSourceExists: Mapped(grpc.StatusCode.ALREADY_EXISTS, ErrorReason.DATA_SOURCE_EXISTS),
     QuotaExceeded: Mapped(grpc.StatusCode.RESOURCE_EXHAUSTED, ErrorReason.QUOTA_EXCEEDED),
@@ -146,6 +147,8 @@ def status_of(exc: Exception, *, request_id: str, principal: Principal | None = 
                 field_violations=[error_details_pb2.BadRequest.FieldViolation(field=field, description=str(exc))]
             )
         )
+    if isinstance(exc, RequestIdReused):
+        metadata.update(request_id=exc.request_id, job_id=exc.job_id)
     if isinstance(exc, QuotaExceeded):
         metadata.update(what=exc.what, limit=str(exc.limit), used=str(exc.used))
         subject = f"tenant:{principal.name}" if principal else ""

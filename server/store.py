@@ -69,6 +69,14 @@ class NotResumable(Conflict):
         super().__init__(f"job {job.id!r} is {state} and cannot be resumed ({why}); only a FAILED or CANCELLED job can")
 
 
+class RequestIdReused(Conflict):
+    """A submit reused a request id of one of the tenant's jobs with a different spec."""
+
+    def __init__(self, request_id: str, job_id: str):
+        super().__init__(f"request_id {request_id!r} was already used for {job_id} with a different job spec")
+        self.request_id, self.job_id = request_id, job_id
+
+
 class QuotaExceeded(StoreError):
     def __init__(self, what: str, limit: int, used: int):
         super().__init__(f"quota exceeded: {what} limit {limit}, in use {used}")
@@ -301,25 +309,46 @@ class Store:
             return bool(row and row["revoked"])
 
     # ---- jobs ----------------------------------------------------------
-    def submit_job(self, tenant: Tenant, request_id: str, spec: common_pb2.JobSpec) -> tuple[JobRecord, bool]:
+    def submit_job(
+        self, tenant: Tenant, request_id: str, spec: common_pb2.JobSpec, submitted_digest: str = ""
+    ) -> tuple[JobRecord, bool]:
         """Create the job, or return the one this request id already made.
 
-        The quota check and the insert are one transaction, so two racing
-        submits cannot both take the last free slot. Returns (job, created).
+        ``submitted_digest`` identifies the spec as the tenant sent it: a
+        retry must match it (a job stored without one is compared by its
+        stored spec), else ``RequestIdReused``. The quota check and the
+        insert are one transaction, so two racing submits cannot both take
+        the last free slot. Returns (job, created).
         """
         with self._tx() as db:
             row = db.execute(
-                "SELECT id FROM jobs WHERE tenant=? AND request_id=?", (tenant.name, request_id)
+                "SELECT id, spec, spec_digest FROM jobs WHERE tenant=? AND request_id=?", (tenant.name, request_id)
             ).fetchone()
             if row is not None:
+                same = (
+                    row["spec_digest"] == submitted_digest
+                    if row["spec_digest"] and submitted_digest
+                    else common_pb2.JobSpec.FromString(row["spec"]) == spec
+                )
+                if not same:
+                    raise RequestIdReused(request_id, row["id"])
                 return self._job(db, row["id"]), False
             self._check_quota(db, tenant, spec)
             job_id = "job-" + uuid.uuid4().hex[:16]
             now = utcnow()
             db.execute(
-                "INSERT INTO jobs (id, tenant, request_id, spec, state, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (job_id, tenant.name, request_id, spec.SerializeToString(), common_pb2.QUEUED, now, now),
+                "INSERT INTO jobs (id, tenant, request_id, spec, spec_digest, state, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    job_id,
+                    tenant.name,
+                    request_id,
+                    spec.SerializeToString(),
+                    submitted_digest,
+                    common_pb2.QUEUED,
+                    now,
+                    now,
+                ),
             )
             self._append_event(
                 db,

@@ -11,7 +11,7 @@ from cantata.proto.v1 import common_pb2
 from cantata.security.keys import LocalKeyring, MasterKey
 from cantata.server.database import MIGRATIONS, Database, DatabaseError
 from cantata.server.datasource_store import DataSourceSpec, DataSourceStore
-from cantata.server.store import Store
+from cantata.server.store import RequestIdReused, Store
 
 # The DDL both stores ran before the schema was versioned, copied as it was.
 OLD_STORE_SCHEMA = """
@@ -126,6 +126,33 @@ def test_a_database_made_before_versioning_opens_unchanged(tmp_path: Path, keyri
     assert [e.state for e in store.events_after("job-1", 0)] == [common_pb2.SUCCEEDED]
     sources.register("acme", DataSourceSpec("corpus", "s3", "", S3_SECRETS))
     assert [s.name for s in sources.sources("acme")] == ["corpus"]
+    db.close()
+
+
+def test_a_version_1_database_migrates_to_spec_digests(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    spec = common_pb2.JobSpec(name="j", steps=10)
+    db = Database(path, MIGRATIONS[:1])
+    store = Store(db)
+    _approved(store)
+    db.connection.execute(  # a job as a version-1 server stored it: no digest column
+        "INSERT INTO jobs (id, tenant, request_id, spec, state, created_at, updated_at) "
+        "VALUES ('job-1', 'acme', 'request-0001', ?, ?, '2026-01-01', '2026-01-01')",
+        (spec.SerializeToString(), common_pb2.RUNNING),
+    )
+    db.close()
+
+    db = Database(path)
+    assert db.version == 2
+    store = Store(db)
+    acme = store.tenant("acme")
+    assert store.submit_job(acme, "request-0001", spec, "digest-a")[0].id == "job-1"  # compared by its spec
+    with pytest.raises(RequestIdReused, match="request-0001"):
+        store.submit_job(acme, "request-0001", common_pb2.JobSpec(name="j", steps=11), "digest-a")
+    job, created = store.submit_job(acme, "request-0002", spec, "digest-a")
+    assert created and store.submit_job(acme, "request-0002", spec, "digest-a") == (job, False)
+    with pytest.raises(RequestIdReused, match=job.id):  # a stored digest decides, whatever the defaults did
+        store.submit_job(acme, "request-0002", spec, "digest-b")
     db.close()
 
 

@@ -26,7 +26,7 @@ from cantata.server.datasource_store import (
 )
 from cantata.server.errors import ErrorInterceptor
 from cantata.server.jobspec import InvalidField
-from cantata.server.store import Conflict, NotFound, QuotaExceeded, StoreError
+from cantata.server.store import Conflict, NotFound, QuotaExceeded, RequestIdReused, StoreError
 from cantata.storage import StoreFull, StoreNotFound, StorePermissionError, StoreUnavailableError
 from tests.platform import free_port
 
@@ -39,6 +39,7 @@ EXPECTED = [
     (DataSourceNotFound("data source 'x' not found"), Code.NOT_FOUND, "DATA_SOURCE_NOT_FOUND"),
     (Conflict("tenant 'x' is APPROVED, not PENDING"), Code.FAILED_PRECONDITION, "CONFLICT"),
     (server_errors.AlreadyExists("tenant 'x' already exists"), Code.ALREADY_EXISTS, "ALREADY_EXISTS"),
+    (RequestIdReused("request-0001", "job-1"), Code.ALREADY_EXISTS, "REQUEST_ID_REUSED"),
     (DataSourceExists("data source 'x' exists"), Code.ALREADY_EXISTS, "DATA_SOURCE_EXISTS"),
     (QuotaExceeded("concurrent jobs", 2, 2), Code.RESOURCE_EXHAUSTED, "QUOTA_EXCEEDED"),
     (InvalidField("steps", "must be positive"), Code.INVALID_ARGUMENT, "INVALID_JOB"),
@@ -166,6 +167,14 @@ def test_a_full_store_is_not_mistaken_for_an_oversized_request():
     sdk_error = errors.from_rpc_error(full)
     assert type(sdk_error) is errors.StoreFull and "/srv/ckpt" in sdk_error.message
     assert sdk_error.code == Code.RESOURCE_EXHAUSTED and sdk_error.request_id == "f"
+
+
+def test_a_reused_request_id_names_itself_and_its_job_and_is_a_conflict_in_the_sdk():
+    reused = _FailedCall(server_errors.status_of(RequestIdReused("request-0001", "job-1"), request_id="r"))
+    info = _rich(reused)[error_details_pb2.ErrorInfo]
+    assert dict(info.metadata) == {"request_id": "request-0001", "job_id": "job-1"}
+    sdk_error = errors.from_rpc_error(reused)
+    assert type(sdk_error) is errors.Conflict and "request-0001" in sdk_error.message
 
 
 def test_the_sdk_ignores_reasons_of_another_domain():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from cantata.proto.vocabulary import DECENTRALIZED
 from cantata.storage.base import StoreConfigError, StorePermissionError
+from cantata.storage.logs import set_third_party_log_level
 from cantata.trainer.data.errors import DatasetUnavailableError
 from cantata.trainer.reporter import Endpoint, Reporter
 
@@ -54,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--job", help="job id (shown in the process list)")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    set_third_party_log_level()  # the server's setting, from the environment it passed on
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,11 @@ from cantata.server.ports import AuditSink, DataSourceDirectory
 from cantata.server.store import JobRecord, Store
 
 WATCH_POLL = 1.0  # seconds between checks that a watcher is still connected
+
+
+def submitted_digest(spec: common_pb2.JobSpec) -> str:
+    """SHA-256 of a job spec as the tenant sent it (before the server's defaults): what a retry must repeat."""
+    return hashlib.sha256(spec.SerializeToString(deterministic=True)).hexdigest()
 
 
 def job_info(job: JobRecord) -> common_pb2.JobInfo:
@@ -61,12 +67,13 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         tenant_name = caller(context).name
         if not valid_request_id(request.request_id):
             raise InvalidField("request_id", REQUEST_ID_RULE)
+        digest = submitted_digest(request.spec)
         spec = parse_job_spec(request.spec, **self._spec_defaults)
         source = dataset_source(spec.dataset)
         if source and not self._data_source_exists(tenant_name, source):
             raise DataSourceNotFound(f"dataset: data source {source!r} not found")
         with self._store.database.transaction():  # the job exists only once its record is durable
-            job, created = self._store.submit_job(self._store.tenant(tenant_name), request.request_id, spec)
+            job, created = self._store.submit_job(self._store.tenant(tenant_name), request.request_id, spec, digest)
             if created:
                 self._audit(
                     caller(context).uri,
@@ -107,6 +114,7 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
     def WatchJob(self, request, context):
         """Events after the cursor, to the job's end; an earlier end that a resume followed is not the end."""
         job = self._job(context, request.job_id)
+        context.send_initial_metadata(())  # the stream is open: a client resuming it knows before any event
         cursor = max(0, request.cursor)
         while context.is_active():
             for event in self._store.events_after(job.id, cursor, wait=WATCH_POLL):
