@@ -129,7 +129,7 @@ def test_a_database_made_before_versioning_opens_unchanged(tmp_path: Path, keyri
     db.close()
 
 
-def test_a_version_1_database_migrates_to_spec_digests(tmp_path: Path) -> None:
+def test_a_version_1_database_migrates_to_failure_counts_and_spec_digests(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     spec = common_pb2.JobSpec(name="j", steps=10)
     db = Database(path, MIGRATIONS[:1])
@@ -143,7 +143,7 @@ def test_a_version_1_database_migrates_to_spec_digests(tmp_path: Path) -> None:
     db.close()
 
     db = Database(path)
-    assert db.version == 2
+    assert db.version == len(MIGRATIONS) == 3  # through the failures (2) and digest (3) steps
     store = Store(db)
     acme = store.tenant("acme")
     assert store.submit_job(acme, "request-0001", spec, "digest-a")[0].id == "job-1"  # compared by its spec
