@@ -15,13 +15,14 @@ import contextvars
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import grpc
 
 from cantata.proto.vocabulary import REQUEST_ID_KEY
 from cantata.security.audit import Action, AuditLogUnavailable
 from cantata.security.pki import PeerCertificate, Principal, peer_certificate
-from cantata.server.errors import status
+from cantata.server.errors import status, wrap_handler
 from cantata.server.ports import CertificateRegistry, JobDirectory, TenantDirectory
 
 PUBLIC = "public"  # no client certificate required (TLS still authenticates the server)
@@ -134,17 +135,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
         method = handler_call_details.method
         if handler.request_streaming or not (handler.unary_unary or handler.unary_stream):
             raise RuntimeError(f"client-streaming method {method} is not supported by the gatekeeper")
-        if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(
-                self._guard_unary(method, handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return grpc.unary_stream_rpc_method_handler(
-            self._guard_stream(method, handler.unary_stream),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        return wrap_handler(handler, partial(self._guard_unary, method), partial(self._guard_stream, method))
 
     def _admit(self, method: str, context: grpc.ServicerContext) -> None:
         _request_id.set(uuid.uuid4().hex)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import grpc
@@ -162,6 +163,29 @@ def status_of(exc: Exception, *, request_id: str, principal: Principal | None = 
     )
 
 
+Behaviour = Callable[[Any, grpc.ServicerContext], Any]
+
+
+def wrap_handler(
+    handler: grpc.RpcMethodHandler, unary: Callable[[Behaviour], Behaviour], stream: Callable[[Behaviour], Behaviour]
+) -> grpc.RpcMethodHandler:
+    """``handler`` with its unary-unary behaviour passed through ``unary``, or its unary-stream one through ``stream``.
+
+    What a server interceptor returns to change how a method runs (an interceptor cannot act on the call itself).
+    """
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(
+            unary(handler.unary_unary),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+    return grpc.unary_stream_rpc_method_handler(
+        stream(handler.unary_stream),
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
 class ErrorInterceptor(grpc.ServerInterceptor):
     """Ends a call whose handler raised a domain error with that error's status."""
 
@@ -173,17 +197,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         if handler is None or handler.request_streaming:
             return handler
         method = handler_call_details.method
-        if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(
-                self._unary(method, handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return grpc.unary_stream_rpc_method_handler(
-            self._stream(method, handler.unary_stream),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        return wrap_handler(handler, partial(self._unary, method), partial(self._stream, method))
 
     def _unary(self, method: str, behaviour: Callable[[Any, grpc.ServicerContext], Any]):
         def translated(request: Any, context: grpc.ServicerContext) -> Any:
@@ -208,8 +222,9 @@ class ErrorInterceptor(grpc.ServerInterceptor):
     def _end(self, method: str, context: grpc.ServicerContext, exc: Exception) -> None:
         """Abort with ``exc``'s status if it is a domain error; otherwise log it and return."""
         peer = peer_certificate(context.auth_context())
-        mapped = status_of(exc, request_id=self._request_id(), principal=peer.principal if peer else None)
+        request_id = self._request_id()
+        mapped = status_of(exc, request_id=request_id, principal=peer.principal if peer else None)
         if mapped is None:
-            log.error("%s failed with an unmapped error (request %s)", method, self._request_id(), exc_info=exc)
+            log.error("%s failed with an unmapped error (request %s)", method, request_id, exc_info=exc)
             return
         context.abort_with_status(mapped)
