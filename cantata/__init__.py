@@ -4,11 +4,18 @@ The subpackages live in top-level folders of the repository (see docs/architectu
 ``cantata.proto`` (wire contract), ``cantata.sdk`` (client and CLI),
 ``cantata.server`` (control plane), ``cantata.trainer`` (worker processes),
 ``cantata.security`` and ``cantata.storage``.
+
+``cantata.__version__`` is read from the installed distribution's metadata when
+asked for (importing ``importlib.metadata`` at every start would slow the CLI).
 """
 
-from importlib.metadata import PackageNotFoundError, version
 
-try:
-    __version__ = version("cantata")
-except PackageNotFoundError:  # run from a source tree that was never installed
-    __version__ = "0+unknown"
+def __getattr__(name: str) -> str:
+    if name != "__version__":
+        raise AttributeError(f"module 'cantata' has no attribute {name!r}")
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("cantata")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"

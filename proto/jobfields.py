@@ -32,6 +32,7 @@ from cantata.proto.vocabulary import (
     REQUEST_ID,
     Algorithm,
     Compression,
+    LrSchedule,
     Model,
     Optimizer,
     Topology,
@@ -42,6 +43,10 @@ MAX_STEPS = 10_000_000
 MAX_WORKERS = 256  # worker processes of one job, all groups together
 MAX_RANKS_PER_WORKER = 64
 MAX_FAILURES, DEFAULT_MAX_FAILURES = 100, 3
+WARMUP_DIVISOR = 20  # the default warm-up: 5% of the steps
+MAX_GRAD_ACCUM = 1024
+MAX_EVAL_BATCHES = 10_000
+MAX_KEEP_LAST = 10_000
 DECENTRALIZED_DEFAULTS = {  # algorithm -> (local steps H, outer lr eta, outer momentum gamma, topology)
     Algorithm.DILOCO: (20, 0.7, 0.9, Topology.COMPLETE),
     Algorithm.GASLOC: (20, 1.0, 0.5, Topology.RING),
@@ -152,6 +157,76 @@ def _text(value: Any) -> str:
 def _decentralized(index: int) -> Callable[[Any], Any]:
     return lambda spec: DECENTRALIZED_DEFAULTS[spec.algorithm][index]
 
+
+# Training settings: the schedule, regularisation, accumulation, evaluation and retention.
+TRAINING_FIELDS: tuple[JobField, ...] = (
+    JobField(
+        "warmup_steps",
+        int,
+        "steps of linear learning-rate warm-up from 0; 0 is none",
+        None,
+        Rule("steps / 20, at least 1", lambda spec: max(1, spec.steps // WARMUP_DIVISOR)),
+        range=Range(0, MAX_STEPS),
+        optional=True,
+    ),
+    JobField(
+        "lr_schedule",
+        str,
+        "decay of the learning rate after warm-up, to min_lr_ratio x lr at the last step",
+        "",
+        LrSchedule.COSINE.value,
+        choices=LrSchedule,
+    ),
+    JobField(
+        "min_lr_ratio",
+        float,
+        "the decay's floor, as a fraction of lr",
+        None,
+        0.1,
+        range=Range(0, 1),
+        optional=True,
+    ),
+    JobField(
+        "weight_decay",
+        float,
+        "decoupled weight decay of weight matrices (norms and biases never decay)",
+        None,
+        0.1,
+        range=Range(0, 1),
+        optional=True,
+    ),
+    JobField(
+        "grad_clip",
+        float,
+        "clip the global gradient norm (after averaging across workers) to this; unset: no clipping",
+        0.0,
+        range=Range(0, low_open=True),
+    ),
+    JobField(
+        "grad_accum",
+        int,
+        "micro-batches of batch_size accumulated per optimizer step",
+        0,
+        1,
+        range=Range(1, MAX_GRAD_ACCUM),
+    ),
+    JobField(
+        "eval_batches",
+        int,
+        "validation batches of batch_size per evaluation (the dataset's validation split must hold them)",
+        0,
+        8,
+        range=Range(1, MAX_EVAL_BATCHES),
+    ),
+    JobField(
+        "keep_last",
+        int,
+        "checkpoints kept in the store; older ones are deleted once a newer one is written",
+        0,
+        3,
+        range=Range(1, MAX_KEEP_LAST),
+    ),
+)
 
 FIELDS: tuple[JobField, ...] = (
     JobField("name", str, "the job's name, shown in listings", REQUIRED, max_length=128, required=True),
@@ -310,6 +385,7 @@ FIELDS: tuple[JobField, ...] = (
         range=Range(0, MAX_FAILURES),
         optional=True,
     ),
+    *TRAINING_FIELDS,
 )
 FIELD = {f.name: f for f in FIELDS}
 

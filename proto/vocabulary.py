@@ -58,6 +58,14 @@ class Utf8Policy(enum.StrEnum):
     FAIL = "fail"
 
 
+class LrSchedule(enum.StrEnum):
+    """How the learning rate decays after its warm-up, down to ``min_lr_ratio`` of its peak."""
+
+    COSINE = "cosine"
+    LINEAR = "linear"
+    CONSTANT = "constant"
+
+
 class Model(enum.StrEnum):
     """The model configurations the server accepts."""
 

@@ -1,22 +1,55 @@
-"""The Cantata SDK: ``Client.from_profile(name).submit(Job(...))``."""
+"""The Cantata SDK: ``Client.from_profile(name).submit(Job(...))``.
 
-from cantata.sdk.client import Checkpoint, Client, DataSource, Event, JobHandle, JobStatus, Tenant
-from cantata.sdk.errors import (
-    CantataError,
-    Conflict,
-    DataLoss,
-    InvalidArgument,
-    InvalidJob,
-    NotFound,
-    PermissionDenied,
-    QuotaExceeded,
-    StoreFull,
-    StreamInterrupted,
-    Unauthenticated,
-    Unavailable,
-    WaitTimedOut,
-)
-from cantata.sdk.job import Job
+Names are imported from their modules on first use, so that the CLI starts
+without loading gRPC for commands that do not need it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cantata.sdk.client import Checkpoint, Client, DataSource, Event, JobHandle, JobStatus, Tenant
+    from cantata.sdk.errors import (
+        CantataError,
+        Conflict,
+        DataLoss,
+        InvalidArgument,
+        InvalidJob,
+        NotFound,
+        PermissionDenied,
+        QuotaExceeded,
+        StoreFull,
+        StreamInterrupted,
+        Unauthenticated,
+        Unavailable,
+        WaitTimedOut,
+    )
+    from cantata.sdk.job import Job
+
+_HOMES = {
+    **dict.fromkeys(("Checkpoint", "Client", "DataSource", "Event", "JobHandle", "JobStatus", "Tenant"), "client"),
+    **dict.fromkeys(
+        (
+            "CantataError",
+            "Conflict",
+            "DataLoss",
+            "InvalidArgument",
+            "InvalidJob",
+            "NotFound",
+            "PermissionDenied",
+            "QuotaExceeded",
+            "StoreFull",
+            "StreamInterrupted",
+            "Unauthenticated",
+            "Unavailable",
+            "WaitTimedOut",
+        ),
+        "errors",
+    ),
+    "Job": "job",
+}
 
 __all__ = [
     "CantataError",
@@ -41,3 +74,10 @@ __all__ = [
     "Unavailable",
     "WaitTimedOut",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'cantata.sdk' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"cantata.sdk.{home}"), name)

@@ -1,11 +1,18 @@
 """The ``cantata`` command line.
 
-Client commands (tenant, admin tenants, jobs, checkpoints, data sources) live
-here and talk to the server through the SDK. Commands that act on a server's
-own data directory (``server``, ``audit``) or on local data files (``data
-prepare``, ``data upload``) are contributed by installed plugins (entry-point
-group ``cantata.cli``) that add to the parsers in ``groups``, so the SDK does
-not import the server.
+Client commands (tenant, admin tenants, jobs, checkpoints, data sources,
+profiles) live here and talk to the server through the SDK. Commands that act
+on a server's own data directory (``server``, ``audit``) or on local data
+files (``data prepare``, ``data upload``) are contributed by installed
+plugins (entry-point group ``cantata.cli``, each named after the command it
+adds to) that add to the parsers in ``groups``, so the SDK does not import
+the server.
+
+Start-up is kept short: the parser is built only for the command being run
+(the others list their help), a plugin is imported only for its command, and
+each command imports what it runs (the SDK client, YAML, the progress bar) —
+``benchmarks/bench_cli.py`` measures it. Shell completion (argcomplete)
+builds the whole tree.
 Exit code 0 on success; non-zero with a one-line reason on failure.
 """
 
@@ -17,20 +24,17 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import asdict
-from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
+from cantata.sdk.profiles import Profile, choose_default_profile, default_profile, home
 
-from cantata import dataset_key as key_file
-from cantata.proto import jobfields
-from cantata.proto.vocabulary import Algorithm
-from cantata.sdk import enroll
-from cantata.sdk.client import Client
-from cantata.sdk.errors import CantataError
-from cantata.sdk.job import Job
-from cantata.sdk.profiles import Profile, default_profile
+if TYPE_CHECKING:
+    from cantata.sdk.client import Client
+    from cantata.sdk.job import Job
+
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as the shell reports a reader that stopped early
+PLUGIN_GROUP = "cantata.cli"
 
 
 class CommandError(Exception):
@@ -38,6 +42,8 @@ class CommandError(Exception):
 
 
 def _client(args) -> Client:
+    from cantata.sdk.client import Client
+
     return Client.from_profile(args.profile)
 
 
@@ -49,8 +55,15 @@ def _print(args, rows, text_lines) -> None:
             print(line)
 
 
+def _json_line(row: Mapping[str, Any]) -> None:
+    """One JSON object per line (streams: ``jobs watch --json``, ``jobs logs --json``)."""
+    print(json.dumps(row, default=str), flush=True)
+
+
 # ---- tenant -------------------------------------------------------------
 def cmd_tenant_request(args) -> int:
+    from cantata.sdk import enroll
+
     ca_pem = Path(args.ca_file).read_bytes()
     status = enroll.request_tenancy(args.name, args.server, ca_pem, args.enroll_server or "")
     _print(
@@ -66,6 +79,8 @@ def cmd_tenant_request(args) -> int:
 
 
 def cmd_tenant_status(args) -> int:
+    from cantata.sdk import enroll
+
     status = enroll.fetch_status(args.name)
     lines = [f"tenant {status.name}: {status.status}"]
     if status.certificate_installed:
@@ -75,6 +90,8 @@ def cmd_tenant_status(args) -> int:
 
 
 def cmd_tenant_renew(args) -> int:
+    from cantata.sdk import enroll
+
     expires = enroll.renew_certificate(args.name)
     _print(
         args,
@@ -171,6 +188,9 @@ def _tenant_action(verb: str):
 # ---- jobs ---------------------------------------------------------------
 def _add_job_flags(parser: argparse.ArgumentParser) -> None:
     """One ``--FIELD`` flag per job field of the table; a flag overrides the file."""
+    from cantata.proto import jobfields
+    from cantata.proto.vocabulary import Algorithm
+
     group = parser.add_argument_group("job fields", "each overrides the file's value; see docs/job-fields.md")
     for f in jobfields.FIELDS:
         notes = [f.default_text() if f.sdk_default is jobfields.REQUIRED else f"default: {f.default_text()}"]
@@ -190,9 +210,17 @@ def _add_job_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _job_from_args(args) -> Job:
+    import yaml
+
+    from cantata.proto import jobfields
+    from cantata.sdk.job import Job
+
     data = {}
     if args.file:
-        loaded = yaml.safe_load(Path(args.file).read_text())
+        try:
+            loaded = yaml.safe_load(Path(args.file).read_text())
+        except yaml.YAMLError as exc:
+            raise CommandError(f"{args.file}: not valid YAML: {exc}") from None
         if not isinstance(loaded, dict):
             raise CommandError(f"{args.file}: expected a mapping of job fields")
         data.update(loaded)
@@ -203,14 +231,18 @@ def _job_from_args(args) -> Job:
 
 
 def _job_line(j) -> str:
-    loss = f"val {j.val_loss:.4f}" if j.val_loss else (f"loss {j.loss:.4f}" if j.loss else "")
+    if j.val_loss is not None:
+        loss = f"val {j.val_loss:.4f}"
+    else:
+        loss = f"loss {j.loss:.4f}" if j.loss is not None else ""
     reason = f"  ({j.reason})" if j.reason else ""
     return f"{j.id}  {j.name:<20} {j.state:<10} step {j.step}/{j.steps}  {loss}{reason}"
 
 
 def cmd_jobs_submit(args) -> int:
+    job = _job_from_args(args)
     with _client(args) as client:
-        handle = client.submit(_job_from_args(args))
+        handle = client.submit(job)
         if not args.watch:
             _print(args, {"id": handle.id}, [handle.id])
             return 0
@@ -238,7 +270,7 @@ def cmd_jobs_watch(args) -> int:
         handle = client.job(args.job_id)
         if args.json:
             for event in handle.events():
-                print(json.dumps(asdict(event)), flush=True)
+                _json_line(asdict(event))
             status = handle.status()
         else:
             status = handle.wait(progress=True)
@@ -266,7 +298,10 @@ def cmd_jobs_resume(args) -> int:
 
 
 def cmd_jobs_plot(args) -> int:
-    from cantata.sdk.plot import plot_losses
+    try:
+        from cantata.sdk.plot import plot_losses
+    except ImportError as exc:
+        raise CommandError(f"plotting needs matplotlib: pip install 'cantata[plot]' ({exc})") from None
 
     with _client(args) as client:
         status = client.get(args.job_id)
@@ -278,10 +313,25 @@ def cmd_jobs_plot(args) -> int:
 
 
 def cmd_jobs_logs(args) -> int:
+    """The workers' logs; ``--json``: one object per line, a JSON log record's keys under ``record``."""
     with _client(args) as client:
         for worker, line in client.logs(args.job_id, follow=args.follow):
-            print(f"[{worker}] {line}", flush=True)
+            if args.json:
+                _json_line({"worker": worker, "line": line, "record": _json_record(line)})
+            else:
+                print(f"[{worker}] {line}", flush=True)
     return 0
+
+
+def _json_record(line: str) -> dict | None:
+    """A worker's JSON log record (``CANTATA_LOG_FORMAT=json``), or None for a plain line."""
+    if not line.startswith("{"):
+        return None
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
 
 
 # ---- checkpoints --------------------------------------------------------
@@ -351,6 +401,8 @@ def _azure_account_url(environ: Mapping[str, str]) -> str:
 
 def _profile_dataset_key(profile: str) -> bytes:
     """The tenant's dataset key: the one ``cantata data upload --encrypt`` seals shards with (made on first use)."""
+    from cantata import dataset_key as key_file
+
     return key_file.load_or_create(Profile.named(profile).folder / key_file.KEY_FILE, tenant=profile)[1]
 
 
@@ -406,24 +458,81 @@ def cmd_audit_report_remote(args) -> int:
     return 0
 
 
+# ---- profiles -------------------------------------------------------------
+def cmd_profile_list(args) -> int:
+    root = home() / "profiles"
+    names = sorted(p.name for p in root.iterdir() if (p / "profile.json").exists()) if root.is_dir() else []
+    current = default_profile("")
+    rows = []
+    for name in names:
+        profile = Profile.named(name)
+        rows.append(
+            {"name": name, "server": profile.server, "certificate": profile.cert.exists(), "default": name == current}
+        )
+    lines = [
+        f"{'*' if r['default'] else ' '} {r['name']:<24} {r['server']:<24} {'' if r['certificate'] else '(no certificate yet)'}"
+        for r in rows
+    ]
+    _print(args, rows, lines or [f"no profiles in {root}"])
+    return 0
+
+
+def cmd_profile_use(args) -> int:
+    profile = Profile.named(args.name)
+    if not profile.exists:
+        raise CommandError(f"no profile {args.name!r} in {profile.folder.parent}")
+    choose_default_profile(args.name)
+    note = (
+        f" (CANTATA_PROFILE={os.environ['CANTATA_PROFILE']} still overrides it)"
+        if "CANTATA_PROFILE" in os.environ
+        else ""
+    )
+    _print(args, {"default": args.name}, [f"default profile: {args.name}{note}"])
+    return 0
+
+
+def cmd_completion(args) -> int:
+    import argcomplete
+
+    sys.stdout.write(argcomplete.shellcode(["cantata"], shell=args.shell))
+    return 0
+
+
 # ---- parser -------------------------------------------------------------
-def _client_flags(parser: argparse.ArgumentParser, default: str | None, json_flag: bool = True) -> None:
+COMMANDS = {  # the built-in commands and their help; plugins add to these and add their own
+    "tenant": "enroll as a tenant",
+    "admin": "platform administration",
+    "jobs": "training jobs",
+    "checkpoints": "a job's checkpoints",
+    "data": "tenant datasets: data sources, preparing and uploading shards",
+    "profile": "client profiles: list them, choose the default",
+    "completion": 'print the shell completion script: eval "$(cantata completion bash)"',
+}
+
+
+def _command(root: argparse._SubParsersAction, name: str, help: str = "") -> argparse._SubParsersAction:
+    """Add the command ``name`` (help from ``COMMANDS``); returns its sub-command set."""
+    parser = root.add_parser(name, help=help or COMMANDS[name])
+    return parser.add_subparsers(dest="sub", required=True, metavar="COMMAND")
+
+
+def _client_flags(
+    parser: argparse.ArgumentParser, default: str | None, json_flag: bool = True, json_help: str = ""
+) -> None:
     value = default_profile(default or "")
     parser.add_argument(
         "--profile",
         default=value or None,
         required=not value,
-        help=f"client profile (default: $CANTATA_PROFILE{' or ' + default if default else ''})",
+        help="client profile (default: $CANTATA_PROFILE, else the one `cantata profile use` chose"
+        + (f", else {default})" if default else ")"),
     )
-    if json_flag:
-        parser.add_argument("--json", action="store_true", help="machine-readable output")
+    if json_flag or json_help:
+        parser.add_argument("--json", action="store_true", help=json_help or "machine-readable output")
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict]:
-    parser = argparse.ArgumentParser(prog="cantata", description="Cantata: secure multi-tenant training")
-    root = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    tenant = root.add_parser("tenant", help="enroll as a tenant").add_subparsers(dest="sub", required=True)
+def _build_tenant(root: argparse._SubParsersAction, groups: dict) -> None:
+    tenant = _command(root, "tenant")
     p = tenant.add_parser("request", help="make a key and CSR locally and request tenancy")
     p.add_argument("name")
     p.add_argument("--server", required=True, help="HOST:PORT of the control plane")
@@ -440,7 +549,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_tenant_renew)
 
-    admin = root.add_parser("admin", help="platform administration").add_subparsers(dest="sub", required=True)
+
+def _build_admin(root: argparse._SubParsersAction, groups: dict) -> None:
+    admin = _command(root, "admin")
     tenants = admin.add_parser("tenants", help="the tenant lifecycle").add_subparsers(dest="action", required=True)
     p = tenants.add_parser("list", help="tenants with their status, quotas and usage")
     p.add_argument("--status", help="only tenants with this status (pending, approved, suspended)")
@@ -485,10 +596,18 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     p.add_argument("job_id")
     _client_flags(p, "admin")
     p.set_defaults(func=cmd_admin_anomalies)
+    groups["admin"] = admin
 
-    jobs = root.add_parser("jobs", help="training jobs").add_subparsers(dest="sub", required=True)
-    p = jobs.add_parser("submit", help="submit a job from a YAML file and/or flags")
-    p.add_argument("file", nargs="?", help="YAML file of Job fields")
+
+def _build_jobs(root: argparse._SubParsersAction, groups: dict) -> None:
+    jobs = _command(root, "jobs")
+    p = jobs.add_parser(
+        "submit",
+        help="submit a job from a YAML file and/or flags",
+        description="Submit a job. Fields come from a job.yaml file (examples/ holds one per algorithm; "
+        "docs/job-fields.md lists every field) and/or --FIELD flags, which override the file.",
+    )
+    p.add_argument("file", nargs="?", help="job.yaml: a mapping of job fields (unknown keys are refused)")
     _add_job_flags(p)
     p.add_argument("--watch", action="store_true", help="follow the job with a progress bar until it ends")
     _client_flags(p, None)
@@ -515,13 +634,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     p.add_argument("--out", required=True)
     _client_flags(p, None, json_flag=False)
     p.set_defaults(func=cmd_jobs_plot)
-    p = jobs.add_parser("logs", help="worker logs")
+    p = jobs.add_parser("logs", help="the workers' logs: steps, evaluations, checkpoints, warnings")
     p.add_argument("job_id")
-    p.add_argument("--follow", "-f", action="store_true")
-    _client_flags(p, None, json_flag=False)
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
+    _client_flags(p, None, json_help="one JSON object per line: worker, line, and a JSON log record's keys")
     p.set_defaults(func=cmd_jobs_logs)
 
-    ckpts = root.add_parser("checkpoints", help="a job's checkpoints").add_subparsers(dest="sub", required=True)
+
+def _build_checkpoints(root: argparse._SubParsersAction, groups: dict) -> None:
+    ckpts = _command(root, "checkpoints")
     p = ckpts.add_parser("list", help="list checkpoints")
     p.add_argument("job_id")
     _client_flags(p, None)
@@ -533,8 +654,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     _client_flags(p, None, json_flag=False)
     p.set_defaults(func=cmd_checkpoints_download)
 
-    data = root.add_parser("data", help="tenant datasets: data sources, preparing and uploading shards")
-    data_commands = data.add_subparsers(dest="sub", required=True)
+
+def _build_data(root: argparse._SubParsersAction, groups: dict) -> None:
+    data_commands = _command(root, "data")
+    groups["data"] = data_commands
     sources = data_commands.add_parser(
         "sources", help="named S3 / Azure Blob credentials your jobs read datasets with"
     ).add_subparsers(dest="action", required=True)
@@ -570,26 +693,133 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     _client_flags(p, None)
     p.set_defaults(func=cmd_data_sources_rm)
 
-    groups = {"root": root, "admin": admin, "data": data_commands, "remote_audit_report": cmd_audit_report_remote}
-    for plugin in entry_points(group="cantata.cli"):
-        plugin.load()(groups)
+
+def _build_profile(root: argparse._SubParsersAction, groups: dict) -> None:
+    profile = _command(root, "profile")
+    p = profile.add_parser("list", help="the profiles in $CANTATA_HOME (default ~/.cantata); * marks the default")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_profile_list)
+    p = profile.add_parser("use", help="make a profile the default of every command ($CANTATA_PROFILE overrides it)")
+    p.add_argument("name")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_profile_use)
+
+
+def _build_completion(root: argparse._SubParsersAction, groups: dict) -> None:
+    p = root.add_parser("completion", help=COMMANDS["completion"])
+    p.add_argument("shell", choices=["bash", "zsh", "fish", "tcsh", "powershell"])
+    p.set_defaults(func=cmd_completion)
+
+
+BUILDERS = {
+    "tenant": _build_tenant,
+    "admin": _build_admin,
+    "jobs": _build_jobs,
+    "checkpoints": _build_checkpoints,
+    "data": _build_data,
+    "profile": _build_profile,
+    "completion": _build_completion,
+}
+
+
+class _Version(argparse.Action):
+    """``--version``: reads the installed distribution's metadata only when asked."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import cantata
+
+        print(f"cantata {cantata.__version__}")
+        parser.exit()
+
+
+def _plugins() -> dict[str, list]:
+    """The installed plugins' entry points, by the command each adds to."""
+    from importlib.metadata import entry_points
+
+    found: dict[str, list] = {}
+    for plugin in entry_points(group=PLUGIN_GROUP):
+        found.setdefault(plugin.name, []).append(plugin)
+    return found
+
+
+def build_parser(command: str | None = None) -> tuple[argparse.ArgumentParser, dict]:
+    """The ``cantata`` parser and its sub-command sets (``groups``).
+
+    With ``command`` only that command is built in full, with its plugins; the
+    others are listed with their help (what ``cantata --help`` shows). Without
+    it, every command is built (shell completion, tests).
+    """
+    parser = argparse.ArgumentParser(prog="cantata", description="Cantata: secure multi-tenant training")
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
+    root = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    groups: dict[str, Any] = {"root": root, "remote_audit_report": cmd_audit_report_remote}
+    plugins = _plugins()
+    for name in sorted(
+        set(BUILDERS) | set(plugins), key=lambda n: (n not in BUILDERS, list(BUILDERS).index(n) if n in BUILDERS else n)
+    ):
+        if command is not None and name != command:
+            root.add_parser(name, help=COMMANDS.get(name) or _plugin_help(plugins[name]), add_help=False)
+            continue
+        if name in BUILDERS:
+            BUILDERS[name](root, groups)
+        for plugin in plugins.get(name, ()):
+            plugin.load()(groups)
     return parser, groups
 
 
+def _plugin_help(entries: list) -> str:
+    """A plugin command's help, from its module's ``COMMAND_HELP`` (a module that is cheap to import)."""
+    import importlib
+
+    for entry in entries:
+        text = getattr(importlib.import_module(entry.module), "COMMAND_HELP", {}).get(entry.name)
+        if text:
+            return text
+    return ""
+
+
+def _command_word(argv: list[str]) -> str | None:
+    """The command ``argv`` runs (its first word that is not an option), or None."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser, _ = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    completing = "_ARGCOMPLETE" in os.environ
+    parser, _ = build_parser(None if completing else _command_word(argv) or "")
+    if completing:
+        import argcomplete
+
+        argcomplete.autocomplete(parser)
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except CantataError as exc:
-        rid = f" [request {exc.request_id}]" if exc.request_id and exc.request_id not in exc.message else ""
-        print(f"cantata: error: {type(exc).__name__}: {exc.message}{rid}", file=sys.stderr)
-    except (CommandError, OSError, ValueError) as exc:
-        print(f"cantata: error: {exc}", file=sys.stderr)
+    except BrokenPipeError:
+        # The reader went away (`cantata jobs watch J --json | head`): stop quietly, as `yes | head` does.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
         print("cantata: interrupted", file=sys.stderr)
         return 130
-    return 1
+    except Exception as exc:
+        print(f"cantata: error: {_one_line(exc)}", file=sys.stderr)
+        return 1
+
+
+def _one_line(exc: Exception) -> str:
+    """The one-line reason for a failed command; anything unexpected propagates with its traceback."""
+    if "cantata.sdk.errors" in sys.modules:  # an SDK error can only come from a loaded SDK
+        from cantata.sdk.errors import CantataError
+
+        if isinstance(exc, CantataError):
+            rid = f" [request {exc.request_id}]" if exc.request_id and exc.request_id not in exc.message else ""
+            return f"{type(exc).__name__}: {exc.message}{rid}"
+    if isinstance(exc, (CommandError, OSError, ValueError)):
+        return str(exc)
+    raise exc
 
 
 if __name__ == "__main__":

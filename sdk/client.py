@@ -53,8 +53,15 @@ DATA_SOURCE_KIND_NAMES = {value: name for name, value in DATA_SOURCE_KINDS.items
 DATASET_KEY_SIZE = 32
 
 
+def _state_name(state: int) -> str | None:
+    """A job state's name; None for the unset state (an event that is not a state change)."""
+    return common_pb2.JobState.Name(state) if state != common_pb2.JOB_STATE_UNSPECIFIED else None
+
+
 @dataclass(frozen=True)
 class JobStatus:
+    """A job as the server sees it; ``loss`` and ``val_loss`` are None until the job has reported one."""
+
     id: str
     name: str
     tenant: str
@@ -62,8 +69,8 @@ class JobStatus:
     reason: str
     step: int
     steps: int
-    loss: float
-    val_loss: float
+    loss: float | None
+    val_loss: float | None
     algorithm: str
     workers: int
     created: str
@@ -82,26 +89,33 @@ class JobStatus:
             info.reason,
             info.step,
             info.spec.steps,
-            info.loss,
-            info.val_loss,
+            info.loss or None,  # proto3 has no "unset" double: 0.0 is no report yet (a loss is never exactly 0)
+            info.val_loss or None,
             info.spec.algorithm,
             info.spec.workers,
             info.created.ToJsonString(),
         )
 
 
+# The event kinds that carry each value; other events hold None there.
+_LOSS_KINDS = frozenset({jobs_pb2.PROGRESS})
+_VAL_LOSS_KINDS = frozenset({jobs_pb2.EVAL})
+
+
 @dataclass(frozen=True)
 class Event:
+    """One event of a job. Values an event of its ``kind`` does not carry are None (``state``: a STATE event's)."""
+
     seq: int
     time: str
     kind: str
-    state: str
+    state: str | None
     terminal: bool
     step: int
-    total_steps: int
-    loss: float
-    val_loss: float
-    tokens_per_s: float
+    total_steps: int | None
+    loss: float | None
+    val_loss: float | None
+    tokens_per_s: float | None
     message: str
     worker: int
 
@@ -111,13 +125,13 @@ class Event:
             e.seq,
             e.time.ToJsonString(),
             jobs_pb2.EventKind.Name(e.kind),
-            common_pb2.JobState.Name(e.state),
+            _state_name(e.state),
             e.terminal,
             e.step,
-            e.total_steps,
-            e.loss,
-            e.val_loss,
-            e.tokens_per_s,
+            e.total_steps or None,
+            e.loss if e.kind in _LOSS_KINDS else None,
+            e.val_loss if e.kind in _VAL_LOSS_KINDS else None,
+            e.tokens_per_s if e.kind in _LOSS_KINDS else None,
             e.message,
             e.worker,
         )
@@ -555,17 +569,17 @@ class JobHandle:
         return self._client.logs(self.id, follow=follow)
 
     def wait(self, *, progress: bool = False, timeout: float | None = None) -> JobStatus:
-        """Follow the job's events to its end; with ``progress``, draw a progress bar.
+        """Follow the job's events to its end; with ``progress``, show it on stderr (a bar on a terminal).
 
         ``timeout`` (seconds) holds whatever the server does (no events, down,
         frozen): past it, ``WaitTimedOut`` (a ``CantataError``) is raised.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         bar = None
-        if progress:
-            from cantata.sdk.progress import ProgressBar
+        if progress:  # a bar on a terminal, plain lines elsewhere
+            from cantata.sdk.progress import progress_display
 
-            bar = ProgressBar(self.id)
+            bar = progress_display(self.id)
         try:
             for event in self._client._watch(self.id, 0, deadline):
                 if bar is not None:

@@ -3,6 +3,10 @@
 A profile holds ``profile.json`` (the server address, and the enrollment
 address: the server's port + 1 unless told otherwise), ``ca.pem``, and once
 approved ``cert.pem`` and ``key.pem`` (mode 0600).
+
+The profile a command uses: ``--profile``, else ``$CANTATA_PROFILE``, else
+the one ``cantata profile use`` chose (``$CANTATA_HOME/default-profile``),
+else the command's own default (``admin`` for admin commands).
 """
 
 from __future__ import annotations
@@ -23,8 +27,26 @@ def enrollment_address(server: str) -> str:
     return f"{host}:{int(port) + 1}"
 
 
+DEFAULT_PROFILE_FILE = "default-profile"
+
+
 def default_profile(fallback: str) -> str:
-    return os.environ.get("CANTATA_PROFILE") or fallback
+    """``$CANTATA_PROFILE``, else the chosen default profile, else ``fallback``."""
+    return os.environ.get("CANTATA_PROFILE") or chosen_default_profile() or fallback
+
+
+def chosen_default_profile() -> str:
+    """The profile ``cantata profile use`` chose, or ""."""
+    try:
+        return (home() / DEFAULT_PROFILE_FILE).read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def choose_default_profile(name: str) -> None:
+    """Make ``name`` the default profile (``cantata profile use``)."""
+    home().mkdir(parents=True, exist_ok=True)
+    (home() / DEFAULT_PROFILE_FILE).write_text(name + "\n")
 
 
 @dataclass(frozen=True)

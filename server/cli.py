@@ -1,4 +1,8 @@
-"""``cantata server init|start`` (and the audit commands), contributed to the CLI as a plugin."""
+"""``cantata server init|start`` and the audit commands, contributed to the CLI as plugins.
+
+The CLI imports this module only to run (or list) these commands, and each
+command imports what it runs: building the parser loads nothing but argparse.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +11,14 @@ import logging
 import os
 from pathlib import Path
 
-from cantata.server import audit_cli
-from cantata.server.bootstrap import init_data_dir, server_names
-from cantata.server.config import DataDir
-from cantata.server.tls import rotate_server_certificate
-from cantata.storage.logs import LEVEL_ENV, set_third_party_log_level
+from cantata.storage.logs import LEVEL_ENV
+
+COMMAND_HELP = {"server": "run a control-plane server", "audit": "prove the audit log intact and report on it"}
 
 
 def cmd_init(args) -> int:
+    from cantata.server.bootstrap import init_data_dir
+
     profile = init_data_dir(
         Path(args.data_dir), listen=args.listen, enroll_listen=args.enroll_listen or "", admin=args.admin
     )
@@ -25,6 +29,7 @@ def cmd_init(args) -> int:
 
 def cmd_start(args) -> int:
     from cantata.server.app import ControlPlane
+    from cantata.storage.logs import set_third_party_log_level
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ[LEVEL_ENV] = set_third_party_log_level(args.third_party_log_level)  # the workers inherit it
@@ -37,6 +42,10 @@ def cmd_start(args) -> int:
 
 
 def cmd_rotate_cert(args) -> int:
+    from cantata.server.bootstrap import server_names
+    from cantata.server.config import DataDir
+    from cantata.server.tls import rotate_server_certificate
+
     paths = DataDir(Path(args.data_dir))
     dns, ips = server_names(paths.load_settings().listen)
     serial = rotate_server_certificate(paths, dns, ips)
@@ -68,5 +77,17 @@ def register(groups: dict[str, argparse._SubParsersAction]) -> None:
     p = server.add_parser("rotate-cert", help="issue a new server certificate; picked up without a restart")
     p.add_argument("--data-dir", required=True)
     p.set_defaults(func=cmd_rotate_cert)
+
+
+def register_audit(groups: dict[str, argparse._SubParsersAction]) -> None:
+    """``cantata audit verify|report`` (``report --profile`` asks the server through the client CLI)."""
+    from cantata.server import audit_cli
+
     audit_cli.register(groups["root"], remote_report=groups.get("remote_audit_report"))
+
+
+def register_admin(groups: dict[str, argparse._SubParsersAction]) -> None:
+    """``cantata admin audit rotate-key|export-anchor``, on a server's data directory."""
+    from cantata.server import audit_cli
+
     audit_cli.register_admin(groups["admin"])

@@ -69,6 +69,7 @@ def parse_job_spec(spec: common_pb2.JobSpec, *, default_store: str, roots: list[
     jobfields.fill_defaults(s)
     s.checkpoint_store = s.checkpoint_store or default_store
     _require(s.algorithm != Algorithm.SINGLE or s.workers == 1, "workers", "algorithm 'single' runs one worker")
+    _require(s.warmup_steps <= s.steps, "warmup_steps", f"must be at most steps ({s.steps})")
     _require(processes(s) <= MAX_WORKERS, "ranks_per_worker", f"workers x ranks_per_worker must be <= {MAX_WORKERS}")
     if s.algorithm in DECENTRALIZED:
         _require(s.workers >= 2, "workers", f"{s.algorithm} needs at least 2 workers")

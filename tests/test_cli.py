@@ -61,8 +61,8 @@ def test_enroll_approve_submit_watch_and_list_through_the_cli(platform):
     assert [j["name"] for j in jobs] == ["cli-job"] and jobs[0]["state"] == "SUCCEEDED"
     ckpts = json.loads(cli("checkpoints", "list", jobs[0]["id"], "--profile", "cli-co", "--json", env=env).stdout)
     assert [c["step"] for c in ckpts] == [20, 40]
-    logs = cli("jobs", "logs", jobs[0]["id"], "--profile", "cli-co", env=env).stdout
-    assert "[0] worker 0: finished" in logs
+    logs = cli("jobs", "logs", jobs[0]["id"], "--profile", "cli-co", env=env).stdout.splitlines()
+    assert any(line.startswith("[0] ") and "worker 0: finished" in line for line in logs), logs
 
 
 def test_cli_errors_are_one_line_and_non_zero(platform):

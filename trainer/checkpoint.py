@@ -28,8 +28,6 @@ from cantata.security.sealed_checkpoint import (
 )
 from cantata.storage import open_store
 
-KEEP_LAST = 3
-
 
 class _Where(TypedDict):
     """Whose checkpoints: every sealed-checkpoint call takes these."""
@@ -39,8 +37,10 @@ class _Where(TypedDict):
 
 
 class JobCheckpoints:
-    def __init__(self, store_uri: str, tenant: str, job_id: str, keys: JobKeys):
+    def __init__(self, store_uri: str, tenant: str, job_id: str, keys: JobKeys, keep_last: int):
+        """``keep_last``: the newest checkpoints kept; older ones are deleted once a newer manifest is written."""
         self._store = open_store(store_uri)
+        self._keep_last = keep_last
         self._where: _Where = {"tenant": tenant, "job_id": job_id}
         self._keys = keys
 
@@ -72,7 +72,7 @@ class JobCheckpoints:
         if rank != 0:
             return None
         commit_checkpoint(
-            self._store, step=step, shards=infos, kek=self._keys.current, keep_last=KEEP_LAST, **self._where
+            self._store, step=step, shards=infos, kek=self._keys.current, keep_last=self._keep_last, **self._where
         )
         return sum(info.sealed_size for info in infos)
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from cantata.proto import jobfields
 from cantata.proto.v1 import common_pb2
 from cantata.security.keys import JobKeys
 from cantata.trainer.data import DatasetAccess, DatasetKey, SourceCredentials
@@ -82,11 +83,18 @@ class WorkerConfig:
             key=Path(raw["key"]),
             rendezvous=raw["rendezvous"],
             threads=raw["threads"],
-            spec=json_format.ParseDict(raw["spec"], common_pb2.JobSpec()),
+            spec=_spec(raw["spec"]),
             checkpoint_keys=JobKeys.from_dict(raw["checkpoint_keys"]),
             dataset_access=_dataset_access(raw["data"]),
             attack=raw.get("attack"),
         )
+
+
+def _spec(raw: dict[str, Any]) -> common_pb2.JobSpec:
+    """The job's spec, with the defaults of fields newer than the server that stored it filled in."""
+    spec = json_format.ParseDict(raw, common_pb2.JobSpec())
+    jobfields.fill_defaults(spec)
+    return spec
 
 
 def _dataset_access(data: dict[str, Any]) -> DatasetAccess:

@@ -44,7 +44,17 @@ from cantata.trainer.config import WorkerConfig
 from cantata.trainer.gasloc.outer import GASLoCOuter, Proposal
 from cantata.trainer.gasloc.topology import make_topology
 from cantata.trainer.gossip import GossipNode
-from cantata.trainer.loop import Schedule, Stopped, evaluate, job_feed, report_data_wait, train_step
+from cantata.trainer.loop import (
+    Schedule,
+    Stopped,
+    evaluate,
+    job_feed,
+    log_checkpoint,
+    log_eval,
+    log_progress,
+    report_data_wait,
+    train_step,
+)
 from cantata.trainer.model import build_model
 from cantata.trainer.optim import build_optimizer
 from cantata.trainer.reporter import Reporter
@@ -229,14 +239,21 @@ def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.E
     local_steps = spec.local_steps
     model = build_model(spec.model, spec.seed)
     seq_len = min(spec.seq_len, model.cfg.block_size)
-    optimizer = build_optimizer(model, spec.optimizer, lr=spec.lr, weight_decay=0.1, process_group=group)
-    schedule = Schedule(spec.lr, spec.steps)
+    optimizer = build_optimizer(
+        model,
+        spec.optimizer,
+        lr=spec.lr,
+        weight_decay=spec.weight_decay,
+        grad_clip=spec.grad_clip,
+        process_group=group,
+    )
+    schedule = Schedule.of(spec)
     lead = cfg.worker == 0  # reports progress for the job
     gossips = cfg.group_rank == 0
     saves = cfg.group == 0  # worker group 0 writes the checkpoints, each rank its optimizer state
 
     with closing(job_feed(cfg, reporter, seq_len, rank=cfg.worker, world=cfg.workers * cfg.ranks_per_worker)) as feed:
-        checkpoints = JobCheckpoints(spec.checkpoint_store, cfg.tenant, cfg.job_id, cfg.checkpoint_keys)
+        checkpoints = JobCheckpoints(spec.checkpoint_store, cfg.tenant, cfg.job_id, cfg.checkpoint_keys, spec.keep_last)
         start = share_from_rank0(checkpoints.latest_step() or 0, group)
         if start:
             shards = checkpoints.load(start)
@@ -273,14 +290,16 @@ def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.E
         first_round = share_from_rank0(first_round, group)
 
         rounds = math.ceil(spec.steps / local_steps)
-        tokens_per_round = spec.batch_size * seq_len * local_steps * cfg.workers * cfg.ranks_per_worker
+        tokens_per_round = (
+            spec.batch_size * seq_len * spec.grad_accum * local_steps * cfg.workers * cfg.ranks_per_worker
+        )
         val_loss = float("nan")
         resumes_at_checkpoint = start and start == first_round * local_steps
         position = checkpoints.load_position(start, cfg.worker) if resumes_at_checkpoint else None
         if position is not None:
             feed.load_state_dict(position)
         elif first_round:  # rejoining later than the checkpoint (or it holds no position): that round's first batch
-            feed.seek(first_round * local_steps)
+            feed.seek(first_round * local_steps * spec.grad_accum)
         try:
             began = time.perf_counter()
             for t in range(first_round, rounds):
@@ -290,7 +309,13 @@ def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.E
                         raise Stopped()
                     step = t * local_steps + h + 1
                     loss = train_step(
-                        model, optimizer, feed, step, schedule.lr(min(step, spec.steps)), trace=spec.trace_samples
+                        model,
+                        optimizer,
+                        feed,
+                        step,
+                        schedule.lr(min(step, spec.steps)),
+                        accumulate=spec.grad_accum,
+                        trace=spec.trace_samples,
                     )
                 if gossips:
                     exchanged = time.perf_counter()
@@ -303,12 +328,13 @@ def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.E
                     )
                 sync_parameters(model, group)
                 step = min((t + 1) * local_steps, spec.steps)
+                tokens_per_s = tokens_per_round / (time.perf_counter() - tick)
+                log_progress(step, spec.steps, loss, schedule.lr(step), tokens_per_s, optimizer.last_grad_norm)
                 if lead:
-                    reporter.progress(
-                        step, loss.item(), tokens_per_round / (time.perf_counter() - tick), schedule.lr(step)
-                    )
+                    reporter.progress(step, loss, tokens_per_s, schedule.lr(step))
                 if step // spec.eval_every > (step - local_steps) // spec.eval_every or step == spec.steps:
-                    val_loss = evaluate(model, feed)
+                    val_loss = evaluate(model, feed, spec.eval_batches)
+                    log_eval(step, val_loss)
                     if lead:
                         reporter.eval(step, val_loss)
                 due = (
@@ -323,10 +349,11 @@ def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.E
                     size = checkpoints.save(step, cfg.group_rank, shards, group)
                     if lead:
                         assert size is not None  # the lead is rank 0, which commits
+                        log_checkpoint(step, size, spec.keep_last)
                         reporter.checkpoint(step, spec.checkpoint_store, size)
             if lead:
                 report_data_wait(reporter, feed, time.perf_counter() - began)
-            return val_loss if not math.isnan(val_loss) else evaluate(model, feed)
+            return val_loss if not math.isnan(val_loss) else evaluate(model, feed, spec.eval_batches)
         finally:
             if node is not None:
                 node.stop()

@@ -18,15 +18,16 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 
+from cantata.logformat import LogFormat, configure, log_format
 from cantata.proto.vocabulary import DECENTRALIZED
 from cantata.storage.base import StoreConfigError, StorePermissionError
 from cantata.storage.logs import set_third_party_log_level
 from cantata.trainer.data.errors import DatasetUnavailableError
 from cantata.trainer.reporter import Endpoint, Reporter
 
+log = logging.getLogger("cantata.worker")
 EXIT_ORPHANED = 3
 # DataError is a ValueError; a missing bucket (a StoreConfigError) or refused credentials stay so until someone acts.
 PERMANENT = (ValueError, TypeError, LookupError, PermissionError, StoreConfigError, StorePermissionError)
@@ -51,18 +52,30 @@ def watch_parent(interval: float = 0.5) -> None:
     threading.Thread(target=run, name="parent-watch", daemon=True).start()
 
 
+def start_logging(endpoint: Endpoint) -> None:
+    """INFO and above to stdout (the worker log ``cantata jobs logs`` reads), as ``CANTATA_LOG_FORMAT`` says."""
+    try:
+        fmt, problem = log_format(), ""
+    except ValueError as exc:
+        fmt, problem = LogFormat.TEXT, str(exc)
+    configure(sys.stdout, fmt, static={"job": endpoint.job_id, "worker": endpoint.worker})
+    if problem:
+        logging.getLogger("cantata.worker").warning("%s; logging as text", problem)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Cantata worker (started by the server)")
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--job", help="job id (shown in the process list)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    endpoint = Endpoint.load(args.config)
+    start_logging(endpoint)
     set_third_party_log_level()  # the server's setting, from the environment it passed on
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     watch_parent()
-    reporter = Reporter(Endpoint.load(args.config))
+    reporter = Reporter(endpoint)
     reporter.start_heartbeat()
     try:
         return train_job(args.config, reporter, stop)
@@ -78,18 +91,37 @@ def train_job(config: Path, reporter: Reporter, stop: threading.Event) -> int:
     from cantata.trainer.loop import Stopped, train
 
     cfg = WorkerConfig.load(config)
+    spec = cfg.spec
+    log.info(
+        "worker %d of %d started (attempt %d): %s, %s, %d steps of %d x %d x %d tokens",
+        cfg.worker,
+        cfg.workers * (cfg.ranks_per_worker if spec.algorithm in DECENTRALIZED else 1),
+        cfg.attempt,
+        spec.algorithm,
+        spec.optimizer,
+        spec.steps,
+        spec.batch_size,
+        spec.grad_accum,
+        spec.seq_len,
+        extra={"fields": {"event": "started", "attempt": cfg.attempt}},
+    )
     try:
         reporter.started()
         loop = train_decentralized if cfg.spec.algorithm in DECENTRALIZED else train
         final_val_loss = loop(cfg, reporter, stop)
-        reporter.finished(final_val_loss)
-        print(f"worker {cfg.worker}: finished, validation loss {final_val_loss:.4f}", flush=True)
+        log.info(
+            "worker %d: finished, validation loss %.4f",
+            cfg.worker,
+            final_val_loss,
+            extra={"fields": {"event": "finished", "val_loss": final_val_loss}},
+        )
+        reporter.finished(final_val_loss)  # after the log line: the job's end closes `jobs logs -f`
         return 0
     except Stopped:
-        print(f"worker {cfg.worker}: stopped on request", flush=True)
+        log.info("worker %d: stopped on request", cfg.worker, extra={"fields": {"event": "stopped"}})
         return 0
     except Exception as exc:
-        traceback.print_exc()
+        log.error("worker %d failed: %s: %s", cfg.worker, type(exc).__name__, exc, exc_info=exc)
         with contextlib.suppress(Exception):  # the server may be unreachable; the exit code still tells
             reporter.failed(f"{type(exc).__name__}: {exc}", permanent=permanent(exc))
         return 1

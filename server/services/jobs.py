@@ -42,6 +42,12 @@ def job_info(job: JobRecord) -> common_pb2.JobInfo:
     return info
 
 
+def _complete_lines(path: Path) -> list[str]:
+    """The lines of a worker log that a newline ends (a line still being written waits for the next pass)."""
+    text = path.read_text(errors="replace")
+    return text[: text.rfind("\n") + 1].splitlines()
+
+
 class JobsService(jobs_pb2_grpc.JobsServicer):
     def __init__(
         self,
@@ -126,19 +132,23 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
                     return
 
     def ReadLogs(self, request, context):
-        """Worker logs in worker order; with ``follow``, new lines as they are written."""
+        """Worker logs in worker order; with ``follow``, new lines as they are written, to the job's end.
+
+        Whether the job has ended is read before the logs are: the last pass after its end sends its last lines.
+        """
         job = self._job(context, request.job_id)
         read = [0] * processes(job.spec)  # lines already sent, per worker process
         sent, skip = 0, max(0, request.offset)
         while context.is_active():
+            ended = not request.follow or self._store.job(job.id).terminal
             for worker in range(processes(job.spec)):
                 path: Path = self._log_path(job.id, worker)
-                lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+                lines = _complete_lines(path) if path.exists() else []
                 for line in lines[read[worker] :]:
                     sent += 1
                     if sent > skip:
                         yield jobs_pb2.LogLine(offset=sent, worker=worker, line=line)
                 read[worker] = len(lines)
-            if not request.follow or self._store.job(job.id).terminal:
+            if ended:
                 return
             time.sleep(0.5)

@@ -1,7 +1,8 @@
 """``cantata data prepare|upload``: a plugin (entry-point group ``cantata.cli``) adding to the CLI's ``data`` group.
 
-Every ``cantata`` call builds the parser: the package imports its torch-based
-loaders lazily, and stores and sealing are imported only when ``upload`` runs.
+The CLI imports this module only for ``cantata data ...``, and building the
+parser imports neither numpy nor torch: ``prepare`` and ``upload`` import what
+they run (``data sources`` stays a fast, server-only command).
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import json
 import sys
 from pathlib import Path
 
-from cantata.trainer.data.prepare import DEFAULT_SHARD_TOKENS, prepare_shards
-from cantata.trainer.data.shards import DTYPES, dtype_for
-from cantata.trainer.data.text import Utf8Policy
+from cantata.proto.vocabulary import Utf8Policy
+
+TOKEN_DTYPES = ("uint16", "uint32")  # the names of shards.DTYPES (tests/test_cli_startup.py checks they agree)
+DEFAULT_SHARD_TOKENS = 1 << 22  # prepare.DEFAULT_SHARD_TOKENS (checked likewise)
 
 
 def _say(message: str) -> None:
@@ -21,6 +23,9 @@ def _say(message: str) -> None:
 
 
 def cmd_prepare(args) -> int:
+    from cantata.trainer.data.prepare import prepare_shards
+    from cantata.trainer.data.shards import dtype_for
+
     result = prepare_shards(
         Path(args.source),
         Path(args.out),
@@ -71,7 +76,7 @@ def register(groups: dict[str, argparse._SubParsersAction]) -> None:
     p = data.add_parser("prepare", help="tokenize *.txt / *.jsonl text into token shards")
     p.add_argument("source", help="a text file or a directory of them")
     p.add_argument("--out", required=True, help="directory for the shards (must hold none yet)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="uint16", help="token width (default uint16)")
+    p.add_argument("--dtype", choices=TOKEN_DTYPES, default="uint16", help="token width (default uint16)")
     p.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard")
     p.add_argument(
         "--on-bad-utf8",

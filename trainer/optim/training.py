@@ -2,7 +2,10 @@
 
 With a process group the optimizer owns gradient synchronisation: "adamw"
 all-reduces (averages) every gradient like DDP; "muon" averages the AdamW-routed
-gradients the same way and runs DP-Canzona for the hidden matrices.
+gradients the same way and runs DP-Canzona for the hidden matrices. Clipping
+(``grad_clip``) needs the norm of the averaged gradient, so with it set every
+gradient is averaged first (DP-Canzona's reduce-scatter of equal gradients then
+changes nothing) and the global norm is clipped on every rank alike.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class TrainingOptimizer:
         alpha: float,
         bucket_elements: int,
         muon_config: MuonConfig,
+        grad_clip: float = 0.0,
     ) -> None:
         if name not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {name!r}; choose one of {OPTIMIZERS}")
@@ -47,10 +51,13 @@ class TrainingOptimizer:
         self.rank = dist.get_rank(process_group) if process_group is not None else 0
         self.lr = lr
         self.weight_decay = weight_decay
+        self.grad_clip = grad_clip
+        self.last_grad_norm: float | None = None  # before clipping, when grad_clip is set
         self.steps = 0
         self.last_stats = StepStats()
         elementwise = list(routing.adamw) if name == "muon" else list(routing.muon + routing.adamw)
         self._synced_params = [param for _, param in elementwise]
+        self._all_params = [param for _, param in routing.muon + routing.adamw]
         self.adamw = torch.optim.AdamW(_adamw_groups(elementwise, weight_decay), lr=lr)
         self.muon = (
             DataParallelMuon(
@@ -68,7 +75,10 @@ class TrainingOptimizer:
     def step(self) -> StepStats:
         stats = StepStats()
         if self.world_size > 1:
-            self._all_reduce_mean(self._synced_params, stats)
+            self._all_reduce_mean(self._all_params if self.grad_clip else self._synced_params, stats)
+        if self.grad_clip:
+            norm = torch.nn.utils.clip_grad_norm_([p for p in self._all_params if p.grad is not None], self.grad_clip)
+            self.last_grad_norm = float(norm)
         if self.muon is not None:
             muon_stats = self.muon.step(lr=self.lr, weight_decay=self.weight_decay)
             stats.compute_seconds += muon_stats.compute_seconds
@@ -148,12 +158,14 @@ def build_optimizer(
     alpha: float = 1.0,
     bucket_elements: int = 40_000_000,
     muon_config: MuonConfig = MuonConfig(),
+    grad_clip: float = 0.0,
     muon_patterns: tuple[str, ...] = (),
     adamw_patterns: tuple[str, ...] = DEFAULT_ADAMW_PATTERNS,
 ) -> TrainingOptimizer:
     """AdamW or Muon (hidden matrices; AdamW for the rest) for `model`, data parallel over `process_group`.
 
-    Name patterns (fnmatch) override the routing rule; see `route_parameters`.
+    Name patterns (fnmatch) override the routing rule; see `route_parameters`. `grad_clip` > 0 clips the
+    global norm of the (averaged) gradients to it.
     """
     return TrainingOptimizer(
         name,
@@ -164,6 +176,7 @@ def build_optimizer(
         alpha=alpha,
         bucket_elements=bucket_elements,
         muon_config=muon_config,
+        grad_clip=grad_clip,
     )
 
 
