@@ -8,6 +8,7 @@ cannot disagree about them.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import uuid
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -58,8 +59,16 @@ class Job:
 
     @classmethod
     def from_dict(cls, data: dict) -> Job:
-        """Build from a mapping (a YAML job file); unknown keys are an ``InvalidJob``."""
-        unknown = sorted(set(data) - {f.name for f in jobfields.FIELDS} - {"request_id"})
+        """Build from a mapping (a YAML job file); unknown keys are an ``InvalidJob`` naming them."""
+        known = [f.name for f in jobfields.FIELDS] + ["request_id"]
+        unknown = sorted(set(data) - set(known), key=str)
         if unknown:
-            raise InvalidJob(f"unknown field(s): {', '.join(unknown)}", field=unknown[0])
+            hints = [
+                f"{key} -> {close[0]}" for key in unknown if (close := difflib.get_close_matches(str(key), known, n=1))
+            ]
+            hint = f" (did you mean {', '.join(hints)}?)" if hints else ""
+            raise InvalidJob(
+                f"unknown field(s): {', '.join(map(str, unknown))}{hint}; the fields are listed in docs/job-fields.md",
+                field=str(unknown[0]),
+            )
         return cls(**data)

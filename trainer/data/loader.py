@@ -374,8 +374,10 @@ class ValidationSet:
                 break
         if filled < total:
             raise DataError(
-                f"dataset {self.dataset.uri} has fewer than {count} validation batches of "
-                f"{self.batch_size} x {self.seq_len + 1} tokens"
+                f"dataset {self.dataset.uri} is too small for the job's validation: it holds {filled} validation "
+                f"windows of {self.seq_len + 1} tokens (the last {self.val_fraction:.0%} of each object), and "
+                f"eval_batches={count} x batch_size={self.batch_size} needs {total}; add data, or lower eval_batches, "
+                "batch_size or seq_len"
             )
         self._batches = [
             _batch(rows[i : i + self.batch_size], ids[i : i + self.batch_size])
