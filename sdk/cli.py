@@ -804,9 +804,34 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("cantata: interrupted", file=sys.stderr)
         return 130
+    except ModuleNotFoundError as exc:
+        print(f"cantata: error: {_missing_extra(exc, args.command)}", file=sys.stderr)
+        return 1
     except Exception as exc:
         print(f"cantata: error: {_one_line(exc)}", file=sys.stderr)
         return 1
+
+
+EXTRAS = {  # a module that only an extra installs -> the extra (pyproject.toml)
+    "torch": "trainer",
+    "numpy": "trainer",
+    "xxhash": "trainer",
+    "zlib_ng": "trainer",
+    "grpc_health": "server",
+    "boto3": "s3",
+    "botocore": "s3",
+    "azure": "azure",
+    "matplotlib": "plot",
+}
+
+
+def _missing_extra(exc: ModuleNotFoundError, command: str) -> str:
+    """What to install for a command whose library is missing (the base install is the SDK and the CLI only)."""
+    module = (exc.name or "").partition(".")[0]
+    extra = "server" if command in ("server", "audit") else EXTRAS.get(module)
+    if extra is None:
+        raise exc
+    return f"`cantata {command}` needs {module}, which the base install leaves out: pip install 'cantata[{extra}]'"
 
 
 def _one_line(exc: Exception) -> str:
