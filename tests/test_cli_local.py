@@ -61,7 +61,7 @@ def test_the_data_plugin_constants_agree_with_the_modules_they_spare_the_cli():
     from cantata.trainer.data.prepare import DEFAULT_SHARD_TOKENS
     from cantata.trainer.data.shards import DTYPES
 
-    assert data_cli.TOKEN_DTYPES == tuple(sorted(DTYPES))
+    assert tuple(sorted(DTYPES)) == data_cli.TOKEN_DTYPES
     assert data_cli.DEFAULT_SHARD_TOKENS == DEFAULT_SHARD_TOKENS
 
 
