@@ -56,13 +56,16 @@ def test_enroll_approve_submit_watch_and_list_through_the_cli(platform):
         env=env,
     )
     assert "SUCCEEDED" in submitted.stdout
-    assert "step" in submitted.stderr  # the progress bar is drawn on stderr
+    assert "step" in submitted.stderr  # progress goes to stderr: plain lines, as it is not a terminal
+    assert "\r" not in submitted.stderr and submitted.stderr.rstrip().endswith(": SUCCEEDED")
     jobs = json.loads(cli("jobs", "list", "--profile", "cli-co", "--json", env=env).stdout)
     assert [j["name"] for j in jobs] == ["cli-job"] and jobs[0]["state"] == "SUCCEEDED"
     ckpts = json.loads(cli("checkpoints", "list", jobs[0]["id"], "--profile", "cli-co", "--json", env=env).stdout)
     assert [c["step"] for c in ckpts] == [20, 40]
     logs = cli("jobs", "logs", jobs[0]["id"], "--profile", "cli-co", env=env).stdout.splitlines()
     assert any(line.startswith("[0] ") and "worker 0: finished" in line for line in logs), logs
+    for expected in ("step 40/40 loss", "eval at step 20: validation loss", "checkpoint at step 40 sealed"):
+        assert any(line.startswith("[0] ") and expected in line for line in logs), (expected, logs)
 
 
 def test_cli_errors_are_one_line_and_non_zero(platform):
