@@ -608,7 +608,8 @@ def _build_jobs(root: argparse._SubParsersAction, groups: dict) -> None:
         "docs/job-fields.md lists every field) and/or --FIELD flags, which override the file.",
     )
     p.add_argument("file", nargs="?", help="job.yaml: a mapping of job fields (unknown keys are refused)")
-    _add_job_flags(p)
+    if groups.get("sub") in (None, "submit"):
+        _add_job_flags(p)
     p.add_argument("--watch", action="store_true", help="follow the job with a progress bar until it ends")
     _client_flags(p, None)
     p.set_defaults(func=cmd_jobs_submit)
@@ -745,23 +746,27 @@ def _plugins() -> dict[str, list]:
     return found
 
 
-def build_parser(command: str | None = None) -> tuple[argparse.ArgumentParser, dict]:
+def build_parser(command: str | None = None, sub: str | None = None) -> tuple[argparse.ArgumentParser, dict]:
     """The ``cantata`` parser and its sub-command sets (``groups``).
 
     With ``command`` only that command is built in full, with its plugins; the
-    others are listed with their help (what ``cantata --help`` shows). Without
-    it, every command is built (shell completion, tests).
+    others are listed (with their help when ``command`` is "": what ``cantata
+    --help`` shows). With ``sub`` too, a builder may leave out what only its
+    other sub-commands need (the job-field flags of ``jobs submit``). Without
+    ``command``, every command is built (shell completion, tests).
     """
     parser = argparse.ArgumentParser(prog="cantata", description="Cantata: secure multi-tenant training")
     parser.add_argument("--version", action=_Version, help="print the version and exit")
     root = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    groups: dict[str, Any] = {"root": root, "remote_audit_report": cmd_audit_report_remote}
+    groups: dict[str, Any] = {"root": root, "remote_audit_report": cmd_audit_report_remote, "sub": sub}
     plugins = _plugins()
+    listing = command == "" or (command is not None and command not in BUILDERS and command not in plugins)
     for name in sorted(
         set(BUILDERS) | set(plugins), key=lambda n: (n not in BUILDERS, list(BUILDERS).index(n) if n in BUILDERS else n)
     ):
         if command is not None and name != command:
-            root.add_parser(name, help=COMMANDS.get(name) or _plugin_help(plugins[name]), add_help=False)
+            listed = COMMANDS.get(name) or (_plugin_help(plugins[name]) if listing else "")
+            root.add_parser(name, help=listed, add_help=False)
             continue
         if name in BUILDERS:
             BUILDERS[name](root, groups)
@@ -781,15 +786,16 @@ def _plugin_help(entries: list) -> str:
     return ""
 
 
-def _command_word(argv: list[str]) -> str | None:
-    """The command ``argv`` runs (its first word that is not an option), or None."""
-    return next((arg for arg in argv if not arg.startswith("-")), None)
+def _command_words(argv: list[str]) -> tuple[str, str | None]:
+    """The command and sub-command ``argv`` runs (its first words that are not options): "" when none."""
+    words = [arg for arg in argv if not arg.startswith("-")][:2]
+    return (words[0] if words else ""), (words[1] if len(words) > 1 else None)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     completing = "_ARGCOMPLETE" in os.environ
-    parser, _ = build_parser(None if completing else _command_word(argv) or "")
+    parser, _ = build_parser(*((None, None) if completing else _command_words(argv)))
     if completing:
         import argcomplete
 
