@@ -449,6 +449,33 @@ def dataloader(load: Callable[[str], dict]) -> list[str]:
     ]
 
 
+@table("cli")
+def cli(load: Callable[[str], dict]) -> list[str]:
+    result = load("cli")
+    base = result["baseline"]["median_s"]
+    lines = header("command", "talks to the server", "median start-to-exit", "× `python -c pass`")
+    for r in result["commands"]:
+        lines.append(
+            row(
+                f"`{r['command']}`",
+                "yes" if r["talks_to_server"] else "no",
+                f"{r['median_s']:.2f} s",
+                f"{r['ratio']:.1f}×",
+            )
+        )
+    slow = [f"`{r['command']}` ≤ {result['target_s']} s" for r in result["commands"] if not r["meets_target"]]
+    return [
+        f"Wall time of fresh `cantata` processes next to `python -c pass` ({base:.2f} s here), median of "
+        f"{result['trials']} interleaved trials (load average {result['machine']['load_average_1m']}); the server "
+        "is a real one on loopback over mutual TLS:",
+        "",
+        *lines,
+        "",
+        missed(slow),
+        reproduce("bench_cli.py", " (about 3 min; it starts its own server)", quick=result["quick"]),
+    ]
+
+
 def render(name: str, results: Path = RESULTS) -> str:
     """The body of one README region, from the results JSON."""
 

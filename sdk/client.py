@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -34,8 +35,10 @@ from cantata.sdk.errors import (
     WaitTimedOut,
     from_rpc_error,
 )
-from cantata.sdk.job import Job
 from cantata.sdk.profiles import Profile
+
+if TYPE_CHECKING:  # the job-field table loads only for a submit
+    from cantata.sdk.job import Job
 
 TIMEOUT = 30.0
 RESUME_WINDOW = 120.0  # seconds a dropped event stream is resumed for before StreamInterrupted
