@@ -286,6 +286,8 @@ def test_text_that_is_not_utf8_is_skipped_with_a_warning_or_fails_by_policy(plat
         assert status.state == "SUCCEEDED", status.reason
         warnings = [m for m in _messages(tenant.job(status.id)) if m.startswith("data warning:")]
         assert warnings and all(bad in m for m in warnings)
+        logged = [line for _, line in tenant.job(status.id).logs() if " WARNING cantata.worker: data warning:" in line]
+        assert logged and all(bad in line for line in logged)  # the worker log has the warning too
     else:
         assert status.state == "FAILED"
         assert "TextEncodingError" in status.reason and bad in status.reason
