@@ -472,7 +472,7 @@ def cli(load: Callable[[str], dict]) -> list[str]:
         *lines,
         "",
         missed(slow),
-        reproduce("bench_cli.py", " (about 3 min; it starts its own server)", quick=result["quick"]),
+        reproduce("bench_cli.py", " (about 1 min on a quiet machine; it starts its own server)", quick=result["quick"]),
     ]
 
 
