@@ -46,6 +46,7 @@ class ServerSettings:
     orphan_upload_seconds: float = 3600.0  # unfinished uploads older than this in a checkpoint store are removed
     orphan_sweep_seconds: float = 600.0  # how often the checkpoint stores are swept for them
     worker_heartbeat_timeout_s: float = 60.0  # a worker silent this long is hung: it is killed
+    max_streams_per_principal: int = 256  # open streams (watches, log follows, downloads) one caller may hold
 
 
 def enrollment_address(listen: str) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -133,6 +133,7 @@ class Database:
         self.connection = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
         self.connection.row_factory = sqlite3.Row
         self.lock = threading.RLock()
+        self._after_commit: list[Callable[[], None]] = []  # of the open transaction, in order
         try:
             self.connection.execute("PRAGMA busy_timeout=5000")
             self.connection.execute("PRAGMA journal_mode=WAL")
@@ -175,11 +176,13 @@ class Database:
         with self.lock:
             if self.connection.in_transaction:
                 self.connection.execute("SAVEPOINT nested")
+                hooks = len(self._after_commit)
                 try:
                     yield self.connection
                 except BaseException:
                     self.connection.execute("ROLLBACK TO nested")
                     self.connection.execute("RELEASE nested")
+                    del self._after_commit[hooks:]
                     raise
                 self.connection.execute("RELEASE nested")
                 return
@@ -188,8 +191,19 @@ class Database:
                 yield self.connection
             except BaseException:
                 self.connection.execute("ROLLBACK")
+                self._after_commit.clear()
                 raise
-            self.connection.execute("COMMIT")
+            try:
+                self.connection.execute("COMMIT")
+            finally:
+                committed, self._after_commit = self._after_commit, []
+            for hook in committed:  # still under the lock, so hooks run in commit order
+                hook()
+
+    def after_commit(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` once the open transaction commits (dropped if it, or its savepoint, rolls back)."""
+        assert self.connection.in_transaction, "after_commit outside a transaction"
+        self._after_commit.append(hook)
 
     def close(self) -> None:
         with self.lock:

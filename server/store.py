@@ -11,16 +11,17 @@ from __future__ import annotations
 import datetime as dt
 import math
 import sqlite3
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import cast
 
 from cantata.proto.v1 import common_pb2, jobs_pb2
 from cantata.proto.vocabulary import TERMINAL_STATES as TERMINAL
+from cantata.server.broadcast import EventBroadcast
 from cantata.server.database import Database
 from cantata.server.groups import processes
 
@@ -146,11 +147,11 @@ class Store:
     Given a path rather than the server's :class:`Database`, it opens a database of its own.
     """
 
-    def __init__(self, database: Database | Path):
+    def __init__(self, database: Database | Path, broadcast: EventBroadcast | None = None):
         self.database = database if isinstance(database, Database) else Database(database)
         self._db = self.database.connection
         self._lock = self.database.lock
-        self._events = threading.Condition(self._lock)
+        self._broadcast = broadcast
 
     def close(self) -> None:
         """Close the database (shared with every other store on it)."""
@@ -524,17 +525,14 @@ class Store:
         event.seq = seq
         event.time.GetCurrentTime()
         db.execute("INSERT INTO events (job_id, seq, body) VALUES (?, ?, ?)", (job_id, seq, event.SerializeToString()))
-        self._events.notify_all()
+        if self._broadcast is not None:
+            self.database.after_commit(partial(self._broadcast.publish, job_id, (event,)))
         return seq
 
-    def events_after(self, job_id: str, cursor: int, *, wait: float = 0.0) -> list[jobs_pb2.JobEvent]:
-        """Events with seq > cursor; blocks up to ``wait`` seconds for the first one."""
+    def events_after(self, job_id: str, cursor: int) -> list[jobs_pb2.JobEvent]:
+        """Events with seq > cursor (at most 500: ask again from the last one for more)."""
         with self._lock:
-            rows = self._fetch_events(job_id, cursor)
-            if not rows and wait > 0:
-                self._events.wait(timeout=wait)
-                rows = self._fetch_events(job_id, cursor)
-            return [jobs_pb2.JobEvent.FromString(r[0]) for r in rows]
+            return [jobs_pb2.JobEvent.FromString(r[0]) for r in self._fetch_events(job_id, cursor)]
 
     def resumed_after(self, job_id: str, seq: int) -> bool:
         """Whether the job's state changed after event ``seq``: after a terminal event, only a resume does that."""

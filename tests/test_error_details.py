@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from concurrent import futures
 
 import grpc
 import pytest
@@ -26,6 +25,7 @@ from cantata.server.datasource_store import (
 )
 from cantata.server.errors import ErrorInterceptor
 from cantata.server.jobspec import InvalidField
+from cantata.server.serving import ServingLoop
 from cantata.server.store import Conflict, NotFound, QuotaExceeded, RequestIdReused, StoreError
 from cantata.storage import StoreFull, StoreNotFound, StorePermissionError, StoreUnavailableError
 from tests.platform import free_port
@@ -208,17 +208,20 @@ def _fails_mid_stream(request: bytes, context):
 @pytest.fixture
 def bare_server():
     """A plaintext in-process server with only the error interceptor, for one unary and one streaming method."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), interceptors=[ErrorInterceptor(lambda: "r-42")])
+    serving = ServingLoop(2, "test")
+    serving.start()
+    server = serving.server(interceptors=[ErrorInterceptor(lambda: "r-42")])
     handlers = {
         "Fail": grpc.unary_unary_rpc_method_handler(_fails),
         "Stream": grpc.unary_stream_rpc_method_handler(_fails_mid_stream),
     }
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("test.Errors", handlers)])
     port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
+    serving.run(server.start())
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         yield channel
-    server.stop(None)
+    serving.run(server.stop(None))
+    serving.stop()
 
 
 def test_an_unmapped_error_stays_unknown_and_is_logged_with_its_traceback(bare_server, caplog):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,13 +11,14 @@ from cantata.proto.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
 from cantata.proto.vocabulary import REQUEST_ID_RULE, valid_request_id
 from cantata.security.audit import Action
 from cantata.server.auth import caller
+from cantata.server.broadcast import EventBroadcast
 from cantata.server.datasource_store import DataSourceNotFound
 from cantata.server.jobspec import InvalidField, dataset_source, parse_job_spec, processes
 from cantata.server.lifecycle import JobLifecycle
 from cantata.server.ports import AuditSink, DataSourceDirectory
 from cantata.server.store import JobRecord, Store
 
-WATCH_POLL = 1.0  # seconds between checks that a watcher is still connected
+LOG_POLL = 0.5  # seconds between looks at a followed job's log files
 
 
 def submitted_digest(spec: common_pb2.JobSpec) -> str:
@@ -51,6 +52,7 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         spec_defaults: dict,
         audit: AuditSink,
         data_sources: DataSourceDirectory,
+        broadcast: EventBroadcast,
     ):
         self._store = store
         self._lifecycle = lifecycle
@@ -58,6 +60,7 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         self._spec_defaults = spec_defaults
         self._audit = audit.append
         self._data_source_exists = data_sources.exists
+        self._broadcast = broadcast
 
     def _job(self, context, job_id: str) -> JobRecord:
         """The caller's job; anyone else's is indistinguishable from a missing one."""
@@ -111,34 +114,64 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         self._lifecycle.resume_requested(job, actor=caller(context).uri, peer=context.peer())
         return job_info(self._store.job(job.id))
 
-    def WatchJob(self, request, context):
-        """Events after the cursor, to the job's end; an earlier end that a resume followed is not the end."""
-        job = self._job(context, request.job_id)
-        context.send_initial_metadata(())  # the stream is open: a client resuming it knows before any event
-        cursor = max(0, request.cursor)
-        while context.is_active():
-            for event in self._store.events_after(job.id, cursor, wait=WATCH_POLL):
-                if event.terminal and self._store.resumed_after(job.id, event.seq):
-                    event.terminal = False
-                yield event
-                cursor = event.seq
-                if event.terminal:
-                    return
+    async def WatchJob(self, request, context):
+        """Events after the cursor, to the job's end; an earlier end that a resume followed is not the end.
 
-    def ReadLogs(self, request, context):
+        What the store holds first, then what the broadcast pushes: the watcher waits on the event loop and
+        holds no thread while nothing happens.
+        """
+        job = await asyncio.to_thread(self._job, context, request.job_id)
+        await context.send_initial_metadata(())  # the stream is open: a client resuming it knows before any event
+        cursor = max(0, request.cursor)
+        with self._broadcast.subscribe(job.id) as live:  # before reading the store, so nothing falls between
+            catching_up = True
+            while True:
+                if catching_up:
+                    events = await asyncio.to_thread(self._store.events_after, job.id, cursor)
+                    catching_up = bool(events)
+                else:
+                    events = await live.next_batch()
+                    if live.overflowed:  # it fell too far behind: read the store again from the cursor
+                        live.overflowed, catching_up = False, True
+                        continue
+                for event in events:
+                    if event.seq <= cursor:
+                        continue
+                    if event.terminal and await asyncio.to_thread(self._store.resumed_after, job.id, event.seq):
+                        event = _not_terminal(event)
+                    yield event
+                    cursor = event.seq
+                    if event.terminal:
+                        return
+
+    async def ReadLogs(self, request, context):
         """Worker logs in worker order; with ``follow``, new lines as they are written."""
-        job = self._job(context, request.job_id)
+        job = await asyncio.to_thread(self._job, context, request.job_id)
         read = [0] * processes(job.spec)  # lines already sent, per worker process
         sent, skip = 0, max(0, request.offset)
-        while context.is_active():
-            for worker in range(processes(job.spec)):
-                path: Path = self._log_path(job.id, worker)
-                lines = path.read_text(errors="replace").splitlines() if path.exists() else []
-                for line in lines[read[worker] :]:
-                    sent += 1
-                    if sent > skip:
-                        yield jobs_pb2.LogLine(offset=sent, worker=worker, line=line)
-                read[worker] = len(lines)
-            if not request.follow or self._store.job(job.id).terminal:
+        while True:
+            for worker, line in await asyncio.to_thread(self._new_lines, job.id, read):
+                sent += 1
+                if sent > skip:
+                    yield jobs_pb2.LogLine(offset=sent, worker=worker, line=line)
+            if not request.follow or (await asyncio.to_thread(self._store.job, job.id)).terminal:
                 return
-            time.sleep(0.5)
+            await asyncio.sleep(LOG_POLL)
+
+    def _new_lines(self, job_id: str, read: list[int]) -> list[tuple[int, str]]:
+        """Lines the workers wrote since ``read`` (lines already sent, per worker; advanced here)."""
+        new: list[tuple[int, str]] = []
+        for worker in range(len(read)):
+            path: Path = self._log_path(job_id, worker)
+            lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+            new.extend((worker, line) for line in lines[read[worker] :])
+            read[worker] = len(lines)
+        return new
+
+
+def _not_terminal(event: jobs_pb2.JobEvent) -> jobs_pb2.JobEvent:
+    """A copy of ``event`` that is not the end (a resume followed it); the broadcast's event is shared."""
+    copy = jobs_pb2.JobEvent()
+    copy.CopyFrom(event)
+    copy.terminal = False
+    return copy
