@@ -9,6 +9,7 @@ identity anywhere in Cantata.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import ipaddress
 import re
@@ -319,7 +320,12 @@ def peer_certificate(auth_context: dict) -> PeerCertificate | None:
     pems = auth_context.get("x509_pem_cert") or []
     if not pems:
         return None
-    cert = x509.load_pem_x509_certificate(pems[0])
+    return _parsed_peer(pems[0])
+
+
+@functools.lru_cache(maxsize=1024)  # each call's peer is read several times, and callers come back
+def _parsed_peer(pem: bytes) -> PeerCertificate:
+    cert = x509.load_pem_x509_certificate(pem)
     return PeerCertificate(certificate_principal(cert), cert.serial_number, cert.not_valid_after_utc)
 
 

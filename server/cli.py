@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 from pathlib import Path
 
-from cantata.server import audit_cli
+from cantata.server import audit_cli, logformat
 from cantata.server.bootstrap import init_data_dir, server_names
 from cantata.server.config import DataDir
 from cantata.server.tls import rotate_server_certificate
@@ -26,7 +25,7 @@ def cmd_init(args) -> int:
 def cmd_start(args) -> int:
     from cantata.server.app import ControlPlane
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logformat.configure(args.log_format)
     os.environ[LEVEL_ENV] = set_third_party_log_level(args.third_party_log_level)  # the workers inherit it
     plane = ControlPlane(Path(args.data_dir), listen=args.listen)
     port = plane.start()
@@ -59,6 +58,12 @@ def register(groups: dict[str, argparse._SubParsersAction]) -> None:
     p = server.add_parser("start", help="serve until SIGTERM/SIGINT")
     p.add_argument("--data-dir", required=True)
     p.add_argument("--listen", help="override the address recorded by init")
+    p.add_argument(
+        "--log-format",
+        choices=logformat.FORMATS,
+        default="text",
+        help="text lines for people, or one JSON object per line for log shippers (default: text)",
+    )
     p.add_argument(
         "--third-party-log-level",
         help=f"log level of the storage SDKs (Azure, boto, urllib3) in the server and its workers "

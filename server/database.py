@@ -1,14 +1,23 @@
 """The control plane's one database: the SQLite file ``D/state.db``, its connection and its schema version.
 
-One :class:`Database` owns the file's only connection in the server process
-(WAL mode, synchronous=FULL), the lock that serialises its use, and the
-transactions of every store built on it (:class:`~cantata.server.store.Store`,
+One :class:`Database` owns the file's one writing connection in the server
+process (WAL mode), the lock that serialises writes, and the transactions of
+every store built on it (:class:`~cantata.server.store.Store`,
 :class:`~cantata.server.datasource_store.DataSourceStore`). The schema is
 versioned with ``PRAGMA user_version``: :data:`MIGRATIONS` is the ordered
 history, and opening a file applies the steps it has not had yet, each in its
 own transaction with its version number. Version 1 is the schema the stores
 created before it was versioned, so such a file opens unchanged. A later
 PostgreSQL store offers the same stores on another database of this shape.
+
+Durability is group commit: a commit writes its WAL frames without a sync
+(synchronous=NORMAL) and releases the lock, then waits until one
+``fdatasync`` of the WAL that started after it has finished; the first waiter
+runs it for every commit so far, so concurrent writers share one sync and no
+writer waits on another's sync while holding the lock. A transaction returns
+only once its commit is durable. Reads do not wait on writers: each thread
+reads committed state through a connection of its own (:meth:`Database.read`),
+except inside its own write transaction, whose changes it reads.
 
 The file and its ``-wal``, ``-shm`` and ``-journal`` companions (which SQLite
 creates with the database file's mode) are readable by the owner only.
@@ -125,20 +134,27 @@ class DatabaseError(Exception):
 
 
 class Database:
-    """The SQLite file, its one connection, and the lock every store on it shares."""
+    """The SQLite file, its writing connection, the lock every store on it shares, and per-thread readers."""
 
     def __init__(self, path: Path, migrations: Sequence[str] = MIGRATIONS):
         self.path = Path(path)
         _make_private(self.path)
-        self.connection = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
-        self.connection.row_factory = sqlite3.Row
+        self.connection = _connect(self.path)
         self.lock = threading.RLock()
         self._after_commit: list[Callable[[], None]] = []  # of the open transaction, in order
+        self._writer: int | None = None  # the thread whose write transaction is open
+        self._readers = threading.local()
+        self._all_readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+        self._commits = self._synced = 0  # commits made, and how many of them a finished sync covered
+        self._sync_cv = threading.Condition(threading.Lock())
+        self._syncing = False
+        self._wal_fd: int | None = None
         try:
-            self.connection.execute("PRAGMA busy_timeout=5000")
             self.connection.execute("PRAGMA journal_mode=WAL")
-            self.connection.execute("PRAGMA synchronous=FULL")
+            self.connection.execute("PRAGMA synchronous=FULL")  # migrations commit synced
             self._migrate(migrations)
+            self.connection.execute("PRAGMA synchronous=NORMAL")  # from now on, _await_synced syncs commits
         except BaseException:
             self.connection.close()
             raise
@@ -187,18 +203,71 @@ class Database:
                 self.connection.execute("RELEASE nested")
                 return
             self.connection.execute("BEGIN IMMEDIATE")
+            self._writer = threading.get_ident()
             try:
                 yield self.connection
             except BaseException:
+                self._writer = None
                 self.connection.execute("ROLLBACK")
                 self._after_commit.clear()
                 raise
+            self._writer = None
             try:
                 self.connection.execute("COMMIT")
             finally:
                 committed, self._after_commit = self._after_commit, []
+            self._commits += 1
+            commit = self._commits
             for hook in committed:  # still under the lock, so hooks run in commit order
                 hook()
+        self._await_synced(commit)
+
+    def _await_synced(self, commit: int) -> None:
+        """Return once a WAL sync that started after ``commit`` was written has finished (group commit)."""
+        with self._sync_cv:
+            while self._synced < commit:
+                if not self._syncing:
+                    self._syncing = True
+                    break
+                self._sync_cv.wait()
+            else:
+                return
+        try:
+            target = self._commits  # every commit counted here has written its frames
+            os.fdatasync(self._wal())
+            with self._sync_cv:
+                self._synced = max(self._synced, target)
+        except OSError as exc:
+            raise DatabaseError(f"{self.path}: the write-ahead log cannot be synced: {exc.strerror or exc}") from exc
+        finally:
+            with self._sync_cv:
+                self._syncing = False
+                self._sync_cv.notify_all()
+
+    def _wal(self) -> int:
+        if self._wal_fd is None:
+            self._wal_fd = os.open(self.path.with_name(self.path.name + "-wal"), os.O_RDONLY)
+        return self._wal_fd
+
+    @contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        """A connection to read committed state through, without waiting on writers.
+
+        This thread's own reader, or, inside this thread's write transaction, the writing
+        connection (so the transaction reads its own changes).
+        """
+        if self._writer == threading.get_ident():
+            with self.lock:
+                yield self.connection
+            return
+        reader = getattr(self._readers, "connection", None)
+        if reader is None:
+            reader = _connect(self.path)
+            reader.execute("PRAGMA query_only=ON")
+            self._readers.connection = reader
+            with self._readers_lock:
+                self._all_readers.append(reader)
+        yield reader
 
     def after_commit(self, hook: Callable[[], None]) -> None:
         """Run ``hook`` once the open transaction commits (dropped if it, or its savepoint, rolls back)."""
@@ -208,6 +277,18 @@ class Database:
     def close(self) -> None:
         with self.lock:
             self.connection.close()
+            with self._readers_lock:
+                for reader in self._all_readers:
+                    reader.close()
+            if self._wal_fd is not None:
+                os.close(self._wal_fd)
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    connection = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+    connection.row_factory = sqlite3.Row
+    connection.execute("PRAGMA busy_timeout=5000")
+    return connection
 
 
 def _make_private(path: Path) -> None:

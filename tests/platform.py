@@ -61,10 +61,11 @@ class Platform:
         )
         self.ca_pem = (self.data_dir / "ca.pem").read_bytes()
 
-    def start(self) -> None:
+    def start(self, *options: str) -> None:
+        """Start the server (``options``: more ``cantata server start`` flags) and wait until it serves."""
         self.log = open(self.root / "server.log", "ab")  # noqa: SIM115 (the server writes to it until it stops)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cantata.sdk.cli", "server", "start", "--data-dir", str(self.data_dir)],
+            [sys.executable, "-m", "cantata.sdk.cli", "server", "start", "--data-dir", str(self.data_dir), *options],
             stdout=self.log,
             stderr=subprocess.STDOUT,
             env=self.env,

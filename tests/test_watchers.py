@@ -6,7 +6,7 @@ another tenant's ``GetJob``, the admin's ``ListTenants`` and a worker's
 ``Report`` must each be answered within a 1 s deadline (a deadline, not a
 timing measurement: a thread-per-stream server answers none of them). Then the
 job is cancelled and every stream receives the terminal event from the
-server's in-memory broadcast. The server places no job (no worker slots), so
+server's in-memory broadcast. The server logs JSON lines (``--log-format json``). The server places no job (no worker slots), so
 no worker process costs CPU here.
 """
 
@@ -34,7 +34,7 @@ def crowded(tmp_path_factory):
     settings = json.loads(platform.paths.config.read_text())
     settings.update(max_streams_per_principal=WATCHERS, max_workers_on_node=0)  # jobs stay queued
     platform.paths.config.write_text(json.dumps(settings))
-    platform.start()
+    platform.start("--log-format", "json")
     yield platform
     platform.stop()
 
@@ -99,3 +99,16 @@ def test_a_thousand_watchers_leave_everyone_else_answered(crowded):
     other.cancel(theirs.id)
     crowd.close()
     other.close()
+
+
+def test_each_call_is_logged_as_one_json_line(crowded):
+    with crowded.admin() as admin:
+        admin.tenants()
+    lines = [json.loads(line) for line in crowded.server_log().splitlines() if line.startswith("{")]
+    calls = [line for line in lines if line["logger"] == "cantata.server.access"]
+    listed = next(c for c in calls if c["method"] == "/cantata.v1.Admin/ListTenants")
+    assert listed["principal"] == "spiffe://cantata/admin/admin" and listed["code"] == "OK"
+    assert listed["latency_ms"] >= 0 and len(listed["request_id"]) == 32
+    refused = next(c for c in calls if c["method"] == "/cantata.v1.Jobs/WatchJob" and c["code"] != "OK")
+    assert refused["code"] == "RESOURCE_EXHAUSTED"
+    assert any(line["logger"] == "cantata.server.app" and "serving on port" in line["message"] for line in lines)
