@@ -50,8 +50,6 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import IO, Any, cast
 
-import torch
-
 from cantata.security.keys import JobKeys, envelope_key_version
 from cantata.security.stream_aead import (
     DEFAULT_SEGMENT_SIZE,
@@ -279,6 +277,8 @@ class _FailureRecordingSink:
 def _torch_save(state: Mapping[str, Any], sink: StreamEncryptor) -> None:
     recording = _FailureRecordingSink(sink)
     try:
+        import torch  # here, not at the top: the server lists and streams checkpoints without torch
+
         torch.save(state, cast("IO[bytes]", recording))  # torch only calls write and flush
     except Exception:
         if recording.failure is not None:
@@ -380,6 +380,8 @@ def _deserialise(kind: str, buffer: io.BytesIO) -> Any:
     if kind == KIND_BYTES:
         return buffer.getvalue()
     buffer.seek(0)
+    import torch  # here, not at the top: the server lists and streams checkpoints without torch
+
     return torch.load(buffer, weights_only=True, map_location="cpu")
 
 

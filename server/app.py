@@ -147,6 +147,7 @@ class ControlPlane:
             slots=self.settings.max_workers_on_node,
             audit_failure=self.audit.probe,
         )
+        self.store.on_queue_change = self.scheduler.wake
         default_store = self.paths.checkpoints.resolve().as_uri()
         self.sweeper = OrphanSweeper(
             self.store,

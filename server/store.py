@@ -154,6 +154,7 @@ class Store:
     def __init__(self, database: Database | Path, broadcast: EventBroadcast | None = None):
         self.database = database if isinstance(database, Database) else Database(database)
         self._broadcast = broadcast
+        self.on_queue_change: Callable[[], None] = lambda: None  # a job was queued, or a quota or tenant changed
         # What every call's gatekeeper asks, answered from memory; emptied when a change commits.
         self._tenant_statuses = _Cache[str, str | None]()
         self._revoked = _Cache[int, bool]()
@@ -267,6 +268,7 @@ class Store:
         """Change the non-zero fields of a tenant's quota."""
         with self._tx() as db:
             self.database.after_commit(self._tenant_statuses.clear)
+            self.database.after_commit(self._queue_changed)
             self._tenant(db, name)
             for column in ("max_concurrent_jobs", "max_workers_per_job", "max_total_steps"):
                 value = getattr(quota, column)
@@ -282,6 +284,7 @@ class Store:
     def set_tenant_status(self, name: str, status: str, *, expect: str) -> Tenant:
         with self._tx() as db:
             self.database.after_commit(self._tenant_statuses.clear)
+            self.database.after_commit(self._queue_changed)
             tenant = self._tenant(db, name)
             if tenant.status != expect:
                 raise Conflict(f"tenant {name!r} is {tenant.status}, not {expect}")
@@ -477,6 +480,21 @@ class Store:
             ]
             return [self._job(db, i) for i in ids]
 
+    def queue_head(self) -> JobRecord | None:
+        """The next job to place: each tenant's oldest queued job, the tenant with the fewest active jobs first.
+
+        Ties go to the job queued first. One query over the queued jobs' heads, whatever the queue's length.
+        """
+        with self.database.read() as db:
+            row = db.execute(
+                "SELECT head.id FROM (SELECT id, tenant, MIN(created_at) AS since FROM jobs "
+                f"WHERE state={int(common_pb2.QUEUED)} GROUP BY tenant) AS head "
+                f"LEFT JOIN (SELECT tenant, COUNT(*) AS active FROM jobs WHERE state IN ({_in(ACTIVE)}) "
+                "GROUP BY tenant) AS busy ON busy.tenant = head.tenant "
+                "ORDER BY COALESCE(busy.active, 0), head.since, head.id LIMIT 1"
+            ).fetchone()
+            return self._job(db, row[0]) if row else None
+
     def transition(self, job_id: str, state: common_pb2.JobState, reason: str = "", *, message: str = "") -> bool:
         """Move a job to ``state`` if allowed from its current state.
 
@@ -541,7 +559,12 @@ class Store:
         db.execute("INSERT INTO events (job_id, seq, body) VALUES (?, ?, ?)", (job_id, seq, event.SerializeToString()))
         if self._broadcast is not None:
             self.database.after_commit(partial(self._broadcast.publish, job_id, (event,)))
+        if event.kind == jobs_pb2.STATE and event.state == common_pb2.QUEUED:
+            self.database.after_commit(self._queue_changed)
         return seq
+
+    def _queue_changed(self) -> None:
+        self.on_queue_change()
 
     def events_after(self, job_id: str, cursor: int) -> list[jobs_pb2.JobEvent]:
         """Events with seq > cursor (at most 500: ask again from the last one for more)."""
