@@ -116,4 +116,3 @@ class ErrorReason(enum.StrEnum):
     STORE_NOT_FOUND = "STORE_NOT_FOUND"  # a job's bucket or container does not exist
     STORE_PERMISSION_DENIED = "STORE_PERMISSION_DENIED"  # a store refused the credentials or the action
     STORE_FULL = "STORE_FULL"  # a local store has no space left
-    TOO_MANY_STREAMS = "TOO_MANY_STREAMS"  # the caller holds as many open streams as one principal may

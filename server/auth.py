@@ -200,10 +200,16 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                     await abort_async(context, refusal)
                 who = principal.uri if principal else "anonymous:" + context.peer().rpartition(":")[0]
                 if not self._streams.acquire(who):
-                    reason = f"{who} already holds {self._streams.cap} open streams, the most one principal may"
-                    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+                    cap = str(self._streams.cap)
                     await abort_async(
-                        context, status(code, reason, reason=ErrorReason.TOO_MANY_STREAMS, request_id=request_id())
+                        context,
+                        status(
+                            grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            f"quota exceeded: {who} already holds {cap} open streams, the most one caller may",
+                            reason=ErrorReason.QUOTA_EXCEEDED,
+                            request_id=request_id(),
+                            metadata={"what": "open streams", "limit": cap, "used": cap},
+                        ),
                     )
                 try:
                     async for item in behaviour(request, context):

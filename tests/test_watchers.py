@@ -19,9 +19,10 @@ import grpc
 import pytest
 
 from cantata.proto.v1 import admin_pb2, admin_pb2_grpc, common_pb2, jobs_pb2, jobs_pb2_grpc, worker_pb2, worker_pb2_grpc
-from cantata.sdk import Job
+from cantata.sdk import Job, errors
 from cantata.security.pki import CertificateAuthority, Principal
 from tests.platform import Platform
+from tests.waiting import wait_for
 
 WATCHERS = 1000
 ANSWERED_WITHIN_S = 1.0
@@ -74,6 +75,9 @@ def test_a_thousand_watchers_leave_everyone_else_answered(crowded):
         with pytest.raises(grpc.RpcError) as past_cap:
             next(refused)
         assert past_cap.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        refusal = errors.from_rpc_error(past_cap.value)
+        assert isinstance(refusal, errors.QuotaExceeded) and refusal.what == "open streams"
+        assert refusal.limit == WATCHERS
 
         got = jobs_pb2_grpc.JobsStub(other_channel).GetJob(
             jobs_pb2.GetJobRequest(job_id=theirs.id), timeout=ANSWERED_WITHIN_S
@@ -87,6 +91,21 @@ def test_a_thousand_watchers_leave_everyone_else_answered(crowded):
             worker_pb2.WorkerReport(job_id=watched.id, worker=0, heartbeat=worker_pb2.Heartbeat()),
             timeout=ANSWERED_WITHIN_S,
         )
+
+        # A stream the client drops is counted off: as many new ones open (once the server saw them go).
+        for stream in streams[:10]:
+            stream.cancel()
+
+        def reopened() -> grpc.Call | None:
+            stream = watch(jobs_pb2.WatchJobRequest(job_id=watched.id))
+            try:
+                next(stream)
+            except grpc.RpcError as still_full:
+                assert still_full.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                return None
+            return stream
+
+        streams = streams[10:] + [wait_for(reopened) for _ in range(10)]
 
         crowd.cancel(watched.id)
         for stream in streams:  # every watcher gets the end, pushed to it, and its stream closes
