@@ -47,7 +47,9 @@ from cantata.security.audit import Action, AuditLog, init_audit
 from cantata.server.config import DataDir
 from cantata.server.store import Store
 
-SPEC = common_pb2.JobSpec(name="bench", workers=1, steps=10, batch_size=4, seq_len=16, eval_every=10)
+SPEC = common_pb2.JobSpec(
+    name="bench", workers=1, ranks_per_worker=1, steps=10, batch_size=4, seq_len=16, eval_every=10
+)
 TARGETS = {"submit_16": 0.5, "get_job_16": 0.7, "fanout_p99_ms": 200.0, "audit_appends": 0.8}
 ECHO = "/bench.Echo/Unary"
 
