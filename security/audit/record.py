@@ -69,7 +69,7 @@ def genesis_hash(log_id: str) -> str:
 
 def format_time(moment: datetime) -> str:
     """UTC time with microseconds, as stored: ``2026-12-02T12:58:24.123456Z``."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return moment.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 def parse_time(text: str) -> datetime:

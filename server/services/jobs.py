@@ -126,6 +126,7 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         with self._broadcast.subscribe(job.id) as live:  # before reading the store, so nothing falls between
             catching_up = True
             while True:
+                from_store = catching_up
                 if catching_up:
                     events = await asyncio.to_thread(self._store.events_after, job.id, cursor)
                     catching_up = bool(events)
@@ -134,10 +135,17 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
                     if live.overflowed:  # it fell too far behind: read the store again from the cursor
                         live.overflowed, catching_up = False, True
                         continue
-                for event in events:
+                for index, event in enumerate(events):
                     if event.seq <= cursor:
                         continue
-                    if event.terminal and await asyncio.to_thread(self._store.resumed_after, job.id, event.seq):
+                    if (
+                        event.terminal
+                        and (
+                            await asyncio.to_thread(self._store.resumed_after, job.id, event.seq)
+                            if from_store  # a pushed end was the latest when it was pushed, unless its batch says not
+                            else any(later.kind == jobs_pb2.STATE for later in events[index + 1 :])
+                        )
+                    ):
                         event = _not_terminal(event)
                     yield event
                     cursor = event.seq
