@@ -142,6 +142,7 @@ class Database:
         self.connection = _connect(self.path)
         self.lock = threading.RLock()
         self._after_commit: list[Callable[[], None]] = []  # of the open transaction, in order
+        self._every_commit: list[Callable[[], None]] = []  # after each transaction that commits
         self._writer: int | None = None  # the thread whose write transaction is open
         self._readers = threading.local()
         self._all_readers: list[sqlite3.Connection] = []
@@ -218,7 +219,7 @@ class Database:
                 committed, self._after_commit = self._after_commit, []
             self._commits += 1
             commit = self._commits
-            for hook in committed:  # still under the lock, so hooks run in commit order
+            for hook in (*self._every_commit, *committed):  # still under the lock, so hooks run in commit order
                 hook()
         self._await_synced(commit)
 
@@ -268,6 +269,10 @@ class Database:
             with self._readers_lock:
                 self._all_readers.append(reader)
         yield reader
+
+    def on_every_commit(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` after every transaction that commits (under the lock, before its sync)."""
+        self._every_commit.append(hook)
 
     def after_commit(self, hook: Callable[[], None]) -> None:
         """Run ``hook`` once the open transaction commits (dropped if it, or its savepoint, rolls back)."""

@@ -155,9 +155,12 @@ class Store:
         self.database = database if isinstance(database, Database) else Database(database)
         self._broadcast = broadcast
         self.on_queue_change: Callable[[], None] = lambda: None  # a job was queued, or a quota or tenant changed
-        # What every call's gatekeeper asks, answered from memory; emptied when a change commits.
+        # What every call's gatekeeper asks, answered from memory; emptied whenever any write commits, so
+        # no writer (of tenants or certificates, in this class or another) can leave a stale answer behind.
         self._tenant_statuses = _Cache[str, str | None]()
         self._revoked = _Cache[int, bool]()
+        self.database.on_every_commit(self._tenant_statuses.clear)
+        self.database.on_every_commit(self._revoked.clear)
 
     def close(self) -> None:
         """Close the database (shared with every other store on it)."""
@@ -171,7 +174,6 @@ class Store:
     # ---- tenants -------------------------------------------------------
     def add_tenancy_request(self, name: str, csr_pem: bytes, fingerprint: str) -> Tenant:
         with self._tx() as db:
-            self.database.after_commit(self._tenant_statuses.clear)
             if db.execute("SELECT 1 FROM rejected_fingerprints WHERE fingerprint=?", (fingerprint,)).fetchone():
                 raise Conflict("this CSR was rejected and cannot be requested again")
             row = db.execute("SELECT status, csr_fingerprint FROM tenants WHERE name=?", (name,)).fetchone()
@@ -231,7 +233,6 @@ class Store:
         self, name: str, fingerprint: str, cert_pem: bytes, quota: common_pb2.Quota, approved_by: str
     ) -> Tenant:
         with self._tx() as db:
-            self.database.after_commit(self._tenant_statuses.clear)
             tenant = self._tenant(db, name)
             if tenant.status != "PENDING":
                 raise Conflict(f"tenant {name!r} is {tenant.status}, not PENDING")
@@ -253,7 +254,6 @@ class Store:
 
     def reject_tenant(self, name: str) -> Tenant:
         with self._tx() as db:
-            self.database.after_commit(self._tenant_statuses.clear)
             tenant = self._tenant(db, name)
             if tenant.status != "PENDING":
                 raise Conflict(f"tenant {name!r} is {tenant.status}, not PENDING")
@@ -267,7 +267,6 @@ class Store:
     def set_quota(self, name: str, quota: common_pb2.Quota) -> Tenant:
         """Change the non-zero fields of a tenant's quota."""
         with self._tx() as db:
-            self.database.after_commit(self._tenant_statuses.clear)
             self.database.after_commit(self._queue_changed)
             self._tenant(db, name)
             for column in ("max_concurrent_jobs", "max_workers_per_job", "max_total_steps"):
@@ -278,12 +277,10 @@ class Store:
 
     def set_tenant_certificate(self, name: str, cert_pem: bytes) -> None:
         with self._tx() as db:
-            self.database.after_commit(self._tenant_statuses.clear)
             db.execute("UPDATE tenants SET cert_pem=? WHERE name=?", (cert_pem, name))
 
     def set_tenant_status(self, name: str, status: str, *, expect: str) -> Tenant:
         with self._tx() as db:
-            self.database.after_commit(self._tenant_statuses.clear)
             self.database.after_commit(self._queue_changed)
             tenant = self._tenant(db, name)
             if tenant.status != expect:
@@ -294,7 +291,6 @@ class Store:
     # ---- certificates --------------------------------------------------
     def record_certificate(self, serial: int, principal: str, not_after: dt.datetime) -> None:
         with self._tx() as db:
-            self.database.after_commit(self._revoked.clear)
             db.execute(
                 "INSERT OR REPLACE INTO certificates (serial, principal, not_after) VALUES (?,?,?)",
                 (format(serial, "x"), principal, not_after.isoformat()),
@@ -303,7 +299,6 @@ class Store:
     def revoke_certificate(self, serial: str) -> str:
         """Refuse certificate ``serial`` (hex) from now on; returns its principal."""
         with self._tx() as db:
-            self.database.after_commit(self._revoked.clear)
             row = db.execute("SELECT principal FROM certificates WHERE serial=?", (serial.lower(),)).fetchone()
             if row is None:
                 raise NotFound(f"no certificate with serial {serial}")

@@ -89,3 +89,6 @@ def test_cached_answers_change_when_the_change_commits(store):
         store.set_tenant_status("acme", "SUSPENDED", expect="APPROVED")
         raise RuntimeError("rolled back")
     assert store.tenant_status("acme") == "APPROVED"  # a change that never committed is never seen
+    with store.database.transaction() as db:  # any writer, not only the store's own methods, clears the answers
+        db.execute("UPDATE tenants SET status='SUSPENDED' WHERE name='acme'")
+    assert store.tenant_status("acme") == "SUSPENDED"
