@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -143,6 +144,8 @@ class Database:
         self.lock = threading.RLock()
         self._after_commit: list[Callable[[], None]] = []  # of the open transaction, in order
         self._every_commit: list[Callable[[], None]] = []  # after each transaction that commits
+        self._awaiting_sync: deque[tuple[int, list[Callable[[], None]]]] = deque()  # hooks of unsynced commits
+        self._durable_lock = threading.Lock()
         self._writer: int | None = None  # the thread whose write transaction is open
         self._readers = threading.local()
         self._all_readers: list[sqlite3.Connection] = []
@@ -219,9 +222,20 @@ class Database:
                 committed, self._after_commit = self._after_commit, []
             self._commits += 1
             commit = self._commits
-            for hook in (*self._every_commit, *committed):  # still under the lock, so hooks run in commit order
+            for hook in self._every_commit:
                 hook()
+            if committed:
+                with self._durable_lock:
+                    self._awaiting_sync.append((commit, committed))
         self._await_synced(commit)
+        self._run_durable_hooks()
+
+    def _run_durable_hooks(self) -> None:
+        """Run the ``after_commit`` hooks of every synced commit, in commit order (whichever thread gets here)."""
+        with self._durable_lock:
+            while self._awaiting_sync and self._awaiting_sync[0][0] <= self._synced:
+                for hook in self._awaiting_sync.popleft()[1]:
+                    hook()
 
     def _await_synced(self, commit: int) -> None:
         """Return once a WAL sync that started after ``commit`` was written has finished (group commit)."""
@@ -271,11 +285,14 @@ class Database:
         yield reader
 
     def on_every_commit(self, hook: Callable[[], None]) -> None:
-        """Run ``hook`` after every transaction that commits (under the lock, before its sync)."""
+        """Run ``hook`` after every transaction that commits (under the lock, at once: readers see it at once)."""
         self._every_commit.append(hook)
 
     def after_commit(self, hook: Callable[[], None]) -> None:
-        """Run ``hook`` once the open transaction commits (dropped if it, or its savepoint, rolls back)."""
+        """Run ``hook`` once the open transaction's commit is synced (dropped if it, or its savepoint, rolls back).
+
+        Hooks run in commit order, so a job's events reach its watchers in order, and only once durable.
+        """
         assert self.connection.in_transaction, "after_commit outside a transaction"
         self._after_commit.append(hook)
 
