@@ -133,8 +133,10 @@ def test_a_version_1_database_migrates_to_failure_counts_and_spec_digests(tmp_pa
     path = tmp_path / "state.db"
     spec = common_pb2.JobSpec(name="j", steps=10)
     db = Database(path, MIGRATIONS[:1])
-    store = Store(db)
-    _approved(store)
+    db.connection.execute(  # a tenant as a version-1 server stored it: no requested_from column
+        "INSERT INTO tenants (name, status, csr_pem, csr_fingerprint, requested_at, max_concurrent_jobs) "
+        "VALUES ('acme', 'APPROVED', x'00', 'sha256:x', '2026-01-01', 2)"
+    )
     db.connection.execute(  # a job as a version-1 server stored it: no digest column
         "INSERT INTO jobs (id, tenant, request_id, spec, state, created_at, updated_at) "
         "VALUES ('job-1', 'acme', 'request-0001', ?, ?, '2026-01-01', '2026-01-01')",
@@ -143,7 +145,7 @@ def test_a_version_1_database_migrates_to_failure_counts_and_spec_digests(tmp_pa
     db.close()
 
     db = Database(path)
-    assert db.version == len(MIGRATIONS) == 3  # through the failures (2) and digest (3) steps
+    assert db.version == len(MIGRATIONS) == 4  # through the failures (2), digest (3) and enrollment (4) steps
     store = Store(db)
     acme = store.tenant("acme")
     assert store.submit_job(acme, "request-0001", spec, "digest-a")[0].id == "job-1"  # compared by its spec

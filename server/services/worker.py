@@ -87,7 +87,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         elif kind == "anomaly":
             event = self._anomaly(me, job, request.worker, request.anomaly)
         elif kind == "refused":
-            event = self._gossip_refused(me, job, request.refused)
+            event = self._gossip_refused(me, job, request.refused, context.peer())
         else:
             raise InvalidRequest("empty report", field="payload")
         if event is not None:
@@ -108,17 +108,27 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             peers=peers, round=self._store.latest_round(me.name), rounds=self._store.rounds(me.name)
         )
 
-    def _gossip_refused(self, me, job, r) -> jobs_pb2.JobEvent:
-        """A caller this job's gossip endpoint refused: audited as a denial, shown to the tenant as an event."""
+    def _gossip_refused(self, me, job, r, peer: str) -> jobs_pb2.JobEvent:
+        """A caller this job's gossip endpoint refused: audited as a denial, shown to the tenant as an event.
+
+        The record's actor and peer are the reporting worker's, from its verified certificate and its
+        connection; what the worker says about the refused caller is only a claim, kept in ``details``.
+        """
         principal = r.principal[:300] or "unauthenticated"
         self._audit(
-            principal,
+            me.uri,
             Action.AUTHZ_DENIED,
             resource=job.id,
             tenant=job.tenant,
             outcome=Outcome.DENIED,
-            details={"service": "gossip", "reported_by": me.uri, "reason": r.reason[:500]},
-            peer=r.address[:200],
+            details={
+                "service": "gossip",
+                "reported": True,
+                "reported_principal": principal,
+                "reported_address": r.address[:200],
+                "reason": r.reason[:500],
+            },
+            peer=peer,
         )
         return jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, message=f"gossip endpoint refused {principal}")
 
