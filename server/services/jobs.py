@@ -12,6 +12,7 @@ from cantata.proto.vocabulary import REQUEST_ID_RULE, valid_request_id
 from cantata.security.audit import Action
 from cantata.server.auth import caller
 from cantata.server.datasource_store import DataSourceNotFound
+from cantata.server.errors import InvalidRequest
 from cantata.server.jobspec import InvalidField, dataset_source, parse_job_spec, processes
 from cantata.server.lifecycle import JobLifecycle
 from cantata.server.ports import AuditSink, DataSourceDirectory
@@ -94,6 +95,8 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         return job_info(self._job(context, request.job_id))
 
     def ListJobs(self, request, context):
+        """A page of the caller's jobs: ``page_size`` 0 takes 100, more than 1,000 takes 1,000, below 0 is refused."""
+        _at_least_zero(request.page_size, "page_size")
         size = min(request.page_size or 100, 1000)
         if request.page_token:
             self._job(context, request.page_token)
@@ -113,9 +116,10 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
 
     def WatchJob(self, request, context):
         """Events after the cursor, to the job's end; an earlier end that a resume followed is not the end."""
+        _at_least_zero(request.cursor, "cursor")
         job = self._job(context, request.job_id)
         context.send_initial_metadata(())  # the stream is open: a client resuming it knows before any event
-        cursor = max(0, request.cursor)
+        cursor = request.cursor
         while context.is_active():
             for event in self._store.events_after(job.id, cursor, wait=WATCH_POLL):
                 if event.terminal and self._store.resumed_after(job.id, event.seq):
@@ -127,9 +131,10 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
 
     def ReadLogs(self, request, context):
         """Worker logs in worker order; with ``follow``, new lines as they are written."""
+        _at_least_zero(request.offset, "offset")
         job = self._job(context, request.job_id)
         read = [0] * processes(job.spec)  # lines already sent, per worker process
-        sent, skip = 0, max(0, request.offset)
+        sent, skip = 0, request.offset
         while context.is_active():
             for worker in range(processes(job.spec)):
                 path: Path = self._log_path(job.id, worker)
@@ -142,3 +147,8 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
             if not request.follow or self._store.job(job.id).terminal:
                 return
             time.sleep(0.5)
+
+
+def _at_least_zero(value: int, field: str) -> None:
+    if value < 0:
+        raise InvalidRequest(f"{field} must be >= 0, not {value}", field=field)
