@@ -78,7 +78,7 @@ class TenancyService(tenancy_pb2_grpc.TenancyServicer):
             )
 
     def _expire_stale(self) -> None:
-        """Delete the requests pending longer than the limits allow, each with its record; part of the caller's transaction."""
+        """Delete the requests pending longer than the limits allow, each with its record (the caller holds the transaction)."""
         for tenant in self._store.expire_pending(self._limits.expired_before(dt.datetime.now(dt.UTC))):
             self._audit(
                 "server",
