@@ -22,8 +22,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 SPIFFE_PREFIX = "spiffe://cantata/"
-NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-_WORKER_URI = re.compile(r"^job/([A-Za-z0-9-]{1,64})/worker/(\d{1,6})$")
+NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")  # always fullmatch: `$` would let a trailing newline in
+_WORKER_URI = re.compile(r"job/([A-Za-z0-9-]{1,64})/worker/(0|[1-9][0-9]{0,5})")
 
 
 class InvalidName(ValueError):
@@ -36,7 +36,7 @@ class InvalidCSR(ValueError):
 
 def validate_name(name: str) -> str:
     """Return ``name`` if it is a safe principal name (lowercase, digits, '-'), else raise."""
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+    if not isinstance(name, str) or NAME_PATTERN.fullmatch(name) is None:
         raise InvalidName(f"invalid name {name!r}: use 1-63 lowercase letters, digits or '-'")
     return name
 
@@ -77,11 +77,11 @@ class Principal:
         if not uri.startswith(SPIFFE_PREFIX):
             raise ValueError(f"not a Cantata identity: {uri!r}")
         path = uri[len(SPIFFE_PREFIX) :]
-        match = _WORKER_URI.match(path)
+        match = _WORKER_URI.fullmatch(path)
         if match:
             return cls("worker", match.group(1), int(match.group(2)))
         role, _, name = path.partition("/")
-        if role in ("admin", "tenant") and NAME_PATTERN.match(name):
+        if role in ("admin", "tenant") and NAME_PATTERN.fullmatch(name):
             return cls(role, name)
         raise ValueError(f"not a Cantata identity: {uri!r}")
 

@@ -35,9 +35,10 @@ from cantata.security.audit import Action, AuditLog, AuditLogUnavailable
 from cantata.security.pki import CertificateAuthority
 from cantata.server.auth import AuthInterceptor, Gatekeeper, request_id
 from cantata.server.broadcast import EventBroadcast
-from cantata.server.config import DataDir, ServerSettings
+from cantata.server.config import DataDir, ServerSettings, enrollment_limits
 from cantata.server.database import Database
 from cantata.server.datasource_store import DataSourceStore
+from cantata.server.enrollment import RefusalDigest
 from cantata.server.errors import ErrorInterceptor
 from cantata.server.health import HealthService
 from cantata.server.heartbeats import Heartbeats
@@ -79,6 +80,8 @@ class ControlPlane:
         self.keyring = self.paths.open_keyring()
         self.data_sources = DataSourceStore(self.database, self.keyring)
         self.audit = AuditLog.open(self.paths.audit)
+        self.enrollment_limits = enrollment_limits(self.settings)
+        self.refusals = RefusalDigest(self.audit.append, self.enrollment_limits.refusal_window_s)  # anonymous: counted
         self.port: int | None = None
         self._stopping = threading.Event()
         self._stopped = threading.Event()
@@ -88,7 +91,10 @@ class ControlPlane:
 
     def _grpc_server(self, gatekeeper: Gatekeeper) -> grpc.aio.Server:
         return self._serving.server(
-            interceptors=[AuthInterceptor(gatekeeper, self.audit.append, self.streams), ErrorInterceptor(request_id)],
+            interceptors=[
+                AuthInterceptor(gatekeeper, self.refusals.append, self.streams),
+                ErrorInterceptor(request_id),
+            ],
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -159,7 +165,14 @@ class ControlPlane:
             "default_store": default_store,
             "roots": roots,
         }
-        tenancy = TenancyService(self.store, self.ca, self.settings.tenant_cert_days, self.audit.append)
+        tenancy = TenancyService(
+            self.store,
+            self.ca,
+            self.settings.tenant_cert_days,
+            self.audit,
+            limits=self.enrollment_limits,
+            refusals=self.refusals,
+        )
         tenancy_pb2_grpc.add_TenancyServicer_to_server(tenancy, server)
         tenancy_pb2_grpc.add_TenancyServicer_to_server(tenancy, enrollment)
         admin_pb2_grpc.add_AdminServicer_to_server(
@@ -228,6 +241,7 @@ class ControlPlane:
             self._serving.run(self._server.stop(grace))
             self.scheduler.shutdown()
             self.sweeper.shutdown()
+        self.refusals.close()  # the counts of open windows, before the log closes
         self._serving.stop()
         try:
             self.audit.append("server", Action.SERVER_STOPPED)

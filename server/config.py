@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cantata.security.keys import MASTER_KEY_ENV, LocalKeyring, MasterKey
+from cantata.server.enrollment import EnrollmentLimits
 
 CONFIG_NAME = "server.json"
 RETIRED_SETTINGS = frozenset({"max_job_attempts"})  # read from older server.json files and ignored
@@ -47,6 +48,24 @@ class ServerSettings:
     orphan_sweep_seconds: float = 600.0  # how often the checkpoint stores are swept for them
     worker_heartbeat_timeout_s: float = 60.0  # a worker silent this long is hung: it is killed
     max_streams_per_principal: int = 256  # open streams (watches, log follows, downloads) one caller may hold
+    # Anonymous enrollment (see cantata.server.enrollment and docs/security.md#enrollment-limits):
+    enroll_max_pending: int = 100  # tenancy requests pending at once, in all
+    enroll_max_pending_per_address: int = 3  # ... and from one source address (IPv6: one /64)
+    enroll_rate_per_minute: float = 10.0  # enrollment calls per source address, refilled continuously
+    enroll_burst: int = 10  # ... of which this many may come at once
+    enroll_pending_ttl_hours: float = 72.0  # a request still pending after this is deleted; its name is free
+    anonymous_refusal_window_s: float = 60.0  # anonymous refusals are counted per address and reason in this window
+
+
+def enrollment_limits(settings: ServerSettings) -> EnrollmentLimits:
+    return EnrollmentLimits(
+        max_pending=settings.enroll_max_pending,
+        max_pending_per_address=settings.enroll_max_pending_per_address,
+        rate_per_minute=settings.enroll_rate_per_minute,
+        burst=settings.enroll_burst,
+        pending_ttl_hours=settings.enroll_pending_ttl_hours,
+        refusal_window_s=settings.anonymous_refusal_window_s,
+    )
 
 
 def enrollment_address(listen: str) -> str:

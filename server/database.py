@@ -122,11 +122,20 @@ CREATE TABLE IF NOT EXISTS data_sources (
 # Jobs made before it keep '' and are compared by their stored spec.
 _V3_SPEC_DIGEST = "ALTER TABLE jobs ADD COLUMN spec_digest TEXT NOT NULL DEFAULT ''"
 
+# 4: where each tenancy request came from (the per-address cap on pending requests), and which certificate
+# each one renewed (revoking a certificate revokes its renewals). Rows made before it keep ''.
+_V4_ENROLLMENT_AND_RENEWALS = """
+ALTER TABLE tenants ADD COLUMN requested_from TEXT NOT NULL DEFAULT '';
+ALTER TABLE certificates ADD COLUMN renewed_from TEXT NOT NULL DEFAULT '';
+CREATE INDEX IF NOT EXISTS certificates_by_predecessor ON certificates (renewed_from);
+"""
+
 # MIGRATIONS[n] takes a database from version n to n + 1. Append; never edit a step that has shipped.
 MIGRATIONS: tuple[str, ...] = (
     _V1_STORE + _V1_DATA_SOURCES,  # 1: the unversioned schema of the store and the data sources, as it was
     "ALTER TABLE jobs ADD COLUMN failures INTEGER NOT NULL DEFAULT 0",  # 2: worker failures a job survived
     _V3_SPEC_DIGEST,  # 3: jobs.spec_digest
+    _V4_ENROLLMENT_AND_RENEWALS,  # 4: tenants.requested_from, certificates.renewed_from
 )
 
 

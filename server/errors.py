@@ -32,6 +32,7 @@ from cantata.security.audit import AuditLogUnavailable
 from cantata.security.keys import UnknownTenantError
 from cantata.security.pki import InvalidCSR, InvalidName, Principal, peer_certificate
 from cantata.server.datasource_store import DataSourceExists, DataSourceNotFound, InvalidDataSource
+from cantata.server.enrollment import EnrollmentLimited
 from cantata.server.jobspec import InvalidField
 from cantata.server.store import Conflict, NotFound, QuotaExceeded, RequestIdReused
 from cantata.storage import StoreFull, StoreNotFound, StorePermissionError, StoreUnavailableError
@@ -82,6 +83,7 @@ MAPPING: dict[type[Exception], Mapped] = {
     AlreadyExists: Mapped(grpc.StatusCode.ALREADY_EXISTS, ErrorReason.ALREADY_EXISTS),
     DataSourceExists: Mapped(grpc.StatusCode.ALREADY_EXISTS, ErrorReason.DATA_SOURCE_EXISTS),
     QuotaExceeded: Mapped(grpc.StatusCode.RESOURCE_EXHAUSTED, ErrorReason.QUOTA_EXCEEDED),
+    EnrollmentLimited: Mapped(grpc.StatusCode.RESOURCE_EXHAUSTED, ErrorReason.ENROLLMENT_LIMITED),
     InvalidField: Mapped(grpc.StatusCode.INVALID_ARGUMENT, ErrorReason.INVALID_JOB),
     InvalidRequest: Mapped(grpc.StatusCode.INVALID_ARGUMENT, ErrorReason.INVALID_ARGUMENT),
     InvalidDataSource: Mapped(grpc.StatusCode.INVALID_ARGUMENT, ErrorReason.INVALID_DATA_SOURCE),
@@ -153,6 +155,8 @@ def status_of(exc: Exception, *, request_id: str, principal: Principal | None = 
         )
     if isinstance(exc, RequestIdReused):
         metadata.update(request_id=exc.request_id, job_id=exc.job_id)
+    if isinstance(exc, EnrollmentLimited):
+        metadata.update(what=exc.what, limit=f"{exc.limit:g}", retry_after_s=f"{exc.retry_after_s:.0f}")
     if isinstance(exc, QuotaExceeded):
         metadata.update(what=exc.what, limit=str(exc.limit), used=str(exc.used))
         subject = f"tenant:{principal.name}" if principal else ""

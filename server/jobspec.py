@@ -20,8 +20,9 @@ from cantata.proto import jobfields
 from cantata.proto.jobfields import MAX_WORKERS
 from cantata.proto.v1 import common_pb2
 from cantata.proto.vocabulary import DECENTRALIZED, Algorithm, Topology
+from cantata.storage.base import StoreConfigError, store_prefix
 
-BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
 
 class InvalidField(ValueError):
@@ -126,5 +127,14 @@ def check_store(uri: str, field: str, roots: list[Path]) -> None:
         return
     _require(scheme in ("s3", "az"), field, f"unsupported store {uri!r} (use file://, s3:// or az://)")
     bucket, _, prefix = rest.partition("/")
-    _require(BUCKET.match(bucket) is not None, field, f"invalid bucket or container name {bucket!r}")
-    _require(".." not in prefix.split("/") and len(prefix) <= 512, field, "invalid prefix")
+    _require(BUCKET.fullmatch(bucket) is not None, field, f"invalid bucket or container name {bucket!r}")
+    _require(len(prefix) <= 512 and _valid_prefix(prefix), field, f"invalid prefix {prefix!r}")
+
+
+def _valid_prefix(prefix: str) -> bool:
+    """A store prefix the stores accept as they are: ``/``-separated plain names (see ``store_prefix``)."""
+    try:
+        store_prefix(prefix)
+    except StoreConfigError:
+        return False
+    return True

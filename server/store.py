@@ -172,7 +172,20 @@ class Store:
             yield db
 
     # ---- tenants -------------------------------------------------------
-    def add_tenancy_request(self, name: str, csr_pem: bytes, fingerprint: str) -> Tenant:
+    def add_tenancy_request(
+        self,
+        name: str,
+        csr_pem: bytes,
+        fingerprint: str,
+        *,
+        source: str = "",
+        admit: Callable[[int, int], None] = lambda pending, from_source: None,
+    ) -> Tenant:
+        """A new PENDING request from address ``source`` (a retry of the same one is idempotent).
+
+        ``admit(pending, from_source)`` sees how many requests are pending, in all and from
+        ``source``, just before a new one is stored, in the same transaction, and raises to refuse it.
+        """
         with self._tx() as db:
             if db.execute("SELECT 1 FROM rejected_fingerprints WHERE fingerprint=?", (fingerprint,)).fetchone():
                 raise Conflict("this CSR was rejected and cannot be requested again")
@@ -181,12 +194,32 @@ class Store:
                 if row["status"] == "PENDING" and row["csr_fingerprint"] == fingerprint:
                     return self._tenant(db, name)  # a retried request is idempotent
                 raise Conflict(f"tenant {name!r} already exists")
+            admit(
+                db.execute("SELECT COUNT(*) FROM tenants WHERE status='PENDING'").fetchone()[0],
+                db.execute(
+                    "SELECT COUNT(*) FROM tenants WHERE status='PENDING' AND requested_from=?", (source,)
+                ).fetchone()[0],
+            )
             db.execute(
-                "INSERT INTO tenants (name, status, csr_pem, csr_fingerprint, requested_at) "
-                "VALUES (?, 'PENDING', ?, ?, ?)",
-                (name, csr_pem, fingerprint, utcnow()),
+                "INSERT INTO tenants (name, status, csr_pem, csr_fingerprint, requested_at, requested_from) "
+                "VALUES (?, 'PENDING', ?, ?, ?, ?)",
+                (name, csr_pem, fingerprint, utcnow(), source),
             )
             return self._tenant(db, name)
+
+    def expire_pending(self, requested_before: dt.datetime) -> list[Tenant]:
+        """Delete the requests still PENDING that were made before ``requested_before``; return them."""
+        with self._tx() as db:
+            names = [
+                r[0]
+                for r in db.execute(
+                    "SELECT name FROM tenants WHERE status='PENDING' AND requested_at < ? ORDER BY name",
+                    (requested_before.isoformat(timespec="milliseconds"),),
+                )
+            ]
+            expired = [self._tenant(db, n) for n in names]
+            db.executemany("DELETE FROM tenants WHERE name=? AND status='PENDING'", [(n,) for n in names])
+            return expired
 
     def tenant(self, name: str) -> Tenant:
         with self.database.read() as db:
@@ -289,21 +322,46 @@ class Store:
             return self._tenant(db, name)
 
     # ---- certificates --------------------------------------------------
-    def record_certificate(self, serial: int, principal: str, not_after: dt.datetime) -> None:
+    def record_certificate(
+        self, serial: int, principal: str, not_after: dt.datetime, *, renewed_from: str = ""
+    ) -> None:
+        """Record an issued certificate; ``renewed_from`` is the hex serial of the one whose renewal made it."""
         with self._tx() as db:
             db.execute(
-                "INSERT OR REPLACE INTO certificates (serial, principal, not_after) VALUES (?,?,?)",
-                (format(serial, "x"), principal, not_after.isoformat()),
+                "INSERT OR REPLACE INTO certificates (serial, principal, not_after, renewed_from) VALUES (?,?,?,?)",
+                (format(serial, "x"), principal, not_after.isoformat(), renewed_from),
             )
 
     def revoke_certificate(self, serial: str) -> str:
-        """Refuse certificate ``serial`` (hex) from now on; returns its principal."""
+        """Refuse certificate ``serial`` (hex) and every certificate renewed from it, from now on; returns its principal.
+
+        A renewal is only as trustworthy as the certificate that asked for it: a key stolen and
+        renewed before the revocation must not outlive it.
+        """
         with self._tx() as db:
             row = db.execute("SELECT principal FROM certificates WHERE serial=?", (serial.lower(),)).fetchone()
             if row is None:
                 raise NotFound(f"no certificate with serial {serial}")
-            db.execute("UPDATE certificates SET revoked=1 WHERE serial=?", (serial.lower(),))
+            db.executemany(
+                "UPDATE certificates SET revoked=1 WHERE serial=?", [(s,) for s in self._lineage(db, serial.lower())]
+            )
             return row["principal"]
+
+    def renewals_of(self, serial: str) -> list[str]:
+        """The hex serials renewed from ``serial``, directly or through other renewals, oldest first."""
+        with self._lock:
+            return self._lineage(self._db, serial.lower())[1:]
+
+    @staticmethod
+    def _lineage(db: sqlite3.Connection, serial: str) -> list[str]:
+        """``serial`` and every certificate renewed from it, directly or not."""
+        rows = db.execute(
+            "WITH RECURSIVE lineage(serial) AS (SELECT ? UNION "
+            "SELECT c.serial FROM certificates c JOIN lineage l ON c.renewed_from = l.serial) "
+            "SELECT l.serial FROM lineage l LEFT JOIN certificates c ON c.serial = l.serial ORDER BY c.rowid",
+            (serial,),
+        )
+        return [r[0] for r in rows]
 
     def current_certificate(self, principal: str) -> tuple[str, str] | None:
         """(serial, not_after) of the newest unrevoked certificate issued to ``principal``."""

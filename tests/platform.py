@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -34,10 +35,18 @@ def cli(*args: str, env: dict | None = None, check: bool = True) -> subprocess.C
     return result
 
 
-class Platform:
-    """Owns one server process; can stop it gracefully, kill it and restart it."""
+# Every test client calls from 127.0.0.1, so the per-address enrollment limits would be shared by the
+# whole module: tests of other things get room; tests of the limits set their own (``settings``).
+LOOPBACK_ENROLLMENT = {"enroll_max_pending_per_address": 1000, "enroll_burst": 1000, "enroll_rate_per_minute": 6000.0}
 
-    def __init__(self, root: Path, env: dict | None = None):
+
+class Platform:
+    """Owns one server process; can stop it gracefully, kill it and restart it.
+
+    ``settings`` override fields of the ``server.json`` that ``server init`` wrote.
+    """
+
+    def __init__(self, root: Path, env: dict | None = None, settings: dict | None = None):
         self.root = root
         self.data_dir = root / "data"
         self.home = root / "home"
@@ -60,6 +69,8 @@ class Platform:
             env=self.env,
         )
         self.ca_pem = (self.data_dir / "ca.pem").read_bytes()
+        saved = self.paths.load_settings()
+        self.paths.save_settings(replace(saved, **{**LOOPBACK_ENROLLMENT, **(settings or {})}))
 
     def start(self, *options: str) -> None:
         """Start the server (``options``: more ``cantata server start`` flags) and wait until it serves."""

@@ -150,9 +150,10 @@ def test_a_peer_of_another_job_is_refused_and_audited(platform, tenant):
 
     wait_for(refusals)
     (record,) = refusals()
-    assert record.actor == "spiffe://cantata/job/job-other/worker/1" and record.tenant == "acme"
+    assert record.actor == Principal.worker(handle.id, 0).uri and record.tenant == "acme"  # the reporter, verified
     assert record.details["service"] == "gossip" and "not a worker of job" in record.details["reason"]
-    assert record.details["reported_by"] == Principal.worker(handle.id, 0).uri
+    assert record.details["reported"] is True
+    assert record.details["reported_principal"] == "spiffe://cantata/job/job-other/worker/1"
     handle.cancel()
     assert handle.wait().state == "CANCELLED"
 

@@ -23,6 +23,7 @@ from cantata.server.datasource_store import (
     InvalidDataSource,
     SealedSecretsError,
 )
+from cantata.server.enrollment import EnrollmentLimited
 from cantata.server.errors import ErrorInterceptor
 from cantata.server.jobspec import InvalidField
 from cantata.server.serving import ServingLoop
@@ -42,6 +43,7 @@ EXPECTED = [
     (RequestIdReused("request-0001", "job-1"), Code.ALREADY_EXISTS, "REQUEST_ID_REUSED"),
     (DataSourceExists("data source 'x' exists"), Code.ALREADY_EXISTS, "DATA_SOURCE_EXISTS"),
     (QuotaExceeded("concurrent jobs", 2, 2), Code.RESOURCE_EXHAUSTED, "QUOTA_EXCEEDED"),
+    (EnrollmentLimited("pending requests", 100, 3600), Code.RESOURCE_EXHAUSTED, "ENROLLMENT_LIMITED"),
     (InvalidField("steps", "must be positive"), Code.INVALID_ARGUMENT, "INVALID_JOB"),
     (server_errors.InvalidRequest("empty report"), Code.INVALID_ARGUMENT, "INVALID_ARGUMENT"),
     (InvalidDataSource("kind: S3 or AZURE_BLOB is required"), Code.INVALID_ARGUMENT, "INVALID_DATA_SOURCE"),
@@ -156,6 +158,20 @@ def test_field_and_quota_details_and_what_the_sdk_makes_of_them():
     sdk_error = errors.from_rpc_error(quota)
     assert type(sdk_error) is errors.QuotaExceeded
     assert (sdk_error.what, sdk_error.limit, sdk_error.used, sdk_error.request_id) == ("workers per job", 4, 6, "q")
+
+
+def test_an_enrollment_limit_is_an_sdk_enrollment_limited_with_when_to_retry():
+    limited = _FailedCall(
+        server_errors.status_of(EnrollmentLimited("requests per minute from this address", 10, 42.4), request_id="e")
+    )
+    sdk_error = errors.from_rpc_error(limited)
+    assert type(sdk_error) is errors.EnrollmentLimited and isinstance(sdk_error, errors.QuotaExceeded)
+    assert (sdk_error.what, sdk_error.limit, sdk_error.retry_after_s) == (
+        "requests per minute from this address",
+        10,
+        42,
+    )
+    assert sdk_error.code == Code.RESOURCE_EXHAUSTED and sdk_error.request_id == "e"
 
 
 def test_a_full_store_is_not_mistaken_for_an_oversized_request():

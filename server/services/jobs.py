@@ -13,6 +13,7 @@ from cantata.security.audit import Action
 from cantata.server.auth import caller
 from cantata.server.broadcast import EventBroadcast
 from cantata.server.datasource_store import DataSourceNotFound
+from cantata.server.errors import InvalidRequest
 from cantata.server.jobspec import InvalidField, dataset_source, parse_job_spec, processes
 from cantata.server.lifecycle import JobLifecycle
 from cantata.server.ports import AuditSink, DataSourceDirectory
@@ -97,6 +98,8 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         return job_info(self._job(context, request.job_id))
 
     def ListJobs(self, request, context):
+        """A page of the caller's jobs: ``page_size`` 0 takes 100, more than 1,000 takes 1,000, below 0 is refused."""
+        _at_least_zero(request.page_size, "page_size")
         size = min(request.page_size or 100, 1000)
         if request.page_token:
             self._job(context, request.page_token)
@@ -120,9 +123,10 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         What the store holds first, then what the broadcast pushes: the watcher waits on the event loop and
         holds no thread while nothing happens.
         """
+        _at_least_zero(request.cursor, "cursor")
         job = await asyncio.to_thread(self._job, context, request.job_id)
         await context.send_initial_metadata(())  # the stream is open: a client resuming it knows before any event
-        cursor = max(0, request.cursor)
+        cursor = request.cursor
         with self._broadcast.subscribe(job.id) as live:  # before reading the store, so nothing falls between
             catching_up = True
             while True:
@@ -154,9 +158,10 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
 
     async def ReadLogs(self, request, context):
         """Worker logs in worker order; with ``follow``, new lines as they are written."""
+        _at_least_zero(request.offset, "offset")
         job = await asyncio.to_thread(self._job, context, request.job_id)
         read = [0] * processes(job.spec)  # lines already sent, per worker process
-        sent, skip = 0, max(0, request.offset)
+        sent, skip = 0, request.offset
         while True:
             for worker, line in await asyncio.to_thread(self._new_lines, job.id, read):
                 sent += 1
@@ -183,3 +188,8 @@ def _not_terminal(event: jobs_pb2.JobEvent) -> jobs_pb2.JobEvent:
     copy.CopyFrom(event)
     copy.terminal = False
     return copy
+
+
+def _at_least_zero(value: int, field: str) -> None:
+    if value < 0:
+        raise InvalidRequest(f"{field} must be >= 0, not {value}", field=field)
