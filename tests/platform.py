@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,11 +35,35 @@ def cli(*args: str, env: dict | None = None, check: bool = True) -> subprocess.C
     return result
 
 
+def passable(path: Path) -> Path:
+    """Let other users pass through ``path`` and its parents up to the temp dir (pytest makes them 0700).
+
+    As root the server runs each job's workers as a uid of their own; like an operator's
+    data directory, the test's must be reachable by them (docs/operations.md).
+    """
+    top = Path(tempfile.gettempdir())
+    for folder in [path, *path.parents]:
+        if folder == top or top not in folder.parents:
+            break
+        folder.chmod(folder.stat().st_mode | 0o111)
+    return path
+
+
+def readable(path: Path) -> Path:
+    """``passable``, and let other users read the tree under ``path`` (a test's dataset)."""
+    passable(path)
+    for folder, _dirs, files in os.walk(path):
+        os.chmod(folder, 0o755)
+        for name in files:
+            os.chmod(os.path.join(folder, name), 0o644)
+    return path
+
+
 class Platform:
     """Owns one server process; can stop it gracefully, kill it and restart it."""
 
     def __init__(self, root: Path, env: dict | None = None):
-        self.root = root
+        self.root = passable(root)
         self.data_dir = root / "data"
         self.home = root / "home"
         self.paths = DataDir(self.data_dir)
@@ -60,6 +85,16 @@ class Platform:
             env=self.env,
         )
         self.ca_pem = (self.data_dir / "ca.pem").read_bytes()
+        self.shared_root = root / "shared"  # the allowed file:// root: each tenant sees its own folder
+        settings = self.paths.load_settings()
+        settings.allowed_roots = [str(self.shared_root)]
+        self.paths.save_settings(settings)
+
+    def tenant_dir(self, tenant: str, *parts: str) -> Path:
+        """A folder of ``tenant``'s under the shared root, for its file:// datasets (make it ``readable``)."""
+        folder = self.shared_root.joinpath(tenant, *parts)
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
 
     def start(self) -> None:
         self.log = open(self.root / "server.log", "ab")  # noqa: SIM115 (the server writes to it until it stops)
