@@ -12,6 +12,7 @@ import contextlib
 import os
 import resource
 import signal
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -52,14 +53,52 @@ def enter(request: SpawnRequest) -> None:
         if fd > 2:
             with contextlib.suppress(OSError):  # the listing's own descriptor is gone by now
                 os.close(fd)
+    pinned = _pin_library_folders() if request.uid is not None else {}
     if request.uid is not None and request.gid is not None:
         os.setgroups([])
         os.setgid(request.gid)
         os.setuid(request.uid)
+    _repoint(pinned)
     os.umask(0o077)
     os.chdir(request.cwd)
     os.environ.clear()
     os.environ.update(request.env)
+
+
+def _reachable_by_others(folder: Path) -> bool:
+    return all(not part.exists() or part.stat().st_mode & 0o001 for part in (folder, *folder.parents))
+
+
+def _pin_library_folders() -> dict[str, str]:
+    """Open (``O_PATH``) the import folders another user could not pass to (an interpreter under ``/root``).
+
+    The worker's uid reaches them through ``/proc/self/fd/N``, which does not pass through their
+    parents: it can import the rest of the standard library, and nothing beside it.
+    """
+    pinned = {}
+    for entry in sys.path:
+        if entry and os.path.isdir(entry) and not _reachable_by_others(Path(entry)):
+            pinned[entry] = f"/proc/self/fd/{os.open(entry, os.O_PATH | os.O_DIRECTORY)}"
+    return pinned
+
+
+def _repoint(pinned: dict[str, str]) -> None:
+    """Import through the pinned descriptors: ``sys.path`` and the ``__path__`` of loaded packages."""
+    if not pinned:
+        return
+
+    def moved(path: str) -> str:
+        for old, new in pinned.items():
+            if path == old or path.startswith(old + os.sep):
+                return new + path[len(old) :]
+        return path
+
+    sys.path[:] = [moved(entry) for entry in sys.path]
+    for module in list(sys.modules.values()):
+        paths = getattr(module, "__path__", None)
+        if isinstance(paths, list):
+            paths[:] = [moved(path) for path in paths]
+    sys.path_importer_cache.clear()
 
 
 def virtual_size() -> int:

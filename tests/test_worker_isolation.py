@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -106,7 +107,7 @@ def main(argv):
         except OSError:
             pass
     print(json.dumps({
-        "read": read, "env": dict(os.environ), "fds": sorted(int(x) for x in os.listdir("/proc/self/fd")),
+        "read": read, "env": dict(os.environ), "fds": {x: os.readlink(f"/proc/self/fd/{x}") for x in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{x}")},
         "uid": os.getuid(), "groups": os.getgroups(), "cwd": os.getcwd(),
     }))
     return 0
@@ -152,7 +153,12 @@ def test_a_worker_of_another_job_reads_no_key_database_audit_key_or_workspace_of
     output = (tmp_path / "probe.log").read_text()
     assert code == 0, output
     report = json.loads(output.strip().splitlines()[-1])
-    assert report["fds"] == [0, 1, 2, 3], report  # 3: its own listing of /proc/self/fd
+    fds = {int(fd): target for fd, target in report["fds"].items()}
+    assert sorted(fds)[:3] == [0, 1, 2] and fds[1] == fds[2] == str(tmp_path / "probe.log") and fds[0] == os.devnull
+    # Beyond them: the interpreter's library folders (pinned when other users cannot pass to
+    # them, see cantata.security.process_sandbox); nothing of the server's.
+    library = (sys.base_prefix, sys.prefix)
+    assert all(target.startswith(library) for fd, target in fds.items() if fd > 2), fds
     assert (
         not any(SECRET in v or "c2VjcmV0" in v for v in report["env"].values())
         and "AWS_SECRET_ACCESS_KEY" not in report["env"]
