@@ -17,7 +17,7 @@ import threading
 
 from cantata.security.process_sandbox import SpawnRequest
 
-SPAWN_TIMEOUT_S = 120.0  # the first request waits for a warm zygote's imports
+SPAWN_TIMEOUT_S = 300.0  # the first request waits for a warm zygote's imports (minutes on a loaded machine)
 ZYGOTE_GONE = -int(signal.SIGKILL)  # exit status given to the workers of a zygote that died
 
 
