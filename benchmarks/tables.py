@@ -456,7 +456,7 @@ def worker_start(load: Callable[[str], dict]) -> list[str]:
     return [
         "Submit to the first training step of a 2-worker job, tenant's view, two servers side by side"
         f" ({result['trials']} interleaved trials each, median; load average {result['machine']['load_average_1m']}"
-        " on the 2 cores at the end of the run, other sessions' tests running):",
+        " on the 2 cores at the end of the run):",
         "",
         *header("workers start", "seconds", "ratio"),
         row(
