@@ -518,6 +518,31 @@ def dataloader(load: Callable[[str], dict]) -> list[str]:
     ]
 
 
+@table("worker_start")
+def worker_start(load: Callable[[str], dict]) -> list[str]:
+    result = load("worker_start")
+    median = result["median_s"]
+    return [
+        "Submit to the first training step of a 2-worker job, tenant's view, two servers side by side"
+        f" ({result['trials']} interleaved trials each, median; load average {result['machine']['load_average_1m']}"
+        " on the 2 cores at the end of the run):",
+        "",
+        *header("workers start", "seconds", "ratio"),
+        row(
+            "cold: each worker imports torch, the training modules and reads the corpus",
+            f"{median['cold']:.2f}",
+            "1.00×",
+        ),
+        row(
+            "warm: forked from the zygote that already did",
+            f"{median['warm']:.2f}",
+            f"{result['cold_over_warm']:.2f}× faster",
+        ),
+        "",
+        reproduce("bench_worker_start.py", quick=result["quick"]),
+    ]
+
+
 def render(name: str, results: Path = RESULTS) -> str:
     """The body of one README region, from the results JSON."""
 

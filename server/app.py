@@ -44,7 +44,9 @@ from cantata.server.health import HealthService
 from cantata.server.heartbeats import Heartbeats
 from cantata.server.launcher import WorkerLauncher
 from cantata.server.lifecycle import JobLifecycle
+from cantata.server.memory import node_capacity, runtime_budget
 from cantata.server.restarts import RestartPolicy
+from cantata.server.sandbox import Identities, lock_data_dir
 from cantata.server.scheduler import Scheduler
 from cantata.server.secrets_broker import SecretsBroker
 from cantata.server.services.admin import AdminService
@@ -123,8 +125,9 @@ class ControlPlane:
         host = self.listen.rpartition(":")[0]
         connect_host = "127.0.0.1" if host in ("0.0.0.0", "", "[::]") else host  # noqa: S104 (maps a wildcard to loopback)
 
-        roots = self.paths.allowed_roots(self.settings)
-        secrets = SecretsBroker(self.keyring, self.data_sources, self.audit, dataset_roots=roots)
+        roots = self.paths.local_roots(self.settings)
+        lock_data_dir(self.paths.root, passable=(self.paths.jobs, self.paths.checkpoints))
+        secrets = SecretsBroker(self.keyring, self.data_sources, self.audit, dataset_roots=roots.datasets)
         launcher = WorkerLauncher(
             self.paths.jobs,
             self.ca,
@@ -133,7 +136,11 @@ class ControlPlane:
             secrets=secrets,
             certificates=self.store,
             grace=self.settings.cancel_grace_seconds,
+            identities=Identities(self.settings.worker_uid_base, self.settings.worker_uid_count),
+            memory_limit=lambda job: runtime_budget(job.spec, self.settings.worker_memory_mib),
+            warm=self.settings.warm_workers,
         )
+        launcher.start()
         lifecycle = JobLifecycle(
             self.store,
             self.audit,
@@ -161,10 +168,17 @@ class ControlPlane:
             older_than=self.settings.orphan_upload_seconds,
             interval=self.settings.orphan_sweep_seconds,
         )
-        spec_defaults = {
-            "default_store": default_store,
-            "roots": roots,
-        }
+        node_memory = node_capacity(self.settings.node_memory_mib)
+
+        def spec_defaults(tenant: str) -> dict:
+            return {
+                "default_store": default_store,
+                "roots": roots.datasets(tenant),
+                "store_roots": roots.stores(tenant),
+                "data_dir": roots.data_dir,
+                "node_memory": node_memory,
+            }
+
         tenancy = TenancyService(
             self.store,
             self.ca,

@@ -181,7 +181,10 @@ def _events_so_far(handle):
 
 
 def _worker_of(pid: int) -> int:
-    """The worker index a worker process was started for (from its config file name)."""
-    args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    """The worker index a worker process was started for (from its config file name).
+
+    A worker forked from the zygote shows its command line as one title (spaces, not NULs).
+    """
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").split()
     config = args[args.index(b"--config") + 1].decode()
     return int(config.rsplit("worker-", 1)[1].split(".")[0])

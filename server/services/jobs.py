@@ -50,7 +50,7 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         store: Store,
         lifecycle: JobLifecycle,
         log_path: Callable[[str, int], Path],
-        spec_defaults: dict,
+        spec_defaults: Callable[[str], dict],
         audit: AuditSink,
         data_sources: DataSourceDirectory,
         broadcast: EventBroadcast,
@@ -58,7 +58,7 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         self._store = store
         self._lifecycle = lifecycle
         self._log_path = log_path
-        self._spec_defaults = spec_defaults
+        self._spec_defaults = spec_defaults  # tenant -> parse_job_spec's keyword arguments
         self._audit = audit.append
         self._data_source_exists = data_sources.exists
         self._broadcast = broadcast
@@ -72,7 +72,7 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         if not valid_request_id(request.request_id):
             raise InvalidField("request_id", REQUEST_ID_RULE)
         digest = submitted_digest(request.spec)
-        spec = parse_job_spec(request.spec, **self._spec_defaults)
+        spec = parse_job_spec(request.spec, **self._spec_defaults(tenant_name))
         source = dataset_source(spec.dataset)
         if source and not self._data_source_exists(tenant_name, source):
             raise DataSourceNotFound(f"dataset: data source {source!r} not found")
