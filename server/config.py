@@ -61,6 +61,11 @@ class ServerSettings:
     enroll_burst: int = 10  # ... of which this many may come at once
     enroll_pending_ttl_hours: float = 72.0  # a request still pending after this is deleted; its name is free
     anonymous_refusal_window_s: float = 60.0  # anonymous refusals are counted per address and reason in this window
+    warm_workers: bool = True  # fork workers from a zygote that already imported torch (false: each imports it)
+    worker_uid_base: int = 61000  # as root, each running job's workers get a uid of their own from here up
+    worker_uid_count: int = 1000
+    node_memory_mib: int = 0  # memory for workers on this node (0: the machine's); bigger jobs are refused
+    worker_memory_mib: int = 0  # a worker's memory limit past its loaded size (0: twice its estimate + 1 GiB)
 
 
 def enrollment_limits(settings: ServerSettings) -> EnrollmentLimits:
@@ -72,11 +77,6 @@ def enrollment_limits(settings: ServerSettings) -> EnrollmentLimits:
         pending_ttl_hours=settings.enroll_pending_ttl_hours,
         refusal_window_s=settings.anonymous_refusal_window_s,
     )
-    warm_workers: bool = True  # fork workers from a zygote that already imported torch (false: each imports it)
-    worker_uid_base: int = 61000  # as root, each running job's workers get a uid of their own from here up
-    worker_uid_count: int = 1000
-    node_memory_mib: int = 0  # memory for workers on this node (0: the machine's); bigger jobs are refused
-    worker_memory_mib: int = 0  # a worker's memory limit past its loaded size (0: twice its estimate + 1 GiB)
 
 
 def enrollment_address(listen: str) -> str:

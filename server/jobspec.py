@@ -23,9 +23,9 @@ from cantata.proto import jobfields
 from cantata.proto.jobfields import MAX_WORKERS
 from cantata.proto.v1 import common_pb2
 from cantata.proto.vocabulary import DECENTRALIZED, Algorithm, Topology
-from cantata.storage.base import StoreConfigError, store_prefix
 from cantata.server import memory
 from cantata.server.local_roots import within
+from cantata.storage.base import StoreConfigError, store_prefix
 
 BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
