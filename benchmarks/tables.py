@@ -383,6 +383,75 @@ def audit(load: Callable[[str], dict]) -> list[str]:
     ]
 
 
+@table("control_plane")
+def control_plane(load: Callable[[str], dict]) -> list[str]:
+    result = load("control_plane")
+    unary, watch, targets, measured = result["unary"], result["watchers"], result["targets"], result["measured"]
+    lines = header("path", "callers", "Cantata", "bare echo", "ratio", "target")
+    for callers in ("1", "16"):
+        for name, label, limit in (("get_job", "`GetJob`", "echo"), ("submit", "`SubmitJob`", "echo_for_submit")):
+            ours, theirs = unary[callers][name], unary[callers][limit]
+            target = f"≥ {targets['get_job_16' if name == 'get_job' else 'submit_16']}×" if callers == "16" else ""
+            lines.append(
+                row(
+                    label,
+                    callers,
+                    f"{ours['calls_per_s']:,.0f}/s (p50 {ours['p50_ms']} ms, p99 {ours['p99_ms']} ms)",
+                    f"{theirs['calls_per_s']:,.0f}/s (p50 {theirs['p50_ms']} ms, p99 {theirs['p99_ms']} ms)",
+                    f"{ours['calls_per_s'] / theirs['calls_per_s']:.2f}×",
+                    target,
+                )
+            )
+    ours, theirs = watch["cantata"], watch["echo"]
+    lines.append(
+        row(
+            f"{ours['watchers']:,} watchers, one event to all",
+            ours["watchers"],
+            f"p50 {ours['fanout_p50_ms']} ms, p99 {ours['fanout_p99_ms']} ms; "
+            f"{ours['rss_mib_held'] - ours['rss_mib_before']:.0f} MiB, {ours['threads_held']} threads",
+            f"p50 {theirs['fanout_p50_ms']} ms, p99 {theirs['fanout_p99_ms']} ms; "
+            f"{theirs['rss_mib_held'] - theirs['rss_mib_before']:.0f} MiB, {theirs['threads_held']} threads",
+            "",
+            f"p99 ≤ {targets['fanout_p99_ms']:.0f} ms",
+        )
+    )
+    for threads, part in result["audit"].items():
+        lines.append(
+            row(
+                "durable audit appends",
+                threads,
+                f"{part['audit_per_s']:,}/s",
+                f"{part['limit_per_s']:,}/s (group-commit loop)",
+                f"{part['ratio']:.2f}×",
+                f"≥ {targets['audit_appends']}×" if threads != "1" else "",
+            )
+        )
+    empty, queued = result["queue"]["empty"], result["queue"]["queued"]
+    misses = []
+    if measured["submit_16"] < targets["submit_16"]:
+        misses.append(f"submit at 16 callers {measured['submit_16']:.2f}× echo (target {targets['submit_16']}×)")
+    if measured["get_job_16"] < targets["get_job_16"]:
+        misses.append(f"`GetJob` at 16 callers {measured['get_job_16']:.2f}× echo (target {targets['get_job_16']}×)")
+    if measured["fanout_p99_ms"] > targets["fanout_p99_ms"]:
+        misses.append(f"fan-out p99 {measured['fanout_p99_ms']} ms (target {targets['fanout_p99_ms']:.0f} ms)")
+    if measured["audit_appends"] < targets["audit_appends"]:
+        misses.append(
+            f"durable audit appends {measured['audit_appends']:.2f}× the limit (target {targets['audit_appends']}×)"
+        )
+    return [
+        "A real server (no worker slots) next to a bare asyncio gRPC echo server on the same mutual-TLS "
+        "certificates, and the audit log next to a bare `fdatasync` group-commit loop, taking turns (median):",
+        "",
+        *lines,
+        "",
+        f"Idle server: {empty['idle_cpu_percent']}% CPU with an empty queue, {queued['idle_cpu_percent']}% with "
+        f"{queued['queued']:,} queued jobs ({queued['rss_mib']:.0f} MiB resident); the scheduler's look at the "
+        f"queue's head takes {queued['queue_head_ms']} ms with them ({empty['queue_head_ms']} ms empty).",
+        missed(misses),
+        reproduce("bench_control_plane.py", quick=result["quick"]),
+    ]
+
+
 LOADER_STORES = {"local": "local", "s3 (moto)": "S3 (moto)", "azure (azurite)": "Azure (Azurite)"}
 
 
@@ -473,6 +542,31 @@ def cli(load: Callable[[str], dict]) -> list[str]:
         "",
         missed(slow),
         reproduce("bench_cli.py", " (about 1 min on a quiet machine; it starts its own server)", quick=result["quick"]),
+    ]
+
+
+@table("worker_start")
+def worker_start(load: Callable[[str], dict]) -> list[str]:
+    result = load("worker_start")
+    median = result["median_s"]
+    return [
+        "Submit to the first training step of a 2-worker job, tenant's view, two servers side by side"
+        f" ({result['trials']} interleaved trials each, median; load average {result['machine']['load_average_1m']}"
+        " on the 2 cores at the end of the run):",
+        "",
+        *header("workers start", "seconds", "ratio"),
+        row(
+            "cold: each worker imports torch, the training modules and reads the corpus",
+            f"{median['cold']:.2f}",
+            "1.00×",
+        ),
+        row(
+            "warm: forked from the zygote that already did",
+            f"{median['warm']:.2f}",
+            f"{result['cold_over_warm']:.2f}× faster",
+        ),
+        "",
+        reproduce("bench_worker_start.py", quick=result["quick"]),
     ]
 
 

@@ -112,6 +112,7 @@ class ErrorReason(enum.StrEnum):
     REQUEST_ID_REUSED = "REQUEST_ID_REUSED"  # the same request id with a different job spec
     DATA_SOURCE_EXISTS = "DATA_SOURCE_EXISTS"
     QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
+    ENROLLMENT_LIMITED = "ENROLLMENT_LIMITED"  # an anonymous enrollment limit: pending requests or rate per address
     INVALID_JOB = "INVALID_JOB"
     INVALID_ARGUMENT = "INVALID_ARGUMENT"
     INVALID_DATA_SOURCE = "INVALID_DATA_SOURCE"

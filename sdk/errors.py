@@ -58,6 +58,14 @@ class QuotaExceeded(CantataError):
         self.what, self.limit, self.used = what, limit, used
 
 
+class EnrollmentLimited(QuotaExceeded):
+    """An anonymous enrollment limit (pending requests, or calls per address); retry after ``retry_after_s``."""
+
+    def __init__(self, message: str, *, retry_after_s: float = 0.0, **kwargs):
+        super().__init__(message, **kwargs)
+        self.retry_after_s = retry_after_s
+
+
 class Conflict(CantataError):
     """The object exists already or is in a state that forbids the action."""
 
@@ -132,6 +140,11 @@ def from_rpc_error(err: grpc.RpcError) -> CantataError:
     if reason == ErrorReason.QUOTA_EXCEEDED:
         what, limit, used = (info.metadata.get(key, "") for key in ("what", "limit", "used"))
         return QuotaExceeded(message, what=what, limit=int(limit or 0), used=int(used or 0), **common)
+    if reason == ErrorReason.ENROLLMENT_LIMITED:
+        what, limit, retry = (info.metadata.get(key, "") for key in ("what", "limit", "retry_after_s"))
+        return EnrollmentLimited(
+            message, what=what, limit=int(float(limit or 0)), retry_after_s=float(retry or 0), **common
+        )
     if reason == ErrorReason.STORE_FULL:
         return StoreFull(message, **common)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:  # gRPC's own message-size limit: no reason of ours

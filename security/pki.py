@@ -9,6 +9,7 @@ identity anywhere in Cantata.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import ipaddress
 import re
@@ -21,8 +22,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 SPIFFE_PREFIX = "spiffe://cantata/"
-NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-_WORKER_URI = re.compile(r"^job/([A-Za-z0-9-]{1,64})/worker/(\d{1,6})$")
+NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")  # always fullmatch: `$` would let a trailing newline in
+_WORKER_URI = re.compile(r"job/([A-Za-z0-9-]{1,64})/worker/(0|[1-9][0-9]{0,5})")
 
 
 class InvalidName(ValueError):
@@ -35,7 +36,7 @@ class InvalidCSR(ValueError):
 
 def validate_name(name: str) -> str:
     """Return ``name`` if it is a safe principal name (lowercase, digits, '-'), else raise."""
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+    if not isinstance(name, str) or NAME_PATTERN.fullmatch(name) is None:
         raise InvalidName(f"invalid name {name!r}: use 1-63 lowercase letters, digits or '-'")
     return name
 
@@ -76,11 +77,11 @@ class Principal:
         if not uri.startswith(SPIFFE_PREFIX):
             raise ValueError(f"not a Cantata identity: {uri!r}")
         path = uri[len(SPIFFE_PREFIX) :]
-        match = _WORKER_URI.match(path)
+        match = _WORKER_URI.fullmatch(path)
         if match:
             return cls("worker", match.group(1), int(match.group(2)))
         role, _, name = path.partition("/")
-        if role in ("admin", "tenant") and NAME_PATTERN.match(name):
+        if role in ("admin", "tenant") and NAME_PATTERN.fullmatch(name):
             return cls(role, name)
         raise ValueError(f"not a Cantata identity: {uri!r}")
 
@@ -319,7 +320,12 @@ def peer_certificate(auth_context: dict) -> PeerCertificate | None:
     pems = auth_context.get("x509_pem_cert") or []
     if not pems:
         return None
-    cert = x509.load_pem_x509_certificate(pems[0])
+    return _parsed_peer(pems[0])
+
+
+@functools.lru_cache(maxsize=1024)  # each call's peer is read several times, and callers come back
+def _parsed_peer(pem: bytes) -> PeerCertificate:
+    cert = x509.load_pem_x509_certificate(pem)
     return PeerCertificate(certificate_principal(cert), cert.serial_number, cert.not_valid_after_utc)
 
 

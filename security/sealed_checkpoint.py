@@ -50,8 +50,6 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import IO, Any, cast
 
-import torch
-
 from cantata.security.keys import JobKeys, envelope_key_version
 from cantata.security.stream_aead import (
     DEFAULT_SEGMENT_SIZE,
@@ -252,6 +250,13 @@ def commit_checkpoint(
     return info
 
 
+def _step_of(folder: str) -> int | None:
+    """The step a checkpoint folder name spells in its one canonical form (12 ASCII digits), else None."""
+    if len(folder) == _STEP_DIGITS and folder.isascii() and folder.isdigit():
+        return int(folder)
+    return None
+
+
 def _checked_step(step: int) -> int:
     if not isinstance(step, int) or not 0 <= step < 10**_STEP_DIGITS:
         raise InvalidCheckpointError(f"invalid step {step!r}")
@@ -279,6 +284,8 @@ class _FailureRecordingSink:
 def _torch_save(state: Mapping[str, Any], sink: StreamEncryptor) -> None:
     recording = _FailureRecordingSink(sink)
     try:
+        import torch  # here, not at the top: the server lists and streams checkpoints without torch
+
         torch.save(state, cast("IO[bytes]", recording))  # torch only calls write and flush
     except Exception:
         if recording.failure is not None:
@@ -313,11 +320,30 @@ def _parse_manifest(plaintext: bytes, tenant: str, job_id: str, step: int) -> Ch
         )
     except (ValueError, KeyError, TypeError) as error:
         raise ManifestError(f"malformed manifest of {tenant}/{job_id} step {step}: {error}") from None
+    if not _well_typed(info):
+        raise ManifestError(f"malformed manifest of {tenant}/{job_id} step {step}: a field has the wrong type")
     if (info.tenant, info.job_id, info.step) != (tenant, job_id, step):
         raise ManifestError(f"manifest names {info.tenant}/{info.job_id} step {info.step}")
     if not info.shards or any(shard.kind not in (KIND_TORCH, KIND_BYTES) for shard in info.shards):
         raise ManifestError(f"manifest of {tenant}/{job_id} step {step} lists no or unknown shards")
     return info
+
+
+def _well_typed(info: CheckpointInfo) -> bool:
+    """Every manifest field has its one JSON type (``100.0`` or ``true`` is not a step or a size)."""
+    strings = (info.tenant, info.job_id, info.created_at)
+    return (
+        all(type(text) is str for text in strings)
+        and type(info.step) is int
+        and all(
+            type(shard.name) is str
+            and type(shard.kind) is str
+            and type(shard.sealed_digest) is str
+            and type(shard.plaintext_size) is int
+            and type(shard.sealed_size) is int
+            for shard in info.shards
+        )
+    )
 
 
 def read_shard(
@@ -380,17 +406,16 @@ def _deserialise(kind: str, buffer: io.BytesIO) -> Any:
     if kind == KIND_BYTES:
         return buffer.getvalue()
     buffer.seek(0)
+    import torch  # here, not at the top: the server lists and streams checkpoints without torch
+
     return torch.load(buffer, weights_only=True, map_location="cpu")
 
 
 def _manifest_steps(store: BlobStore, tenant: str, job_id: str) -> list[int]:
     prefix = checkpoints_prefix(tenant, job_id)
     suffix = f"/{MANIFEST}{SEALED_SUFFIX}"
-    return sorted(
-        int(key[len(prefix) : -len(suffix)])
-        for key in store.list(prefix)
-        if key.endswith(suffix) and key[len(prefix) : -len(suffix)].isdigit()
-    )
+    steps = (_step_of(key[len(prefix) : -len(suffix)]) for key in store.list(prefix) if key.endswith(suffix))
+    return sorted(step for step in steps if step is not None)
 
 
 def list_checkpoints(store: BlobStore, *, tenant: str, job_id: str, keys: KeyUnwrapper) -> list[CheckpointInfo]:
@@ -429,7 +454,7 @@ def prune_checkpoints(store: BlobStore, *, tenant: str, job_id: str, keep_last: 
         return []
     prefix = checkpoints_prefix(tenant, job_id)
     present = {key[len(prefix) :].partition("/")[0] for key in store.list(prefix)}
-    doomed = sorted(int(step) for step in present if step.isdigit() and int(step) < kept[0])
+    doomed = sorted(step for step in map(_step_of, present) if step is not None and step < kept[0])
     for step in doomed:
         delete_checkpoint(store, tenant=tenant, job_id=job_id, step=step)
     return doomed
@@ -438,9 +463,10 @@ def prune_checkpoints(store: BlobStore, *, tenant: str, job_id: str, keep_last: 
 def _sealed_objects(store: BlobStore, tenant: str, job_id: str) -> Iterator[tuple[str, StreamContext]]:
     prefix = checkpoints_prefix(tenant, job_id)
     for key in store.list(prefix):
-        step, _, name = key[len(prefix) :].partition("/")
-        if step.isdigit() and name.endswith(SEALED_SUFFIX):
-            yield key, StreamContext(tenant, job_id, int(step), name[: -len(SEALED_SUFFIX)])
+        folder, _, name = key[len(prefix) :].partition("/")
+        step = _step_of(folder)
+        if step is not None and name.endswith(SEALED_SUFFIX):
+            yield key, StreamContext(tenant, job_id, step, name[: -len(SEALED_SUFFIX)])
 
 
 def key_versions_in_use(store: BlobStore, *, tenant: str, job_id: str) -> set[int]:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -66,6 +67,7 @@ NONCE_PREFIX_SIZE = 7
 COMMITMENT_SIZE = 32
 TAG_SIZE = 16
 _HKDF_INFO_LABEL = b"cantata/stream-aead/v1\x00"
+_CANONICAL_STEP = re.compile(rb"0|[1-9][0-9]{0,19}")  # ASCII, no sign, no leading zero, no separator
 
 
 class IntegrityError(Exception):
@@ -158,10 +160,15 @@ class StreamContext:
         if offset != len(data) or len(fields[3]) == 0:
             raise MalformedHeaderError("context has the wrong length")
         try:
-            tenant, job_id, step, name = (field.decode() for field in fields)
-            return cls(tenant, job_id, int(step), name)
-        except (UnicodeDecodeError, ValueError) as error:
+            tenant, job_id, name = (field.decode() for field in (fields[0], fields[1], fields[3]))
+        except UnicodeDecodeError as error:
             raise MalformedHeaderError(f"context is not valid: {error}") from None
+        if _CANONICAL_STEP.fullmatch(fields[2]) is None:
+            raise MalformedHeaderError(f"context step {bytes(fields[2])!r} is not a canonical decimal")
+        context = cls(tenant, job_id, int(fields[2]), name)
+        if context.encode() != data:  # the binding is re-encoded from the fields: only one spelling may pass
+            raise MalformedHeaderError("context is not in its canonical form")
+        return context
 
     def __str__(self) -> str:
         return f"tenant={self.tenant} job={self.job_id} step={self.step} object={self.object_name}"

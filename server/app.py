@@ -4,6 +4,11 @@ Reading :meth:`ControlPlane.start` top-down shows the whole wiring: the one
 database and the stores on it, the audit log, the secrets broker, the
 launcher, the job lifecycle, the scheduler, the gatekeeper and the services,
 each given its collaborators (:mod:`cantata.server.ports`) in its constructor.
+
+gRPC is served by its asyncio server (:mod:`cantata.server.serving`): streams
+(event watches, log follows, downloads, health watches) wait on its event
+loop, so an idle one holds no thread; unary calls run in a pool of
+``RPC_THREADS`` threads, as does every blocking step of a stream.
 """
 
 from __future__ import annotations
@@ -12,11 +17,10 @@ import datetime as dt
 import logging
 import signal
 import threading
-from concurrent import futures
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cantata.proto.v1 import (
     admin_pb2_grpc,
@@ -30,14 +34,19 @@ from cantata.proto.v1 import (
 from cantata.security.audit import Action, AuditLog, AuditLogUnavailable
 from cantata.security.pki import CertificateAuthority
 from cantata.server.auth import AuthInterceptor, Gatekeeper, request_id
-from cantata.server.config import DataDir, ServerSettings
+from cantata.server.broadcast import EventBroadcast
+from cantata.server.config import DataDir, ServerSettings, enrollment_limits
 from cantata.server.database import Database
 from cantata.server.datasource_store import DataSourceStore
+from cantata.server.enrollment import RefusalDigest
 from cantata.server.errors import ErrorInterceptor
+from cantata.server.health import HealthService
 from cantata.server.heartbeats import Heartbeats
 from cantata.server.launcher import WorkerLauncher
 from cantata.server.lifecycle import JobLifecycle
+from cantata.server.memory import node_capacity, runtime_budget
 from cantata.server.restarts import RestartPolicy
+from cantata.server.sandbox import Identities, lock_data_dir
 from cantata.server.scheduler import Scheduler
 from cantata.server.secrets_broker import SecretsBroker
 from cantata.server.services.admin import AdminService
@@ -47,11 +56,14 @@ from cantata.server.services.datasources import DataSourcesService
 from cantata.server.services.jobs import JobsService
 from cantata.server.services.tenancy import TenancyService
 from cantata.server.services.worker import WorkerService
+from cantata.server.serving import ServingLoop
 from cantata.server.store import Store
+from cantata.server.streams import StreamCounter
 from cantata.server.sweeper import OrphanSweeper
 from cantata.server.tls import RotatingCredentials
 
 MAX_MESSAGE_BYTES = 4 << 20
+RPC_THREADS = 32  # unary calls and the blocking steps of streams run in this many threads
 
 log = logging.getLogger(__name__)
 
@@ -65,19 +77,26 @@ class ControlPlane:
         self.listen = listen or self.settings.listen
         self.ca = CertificateAuthority.load(self.paths.ca_cert.read_bytes(), self.paths.ca_key.read_bytes())
         self.database = Database(self.paths.database)
-        self.store = Store(self.database)
+        self.broadcast = EventBroadcast()
+        self.store = Store(self.database, self.broadcast)
         self.keyring = self.paths.open_keyring()
         self.data_sources = DataSourceStore(self.database, self.keyring)
         self.audit = AuditLog.open(self.paths.audit)
+        self.enrollment_limits = enrollment_limits(self.settings)
+        self.refusals = RefusalDigest(self.audit.append, self.enrollment_limits.refusal_window_s)  # anonymous: counted
         self.port: int | None = None
         self._stopping = threading.Event()
         self._stopped = threading.Event()
-        self._server: grpc.Server | None = None
+        self._server: grpc.aio.Server | None = None
+        self.streams = StreamCounter(self.settings.max_streams_per_principal)
+        self._serving = ServingLoop(RPC_THREADS, "rpc")
 
-    def _grpc_server(self, gatekeeper: Gatekeeper) -> grpc.Server:
-        return grpc.server(
-            futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="rpc"),
-            interceptors=[AuthInterceptor(gatekeeper, self.audit.append), ErrorInterceptor(request_id)],
+    def _grpc_server(self, gatekeeper: Gatekeeper) -> grpc.aio.Server:
+        return self._serving.server(
+            interceptors=[
+                AuthInterceptor(gatekeeper, self.refusals.append, self.streams),
+                ErrorInterceptor(request_id),
+            ],
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -86,6 +105,8 @@ class ControlPlane:
 
     def start(self) -> int:
         """Bind, start the scheduler and serve; returns the bound port."""
+        self._serving.start()
+        self.broadcast.bind(self._serving.loop)
         gatekeeper = Gatekeeper(certificates=self.store, tenants=self.store, jobs=self.store)
         server = self._grpc_server(gatekeeper)
         files = (self.paths.server_cert, self.paths.server_key, self.paths.trust_bundle)
@@ -104,8 +125,9 @@ class ControlPlane:
         host = self.listen.rpartition(":")[0]
         connect_host = "127.0.0.1" if host in ("0.0.0.0", "", "[::]") else host  # noqa: S104 (maps a wildcard to loopback)
 
-        roots = self.paths.allowed_roots(self.settings)
-        secrets = SecretsBroker(self.keyring, self.data_sources, self.audit, dataset_roots=roots)
+        roots = self.paths.local_roots(self.settings)
+        lock_data_dir(self.paths.root, passable=(self.paths.jobs, self.paths.checkpoints))
+        secrets = SecretsBroker(self.keyring, self.data_sources, self.audit, dataset_roots=roots.datasets)
         launcher = WorkerLauncher(
             self.paths.jobs,
             self.ca,
@@ -114,7 +136,11 @@ class ControlPlane:
             secrets=secrets,
             certificates=self.store,
             grace=self.settings.cancel_grace_seconds,
+            identities=Identities(self.settings.worker_uid_base, self.settings.worker_uid_count),
+            memory_limit=lambda job: runtime_budget(job.spec, self.settings.worker_memory_mib),
+            warm=self.settings.warm_workers,
         )
+        launcher.start()
         lifecycle = JobLifecycle(
             self.store,
             self.audit,
@@ -134,6 +160,7 @@ class ControlPlane:
             slots=self.settings.max_workers_on_node,
             audit_failure=self.audit.probe,
         )
+        self.store.on_queue_change = self.scheduler.wake
         default_store = self.paths.checkpoints.resolve().as_uri()
         self.sweeper = OrphanSweeper(
             self.store,
@@ -141,11 +168,25 @@ class ControlPlane:
             older_than=self.settings.orphan_upload_seconds,
             interval=self.settings.orphan_sweep_seconds,
         )
-        spec_defaults = {
-            "default_store": default_store,
-            "roots": roots,
-        }
-        tenancy = TenancyService(self.store, self.ca, self.settings.tenant_cert_days, self.audit.append)
+        node_memory = node_capacity(self.settings.node_memory_mib)
+
+        def spec_defaults(tenant: str) -> dict:
+            return {
+                "default_store": default_store,
+                "roots": roots.datasets(tenant),
+                "store_roots": roots.stores(tenant),
+                "data_dir": roots.data_dir,
+                "node_memory": node_memory,
+            }
+
+        tenancy = TenancyService(
+            self.store,
+            self.ca,
+            self.settings.tenant_cert_days,
+            self.audit,
+            limits=self.enrollment_limits,
+            refusals=self.refusals,
+        )
         tenancy_pb2_grpc.add_TenancyServicer_to_server(tenancy, server)
         tenancy_pb2_grpc.add_TenancyServicer_to_server(tenancy, enrollment)
         admin_pb2_grpc.add_AdminServicer_to_server(
@@ -162,7 +203,9 @@ class ControlPlane:
             server,
         )
         jobs_pb2_grpc.add_JobsServicer_to_server(
-            JobsService(self.store, lifecycle, launcher.log_path, spec_defaults, self.audit, self.data_sources),
+            JobsService(
+                self.store, lifecycle, launcher.log_path, spec_defaults, self.audit, self.data_sources, self.broadcast
+            ),
             server,
         )
         checkpoints_pb2_grpc.add_CheckpointsServicer_to_server(
@@ -182,16 +225,17 @@ class ControlPlane:
             DataSourcesService(self.data_sources, self.audit.append), server
         )
         audit_pb2_grpc.add_AuditServicer_to_server(AuditService(self.paths.audit, self.audit.checkpoint), server)
-        self.health = health.HealthServicer()
+        self.health = HealthService()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, enrollment)
 
-        server.start()
-        enrollment.start()
+        self._serving.run(server.start())
+        self._serving.run(enrollment.start())
         self._server, self._enrollment = server, enrollment
         self.scheduler.start()
         self.sweeper.start()
-        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self._serving.run(self.health.set("", health_pb2.HealthCheckResponse.SERVING))
+        log.info("serving on port %d (enrollment on %s)", self.port, self.settings.enroll_listen)
         self.audit.append(
             "server",
             Action.SERVER_STARTED,
@@ -204,18 +248,22 @@ class ControlPlane:
         if self._stopping.is_set():
             return
         self._stopping.set()
+        log.info("stopping: refusing new calls, %.0f s for those in flight", grace)
         if self._server is not None:
-            self.health.enter_graceful_shutdown()
-            self._enrollment.stop(grace)
-            self._server.stop(grace).wait()
+            self._serving.run(self.health.enter_graceful_shutdown())
+            self._serving.run(self._enrollment.stop(grace))
+            self._serving.run(self._server.stop(grace))
             self.scheduler.shutdown()
             self.sweeper.shutdown()
+        self.refusals.close()  # the counts of open windows, before the log closes
+        self._serving.stop()
         try:
             self.audit.append("server", Action.SERVER_STOPPED)
         except AuditLogUnavailable:
             log.error("stopping without a server_stopped record: the audit log cannot be written")
         self.audit.close()
         self.database.close()
+        log.info("stopped")
         self._stopped.set()
 
     def serve_forever(self) -> None:

@@ -10,8 +10,12 @@ is a status built by :func:`cantata.server.errors.status`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
+import logging
+import sys
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,11 +23,12 @@ from functools import partial
 
 import grpc
 
-from cantata.proto.vocabulary import REQUEST_ID_KEY
+from cantata.proto.vocabulary import REQUEST_ID_KEY, ErrorReason
 from cantata.security.audit import Action, AuditLogUnavailable
 from cantata.security.pki import PeerCertificate, Principal, peer_certificate
-from cantata.server.errors import status, wrap_handler
+from cantata.server.errors import abort, abort_async, ended_with, status, wrap_handler
 from cantata.server.ports import CertificateRegistry, JobDirectory, TenantDirectory
+from cantata.server.streams import StreamCounter
 
 PUBLIC = "public"  # no client certificate required (TLS still authenticates the server)
 ADMIN, TENANT, WORKER = "admin", "tenant", "worker"
@@ -61,6 +66,8 @@ RULES: dict[str, frozenset[str]] = {
     "/grpc.health.v1.Health/Watch": frozenset({PUBLIC}),
     "/grpc.health.v1.Health/List": frozenset({PUBLIC}),
 }
+
+access_log = logging.getLogger("cantata.server.access")
 
 _request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
 
@@ -121,15 +128,21 @@ class Gatekeeper:
         return Decision(True, principal=principal)
 
 
-class AuthInterceptor(grpc.ServerInterceptor):
-    """Runs the gatekeeper inside every call and records refusals in the audit log."""
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    """Runs the gatekeeper inside every call, records refusals in the audit log, caps open streams, logs each call.
 
-    def __init__(self, gatekeeper: Gatekeeper, audit_append: Callable[..., object]):
+    Every call gets a request id (a trailer) and one line in the server log: method, principal, status code,
+    latency and request id. Streams are counted against ``streams`` per principal (per peer address for an
+    anonymous caller) while they are open.
+    """
+
+    def __init__(self, gatekeeper: Gatekeeper, audit_append: Callable[..., object], streams: StreamCounter):
         self._gatekeeper = gatekeeper
         self._audit = audit_append
+        self._streams = streams
 
-    def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
         if handler is None:
             return None
         method = handler_call_details.method
@@ -137,12 +150,13 @@ class AuthInterceptor(grpc.ServerInterceptor):
             raise RuntimeError(f"client-streaming method {method} is not supported by the gatekeeper")
         return wrap_handler(handler, partial(self._guard_unary, method), partial(self._guard_stream, method))
 
-    def _admit(self, method: str, context: grpc.ServicerContext) -> None:
-        _request_id.set(uuid.uuid4().hex)
-        context.set_trailing_metadata(((REQUEST_ID_KEY, request_id()),))
-        decision = self._gatekeeper.decide(method, peer_certificate(context.auth_context()))
+    def _refusal(
+        self, method: str, peer: PeerCertificate | None, address: str
+    ) -> tuple[Principal | None, grpc.Status | None]:
+        """The caller and, if the gatekeeper refuses it, the status to end the call with (the refusal audited)."""
+        decision = self._gatekeeper.decide(method, peer)
         if decision.allowed:
-            return
+            return decision.principal, None
         action = Action.AUTH_FAILED if decision.code == grpc.StatusCode.UNAUTHENTICATED else Action.AUTHZ_DENIED
         principal = decision.principal
         with contextlib.suppress(AuditLogUnavailable):  # refused either way; the log's failure is in the server log
@@ -153,22 +167,85 @@ class AuthInterceptor(grpc.ServerInterceptor):
                 tenant=principal.name if principal and principal.role == TENANT else "",
                 outcome="denied",
                 details={"reason": decision.reason},
-                peer=context.peer(),
+                peer=address,
             )
-        context.abort_with_status(
-            status(decision.code, decision.reason, reason=decision.code.name, request_id=request_id())
-        )
+        return principal, status(decision.code, decision.reason, reason=decision.code.name, request_id=request_id())
+
+    def _begin(self, context) -> PeerCertificate | None:
+        _request_id.set(uuid.uuid4().hex)
+        ended_with.set(None)
+        context.set_trailing_metadata(((REQUEST_ID_KEY, request_id()),))
+        return peer_certificate(context.auth_context())
 
     def _guard_unary(self, method: str, behaviour):
         def guarded(request, context):
-            self._admit(method, context)
-            return behaviour(request, context)
+            started, principal = time.monotonic(), None
+            try:
+                principal, refusal = self._refusal(method, self._begin(context), context.peer())
+                if refusal is not None:
+                    abort(context, refusal)
+                return behaviour(request, context)
+            finally:
+                _log_call(method, principal, started)
 
         return guarded
 
     def _guard_stream(self, method: str, behaviour):
-        def guarded(request, context):
-            self._admit(method, context)
-            yield from behaviour(request, context)
+        async def guarded(request, context):
+            started, principal = time.monotonic(), None
+            try:
+                peer = self._begin(context)
+                principal, refusal = await asyncio.to_thread(self._refusal, method, peer, context.peer())
+                if refusal is not None:
+                    await abort_async(context, refusal)
+                who = principal.uri if principal else "anonymous:" + context.peer().rpartition(":")[0]
+                if not self._streams.acquire(who):
+                    cap = str(self._streams.cap)
+                    await abort_async(
+                        context,
+                        status(
+                            grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            f"quota exceeded: {who} already holds {cap} open streams, the most one caller may",
+                            reason=ErrorReason.QUOTA_EXCEEDED,
+                            request_id=request_id(),
+                            metadata={"what": "open streams", "limit": cap, "used": cap},
+                        ),
+                    )
+                try:
+                    async for item in behaviour(request, context):
+                        yield item
+                finally:
+                    self._streams.release(who)
+            finally:
+                _log_call(method, principal, started)
 
         return guarded
+
+
+def _log_call(method: str, principal: Principal | None, started: float) -> None:
+    """One line per call: what, who, how it ended, how long it took, and its request id."""
+    exc = sys.exc_info()[1]
+    code = ended_with.get() or (grpc.StatusCode.OK if exc is None else _code_of(exc))
+    latency_ms = round((time.monotonic() - started) * 1000, 2)
+    who = principal.uri if principal else "anonymous"
+    access_log.info(
+        "%s %s %s %.1f ms request %s",
+        method,
+        who,
+        code.name,
+        latency_ms,
+        request_id(),
+        extra={
+            "method": method,
+            "principal": who,
+            "code": code.name,
+            "latency_ms": latency_ms,
+            "request_id": request_id(),
+        },
+    )
+
+
+def _code_of(exc: BaseException) -> grpc.StatusCode:
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        return grpc.StatusCode.CANCELLED
+    return grpc.StatusCode.UNKNOWN

@@ -7,10 +7,10 @@ command imports what it runs: building the parser loads nothing but argparse.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 from pathlib import Path
 
+from cantata.logformat import LOG_FORMAT_ENV, LogFormat, log_format
 from cantata.storage.logs import LEVEL_ENV
 
 COMMAND_HELP = {"server": "run a control-plane server", "audit": "prove the audit log intact and report on it"}
@@ -28,10 +28,13 @@ def cmd_init(args) -> int:
 
 
 def cmd_start(args) -> int:
+    from cantata.server import logformat
     from cantata.server.app import ControlPlane
     from cantata.storage.logs import set_third_party_log_level
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    fmt = args.log_format or log_format().value
+    logformat.configure(fmt)
+    os.environ[LOG_FORMAT_ENV] = fmt  # the workers log in the same format
     os.environ[LEVEL_ENV] = set_third_party_log_level(args.third_party_log_level)  # the workers inherit it
     plane = ControlPlane(Path(args.data_dir), listen=args.listen)
     port = plane.start()
@@ -68,6 +71,12 @@ def register(groups: dict[str, argparse._SubParsersAction]) -> None:
     p = server.add_parser("start", help="serve until SIGTERM/SIGINT")
     p.add_argument("--data-dir", required=True)
     p.add_argument("--listen", help="override the address recorded by init")
+    p.add_argument(
+        "--log-format",
+        choices=[f.value for f in LogFormat],
+        help=f"text lines for people, or one JSON object per line for log shippers, in the server and its "
+        f"workers (default: ${LOG_FORMAT_ENV}, else text)",
+    )
     p.add_argument(
         "--third-party-log-level",
         help=f"log level of the storage SDKs (Azure, boto, urllib3) in the server and its workers "

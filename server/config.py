@@ -8,8 +8,12 @@ D/state.db           SQLite control-plane state
 D/master.key         master key of the tenant keyring (0600), unless $CANTATA_MASTER_KEY is set
 D/keyring.sealed     tenants' key-encryption keys, encrypted under the master key
 D/audit/             tamper-evident audit log and its signing keys
-D/jobs/<job-id>/     per-job workspaces (worker configs, certificates, logs)
-D/checkpoints/       the default local checkpoint store
+D/jobs/<job-id>/     per-job workspaces (worker configs, certificates, logs), 0700, the job's uid's
+D/checkpoints/       the default local checkpoint store (<tenant>/<job>/...)
+
+At start the server makes ``D``, ``D/jobs`` and ``D/checkpoints`` passable but
+not listable (0711), certificates 0644, every other file 0600 and every other
+directory 0700 (:func:`cantata.server.sandbox.lock_data_dir`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cantata.security.keys import MASTER_KEY_ENV, LocalKeyring, MasterKey
+from cantata.server.enrollment import EnrollmentLimits
+from cantata.server.local_roots import LocalRoots
 
 CONFIG_NAME = "server.json"
 RETIRED_SETTINGS = frozenset({"max_job_attempts"})  # read from older server.json files and ignored
@@ -35,7 +41,8 @@ class ServerSettings:
     default_quota: dict = field(
         default_factory=lambda: {"max_concurrent_jobs": 4, "max_workers_per_job": 8, "max_total_steps": 100_000}
     )
-    allowed_roots: list[str] = field(default_factory=list)  # extra file:// roots for stores and data
+    allowed_roots: list[str] = field(default_factory=list)  # shared file:// roots: each tenant gets <root>/<tenant>/
+    tenant_roots: dict[str, list[str]] = field(default_factory=dict)  # file:// roots granted to one tenant
     cancel_grace_seconds: float = 5.0
     worker_cert_hours: float = 72.0
     tenant_cert_days: int = 30
@@ -46,6 +53,30 @@ class ServerSettings:
     orphan_upload_seconds: float = 3600.0  # unfinished uploads older than this in a checkpoint store are removed
     orphan_sweep_seconds: float = 600.0  # how often the checkpoint stores are swept for them
     worker_heartbeat_timeout_s: float = 60.0  # a worker silent this long is hung: it is killed
+    max_streams_per_principal: int = 256  # open streams (watches, log follows, downloads) one caller may hold
+    # Anonymous enrollment (see cantata.server.enrollment and docs/security.md#enrollment-limits):
+    enroll_max_pending: int = 100  # tenancy requests pending at once, in all
+    enroll_max_pending_per_address: int = 3  # ... and from one source address (IPv6: one /64)
+    enroll_rate_per_minute: float = 10.0  # enrollment calls per source address, refilled continuously
+    enroll_burst: int = 10  # ... of which this many may come at once
+    enroll_pending_ttl_hours: float = 72.0  # a request still pending after this is deleted; its name is free
+    anonymous_refusal_window_s: float = 60.0  # anonymous refusals are counted per address and reason in this window
+    warm_workers: bool = True  # fork workers from a zygote that already imported torch (false: each imports it)
+    worker_uid_base: int = 61000  # as root, each running job's workers get a uid of their own from here up
+    worker_uid_count: int = 1000
+    node_memory_mib: int = 0  # memory for workers on this node (0: the machine's); bigger jobs are refused
+    worker_memory_mib: int = 0  # a worker's memory limit past its loaded size (0: twice its estimate + 1 GiB)
+
+
+def enrollment_limits(settings: ServerSettings) -> EnrollmentLimits:
+    return EnrollmentLimits(
+        max_pending=settings.enroll_max_pending,
+        max_pending_per_address=settings.enroll_max_pending_per_address,
+        rate_per_minute=settings.enroll_rate_per_minute,
+        burst=settings.enroll_burst,
+        pending_ttl_hours=settings.enroll_pending_ttl_hours,
+        refusal_window_s=settings.anonymous_refusal_window_s,
+    )
 
 
 def enrollment_address(listen: str) -> str:
@@ -126,9 +157,14 @@ class DataDir:
     def save_settings(self, settings: ServerSettings) -> None:
         self.config.write_text(json.dumps(asdict(settings), indent=2) + "\n")
 
-    def allowed_roots(self, settings: ServerSettings) -> list[Path]:
-        """Where ``file://`` checkpoint stores and datasets may live."""
-        return [self.checkpoints.resolve(), *(Path(r).resolve() for r in settings.allowed_roots)]
+    def local_roots(self, settings: ServerSettings) -> LocalRoots:
+        """Where each tenant's ``file://`` checkpoint stores and datasets may live."""
+        return LocalRoots(
+            data_dir=self.root.resolve(),
+            default_store=self.checkpoints.resolve(),
+            shared=tuple(Path(r).resolve() for r in settings.allowed_roots),
+            granted={t: tuple(Path(r).resolve() for r in roots) for t, roots in settings.tenant_roots.items()},
+        )
 
 
 def write_private(path: Path, data: bytes) -> None:

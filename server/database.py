@@ -1,14 +1,23 @@
 """The control plane's one database: the SQLite file ``D/state.db``, its connection and its schema version.
 
-One :class:`Database` owns the file's only connection in the server process
-(WAL mode, synchronous=FULL), the lock that serialises its use, and the
-transactions of every store built on it (:class:`~cantata.server.store.Store`,
+One :class:`Database` owns the file's one writing connection in the server
+process (WAL mode), the lock that serialises writes, and the transactions of
+every store built on it (:class:`~cantata.server.store.Store`,
 :class:`~cantata.server.datasource_store.DataSourceStore`). The schema is
 versioned with ``PRAGMA user_version``: :data:`MIGRATIONS` is the ordered
 history, and opening a file applies the steps it has not had yet, each in its
 own transaction with its version number. Version 1 is the schema the stores
 created before it was versioned, so such a file opens unchanged. A later
 PostgreSQL store offers the same stores on another database of this shape.
+
+Durability is group commit: a commit writes its WAL frames without a sync
+(synchronous=NORMAL) and releases the lock, then waits until one
+``fdatasync`` of the WAL that started after it has finished; the first waiter
+runs it for every commit so far, so concurrent writers share one sync and no
+writer waits on another's sync while holding the lock. A transaction returns
+only once its commit is durable. Reads do not wait on writers: each thread
+reads committed state through a connection of its own (:meth:`Database.read`),
+except inside its own write transaction, whose changes it reads.
 
 The file and its ``-wal``, ``-shm`` and ``-journal`` companions (which SQLite
 creates with the database file's mode) are readable by the owner only.
@@ -19,7 +28,8 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -112,11 +122,20 @@ CREATE TABLE IF NOT EXISTS data_sources (
 # Jobs made before it keep '' and are compared by their stored spec.
 _V3_SPEC_DIGEST = "ALTER TABLE jobs ADD COLUMN spec_digest TEXT NOT NULL DEFAULT ''"
 
+# 4: where each tenancy request came from (the per-address cap on pending requests), and which certificate
+# each one renewed (revoking a certificate revokes its renewals). Rows made before it keep ''.
+_V4_ENROLLMENT_AND_RENEWALS = """
+ALTER TABLE tenants ADD COLUMN requested_from TEXT NOT NULL DEFAULT '';
+ALTER TABLE certificates ADD COLUMN renewed_from TEXT NOT NULL DEFAULT '';
+CREATE INDEX IF NOT EXISTS certificates_by_predecessor ON certificates (renewed_from);
+"""
+
 # MIGRATIONS[n] takes a database from version n to n + 1. Append; never edit a step that has shipped.
 MIGRATIONS: tuple[str, ...] = (
     _V1_STORE + _V1_DATA_SOURCES,  # 1: the unversioned schema of the store and the data sources, as it was
     "ALTER TABLE jobs ADD COLUMN failures INTEGER NOT NULL DEFAULT 0",  # 2: worker failures a job survived
     _V3_SPEC_DIGEST,  # 3: jobs.spec_digest
+    _V4_ENROLLMENT_AND_RENEWALS,  # 4: tenants.requested_from, certificates.renewed_from
 )
 
 
@@ -125,19 +144,30 @@ class DatabaseError(Exception):
 
 
 class Database:
-    """The SQLite file, its one connection, and the lock every store on it shares."""
+    """The SQLite file, its writing connection, the lock every store on it shares, and per-thread readers."""
 
     def __init__(self, path: Path, migrations: Sequence[str] = MIGRATIONS):
         self.path = Path(path)
         _make_private(self.path)
-        self.connection = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
-        self.connection.row_factory = sqlite3.Row
+        self.connection = _connect(self.path)
         self.lock = threading.RLock()
+        self._after_commit: list[Callable[[], None]] = []  # of the open transaction, in order
+        self._every_commit: list[Callable[[], None]] = []  # after each transaction that commits
+        self._awaiting_sync: deque[tuple[int, list[Callable[[], None]]]] = deque()  # hooks of unsynced commits
+        self._durable_lock = threading.Lock()
+        self._writer: int | None = None  # the thread whose write transaction is open
+        self._readers = threading.local()
+        self._all_readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+        self._commits = self._synced = 0  # commits made, and how many of them a finished sync covered
+        self._sync_cv = threading.Condition(threading.Lock())
+        self._syncing = False
+        self._wal_fd: int | None = None
         try:
-            self.connection.execute("PRAGMA busy_timeout=5000")
             self.connection.execute("PRAGMA journal_mode=WAL")
-            self.connection.execute("PRAGMA synchronous=FULL")
+            self.connection.execute("PRAGMA synchronous=FULL")  # migrations commit synced
             self._migrate(migrations)
+            self.connection.execute("PRAGMA synchronous=NORMAL")  # from now on, _await_synced syncs commits
         except BaseException:
             self.connection.close()
             raise
@@ -175,25 +205,121 @@ class Database:
         with self.lock:
             if self.connection.in_transaction:
                 self.connection.execute("SAVEPOINT nested")
+                hooks = len(self._after_commit)
                 try:
                     yield self.connection
                 except BaseException:
                     self.connection.execute("ROLLBACK TO nested")
                     self.connection.execute("RELEASE nested")
+                    del self._after_commit[hooks:]
                     raise
                 self.connection.execute("RELEASE nested")
                 return
             self.connection.execute("BEGIN IMMEDIATE")
+            self._writer = threading.get_ident()
             try:
                 yield self.connection
             except BaseException:
+                self._writer = None
                 self.connection.execute("ROLLBACK")
+                self._after_commit.clear()
                 raise
-            self.connection.execute("COMMIT")
+            self._writer = None
+            try:
+                self.connection.execute("COMMIT")
+            finally:
+                committed, self._after_commit = self._after_commit, []
+            self._commits += 1
+            commit = self._commits
+            for hook in self._every_commit:
+                hook()
+            if committed:
+                with self._durable_lock:
+                    self._awaiting_sync.append((commit, committed))
+        self._await_synced(commit)
+        self._run_durable_hooks()
+
+    def _run_durable_hooks(self) -> None:
+        """Run the ``after_commit`` hooks of every synced commit, in commit order (whichever thread gets here)."""
+        with self._durable_lock:
+            while self._awaiting_sync and self._awaiting_sync[0][0] <= self._synced:
+                for hook in self._awaiting_sync.popleft()[1]:
+                    hook()
+
+    def _await_synced(self, commit: int) -> None:
+        """Return once a WAL sync that started after ``commit`` was written has finished (group commit)."""
+        with self._sync_cv:
+            while self._synced < commit:
+                if not self._syncing:
+                    self._syncing = True
+                    break
+                self._sync_cv.wait()
+            else:
+                return
+        try:
+            target = self._commits  # every commit counted here has written its frames
+            os.fdatasync(self._wal())
+            with self._sync_cv:
+                self._synced = max(self._synced, target)
+        except OSError as exc:
+            raise DatabaseError(f"{self.path}: the write-ahead log cannot be synced: {exc.strerror or exc}") from exc
+        finally:
+            with self._sync_cv:
+                self._syncing = False
+                self._sync_cv.notify_all()
+
+    def _wal(self) -> int:
+        if self._wal_fd is None:
+            self._wal_fd = os.open(self.path.with_name(self.path.name + "-wal"), os.O_RDONLY)
+        return self._wal_fd
+
+    @contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        """A connection to read committed state through, without waiting on writers.
+
+        This thread's own reader, or, inside this thread's write transaction, the writing
+        connection (so the transaction reads its own changes).
+        """
+        if self._writer == threading.get_ident():
+            with self.lock:
+                yield self.connection
+            return
+        reader = getattr(self._readers, "connection", None)
+        if reader is None:
+            reader = _connect(self.path)
+            reader.execute("PRAGMA query_only=ON")
+            self._readers.connection = reader
+            with self._readers_lock:
+                self._all_readers.append(reader)
+        yield reader
+
+    def on_every_commit(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` after every transaction that commits (under the lock, at once: readers see it at once)."""
+        self._every_commit.append(hook)
+
+    def after_commit(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` once the open transaction's commit is synced (dropped if it, or its savepoint, rolls back).
+
+        Hooks run in commit order, so a job's events reach its watchers in order, and only once durable.
+        """
+        assert self.connection.in_transaction, "after_commit outside a transaction"
+        self._after_commit.append(hook)
 
     def close(self) -> None:
         with self.lock:
             self.connection.close()
+            with self._readers_lock:
+                for reader in self._all_readers:
+                    reader.close()
+            if self._wal_fd is not None:
+                os.close(self._wal_fd)
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    connection = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+    connection.row_factory = sqlite3.Row
+    connection.execute("PRAGMA busy_timeout=5000")
+    return connection
 
 
 def _make_private(path: Path) -> None:

@@ -11,11 +11,14 @@ bug: it is logged with its traceback and left to gRPC (``UNKNOWN``).
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import inspect
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from google.protobuf import any_pb2
@@ -29,6 +32,7 @@ from cantata.security.audit import AuditLogUnavailable
 from cantata.security.keys import UnknownTenantError
 from cantata.security.pki import InvalidCSR, InvalidName, Principal, peer_certificate
 from cantata.server.datasource_store import DataSourceExists, DataSourceNotFound, InvalidDataSource
+from cantata.server.enrollment import EnrollmentLimited
 from cantata.server.jobspec import InvalidField
 from cantata.server.store import Conflict, NotFound, QuotaExceeded, RequestIdReused
 from cantata.storage import StoreFull, StoreNotFound, StorePermissionError, StoreUnavailableError
@@ -79,6 +83,7 @@ MAPPING: dict[type[Exception], Mapped] = {
     AlreadyExists: Mapped(grpc.StatusCode.ALREADY_EXISTS, ErrorReason.ALREADY_EXISTS),
     DataSourceExists: Mapped(grpc.StatusCode.ALREADY_EXISTS, ErrorReason.DATA_SOURCE_EXISTS),
     QuotaExceeded: Mapped(grpc.StatusCode.RESOURCE_EXHAUSTED, ErrorReason.QUOTA_EXCEEDED),
+    EnrollmentLimited: Mapped(grpc.StatusCode.RESOURCE_EXHAUSTED, ErrorReason.ENROLLMENT_LIMITED),
     InvalidField: Mapped(grpc.StatusCode.INVALID_ARGUMENT, ErrorReason.INVALID_JOB),
     InvalidRequest: Mapped(grpc.StatusCode.INVALID_ARGUMENT, ErrorReason.INVALID_ARGUMENT),
     InvalidDataSource: Mapped(grpc.StatusCode.INVALID_ARGUMENT, ErrorReason.INVALID_DATA_SOURCE),
@@ -150,6 +155,8 @@ def status_of(exc: Exception, *, request_id: str, principal: Principal | None = 
         )
     if isinstance(exc, RequestIdReused):
         metadata.update(request_id=exc.request_id, job_id=exc.job_id)
+    if isinstance(exc, EnrollmentLimited):
+        metadata.update(what=exc.what, limit=f"{exc.limit:g}", retry_after_s=f"{exc.retry_after_s:.0f}")
     if isinstance(exc, QuotaExceeded):
         metadata.update(what=exc.what, limit=str(exc.limit), used=str(exc.used))
         subject = f"tenant:{principal.name}" if principal else ""
@@ -163,7 +170,52 @@ def status_of(exc: Exception, *, request_id: str, principal: Principal | None = 
     )
 
 
-Behaviour = Callable[[Any, grpc.ServicerContext], Any]
+Behaviour = Callable[[Any, Any], Any]
+
+# The status code a call ended with, when the server ended it (set by :func:`abort` and :func:`abort_async`).
+ended_with: contextvars.ContextVar[grpc.StatusCode | None] = contextvars.ContextVar("ended_with", default=None)
+
+
+def abort(context: Any, status: grpc.Status) -> NoReturn:
+    """End a call of a plain (thread-pool) handler with ``status``; raises."""
+    ended_with.set(status.code)
+    context.abort(status.code, status.details, status.trailing_metadata)
+    raise AssertionError("context.abort returned")  # grpc raises; never act after a refusal
+
+
+async def abort_async(context: grpc.aio.ServicerContext, status: grpc.Status) -> NoReturn:
+    """End a call of an event-loop handler with ``status``; raises."""
+    ended_with.set(status.code)
+    await context.abort(status.code, status.details, status.trailing_metadata)
+    raise AssertionError("context.abort returned")
+
+
+def _in_pool(behaviour: Behaviour) -> Behaviour:
+    """A plain generator handler as an async generator that computes each item in a worker thread.
+
+    So a slow reader holds no thread between items, only the call itself.
+    """
+
+    async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
+        items = await asyncio.to_thread(lambda: iter(behaviour(request, context)))
+        while (item := await asyncio.to_thread(next, items, _END)) is not _END:
+            yield item
+
+    return stream
+
+
+def _awaited(behaviour: Behaviour) -> Behaviour:
+    """A handler that writes its replies with ``context.write`` as an async generator (that yields nothing)."""
+
+    async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
+        await behaviour(request, context)
+        return
+        yield  # an async generator
+
+    return stream
+
+
+_END = object()
 
 
 def wrap_handler(
@@ -172,59 +224,74 @@ def wrap_handler(
     """``handler`` with its unary-unary behaviour passed through ``unary``, or its unary-stream one through ``stream``.
 
     What a server interceptor returns to change how a method runs (an interceptor cannot act on the call itself).
+    Unary behaviours are plain functions, run in the server's thread pool; streaming ones run on the event
+    loop as async generators (a plain generator, or a coroutine writing with ``context.write``, is made one).
     """
     if handler.unary_unary:
+        if inspect.iscoroutinefunction(handler.unary_unary):
+            raise TypeError("unary handlers are plain functions (they run in the server's thread pool)")
         return grpc.unary_unary_rpc_method_handler(
             unary(handler.unary_unary),
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
+    behaviour = handler.unary_stream
+    if inspect.iscoroutinefunction(behaviour):
+        behaviour = _awaited(behaviour)
+    elif not inspect.isasyncgenfunction(behaviour):
+        behaviour = _in_pool(behaviour)
     return grpc.unary_stream_rpc_method_handler(
-        stream(handler.unary_stream),
+        stream(behaviour),
         request_deserializer=handler.request_deserializer,
         response_serializer=handler.response_serializer,
     )
 
 
-class ErrorInterceptor(grpc.ServerInterceptor):
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
     """Ends a call whose handler raised a domain error with that error's status."""
 
     def __init__(self, request_id: Callable[[], str]):
         self._request_id = request_id
 
-    def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
         if handler is None or handler.request_streaming:
             return handler
         method = handler_call_details.method
         return wrap_handler(handler, partial(self._unary, method), partial(self._stream, method))
 
-    def _unary(self, method: str, behaviour: Callable[[Any, grpc.ServicerContext], Any]):
-        def translated(request: Any, context: grpc.ServicerContext) -> Any:
+    def _unary(self, method: str, behaviour: Behaviour):
+        def translated(request: Any, context: Any) -> Any:
             try:
                 return behaviour(request, context)
             except Exception as exc:
-                self._end(method, context, exc)
+                mapped = self._status(method, context, exc)
+                if mapped is not None:
+                    abort(context, mapped)
                 raise
 
         return translated
 
-    def _stream(self, method: str, behaviour: Callable[[Any, grpc.ServicerContext], Iterator[Any]]):
-        def translated(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+    def _stream(self, method: str, behaviour: Behaviour):
+        async def translated(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             try:
-                yield from behaviour(request, context)
+                async for item in behaviour(request, context):
+                    yield item
             except Exception as exc:
-                self._end(method, context, exc)
+                mapped = self._status(method, context, exc)
+                if mapped is not None:
+                    await abort_async(context, mapped)
                 raise
 
         return translated
 
-    def _end(self, method: str, context: grpc.ServicerContext, exc: Exception) -> None:
-        """Abort with ``exc``'s status if it is a domain error; otherwise log it and return."""
+    def _status(self, method: str, context: Any, exc: Exception) -> grpc.Status | None:
+        """``exc``'s status if it is a domain error; otherwise log it and return None (gRPC says ``UNKNOWN``)."""
+        if isinstance(exc, grpc.aio.AbortError):
+            return None  # the call was ended already
         peer = peer_certificate(context.auth_context())
         request_id = self._request_id()
         mapped = status_of(exc, request_id=request_id, principal=peer.principal if peer else None)
         if mapped is None:
             log.error("%s failed with an unmapped error (request %s)", method, request_id, exc_info=exc)
-            return
-        context.abort_with_status(mapped)
+        return mapped

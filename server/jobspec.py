@@ -4,9 +4,12 @@ The SDK validates too, but only this check is authoritative. A bad field is an
 ``InvalidField`` naming it. Defaults, ranges, choices and which algorithms a
 field applies to come from the job-field table (:mod:`cantata.proto.jobfields`);
 the rules that tie fields together are written out here. ``file://``
-locations must lie under an allowed root, with no ``..`` and no symbolic link
-on the way; ``s3://`` and ``az://`` stores are reached with the server's own
-SDK configuration.
+locations must lie under one of the tenant's roots (:mod:`cantata.server.local_roots`),
+never in the platform's data directory, with no ``..`` and no symbolic link on
+the way; a location outside them is refused with one message whether it exists
+or not. ``s3://`` and ``az://`` stores are reached with the server's own SDK
+configuration. A job whose workers would not fit in the node's memory
+(:mod:`cantata.server.memory`) is refused naming ``batch_size``.
 """
 
 from __future__ import annotations
@@ -20,8 +23,11 @@ from cantata.proto import jobfields
 from cantata.proto.jobfields import MAX_WORKERS
 from cantata.proto.v1 import common_pb2
 from cantata.proto.vocabulary import DECENTRALIZED, Algorithm, Topology
+from cantata.server import memory
+from cantata.server.local_roots import within
+from cantata.storage.base import StoreConfigError, store_prefix
 
-BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
 
 class InvalidField(ValueError):
@@ -35,20 +41,36 @@ def _require(ok: bool, field: str, message: str) -> None:
         raise InvalidField(field, message)
 
 
-def local_path(uri: str, field: str, roots: list[Path]) -> Path:
-    """The directory a ``file://`` URI names, if it is safely inside one of ``roots``."""
+def local_path(
+    uri: str, field: str, roots: list[Path], *, data_dir: Path | None = None, store_dir: Path | None = None
+) -> Path:
+    """The directory a ``file://`` URI names, if it is safely inside one of ``roots``.
+
+    Nothing in ``data_dir`` is, but in a root inside ``store_dir`` (the default checkpoint store,
+    for checkpoint stores: a tenant's own folder of it). Whether the path is
+    inside is decided on its text alone, before anything on disk is looked at: a path outside
+    gets the same answer whether or not it exists.
+    """
     parsed = urlparse(uri)
     _require(parsed.scheme == "file" and parsed.netloc in ("", "localhost"), field, f"not a file:// URI: {uri!r}")
     raw = unquote(parsed.path)
     _require(raw.startswith("/"), field, "file:// paths must be absolute")
     _require(".." not in Path(raw).parts, field, "'..' is not allowed in paths")
     path = Path(os.path.abspath(raw))
+    _require(
+        any(
+            within(path, root)
+            and (data_dir is None or not within(path, data_dir) or (store_dir is not None and within(root, store_dir)))
+            for root in roots
+        ),
+        field,
+        f"{path} is outside the allowed roots (yours: <root>/<tenant>/...)",
+    )
     # Walk up to the nearest existing ancestor: any link on the way is refused.
     probe = path
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     _require(os.path.realpath(probe) == str(probe), field, "paths through symbolic links are not allowed")
-    _require(any(path == root or root in path.parents for root in roots), field, f"{path} is outside the allowed roots")
     return path
 
 
@@ -57,8 +79,21 @@ def processes(spec: common_pb2.JobSpec) -> int:
     return spec.workers * spec.ranks_per_worker
 
 
-def parse_job_spec(spec: common_pb2.JobSpec, *, default_store: str, roots: list[Path]) -> common_pb2.JobSpec:
-    """Return a copy of ``spec`` with defaults filled in, or raise ``InvalidField``."""
+def parse_job_spec(
+    spec: common_pb2.JobSpec,
+    *,
+    default_store: str,
+    roots: list[Path],
+    store_roots: list[Path] | None = None,
+    data_dir: Path | None = None,
+    node_memory: int = 0,
+) -> common_pb2.JobSpec:
+    """Return a copy of ``spec`` with defaults filled in, or raise ``InvalidField``.
+
+    ``roots`` hold the tenant's ``file://`` datasets, ``store_roots`` (default: ``roots``) its
+    ``file://`` checkpoint stores besides ``default_store``; nothing in ``data_dir`` is either. A
+    job whose workers need more than ``node_memory`` bytes in all (0: unchecked) is refused.
+    """
     s = common_pb2.JobSpec()
     s.CopyFrom(spec)
     for field, message in jobfields.problems(s, lambda f: not f.required):
@@ -80,8 +115,25 @@ def parse_job_spec(spec: common_pb2.JobSpec, *, default_store: str, roots: list[
             "ranks_per_worker",
             "worker groups are for gasloc or diloco (allreduce already spreads one model over its workers)",
         )
-    check_dataset(s.dataset, roots)
-    check_store(s.checkpoint_store, "checkpoint_store", roots)
+    check_dataset(s.dataset, roots, data_dir=data_dir)
+    if s.checkpoint_store != default_store:
+        default_dir = Path(unquote(urlparse(default_store).path)) if default_store.startswith("file://") else None
+        check_store(
+            s.checkpoint_store,
+            "checkpoint_store",
+            roots if store_roots is None else store_roots,
+            data_dir=data_dir,
+            store_dir=default_dir,
+        )
+    if node_memory:
+        need = memory.worker_estimate(s) * processes(s)
+        _require(
+            need <= node_memory,
+            "batch_size",
+            f"the job's {processes(s)} worker(s) need about {need // memory.MIB} MiB "
+            f"(batch_size x seq_len = {s.batch_size * s.seq_len} tokens a step), more than this node's "
+            f"{node_memory // memory.MIB} MiB: lower batch_size or seq_len",
+        )
     return s
 
 
@@ -93,7 +145,7 @@ def dataset_source(dataset: str) -> str:
     return unquote(rest.partition("/")[0].rpartition("@")[0])
 
 
-def check_dataset(dataset: str, roots: list[Path]) -> None:
+def check_dataset(dataset: str, roots: list[Path], *, data_dir: Path | None = None) -> None:
     """``builtin:pystdlib``, a ``file://`` directory under the roots, or a store prefix read through a data source.
 
     A store dataset must name one of the tenant's data sources: the server's
@@ -102,7 +154,7 @@ def check_dataset(dataset: str, roots: list[Path]) -> None:
     if dataset == "builtin:pystdlib":
         return
     if dataset.startswith("file://"):
-        local_path(dataset, "dataset", roots)
+        local_path(dataset, "dataset", roots, data_dir=data_dir)
         return
     scheme, _, rest = dataset.partition("://")
     _require(
@@ -119,13 +171,24 @@ def check_dataset(dataset: str, roots: list[Path]) -> None:
     check_store(f"{scheme}://{rest.partition('@')[2]}", "dataset", roots)
 
 
-def check_store(uri: str, field: str, roots: list[Path]) -> None:
+def check_store(
+    uri: str, field: str, roots: list[Path], *, data_dir: Path | None = None, store_dir: Path | None = None
+) -> None:
     """A blob store URI the platform can use: file:// under the roots, s3://bucket/prefix, az://container/prefix."""
     scheme, _, rest = uri.partition("://")
     if scheme == "file":
-        local_path(uri, field, roots)
+        local_path(uri, field, roots, data_dir=data_dir, store_dir=store_dir)
         return
     _require(scheme in ("s3", "az"), field, f"unsupported store {uri!r} (use file://, s3:// or az://)")
     bucket, _, prefix = rest.partition("/")
-    _require(BUCKET.match(bucket) is not None, field, f"invalid bucket or container name {bucket!r}")
-    _require(".." not in prefix.split("/") and len(prefix) <= 512, field, "invalid prefix")
+    _require(BUCKET.fullmatch(bucket) is not None, field, f"invalid bucket or container name {bucket!r}")
+    _require(len(prefix) <= 512 and _valid_prefix(prefix), field, f"invalid prefix {prefix!r}")
+
+
+def _valid_prefix(prefix: str) -> bool:
+    """A store prefix the stores accept as they are: ``/``-separated plain names (see ``store_prefix``)."""
+    try:
+        store_prefix(prefix)
+    except StoreConfigError:
+        return False
+    return True

@@ -1,14 +1,18 @@
 """Start and stop a job's worker processes on this node.
 
-Each job gets a workspace ``D/jobs/<job-id>/`` holding, per worker process, a
+Each job gets a workspace ``D/jobs/<job-id>/`` (mode 0700, owned by the job's
+worker user when the server runs as root) holding, per worker process, a
 certificate minted for that process only, a 0600 config file, and a log.
 The config (the job's keys and data-source secrets, from the secrets broker)
 and the certificate's key (recorded in the certificate registry) exist only
 while the job's workers run: :meth:`WorkerLauncher.scrub`
 deletes them once every worker has exited, and a restarted worker gets a
-config written afresh from the secrets as they are now. Workers run as
-``python -m cantata.trainer.worker --config FILE`` in their own process
-group, so stopping a job reaches every process it started. Processes
+config written afresh from the secrets as they are now. Workers are forked
+from the zygote (:mod:`cantata.server.zygote`) into the sandbox of
+:mod:`cantata.server.sandbox` (allow-listed environment, no inherited
+descriptors, the workspace as working directory, the job's own uid, a memory
+limit); each shows as ``python -m cantata.trainer.worker --config FILE --job ID``
+and leads its own process group, so stopping a job reaches every process it started. Processes
 that share a ``torch.distributed`` group (all of an all-reduce job, or the
 ranks of one decentralized worker group) share its rendezvous address.
 """
@@ -21,19 +25,22 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from google.protobuf import json_format
 
 from cantata.security.pki import CertificateAuthority, Principal, gossip_server_name
+from cantata.security.process_sandbox import SpawnRequest
 from cantata.server.config import write_private
 from cantata.server.groups import group_size, processes
 from cantata.server.ports import CertificateRegistry, SecretsBroker
+from cantata.server.sandbox import Identities, Identity, base_environment, give, prepare_job_folder, store_environment
 from cantata.server.store import JobRecord
+from cantata.server.zygote import Zygote
 
 
 @dataclass
@@ -44,8 +51,20 @@ class WorkerExit:
 
 
 @dataclass
+class WorkerProcess:
+    """A worker the zygote forked: its pid, and its exit status once the zygote reaped it."""
+
+    pid: int
+    zygote: Zygote
+
+    def poll(self) -> int | None:
+        return self.zygote.returncode(self.pid)
+
+
+@dataclass
 class _Running:
-    procs: dict[int, subprocess.Popen]
+    procs: dict[int, WorkerProcess]
+    identity: Identity | None
     rendezvous: list[str]  # per torch.distributed group
     attack: dict | None
     kill_at: float | None = None
@@ -90,6 +109,9 @@ class WorkerLauncher:
         secrets: SecretsBroker,
         certificates: CertificateRegistry,
         grace: float,
+        identities: Identities,
+        memory_limit: Callable[[JobRecord], int],
+        warm: bool = True,
     ):
         self._jobs_dir = jobs_dir
         self._ca = ca
@@ -98,7 +120,14 @@ class WorkerLauncher:
         self._secrets = secrets
         self._certificates = certificates
         self._grace = grace
+        self._identities = identities
+        self._memory_limit = memory_limit  # bytes a worker of the job may allocate once loaded (0: no limit)
+        self._zygote = Zygote(warm=warm, env=base_environment())
         self._running: dict[str, _Running] = {}
+
+    def start(self) -> None:
+        """Start the zygote now, so that it is warm by the first job."""
+        self._zygote.start()
 
     def workspace(self, job_id: str) -> Path:
         return self._jobs_dir / job_id
@@ -125,8 +154,13 @@ class WorkerLauncher:
         ws.chmod(0o700)
         (ws / "ca.pem").write_bytes(self._ca.cert_pem)
         rendezvous = [f"tcp://127.0.0.1:{free_port()}" for _ in range(processes(job.spec) // group_size(job.spec))]
-        running = self._running[job.id] = _Running({}, rendezvous, attack)
+        running = self._running[job.id] = _Running({}, self._identities.acquire(job.id), rendezvous, attack)
         try:
+            (ws / "tmp").mkdir(exist_ok=True)
+            give(ws, running.identity)
+            store = job.spec.checkpoint_store
+            if store.startswith("file://"):
+                prepare_job_folder(Path(unquote(urlparse(store).path)), job.tenant, job.id, running.identity)
             for i in range(processes(job.spec)):
                 running.procs[i] = self._spawn(job, i, secrets)
         except BaseException:
@@ -163,7 +197,7 @@ class WorkerLauncher:
             for ws in self._jobs_dir.iterdir():
                 self.scrub(ws.name)
 
-    def _spawn(self, job: JobRecord, i: int, secrets: dict) -> subprocess.Popen:
+    def _spawn(self, job: JobRecord, i: int, secrets: dict) -> WorkerProcess:
         ws = self.workspace(job.id)
         principal = Principal.worker(job.id, i)
         bundle = self._ca.issue_bundle(
@@ -189,22 +223,30 @@ class WorkerLauncher:
             "worker": i,
             "cert": str(ws / f"worker-{i}.pem"),
             "key": str(ws / f"worker-{i}.key"),
+            "store_env": store_environment(job.spec.checkpoint_store),
             **secrets,
         }
         config_path = ws / f"worker-{i}.json"
         write_private(config_path, json.dumps(config, indent=2).encode())
-        env = {**os.environ, "OMP_NUM_THREADS": str(config["threads"]), "PYTHONUNBUFFERED": "1"}
+        log = self.log_path(job.id, i)
+        log.touch(mode=0o600)
+        for path in (ws / f"worker-{i}.pem", ws / f"worker-{i}.key", config_path, log):
+            give(path, running.identity)
+        argv = ["--config", str(config_path), "--job", job.id]
+        threads = str(config["threads"])
+        request = SpawnRequest(
+            argv=argv,
+            entry="cantata.trainer.worker:main",
+            title=" ".join(["python", "-m", "cantata.trainer.worker", *argv]),
+            env={**base_environment(), "OMP_NUM_THREADS": threads, "HOME": str(ws), "TMPDIR": str(ws / "tmp")},
+            cwd=str(ws),
+            log=str(log),
+            uid=running.identity.uid if running.identity else None,
+            gid=running.identity.gid if running.identity else None,
+            memory_bytes=self._memory_limit(job),
+        )
         running.spawned[i] = time.monotonic()
-        with open(self.log_path(job.id, i), "ab") as log:
-            return subprocess.Popen(
-                [sys.executable, "-m", "cantata.trainer.worker", "--config", str(config_path), "--job", job.id],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=ws,
-                env=env,
-                start_new_session=True,
-            )
+        return WorkerProcess(self._zygote.spawn(request), self._zygote)
 
     def alive_workers(self, job_id: str) -> int:
         running = self._running.get(job_id)
@@ -267,6 +309,8 @@ class WorkerLauncher:
         running = self._running.pop(job_id)
         for proc in running.procs.values():
             kill_group(proc.pid, signal.SIGKILL)  # stray children of a worker
+            self._zygote.forget(proc.pid)
+        self._identities.release(job_id)
         self.scrub(job_id)
 
     def stop_all(self) -> None:
@@ -279,3 +323,4 @@ class WorkerLauncher:
             for job_id in self.finished_jobs():
                 self.release(job_id)
             time.sleep(0.05)
+        self._zygote.close()

@@ -6,8 +6,15 @@ a worker's exit means for the job is the lifecycle's
 launcher's. One background thread ticks every ``interval`` seconds: reap
 exited workers, settle jobs whose workers are all gone, kill workers silent
 past the heartbeat timeout (:mod:`cantata.server.heartbeats`), then place
-queued ones. A job whose earlier workers are still stopping (a restart, a
-resume, a deferred start) waits, and so do the jobs behind it.
+queued jobs, but only after something that can change a placement: a job
+queued (submitted, resumed, requeued), a quota or tenant change (both
+:meth:`Scheduler.wake` it at once), a worker exit, or a head that was not due
+yet. Placement looks only at the queue's heads, the oldest queued job of each
+tenant (:meth:`~cantata.server.store.Store.queue_head`): the tenant with the
+fewest active jobs goes first, so one with a thousand queued jobs does not
+starve one with a single job, and a quiet server's cost does not grow with its
+queue. A job whose earlier workers are still stopping (a restart, a resume, a
+deferred start) waits, and so do the jobs behind it.
 
 While the audit log cannot be written (``audit_failure`` says why) a tick does
 nothing: workers run on, and their exits, the settling of their jobs and new
@@ -55,7 +62,14 @@ class Scheduler:
         self._exits: list = []  # reaped worker exits not yet handled
         self._unsettled: list[str] = []  # released jobs not yet settled
         self._stop = threading.Event()
+        self._woken = threading.Event()
+        self._place_due = True  # something changed that a placement depends on
         self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
+
+    def wake(self) -> None:
+        """Place at once: a job was queued, or a quota or tenant changed. Thread-safe."""
+        self._place_due = True
+        self._woken.set()
 
     def start(self) -> None:
         """After a crash: kill orphaned workers, requeue or end every active job, scrub every workspace; then tick."""
@@ -69,13 +83,18 @@ class Scheduler:
     def shutdown(self) -> None:
         """Stop placing, stop every running job, and requeue it to resume on restart."""
         self._stop.set()
+        self._woken.set()
         self._thread.join()
         with self._lifecycle.lock:
             self._launcher.stop_all()
             self._lifecycle.server_stopping()
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval):
+        while not self._stop.is_set():
+            self._woken.wait(self._interval)
+            self._woken.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.tick()
             except Exception:  # keep scheduling; the error is logged with its traceback
@@ -86,6 +105,8 @@ class Scheduler:
             return
         with self._lifecycle.lock:
             self._exits.extend(self._launcher.poll())
+            if self._exits:
+                self._place_due = True  # a slot may be free
             while self._exits:
                 exit_ = self._exits[0]
                 self._lifecycle.worker_exited(exit_.job_id, exit_.worker, exit_.returncode)
@@ -93,11 +114,14 @@ class Scheduler:
             for job_id in self._launcher.finished_jobs():
                 self._launcher.release(job_id)
                 self._unsettled.append(job_id)
+                self._place_due = True
             while self._unsettled:
                 self._lifecycle.workers_exited(self._unsettled[0])
                 self._unsettled.pop(0)
             self._kill_silent()
-            self._place()
+            if self._place_due:
+                self._place_due = False
+                self._place()
 
     def _kill_silent(self) -> None:
         """Workers that sent nothing for longer than the heartbeat timeout are hung: the lifecycle kills them."""
@@ -106,9 +130,17 @@ class Scheduler:
 
     def _place(self) -> None:
         free = self._slots - self._launcher.running_workers()
-        for job in self._store.jobs(states=frozenset({pb.QUEUED})):
-            if processes(job.spec) > free or not self._lifecycle.due(job):
-                break  # first come, first served: no overtaking by smaller jobs, nor while one waits to restart
+        tried: set[str] = set()
+        while (job := self._store.queue_head()) is not None:
+            if job.id in tried:  # its launch failed and it was queued again: once per pass
+                self._place_due = True
+                return
+            tried.add(job.id)
+            if processes(job.spec) > free:
+                return  # no overtaking by smaller jobs: a worker's exit brings the next try
+            if not self._lifecycle.due(job):
+                self._place_due = True  # nor while it waits to restart: try again next tick
+                return
             if not self._lifecycle.placing(job):
                 continue
             try:
@@ -116,6 +148,7 @@ class Scheduler:
                 pids = self._launcher.launch(self._store.job(job.id), attack=json.loads(attack) if attack else None)
             except AuditLogUnavailable as exc:  # its keys were not released: nothing started
                 self._lifecycle.placement_deferred(job, str(exc))
+                self._place_due = True
                 return
             except Exception as exc:
                 log.exception("launch of %s failed", job.id)
@@ -126,5 +159,6 @@ class Scheduler:
             except AuditLogUnavailable as exc:  # started but not recorded: stop it, and start it again later
                 self._launcher.terminate(job.id)
                 self._lifecycle.placement_deferred(job, str(exc))
+                self._place_due = True
                 return
             free -= processes(job.spec)

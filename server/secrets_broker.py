@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +18,16 @@ class SecretsBroker:
     """Releases to a job's workers what only they may hold, and records each release."""
 
     def __init__(
-        self, keyring: KeyProvider, data_sources: DataSourceStore, audit: AuditSink, dataset_roots: list[Path]
+        self,
+        keyring: KeyProvider,
+        data_sources: DataSourceStore,
+        audit: AuditSink,
+        dataset_roots: Callable[[str], list[Path]],
     ):
         self._keyring = keyring
         self._data_sources = data_sources
         self._audit = audit
-        self._dataset_roots = [str(root) for root in dataset_roots]
+        self._dataset_roots = dataset_roots  # tenant -> where its file:// datasets may be
 
     def worker_secrets(self, job: JobRecord) -> dict[str, Any]:
         """The secret part of a worker's config: the job's keys and, for a data-source dataset, its credentials.
@@ -38,7 +43,11 @@ class SecretsBroker:
             tenant=job.tenant,
             details={"purpose": "job keys for workers", "versions": keys.versions},
         )
-        data: dict[str, Any] = {"roots": list(self._dataset_roots), "credentials": None, "dataset_key": None}
+        data: dict[str, Any] = {
+            "roots": [str(root) for root in self._dataset_roots(job.tenant)],
+            "credentials": None,
+            "dataset_key": None,
+        }
         source = dataset_source(job.spec.dataset)
         if source:
             data["credentials"] = self._data_sources.worker_credentials(job.tenant, source)

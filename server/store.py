@@ -16,13 +16,18 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import cast
+from typing import Generic, TypeVar, cast
 
 from cantata.proto.v1 import common_pb2, jobs_pb2
 from cantata.proto.vocabulary import TERMINAL_STATES as TERMINAL
+from cantata.server.broadcast import EventBroadcast
 from cantata.server.database import Database
 from cantata.server.groups import processes
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 ACTIVE = frozenset({common_pb2.STARTING, common_pb2.RUNNING, common_pb2.CANCELLING})
 # Ended states a tenant may resume from (``Store.resume_job``): the one way out of a terminal state.
@@ -146,11 +151,16 @@ class Store:
     Given a path rather than the server's :class:`Database`, it opens a database of its own.
     """
 
-    def __init__(self, database: Database | Path):
+    def __init__(self, database: Database | Path, broadcast: EventBroadcast | None = None):
         self.database = database if isinstance(database, Database) else Database(database)
-        self._db = self.database.connection
-        self._lock = self.database.lock
-        self._events = threading.Condition(self._lock)
+        self._broadcast = broadcast
+        self.on_queue_change: Callable[[], None] = lambda: None  # a job was queued, or a quota or tenant changed
+        # What every call's gatekeeper asks, answered from memory; emptied whenever any write commits, so
+        # no writer (of tenants or certificates, in this class or another) can leave a stale answer behind.
+        self._tenant_statuses = _Cache[str, str | None]()
+        self._revoked = _Cache[int, bool]()
+        self.database.on_every_commit(self._tenant_statuses.clear)
+        self.database.on_every_commit(self._revoked.clear)
 
     def close(self) -> None:
         """Close the database (shared with every other store on it)."""
@@ -162,7 +172,20 @@ class Store:
             yield db
 
     # ---- tenants -------------------------------------------------------
-    def add_tenancy_request(self, name: str, csr_pem: bytes, fingerprint: str) -> Tenant:
+    def add_tenancy_request(
+        self,
+        name: str,
+        csr_pem: bytes,
+        fingerprint: str,
+        *,
+        source: str = "",
+        admit: Callable[[int, int], None] = lambda pending, from_source: None,
+    ) -> Tenant:
+        """A new PENDING request from address ``source`` (a retry of the same one is idempotent).
+
+        ``admit(pending, from_source)`` sees how many requests are pending, in all and from
+        ``source``, just before a new one is stored, in the same transaction, and raises to refuse it.
+        """
         with self._tx() as db:
             if db.execute("SELECT 1 FROM rejected_fingerprints WHERE fingerprint=?", (fingerprint,)).fetchone():
                 raise Conflict("this CSR was rejected and cannot be requested again")
@@ -171,16 +194,36 @@ class Store:
                 if row["status"] == "PENDING" and row["csr_fingerprint"] == fingerprint:
                     return self._tenant(db, name)  # a retried request is idempotent
                 raise Conflict(f"tenant {name!r} already exists")
+            admit(
+                db.execute("SELECT COUNT(*) FROM tenants WHERE status='PENDING'").fetchone()[0],
+                db.execute(
+                    "SELECT COUNT(*) FROM tenants WHERE status='PENDING' AND requested_from=?", (source,)
+                ).fetchone()[0],
+            )
             db.execute(
-                "INSERT INTO tenants (name, status, csr_pem, csr_fingerprint, requested_at) "
-                "VALUES (?, 'PENDING', ?, ?, ?)",
-                (name, csr_pem, fingerprint, utcnow()),
+                "INSERT INTO tenants (name, status, csr_pem, csr_fingerprint, requested_at, requested_from) "
+                "VALUES (?, 'PENDING', ?, ?, ?, ?)",
+                (name, csr_pem, fingerprint, utcnow(), source),
             )
             return self._tenant(db, name)
 
+    def expire_pending(self, requested_before: dt.datetime) -> list[Tenant]:
+        """Delete the requests still PENDING that were made before ``requested_before``; return them."""
+        with self._tx() as db:
+            names = [
+                r[0]
+                for r in db.execute(
+                    "SELECT name FROM tenants WHERE status='PENDING' AND requested_at < ? ORDER BY name",
+                    (requested_before.isoformat(timespec="milliseconds"),),
+                )
+            ]
+            expired = [self._tenant(db, n) for n in names]
+            db.executemany("DELETE FROM tenants WHERE name=? AND status='PENDING'", [(n,) for n in names])
+            return expired
+
     def tenant(self, name: str) -> Tenant:
-        with self._lock:
-            return self._tenant(self._db, name)
+        with self.database.read() as db:
+            return self._tenant(db, name)
 
     def _tenant(self, db: sqlite3.Connection, name: str) -> Tenant:
         row = db.execute("SELECT * FROM tenants WHERE name=?", (name,)).fetchone()
@@ -203,21 +246,21 @@ class Store:
         )
 
     def tenant_status(self, name: str) -> str | None:
-        """The tenant's status, or None for a name nobody requested."""
-        try:
-            return self.tenant(name).status
-        except NotFound:
-            return None
+        """The tenant's status, or None for a name nobody requested (from memory after the first ask)."""
+        return self._tenant_statuses.get(name, self._load_tenant_status)
+
+    def _load_tenant_status(self, name: str) -> str | None:
+        with self.database.read() as db:
+            row = db.execute("SELECT status FROM tenants WHERE name=?", (name,)).fetchone()
+        return row["status"] if row else None
 
     def tenants(self, status: str = "") -> list[Tenant]:
-        with self._lock:
+        with self.database.read() as db:
             names = [
                 r[0]
-                for r in self._db.execute(
-                    "SELECT name FROM tenants WHERE (?='' OR status=?) ORDER BY name", (status, status)
-                )
+                for r in db.execute("SELECT name FROM tenants WHERE (?='' OR status=?) ORDER BY name", (status, status))
             ]
-            return [self._tenant(self._db, n) for n in names]
+            return [self._tenant(db, n) for n in names]
 
     def approve_tenant(
         self, name: str, fingerprint: str, cert_pem: bytes, quota: common_pb2.Quota, approved_by: str
@@ -257,6 +300,7 @@ class Store:
     def set_quota(self, name: str, quota: common_pb2.Quota) -> Tenant:
         """Change the non-zero fields of a tenant's quota."""
         with self._tx() as db:
+            self.database.after_commit(self._queue_changed)
             self._tenant(db, name)
             for column in ("max_concurrent_jobs", "max_workers_per_job", "max_total_steps"):
                 value = getattr(quota, column)
@@ -270,6 +314,7 @@ class Store:
 
     def set_tenant_status(self, name: str, status: str, *, expect: str) -> Tenant:
         with self._tx() as db:
+            self.database.after_commit(self._queue_changed)
             tenant = self._tenant(db, name)
             if tenant.status != expect:
                 raise Conflict(f"tenant {name!r} is {tenant.status}, not {expect}")
@@ -277,26 +322,51 @@ class Store:
             return self._tenant(db, name)
 
     # ---- certificates --------------------------------------------------
-    def record_certificate(self, serial: int, principal: str, not_after: dt.datetime) -> None:
+    def record_certificate(
+        self, serial: int, principal: str, not_after: dt.datetime, *, renewed_from: str = ""
+    ) -> None:
+        """Record an issued certificate; ``renewed_from`` is the hex serial of the one whose renewal made it."""
         with self._tx() as db:
             db.execute(
-                "INSERT OR REPLACE INTO certificates (serial, principal, not_after) VALUES (?,?,?)",
-                (format(serial, "x"), principal, not_after.isoformat()),
+                "INSERT OR REPLACE INTO certificates (serial, principal, not_after, renewed_from) VALUES (?,?,?,?)",
+                (format(serial, "x"), principal, not_after.isoformat(), renewed_from),
             )
 
     def revoke_certificate(self, serial: str) -> str:
-        """Refuse certificate ``serial`` (hex) from now on; returns its principal."""
+        """Refuse certificate ``serial`` (hex) and every certificate renewed from it, from now on; returns its principal.
+
+        A renewal is only as trustworthy as the certificate that asked for it: a key stolen and
+        renewed before the revocation must not outlive it.
+        """
         with self._tx() as db:
             row = db.execute("SELECT principal FROM certificates WHERE serial=?", (serial.lower(),)).fetchone()
             if row is None:
                 raise NotFound(f"no certificate with serial {serial}")
-            db.execute("UPDATE certificates SET revoked=1 WHERE serial=?", (serial.lower(),))
+            db.executemany(
+                "UPDATE certificates SET revoked=1 WHERE serial=?", [(s,) for s in self._lineage(db, serial.lower())]
+            )
             return row["principal"]
+
+    def renewals_of(self, serial: str) -> list[str]:
+        """The hex serials renewed from ``serial``, directly or through other renewals, oldest first."""
+        with self._lock:
+            return self._lineage(self._db, serial.lower())[1:]
+
+    @staticmethod
+    def _lineage(db: sqlite3.Connection, serial: str) -> list[str]:
+        """``serial`` and every certificate renewed from it, directly or not."""
+        rows = db.execute(
+            "WITH RECURSIVE lineage(serial) AS (SELECT ? UNION "
+            "SELECT c.serial FROM certificates c JOIN lineage l ON c.renewed_from = l.serial) "
+            "SELECT l.serial FROM lineage l LEFT JOIN certificates c ON c.serial = l.serial ORDER BY c.rowid",
+            (serial,),
+        )
+        return [r[0] for r in rows]
 
     def current_certificate(self, principal: str) -> tuple[str, str] | None:
         """(serial, not_after) of the newest unrevoked certificate issued to ``principal``."""
-        with self._lock:
-            row = self._db.execute(
+        with self.database.read() as db:
+            row = db.execute(
                 "SELECT serial, not_after FROM certificates WHERE principal=? AND revoked=0 "
                 "ORDER BY rowid DESC LIMIT 1",
                 (principal,),
@@ -304,9 +374,13 @@ class Store:
             return (row["serial"], row["not_after"]) if row else None
 
     def is_revoked(self, serial: int) -> bool:
-        with self._lock:
-            row = self._db.execute("SELECT revoked FROM certificates WHERE serial=?", (format(serial, "x"),)).fetchone()
-            return bool(row and row["revoked"])
+        """Whether certificate ``serial`` was revoked (from memory after the first ask)."""
+        return self._revoked.get(serial, self._load_revoked)
+
+    def _load_revoked(self, serial: int) -> bool:
+        with self.database.read() as db:
+            row = db.execute("SELECT revoked FROM certificates WHERE serial=?", (format(serial, "x"),)).fetchone()
+        return bool(row and row["revoked"])
 
     # ---- jobs ----------------------------------------------------------
     def submit_job(
@@ -405,8 +479,8 @@ class Store:
 
     def job(self, job_id: str, tenant: str | None = None) -> JobRecord:
         """The job, scoped to ``tenant`` when given: another tenant's job is NotFound."""
-        with self._lock:
-            job = self._job(self._db, job_id)
+        with self.database.read() as db:
+            job = self._job(db, job_id)
             if tenant is not None and job.tenant != tenant:
                 raise NotFound(f"job {job_id!r} not found")
             return job
@@ -453,14 +527,26 @@ class Store:
             clauses.append("(created_at, id) > (SELECT created_at, id FROM jobs WHERE id=?)")
             args.append(after)
         where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
-        with self._lock:
+        with self.database.read() as db:
             ids = [
-                r[0]
-                for r in self._db.execute(
-                    f"SELECT id FROM jobs {where} ORDER BY created_at, id LIMIT ?", (*args, limit)
-                )
+                r[0] for r in db.execute(f"SELECT id FROM jobs {where} ORDER BY created_at, id LIMIT ?", (*args, limit))
             ]
-            return [self._job(self._db, i) for i in ids]
+            return [self._job(db, i) for i in ids]
+
+    def queue_head(self) -> JobRecord | None:
+        """The next job to place: each tenant's oldest queued job, the tenant with the fewest active jobs first.
+
+        Ties go to the job queued first. One query over the queued jobs' heads, whatever the queue's length.
+        """
+        with self.database.read() as db:
+            row = db.execute(
+                "SELECT head.id FROM (SELECT id, tenant, MIN(created_at) AS since FROM jobs "
+                f"WHERE state={int(common_pb2.QUEUED)} GROUP BY tenant) AS head "
+                f"LEFT JOIN (SELECT tenant, COUNT(*) AS active FROM jobs WHERE state IN ({_in(ACTIVE)}) "
+                "GROUP BY tenant) AS busy ON busy.tenant = head.tenant "
+                "ORDER BY COALESCE(busy.active, 0), head.since, head.id LIMIT 1"
+            ).fetchone()
+            return self._job(db, row[0]) if row else None
 
     def transition(self, job_id: str, state: common_pb2.JobState, reason: str = "", *, message: str = "") -> bool:
         """Move a job to ``state`` if allowed from its current state.
@@ -524,37 +610,37 @@ class Store:
         event.seq = seq
         event.time.GetCurrentTime()
         db.execute("INSERT INTO events (job_id, seq, body) VALUES (?, ?, ?)", (job_id, seq, event.SerializeToString()))
-        self._events.notify_all()
+        if self._broadcast is not None:
+            self.database.after_commit(partial(self._broadcast.publish, job_id, (event,)))
+        if event.kind == jobs_pb2.STATE and event.state == common_pb2.QUEUED:
+            self.database.after_commit(self._queue_changed)
         return seq
 
-    def events_after(self, job_id: str, cursor: int, *, wait: float = 0.0) -> list[jobs_pb2.JobEvent]:
-        """Events with seq > cursor; blocks up to ``wait`` seconds for the first one."""
-        with self._lock:
-            rows = self._fetch_events(job_id, cursor)
-            if not rows and wait > 0:
-                self._events.wait(timeout=wait)
-                rows = self._fetch_events(job_id, cursor)
-            return [jobs_pb2.JobEvent.FromString(r[0]) for r in rows]
+    def _queue_changed(self) -> None:
+        self.on_queue_change()
+
+    def events_after(self, job_id: str, cursor: int) -> list[jobs_pb2.JobEvent]:
+        """Events with seq > cursor (at most 500: ask again from the last one for more)."""
+        with self.database.read() as db:
+            rows = db.execute(
+                "SELECT body FROM events WHERE job_id=? AND seq>? ORDER BY seq LIMIT 500", (job_id, cursor)
+            ).fetchall()
+        return [jobs_pb2.JobEvent.FromString(r[0]) for r in rows]
 
     def resumed_after(self, job_id: str, seq: int) -> bool:
         """Whether the job's state changed after event ``seq``: after a terminal event, only a resume does that."""
-        with self._lock:
-            rows = self._db.execute("SELECT body FROM events WHERE job_id=? AND seq>? ORDER BY seq", (job_id, seq))
+        with self.database.read() as db:
+            rows = db.execute("SELECT body FROM events WHERE job_id=? AND seq>? ORDER BY seq", (job_id, seq))
             return any(jobs_pb2.JobEvent.FromString(r[0]).kind == jobs_pb2.STATE for r in rows)
 
     def latest_checkpoint_step(self, job_id: str) -> int:
         """The step of the job's last checkpoint its workers reported committed; 0 if none."""
-        with self._lock:
-            for (body,) in self._db.execute("SELECT body FROM events WHERE job_id=? ORDER BY seq DESC", (job_id,)):
+        with self.database.read() as db:
+            for (body,) in db.execute("SELECT body FROM events WHERE job_id=? ORDER BY seq DESC", (job_id,)):
                 event = jobs_pb2.JobEvent.FromString(body)
                 if event.kind == jobs_pb2.CHECKPOINT:
                     return event.step
         return 0
-
-    def _fetch_events(self, job_id: str, cursor: int) -> list[sqlite3.Row]:
-        return self._db.execute(
-            "SELECT body FROM events WHERE job_id=? AND seq>? ORDER BY seq LIMIT 500", (job_id, cursor)
-        ).fetchall()
 
     # ---- workers -------------------------------------------------------
     def set_workers(self, job_id: str, pids: dict[int, int]) -> None:
@@ -565,7 +651,7 @@ class Store:
             )
 
     def workers(self, job_id: str) -> list[WorkerRecord]:
-        with self._lock:
+        with self.database.read() as db:
             return [
                 WorkerRecord(
                     r["job_id"],
@@ -576,7 +662,7 @@ class Store:
                     r["restarts"],
                     r["gossip_address"],
                 )
-                for r in self._db.execute("SELECT * FROM workers WHERE job_id=? ORDER BY idx", (job_id,))
+                for r in db.execute("SELECT * FROM workers WHERE job_id=? ORDER BY idx", (job_id,))
             ]
 
     def restart_worker(self, job_id: str, idx: int, pid: int) -> None:
@@ -592,14 +678,12 @@ class Store:
             db.execute("UPDATE workers SET round=MAX(round, ?) WHERE job_id=? AND idx=?", (round_, job_id, idx))
 
     def rounds(self, job_id: str) -> dict[int, int]:
-        with self._lock:
-            return dict(self._db.execute("SELECT idx, round FROM workers WHERE job_id=?", (job_id,)).fetchall())
+        with self.database.read() as db:
+            return dict(db.execute("SELECT idx, round FROM workers WHERE job_id=?", (job_id,)).fetchall())
 
     def latest_round(self, job_id: str) -> int:
-        with self._lock:
-            return self._db.execute("SELECT COALESCE(MAX(round), 0) FROM workers WHERE job_id=?", (job_id,)).fetchone()[
-                0
-            ]
+        with self.database.read() as db:
+            return db.execute("SELECT COALESCE(MAX(round), 0) FROM workers WHERE job_id=?", (job_id,)).fetchone()[0]
 
     def set_gossip_address(self, job_id: str, idx: int, address: str) -> None:
         with self._tx() as db:
@@ -613,8 +697,8 @@ class Store:
             db.execute("UPDATE jobs SET attack=? WHERE id=?", (attack_json, job_id))
 
     def attack(self, job_id: str) -> str:
-        with self._lock:
-            return self._db.execute("SELECT attack FROM jobs WHERE id=?", (job_id,)).fetchone()[0]
+        with self.database.read() as db:
+            return db.execute("SELECT attack FROM jobs WHERE id=?", (job_id,)).fetchone()[0]
 
     def add_anomaly(self, a: AnomalyRecord) -> None:
         with self._tx() as db:
@@ -624,10 +708,10 @@ class Store:
             )
 
     def anomalies(self, job_id: str) -> list[AnomalyRecord]:
-        with self._lock:
+        with self.database.read() as db:
             return [
                 AnomalyRecord(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8])
-                for r in self._db.execute("SELECT * FROM anomalies WHERE job_id=? ORDER BY rowid", (job_id,))
+                for r in db.execute("SELECT * FROM anomalies WHERE job_id=? ORDER BY rowid", (job_id,))
             ]
 
     def mark_worker(self, job_id: str, idx: int, *, finished: bool = False, failure: str = "") -> None:
@@ -637,6 +721,31 @@ class Store:
                 "ELSE ? END WHERE job_id=? AND idx=?",
                 (int(finished), failure, failure, job_id, idx),
             )
+
+
+class _Cache(Generic[K, V]):
+    """Answers kept in memory until :meth:`clear`; a load that raced a clear is not kept."""
+
+    def __init__(self) -> None:
+        self._values: dict[K, V] = {}
+        self._generation = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: K, load: Callable[[K], V]) -> V:
+        with self._lock:
+            if key in self._values:
+                return self._values[key]
+            generation = self._generation
+        value = load(key)
+        with self._lock:
+            if generation == self._generation:
+                self._values[key] = value
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._values.clear()
+            self._generation += 1
 
 
 def _in(values: frozenset[int]) -> str:

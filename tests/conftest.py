@@ -8,6 +8,10 @@ itself says so with ``pytest.mark.integration``), and get a higher timeout;
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -36,6 +40,15 @@ REMOTE_BLOB_STORES = frozenset({"s3", "azure"})
 # Integration tests wait for real processes, perhaps on a loaded machine: their
 # ceiling (a hang detector, see tests/waiting.py) is above the default 300 s.
 INTEGRATION_TIMEOUT_S = 900
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A temp root of this session's own: pytest keeps resetting its shared ``pytest-of-<user>`` to 0700,
+    and as root the server's workers (other uids) must pass through to a test's data dir
+    (``tests.platform.passable``)."""
+    if config.option.basetemp is None:
+        config.option.basetemp = Path(tempfile.mkdtemp(prefix="cantata-tests-")) / "t"
+        config.add_cleanup(lambda: shutil.rmtree(config.option.basetemp.parent, ignore_errors=True))
 
 
 def is_integration(item: pytest.Item) -> bool:

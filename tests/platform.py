@@ -7,7 +7,9 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -34,11 +36,43 @@ def cli(*args: str, env: dict | None = None, check: bool = True) -> subprocess.C
     return result
 
 
-class Platform:
-    """Owns one server process; can stop it gracefully, kill it and restart it."""
+# Every test client calls from 127.0.0.1, so the per-address enrollment limits would be shared by the
+# whole module: tests of other things get room; tests of the limits set their own (``settings``).
+LOOPBACK_ENROLLMENT = {"enroll_max_pending_per_address": 1000, "enroll_burst": 1000, "enroll_rate_per_minute": 6000.0}
 
-    def __init__(self, root: Path, env: dict | None = None):
-        self.root = root
+
+def passable(path: Path) -> Path:
+    """Let other users pass through ``path`` and its parents up to the temp dir (pytest makes them 0700).
+
+    As root the server runs each job's workers as a uid of their own; like an operator's
+    data directory, the test's must be reachable by them (docs/operations.md).
+    """
+    top = Path(tempfile.gettempdir())
+    for folder in [path, *path.parents]:
+        if folder == top or top not in folder.parents:
+            break
+        folder.chmod(folder.stat().st_mode | 0o111)
+    return path
+
+
+def readable(path: Path) -> Path:
+    """``passable``, and let other users read the tree under ``path`` (a test's dataset)."""
+    passable(path)
+    for folder, _dirs, files in os.walk(path):
+        os.chmod(folder, 0o755)
+        for name in files:
+            os.chmod(os.path.join(folder, name), 0o644)
+    return path
+
+
+class Platform:
+    """Owns one server process; can stop it gracefully, kill it and restart it.
+
+    ``settings`` override fields of the ``server.json`` that ``server init`` wrote.
+    """
+
+    def __init__(self, root: Path, env: dict | None = None, settings: dict | None = None):
+        self.root = passable(root)
         self.data_dir = root / "data"
         self.home = root / "home"
         self.paths = DataDir(self.data_dir)
@@ -60,11 +94,22 @@ class Platform:
             env=self.env,
         )
         self.ca_pem = (self.data_dir / "ca.pem").read_bytes()
+        self.shared_root = root / "shared"  # the allowed file:// root: each tenant sees its own folder
+        saved = self.paths.load_settings()
+        saved.allowed_roots = [str(self.shared_root)]
+        self.paths.save_settings(replace(saved, **{**LOOPBACK_ENROLLMENT, **(settings or {})}))
 
-    def start(self) -> None:
+    def tenant_dir(self, tenant: str, *parts: str) -> Path:
+        """A folder of ``tenant``'s under the shared root, for its file:// datasets (make it ``readable``)."""
+        folder = self.shared_root.joinpath(tenant, *parts)
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    def start(self, *options: str) -> None:
+        """Start the server (``options``: more ``cantata server start`` flags) and wait until it serves."""
         self.log = open(self.root / "server.log", "ab")  # noqa: SIM115 (the server writes to it until it stops)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cantata.sdk.cli", "server", "start", "--data-dir", str(self.data_dir)],
+            [sys.executable, "-m", "cantata.sdk.cli", "server", "start", "--data-dir", str(self.data_dir), *options],
             stdout=self.log,
             stderr=subprocess.STDOUT,
             env=self.env,

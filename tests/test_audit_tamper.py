@@ -21,6 +21,7 @@ from cantata.security.audit import (
     verify,
 )
 from cantata.security.audit.checkpoint import Checkpoint
+from cantata.security.audit.keys import KeyDirectory
 from cantata.security.audit.record import body_hash, canonical
 
 RECORDS = 10_000
@@ -340,3 +341,38 @@ def test_missing_root_key_file_is_an_error(log_dir):
     (log_dir / "keys" / f"{root}.pub").unlink()
     with pytest.raises(AuditKeyError, match=f"audit public key file missing: .*{root}.pub"):
         verify(log_dir)
+
+
+def _rewrite_identity(directory: Path, **changes) -> None:
+    path = directory / "log.json"
+    identity = json.loads(path.read_bytes())
+    path.write_bytes(canonical({**identity, **changes}) + b"\n")
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"created": "2020-01-01T00:00:00.000000Z"},  # an earlier creation time
+        {"root_key": "0123456789abcdef"},  # another root key id
+        {"note": "harmless?"},  # a field nothing signs
+    ],
+    ids=["created", "root_key", "extra_field"],
+)
+def test_a_changed_log_identity_fails_verification(log_dir, changes):
+    keys = _public_keys(log_dir)  # held outside the log, so a changed root key id cannot pick the trust
+    _rewrite_identity(log_dir, **changes)
+    result = verify(log_dir, public_keys=keys)
+    assert not result.ok and result.kind == BreakKind.MODIFIED, result.summary()
+    assert "log.json" in result.findings[0].message
+
+
+def test_a_respaced_log_identity_fails_verification(log_dir):
+    path = log_dir / "log.json"
+    path.write_bytes(json.dumps(json.loads(path.read_bytes()), indent=1).encode())
+    result = verify(log_dir)
+    assert not result.ok and "log.json" in result.summary()
+
+
+def _public_keys(directory: Path) -> dict:
+    keys = KeyDirectory(directory / "keys")
+    return {p.stem: keys.public_key(p.stem) for p in (directory / "keys").glob("*.pub")}

@@ -3,7 +3,6 @@
 import base64
 import datetime as dt
 import sqlite3
-from concurrent import futures
 
 import grpc
 import pytest
@@ -22,6 +21,7 @@ from cantata.server.datasource_store import (
 )
 from cantata.server.errors import ErrorInterceptor
 from cantata.server.services.datasources import DataSourcesService
+from cantata.server.serving import ServingLoop
 from cantata.trainer.data import DatasetKey, SourceCredentials
 
 SECRET_KEY = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
@@ -149,7 +149,9 @@ def service(tmp_path):
     server_bundle = ca.issue_bundle(None, dns_names=["localhost"], ips=["127.0.0.1"], lifetime=hour, server=True)
     store = DataSourceStore(tmp_path / "cantata.db", _keyring(tmp_path / "keyring.sealed"))
     audit = []
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), interceptors=[ErrorInterceptor(lambda: "test")])
+    serving = ServingLoop(4, "test")
+    serving.start()
+    server = serving.server(interceptors=[ErrorInterceptor(lambda: "test")])
     datasources_pb2_grpc.add_DataSourcesServicer_to_server(
         DataSourcesService(store, lambda *args, **kwargs: audit.append((args, kwargs))), server
     )
@@ -157,7 +159,7 @@ def service(tmp_path):
         [(server_bundle.key_pem, server_bundle.cert_pem)], root_certificates=ca.cert_pem, require_client_auth=True
     )
     port = server.add_secure_port("127.0.0.1:0", credentials)
-    server.start()
+    serving.run(server.start())
     channels = []
 
     def client(tenant):
@@ -171,7 +173,8 @@ def service(tmp_path):
     yield client, audit
     for channel in channels:
         channel.close()
-    server.stop(None)
+    serving.run(server.stop(None))
+    serving.stop()
     store.close()
 
 

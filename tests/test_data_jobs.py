@@ -27,6 +27,7 @@ from cantata.trainer.data import DataLoader, DatasetKey, SourceCredentials, open
 from cantata.trainer.data.prepare import prepare_shards
 from cantata.trainer.data.shards import dtype_for, encode_shard
 from cantata.trainer.data.upload import upload_shards
+from tests.platform import readable
 from tests.services import AZURITE_ACCOUNT, AZURITE_KEY, azurite_connection_string
 from tests.test_decentralized_jobs import _events_so_far, _worker_of
 from tests.test_jobs import _pids_of
@@ -58,10 +59,10 @@ def shards(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def local_dataset(platform, shards) -> str:
-    """The shards under the server's allowed root, as a file:// dataset."""
-    target = platform.data_dir / "checkpoints" / "datasets" / "python"
+    """The shards in the tenant's folder of the server's allowed root, as a file:// dataset."""
+    target = platform.tenant_dir("acme", "datasets") / "python"
     shutil.copytree(shards, target)
-    return target.as_uri()
+    return readable(target).as_uri()
 
 
 def _messages(handle) -> list[str]:
@@ -273,12 +274,12 @@ def test_bad_datasets_fail_the_job_naming_the_object(
 
 @pytest.mark.parametrize("policy", ["skip", "fail"])
 def test_text_that_is_not_utf8_is_skipped_with_a_warning_or_fails_by_policy(platform, tenant, policy):
-    folder = platform.data_dir / "checkpoints" / "datasets" / f"text-{policy}"
-    folder.mkdir(parents=True)
+    folder = platform.tenant_dir("acme", "datasets", f"text-{policy}")
     source = Path(np.__file__).parent
     for index, path in enumerate(sorted(source.glob("*.py"))[:6]):
         (folder / f"{index}.txt").write_bytes(path.read_bytes())
     (folder / "2.txt").write_bytes(b"caf\xe9 latin-1, not UTF-8 " * 200)
+    readable(folder)
     status = tenant.submit(Job(name=f"utf8-{policy}", dataset=folder.as_uri(), on_bad_utf8=policy, **QUICK))
     status = status.wait()
     bad = f"{folder.as_uri()}/2.txt"

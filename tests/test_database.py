@@ -1,5 +1,6 @@
 """The server's one database: schema versions and migrations, file modes, one owner of the connection."""
 
+import datetime as dt
 import os
 import sqlite3
 import stat
@@ -133,8 +134,10 @@ def test_a_version_1_database_migrates_to_failure_counts_and_spec_digests(tmp_pa
     path = tmp_path / "state.db"
     spec = common_pb2.JobSpec(name="j", steps=10)
     db = Database(path, MIGRATIONS[:1])
-    store = Store(db)
-    _approved(store)
+    db.connection.execute(  # a tenant as a version-1 server stored it: no requested_from column
+        "INSERT INTO tenants (name, status, csr_pem, csr_fingerprint, requested_at, max_concurrent_jobs) "
+        "VALUES ('acme', 'APPROVED', x'00', 'sha256:x', '2026-01-01', 2)"
+    )
     db.connection.execute(  # a job as a version-1 server stored it: no digest column
         "INSERT INTO jobs (id, tenant, request_id, spec, state, created_at, updated_at) "
         "VALUES ('job-1', 'acme', 'request-0001', ?, ?, '2026-01-01', '2026-01-01')",
@@ -143,7 +146,7 @@ def test_a_version_1_database_migrates_to_failure_counts_and_spec_digests(tmp_pa
     db.close()
 
     db = Database(path)
-    assert db.version == len(MIGRATIONS) == 3  # through the failures (2) and digest (3) steps
+    assert db.version == len(MIGRATIONS) == 4  # through the failures (2), digest (3) and enrollment (4) steps
     store = Store(db)
     acme = store.tenant("acme")
     assert store.submit_job(acme, "request-0001", spec, "digest-a")[0].id == "job-1"  # compared by its spec
@@ -242,3 +245,26 @@ def test_the_stores_share_the_one_connection_of_the_database(tmp_path: Path, key
         assert sources.exists("acme", "corpus")
     db.close()
     assert _open_files(path) == 0
+
+
+def test_a_version_3_database_gains_request_sources_and_renewal_links(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    db = Database(path, MIGRATIONS[:3])
+    db.connection.execute(  # as a version-3 server stored them
+        "INSERT INTO tenants (name, status, csr_pem, csr_fingerprint, requested_at) "
+        "VALUES ('old-co', 'PENDING', x'00', 'sha256:x', '2026-01-01T00:00:00.000+00:00')"
+    )
+    db.connection.execute("INSERT INTO certificates (serial, principal, not_after) VALUES ('a1', 'p', 'later')")
+    db.close()
+
+    db = Database(path)
+    assert db.version == 4
+    store = Store(db)
+    store.add_tenancy_request("new-co", b"csr", "sha256:y", source="203.0.113.7")
+    seen: list[tuple[int, int]] = []
+    store.add_tenancy_request("third-co", b"csr", "sha256:z", source="203.0.113.7", admit=lambda *n: seen.append(n))
+    assert seen == [(2, 1)]  # the old request counts in all, under no address
+    assert store.renewals_of("a1") == []
+    assert store.revoke_certificate("a1") == "p" and store.is_revoked(0xA1)
+    assert [t.name for t in store.expire_pending(dt.datetime(2026, 6, 1, tzinfo=dt.UTC))] == ["old-co"]
+    db.close()

@@ -150,9 +150,10 @@ def test_a_peer_of_another_job_is_refused_and_audited(platform, tenant):
 
     wait_for(refusals)
     (record,) = refusals()
-    assert record.actor == "spiffe://cantata/job/job-other/worker/1" and record.tenant == "acme"
+    assert record.actor == Principal.worker(handle.id, 0).uri and record.tenant == "acme"  # the reporter, verified
     assert record.details["service"] == "gossip" and "not a worker of job" in record.details["reason"]
-    assert record.details["reported_by"] == Principal.worker(handle.id, 0).uri
+    assert record.details["reported"] is True
+    assert record.details["reported_principal"] == "spiffe://cantata/job/job-other/worker/1"
     handle.cancel()
     assert handle.wait().state == "CANCELLED"
 
@@ -180,7 +181,10 @@ def _events_so_far(handle):
 
 
 def _worker_of(pid: int) -> int:
-    """The worker index a worker process was started for (from its config file name)."""
-    args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    """The worker index a worker process was started for (from its config file name).
+
+    A worker forked from the zygote shows its command line as one title (spaces, not NULs).
+    """
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").split()
     config = args[args.index(b"--config") + 1].decode()
     return int(config.rsplit("worker-", 1)[1].split(".")[0])

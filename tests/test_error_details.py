@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from concurrent import futures
 
 import grpc
 import pytest
@@ -24,8 +23,10 @@ from cantata.server.datasource_store import (
     InvalidDataSource,
     SealedSecretsError,
 )
+from cantata.server.enrollment import EnrollmentLimited
 from cantata.server.errors import ErrorInterceptor
 from cantata.server.jobspec import InvalidField
+from cantata.server.serving import ServingLoop
 from cantata.server.store import Conflict, NotFound, QuotaExceeded, RequestIdReused, StoreError
 from cantata.storage import StoreFull, StoreNotFound, StorePermissionError, StoreUnavailableError
 from tests.platform import free_port
@@ -42,6 +43,7 @@ EXPECTED = [
     (RequestIdReused("request-0001", "job-1"), Code.ALREADY_EXISTS, "REQUEST_ID_REUSED"),
     (DataSourceExists("data source 'x' exists"), Code.ALREADY_EXISTS, "DATA_SOURCE_EXISTS"),
     (QuotaExceeded("concurrent jobs", 2, 2), Code.RESOURCE_EXHAUSTED, "QUOTA_EXCEEDED"),
+    (EnrollmentLimited("pending requests", 100, 3600), Code.RESOURCE_EXHAUSTED, "ENROLLMENT_LIMITED"),
     (InvalidField("steps", "must be positive"), Code.INVALID_ARGUMENT, "INVALID_JOB"),
     (server_errors.InvalidRequest("empty report"), Code.INVALID_ARGUMENT, "INVALID_ARGUMENT"),
     (InvalidDataSource("kind: S3 or AZURE_BLOB is required"), Code.INVALID_ARGUMENT, "INVALID_DATA_SOURCE"),
@@ -158,6 +160,20 @@ def test_field_and_quota_details_and_what_the_sdk_makes_of_them():
     assert (sdk_error.what, sdk_error.limit, sdk_error.used, sdk_error.request_id) == ("workers per job", 4, 6, "q")
 
 
+def test_an_enrollment_limit_is_an_sdk_enrollment_limited_with_when_to_retry():
+    limited = _FailedCall(
+        server_errors.status_of(EnrollmentLimited("requests per minute from this address", 10, 42.4), request_id="e")
+    )
+    sdk_error = errors.from_rpc_error(limited)
+    assert type(sdk_error) is errors.EnrollmentLimited and isinstance(sdk_error, errors.QuotaExceeded)
+    assert (sdk_error.what, sdk_error.limit, sdk_error.retry_after_s) == (
+        "requests per minute from this address",
+        10,
+        42,
+    )
+    assert sdk_error.code == Code.RESOURCE_EXHAUSTED and sdk_error.request_id == "e"
+
+
 def test_a_full_store_is_not_mistaken_for_an_oversized_request():
     full = _FailedCall(
         server_errors.status_of(
@@ -208,17 +224,20 @@ def _fails_mid_stream(request: bytes, context):
 @pytest.fixture
 def bare_server():
     """A plaintext in-process server with only the error interceptor, for one unary and one streaming method."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), interceptors=[ErrorInterceptor(lambda: "r-42")])
+    serving = ServingLoop(2, "test")
+    serving.start()
+    server = serving.server(interceptors=[ErrorInterceptor(lambda: "r-42")])
     handlers = {
         "Fail": grpc.unary_unary_rpc_method_handler(_fails),
         "Stream": grpc.unary_stream_rpc_method_handler(_fails_mid_stream),
     }
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("test.Errors", handlers)])
     port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
+    serving.run(server.start())
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         yield channel
-    server.stop(None)
+    serving.run(server.stop(None))
+    serving.stop()
 
 
 def test_an_unmapped_error_stays_unknown_and_is_logged_with_its_traceback(bare_server, caplog):

@@ -18,7 +18,7 @@ from cantata.security.audit import Action, read_records
 from cantata.storage.base import StoreConfigError, StoreUnavailableError
 from cantata.trainer.data.errors import DatasetAccessError, DatasetUnavailableError, TextEncodingError
 from cantata.trainer.worker import permanent
-from tests.platform import Platform
+from tests.platform import Platform, readable
 from tests.test_decentralized_jobs import _worker_of
 from tests.test_jobs import _pids_of
 from tests.waiting import wait_for
@@ -105,9 +105,9 @@ def test_a_job_killed_more_than_max_failures_times_gives_up(platform, tenant):
 
 
 def test_a_bad_dataset_fails_the_job_at_once(platform, tenant):
-    data = platform.data_dir / "checkpoints" / "too-short"
-    data.mkdir()
+    data = platform.tenant_dir("acme", "too-short")
     (data / "a.txt").write_text("too short")
+    readable(data)
     handle = tenant.submit(Job(name="bad-data", steps=20, dataset=data.as_uri(), **SMALL))
     status = handle.wait()
     assert status.state == "FAILED"

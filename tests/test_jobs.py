@@ -13,6 +13,7 @@ import torch
 from cantata.sdk import errors
 from cantata.sdk.client import Client
 from cantata.sdk.job import Job
+from tests.platform import readable
 from tests.waiting import wait_for
 
 QUICK = dict(model="gpt-tiny", steps=60, eval_every=30, checkpoint_every=30, batch_size=8, seq_len=32)
@@ -156,9 +157,9 @@ def test_a_crashing_worker_fails_the_job_with_its_reason(tenant, platform):
 
 
 def test_worker_error_is_reported_as_the_failure_reason(tenant, platform):
-    tiny = platform.data_dir / "checkpoints" / "tiny-data"
-    tiny.mkdir()
+    tiny = platform.tenant_dir("acme", "tiny-data")
     (tiny / "a.txt").write_text("too short")
+    readable(tiny)
     status = tenant.submit(Job(name="bad-data", dataset=tiny.as_uri(), **QUICK)).wait()
     assert status.state == "FAILED"
     assert f"DataError: dataset {tiny.as_uri()}: rank 0's objects hold no training window" in status.reason
@@ -217,7 +218,8 @@ def test_server_side_validation_names_the_field(tenant, field, spec):
 def test_store_through_a_symlink_is_refused(tenant, platform, tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
-    link = platform.data_dir / "checkpoints" / "sneaky"
+    link = platform.data_dir / "checkpoints" / "acme" / "sneaky"  # in the tenant's own store folder
+    link.parent.mkdir(exist_ok=True)
     link.symlink_to(outside)
     with pytest.raises(errors.InvalidJob, match="symbolic link") as err:
         tenant.submit(Job(name="x", steps=10, checkpoint_store=(link / "sub").as_uri()))

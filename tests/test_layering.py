@@ -51,3 +51,18 @@ def test_the_data_package_exports_exactly_its_public_names():
     assert sorted(data._HOMES) == sorted(data.__all__)
     with pytest.raises(AttributeError, match="no attribute 'missing'"):
         _ = data.missing
+
+
+_SERVER_IMPORTS = """
+import json, sys
+import cantata.sdk.cli, cantata.server.app  # what `cantata server start` imports before it serves
+cantata.sdk.cli.build_parser()
+print(json.dumps(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))))
+"""
+
+
+def test_the_server_process_loads_no_torch():
+    """The control plane lists and streams checkpoints and plans attacks without torch (a worker's import)."""
+    result = subprocess.run([sys.executable, "-c", _SERVER_IMPORTS], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == []

@@ -8,6 +8,7 @@ deserialised as it went would already have loaded ``model``).
 from __future__ import annotations
 
 import io
+import json
 import logging
 import pickle
 from collections.abc import Callable
@@ -21,8 +22,10 @@ from cantata.security.sealed_checkpoint import (
     MANIFEST,
     CheckpointNotFoundError,
     InvalidCheckpointError,
+    ManifestError,
     MissingShardError,
     ShardMismatchError,
+    _parse_manifest,
     begin_checkpoint,
     commit_checkpoint,
     key_versions_in_use,
@@ -450,3 +453,22 @@ def test_s3_going_down_mid_upload(tmp_path: Path, keys: JobKeys, boto3_session) 
             save(FailingStore(store, budget=30_000, on_exhausted=lambda: stop_service(service)), keys, 200)
     finally:
         stop_service(service)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("step", 1.0), ("step", True), ("tenant", ["acme"]), ("plaintext_size", "10"), ("sealed_size", 10.0)],
+)
+def test_a_manifest_field_of_the_wrong_json_type_is_refused(field, value):
+    """A manifest equal in value but not in type (``1.0`` for ``1``) is not the manifest that was written."""
+    shard = {"name": "model", "kind": "bytes", "plaintext_size": 10, "sealed_size": 99, "sealed_digest": "ab"}
+    document = {"format": 1, "tenant": "acme", "job_id": "job-1", "step": 1, "created_at": "t", "shards": [shard]}
+    if field in shard:
+        shard[field] = value
+    else:
+        document[field] = value
+    with pytest.raises(ManifestError):
+        _parse_manifest(json.dumps(document).encode(), "acme", "job-1", 1)
+    shard.update(plaintext_size=10, sealed_size=99)
+    document.update(step=1, tenant="acme")
+    assert _parse_manifest(json.dumps(document).encode(), "acme", "job-1", 1).step == 1

@@ -364,3 +364,28 @@ def test_encryption_and_decryption_stream_in_bounded_memory(tmp_path) -> None:
     assert plaintext == total
     assert encrypt_growth_kib < 16 * 1024
     assert decrypt_growth_kib < 16 * 1024
+
+
+def _respelled_step(sealed: bytes, spelling: bytes) -> bytes:
+    """``sealed`` with its context's step field ``b"100"`` written as ``spelling`` (length prefixes adjusted)."""
+    old = b"".join(len(f).to_bytes(2, "big") + f for f in (b"acme", b"job-1", b"100", b"model"))
+    new = b"".join(len(f).to_bytes(2, "big") + f for f in (b"acme", b"job-1", spelling, b"model"))
+    at = sealed.index(len(old).to_bytes(2, "big") + old)
+    return sealed[:at] + len(new).to_bytes(2, "big") + new + sealed[at + 2 + len(old) :]
+
+
+# Spellings int() reads as 100: each would pass with the same key, binding and digest if parsed leniently.
+STEP_SPELLINGS = [b"0100", b"+100", b"1_00", b" 100", b"100\n", "١٠٠".encode(), "１００".encode(), b"00000000100"]
+
+
+@pytest.mark.parametrize("spelling", STEP_SPELLINGS, ids=repr)
+def test_a_respelled_header_step_is_refused(spelling: bytes) -> None:
+    """The digest pins every header byte: only the canonical ASCII decimal of the step is read."""
+    sealed = seal(PLAINTEXT)
+    respelled = _respelled_step(sealed, spelling)
+    assert respelled != sealed
+    with pytest.raises(MalformedHeaderError, match="canonical"):
+        StreamHeader.read(io.BytesIO(respelled))
+    with pytest.raises(MalformedHeaderError):
+        unseal(respelled)
+    assert unseal(_respelled_step(sealed, b"100")) == PLAINTEXT  # the helper changes nothing else

@@ -40,7 +40,7 @@ def broker(tmp_path: Path) -> SecretsBroker:
     sources = DataSourceStore(Database(tmp_path / "state.db"), keyring)
     spec = DataSourceSpec("corpus", "s3", CREDENTIALS.endpoint, dict(CREDENTIALS.secrets), bytes(range(32)))
     sources.register("acme", spec)
-    return SecretsBroker(keyring, sources, _Audit(), [tmp_path / "data"])
+    return SecretsBroker(keyring, sources, _Audit(), lambda tenant: [tmp_path / "data" / tenant])
 
 
 @pytest.fixture
@@ -78,7 +78,7 @@ def test_secrets_are_nested_objects_parsed_once_into_their_types(tmp_path, secre
     assert cfg.checkpoint_keys.tenant == "acme" and cfg.checkpoint_keys.job_id == "job-1"
     assert cfg.checkpoint_keys.current.secret
     access = cfg.dataset_access
-    assert access.roots == (tmp_path / "data",)
+    assert access.roots == (tmp_path / "data" / "acme",)  # the tenant's own folder of the root
     assert access.credentials == CREDENTIALS
     assert access.dataset_key == DatasetKey("acme", bytes(range(32)))
     assert (cfg.worker, cfg.workers, cfg.spec.algorithm, cfg.ca) == (1, 2, "allreduce", tmp_path / "ca.pem")

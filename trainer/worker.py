@@ -1,9 +1,15 @@
 """Worker process entry point: ``python -m cantata.trainer.worker --config FILE``.
 
 Exit codes: 0 finished or stopped on request, 1 failed (the reason is
-reported to the server first), 3 the server that started us is gone. A
-failure the job's own inputs cause (its data, its settings) is reported as
-permanent: restarting the job from its checkpoint would fail the same way.
+reported to the server first), 3 the server that started us is gone, 4 out
+of memory (past the limit the server set, reported as such). A failure the
+job's own inputs cause (its data, its settings, a batch that does not fit
+in its memory) is reported as permanent: restarting the job from its
+checkpoint would fail the same way.
+
+The process is forked from the zygote (:mod:`cantata.trainer.zygote`) into
+its sandbox; what it needs of the server's environment to reach the job's
+checkpoint store comes in its config file (``store_env``), not its environment.
 
 The heartbeat starts first; the training modules (and torch) load after it.
 """
@@ -12,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -29,6 +36,7 @@ from cantata.trainer.reporter import Endpoint, Reporter
 
 log = logging.getLogger("cantata.worker")
 EXIT_ORPHANED = 3
+EXIT_OUT_OF_MEMORY = 4
 # DataError is a ValueError; a missing bucket (a StoreConfigError) or refused credentials stay so until someone acts.
 PERMANENT = (ValueError, TypeError, LookupError, PermissionError, StoreConfigError, StorePermissionError)
 TRANSIENT = (DatasetUnavailableError,)
@@ -37,6 +45,11 @@ TRANSIENT = (DatasetUnavailableError,)
 def permanent(exc: BaseException) -> bool:
     """Whether ``exc`` would happen again on a restart: the job's inputs are at fault, not the moment."""
     return isinstance(exc, PERMANENT) and not isinstance(exc, TRANSIENT)
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocation refused at the worker's memory limit."""
+    return isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc))
 
 
 def watch_parent(interval: float = 0.5) -> None:
@@ -68,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--job", help="job id (shown in the process list)")
     args = parser.parse_args(argv)
+    os.environ.update(json.loads(args.config.read_text()).get("store_env", {}))
     endpoint = Endpoint.load(args.config)
     start_logging(endpoint)
     set_third_party_log_level()  # the server's setting, from the environment it passed on
@@ -122,6 +136,10 @@ def train_job(config: Path, reporter: Reporter, stop: threading.Event) -> int:
         return 0
     except Exception as exc:
         log.error("worker %d failed: %s: %s", cfg.worker, type(exc).__name__, exc, exc_info=exc)
+        if out_of_memory(exc):
+            with contextlib.suppress(Exception):
+                reporter.failed(f"out of memory: worker {cfg.worker} exceeded its memory limit ({exc})", permanent=True)
+            return EXIT_OUT_OF_MEMORY
         with contextlib.suppress(Exception):  # the server may be unreachable; the exit code still tells
             reporter.failed(f"{type(exc).__name__}: {exc}", permanent=permanent(exc))
         return 1

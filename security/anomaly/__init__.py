@@ -1,25 +1,76 @@
-"""Gradient-anomaly detection: screening, robust mixing, quarantine, attack policy."""
+"""Gradient-anomaly detection: screening, robust mixing, quarantine, attack policy.
 
-from .aggregators import CenteredClipping, WorkerMomentum, coordinate_median, krum_scores, multi_krum, trimmed_mean
-from .attack_policy import (
-    AttackConfig,
-    AttackKind,
-    AttackNotPermitted,
-    InvalidAttackConfig,
-    SpecOrigin,
-    parse_attack_config,
-)
-from .clipping import AdaptiveRadius, ClipRule, FixedRadius, clip, clipped_gossip
-from .quarantine import AnomalyEvent, AnomalyKind, Quarantine, QuarantinePolicy
-from .screening import (
-    CheckResult,
-    LayerLayout,
-    RobustWindow,
-    ScreeningConfig,
-    ScreeningResult,
-    UpdateScreener,
-    Verdict,
-)
+The names below are imported when first used (PEP 562), so that the control
+plane, which needs only the attack policy, never imports torch through here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .aggregators import CenteredClipping, WorkerMomentum, coordinate_median, krum_scores, multi_krum, trimmed_mean
+    from .attack_policy import (
+        AttackConfig,
+        AttackKind,
+        AttackNotPermitted,
+        InvalidAttackConfig,
+        SpecOrigin,
+        parse_attack_config,
+    )
+    from .clipping import AdaptiveRadius, ClipRule, FixedRadius, clip, clipped_gossip
+    from .quarantine import AnomalyEvent, AnomalyKind, Quarantine, QuarantinePolicy
+    from .screening import (
+        CheckResult,
+        LayerLayout,
+        RobustWindow,
+        ScreeningConfig,
+        ScreeningResult,
+        UpdateScreener,
+        Verdict,
+    )
+
+_EXPORTS = {
+    "CenteredClipping": "aggregators",
+    "WorkerMomentum": "aggregators",
+    "coordinate_median": "aggregators",
+    "krum_scores": "aggregators",
+    "multi_krum": "aggregators",
+    "trimmed_mean": "aggregators",
+    "AttackConfig": "attack_policy",
+    "AttackKind": "attack_policy",
+    "AttackNotPermitted": "attack_policy",
+    "InvalidAttackConfig": "attack_policy",
+    "SpecOrigin": "attack_policy",
+    "parse_attack_config": "attack_policy",
+    "AdaptiveRadius": "clipping",
+    "ClipRule": "clipping",
+    "FixedRadius": "clipping",
+    "clip": "clipping",
+    "clipped_gossip": "clipping",
+    "AnomalyEvent": "quarantine",
+    "AnomalyKind": "quarantine",
+    "Quarantine": "quarantine",
+    "QuarantinePolicy": "quarantine",
+    "CheckResult": "screening",
+    "LayerLayout": "screening",
+    "RobustWindow": "screening",
+    "ScreeningConfig": "screening",
+    "ScreeningResult": "screening",
+    "UpdateScreener": "screening",
+    "Verdict": "screening",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AdaptiveRadius",

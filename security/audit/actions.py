@@ -10,6 +10,7 @@ class Action(StrEnum):
 
     # tenancy and identity
     TENANCY_REQUESTED = "tenancy_requested"
+    TENANCY_EXPIRED = "tenancy_expired"  # a pending request nobody approved in time: its name is free again
     TENANT_APPROVED = "tenant_approved"
     TENANT_REJECTED = "tenant_rejected"
     TENANT_SUSPENDED = "tenant_suspended"

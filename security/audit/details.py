@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping
@@ -39,6 +40,7 @@ def _words(name: str) -> list[str]:
     return [w.lower() for w in _WORD.findall(name)]
 
 
+@functools.lru_cache(maxsize=4096)  # the same few field names come back in every record
 def _is_secret_name(name: str) -> bool:
     words = _words(name)
     if not words or words[-1] in _REFERENCE_WORDS:

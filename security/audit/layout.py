@@ -20,7 +20,7 @@ from .keys import KeyDirectory
 from .record import canonical, format_time, parse_time
 
 FORMAT = "cantata-audit/1"
-_SEGMENT_NAME = re.compile(r"segment-(\d{8})\.jsonl")
+_SEGMENT_NAME = re.compile(r"segment-([0-9]{8})\.jsonl")
 
 
 @dataclass(frozen=True)

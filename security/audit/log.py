@@ -2,7 +2,10 @@
 
 Durability: with ``Durability.EACH_RECORD`` (the default) every record is
 written with one ``write`` and ``fdatasync``ed before :meth:`AuditLog.append`
-returns, so an acknowledged record survives a crash. ``Durability.AT_CHECKPOINT``
+returns, so an acknowledged record survives a crash. Concurrent appends share
+syncs (group commit): each writes its records under the log's lock, then
+waits outside it until a sync that started after its write has finished; the
+first waiter runs that sync for all of them, while later appends keep writing. ``Durability.AT_CHECKPOINT``
 leaves records in the OS page cache until the next checkpoint (a crash can
 lose the unsigned tail); it exists for bulk loads and measurements.
 Checkpoints are fsynced after the records they cover, and are written on
@@ -18,7 +21,8 @@ other damage refuses the open.
 
 Fail closed: a write that fails (a full disk, an I/O error) is cut back to the
 file's last good size and raises :class:`AuditLogUnavailable`, so the caller
-does not act; :attr:`AuditLog.failure` says why until a write succeeds again,
+does not act; a sync that fails cuts the file back to what the last good sync
+covered, and every append whose records it cut raises; :attr:`AuditLog.failure` says why until a write succeeds again,
 which the next append (or :meth:`AuditLog.probe`) tries by itself.
 """
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import logging
 import os
@@ -47,7 +52,7 @@ from .details import screen_details
 from .errors import AuditLogBusy, AuditLogClosed, AuditLogCorrupt, AuditLogExists, AuditLogUnavailable
 from .fsutil import fsync_directory, write_all, write_atomically, write_new_file
 from .layout import AuditLayout, LogIdentity
-from .record import AuditRecord, body_hash, canonical, format_time, genesis_hash
+from .record import AuditRecord, encode_record, format_time, genesis_hash
 from .segments import LogLine, read_file, split_lines
 from .tail import check_tail
 
@@ -69,12 +74,17 @@ class AuditEntry:
     peer: str = ""
 
 
+@functools.lru_cache(maxsize=1024)  # a few dozen actions and outcomes, in every record
+def _is_word(text: str) -> bool:
+    return _WORD.fullmatch(text) is not None
+
+
 def _checked(entry: AuditEntry) -> AuditEntry:
     """``entry`` with its words as plain strings and its details screened; ``ValueError`` if a field is malformed."""
     if not isinstance(entry.actor, str) or not entry.actor:
         raise ValueError("an audit record needs a non-empty actor")
     for name, word in (("action", entry.action), ("outcome", entry.outcome)):
-        if not isinstance(word, str) or not _WORD.fullmatch(word):
+        if not isinstance(word, str) or not _is_word(word):
             raise ValueError(f"{name} must be a lowercase word like 'job_submitted', got {word!r}")
     for name, text in (("resource", entry.resource), ("tenant", entry.tenant), ("peer", entry.peer)):
         if not isinstance(text, str):
@@ -183,6 +193,12 @@ class AuditLog:
         self._broken: str | None = None  # a failed write could not be undone: refuse until reopened
         self._load_checkpoint_tail()
         self._load_segment_tail()
+        # Group commit: what the last good sync covered, the one sync running, and which appends a failed one cut.
+        self._sync_cv = threading.Condition(threading.Lock())  # taken after self._lock, never before it
+        self._syncing = False
+        self._durable_seq, self._durable_head, self._durable_size = self._seq, self._head, self._segment_size
+        self._generation = 0  # one more each time a failed sync cuts records back
+        self._cut_at: dict[int, int] = {}  # generation -> the durable seq it was cut back to
         self._checkpoint_fd = os.open(layout.checkpoints_path, os.O_WRONLY | os.O_APPEND)
         self._segment_fd = os.open(
             layout.segment_path(self._segment_number), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600
@@ -192,6 +208,7 @@ class AuditLog:
             self._checkpoint_locked()
             for details in self._recovered:
                 self._append_locked([_checked(AuditEntry(SYSTEM_ACTOR, Action.AUDIT_LOG_RECOVERED, details=details))])
+                self._sync_locked()
         except BaseException:
             os.close(self._segment_fd)
             os.close(self._checkpoint_fd)
@@ -292,7 +309,11 @@ class AuditLog:
         fields = [_checked(entry) for entry in entries]
         with self._lock:
             self._check_open()
-            return self._append_locked(fields)
+            records = self._append_locked(fields)
+            generation = self._generation
+        if self._durability is Durability.EACH_RECORD and records:
+            self._await_durable(records[-1].seq, generation)
+        return records
 
     def checkpoint(self) -> None:
         """Sign a checkpoint now, covering every record appended so far."""
@@ -318,7 +339,7 @@ class AuditLog:
             rotated = {"old_key_id": old_id, "new_key_id": new_id}
             entry = AuditEntry(actor, Action.AUDIT_KEY_ROTATED, resource=f"audit-key:{new_id}", details=rotated)
             self._append_locked([_checked(entry)])
-            self._checkpoint_locked()
+            self._checkpoint_locked()  # syncs the record first
             return new_id
 
     def close(self) -> None:
@@ -376,13 +397,16 @@ class AuditLog:
         self._failure = None
 
     def _append_locked(self, entries: list[AuditEntry]) -> list[AuditRecord]:
+        """Write the records (not yet synced: see :meth:`_await_durable` and :meth:`_sync_locked`)."""
         now = datetime.now(UTC)
+        moment = format_time(now)
         seq, head = self._seq, self._head
         lines, records = [], []
         for entry in entries:
+            details = entry.details or {}
             body = {
                 "seq": seq + 1,
-                "time": format_time(now),
+                "time": moment,
                 "log": self.identity.log_id,
                 "actor": entry.actor,
                 "action": entry.action,
@@ -390,11 +414,11 @@ class AuditLog:
                 "tenant": entry.tenant,
                 "outcome": entry.outcome,
                 "peer": entry.peer,
-                "details": entry.details or {},
+                "details": details,
                 "prev": head,
             }
-            chain_hash = body_hash(body)
-            lines.append(canonical({**body, "hash": chain_hash}) + b"\n")
+            line, chain_hash = encode_record(body)
+            lines.append(line)
             records.append(
                 AuditRecord(
                     seq=seq + 1,
@@ -406,7 +430,7 @@ class AuditLog:
                     tenant=entry.tenant,
                     outcome=entry.outcome,
                     peer=entry.peer,
-                    details=entry.details or {},
+                    details=details,
                     prev=head,
                     hash=chain_hash,
                 )
@@ -417,8 +441,7 @@ class AuditLog:
             self._checkpoint_locked()  # the one due failed: keep the promise before writing more
         if self._segment_size and self._segment_size + len(data) > self._segment_max_bytes:
             self._start_segment(self._segment_number + 1)
-        sync = os.fdatasync if self._durability is Durability.EACH_RECORD else None
-        self._write(self._segment_fd, self._segment_size, data, sync)
+        self._write(self._segment_fd, self._segment_size, data, None)
         self._seq, self._head = seq, head
         self._segment_size += len(data)
         if self._first_unsigned_at is None:
@@ -429,9 +452,93 @@ class AuditLog:
         ):
             try:
                 self._checkpoint_locked()
-            except AuditLogUnavailable:  # the record is durable; the next append signs first
+            except AuditLogUnavailable:  # the next append signs first; this one's sync decides its fate
                 _log.warning("audit checkpoint failed after record %d: %s", self._seq, self._failure)
         return records
+
+    def _await_durable(self, seq: int, generation: int) -> None:
+        """Return once record ``seq`` (written in ``generation``) is synced; raise if a failed sync cut it.
+
+        The first caller that finds no sync running runs one for everything written so far, outside the
+        log's lock; the others wait for it, and one of them starts the next for what was written meanwhile.
+        """
+        while True:
+            with self._sync_cv:
+                while True:
+                    if generation != self._generation and seq > self._cut_at[generation]:
+                        raise AuditLogUnavailable(self.failure or "the audit log cannot be written")
+                    if self._durable_seq >= seq:
+                        return
+                    if not self._syncing:
+                        self._syncing = True
+                        break
+                    self._sync_cv.wait()
+            try:
+                self._lead_sync()
+            finally:
+                with self._sync_cv:
+                    self._syncing = False
+                    self._sync_cv.notify_all()
+
+    def _lead_sync(self) -> None:
+        """One ``fdatasync`` of the segment for every record written before it started."""
+        with self._lock:
+            if self._closed or self._broken is not None:  # the close's final sync, if it worked, covered them
+                with self._sync_cv:
+                    if self._durable_seq >= self._seq:
+                        return
+                raise AuditLogUnavailable(self._broken or f"the audit log at {self.layout.root} was closed unsynced")
+            target = (self._seq, self._head, self._segment_size, self._segment_number, self._generation)
+            fd = os.dup(self._segment_fd)  # a segment rotation may close the original meanwhile
+        try:
+            os.fdatasync(fd)
+        except OSError as exc:
+            with self._lock:
+                self._cut_back(exc, target[4])
+            return
+        finally:
+            os.close(fd)
+        self._mark_durable(*target)
+
+    def _mark_durable(self, seq: int, head: str, size: int, segment: int, generation: int) -> None:
+        with self._sync_cv:
+            if generation == self._generation and seq > self._durable_seq:
+                self._durable_seq, self._durable_head = seq, head
+                if segment == self._segment_number:
+                    self._durable_size = size
+            self._sync_cv.notify_all()
+
+    def _sync_locked(self) -> None:
+        """Sync every record written so far, under the log's lock (checkpoints, key rotation, rotation)."""
+        if self._durability is not Durability.EACH_RECORD:
+            return
+        with self._sync_cv:
+            if self._durable_seq >= self._seq:
+                return
+            generation = self._generation
+        try:
+            os.fdatasync(self._segment_fd)
+        except OSError as exc:
+            self._cut_back(exc, generation)
+            raise AuditLogUnavailable(self.failure) from exc
+        self._mark_durable(self._seq, self._head, self._segment_size, self._segment_number, generation)
+
+    def _cut_back(self, exc: OSError, generation: int) -> None:
+        """A sync failed: cut the segment back to what the last good sync covered (callers hold ``_lock``)."""
+        with self._sync_cv:
+            if generation != self._generation:
+                return  # another failure cut it back already
+            self._failure = f"the audit log cannot be synced: {exc.strerror or exc}"
+            try:
+                os.ftruncate(self._segment_fd, self._durable_size)
+                os.fsync(self._segment_fd)
+            except OSError as undo:
+                self._broken = f"{self._failure}; the failed sync could not be undone ({undo.strerror or undo})"
+            _log.error("audit log at %s: %s", self.layout.root, self.failure)
+            self._cut_at[self._generation] = self._durable_seq
+            self._generation += 1
+            self._seq, self._head, self._segment_size = self._durable_seq, self._durable_head, self._durable_size
+            self._sync_cv.notify_all()
 
     def _start_segment(self, number: int) -> None:
         if self._broken is not None:
@@ -450,6 +557,9 @@ class AuditLog:
             raise AuditLogUnavailable(self._failure) from exc
         os.close(self._segment_fd)
         self._segment_fd = fd
+        with self._sync_cv:  # the fsync above made every record so far durable
+            self._durable_seq, self._durable_head, self._durable_size = self._seq, self._head, 0
+            self._sync_cv.notify_all()
         self._segment_number, self._segment_size = number, 0
 
     def _checkpoint_locked(self, next_key: Ed25519PublicKey | None = None) -> None:
@@ -459,6 +569,8 @@ class AuditLog:
             except OSError as exc:
                 self._failure = f"the audit log cannot be written: {exc.strerror or exc}"
                 raise AuditLogUnavailable(self._failure) from exc
+        else:
+            self._sync_locked()  # a checkpoint covers only records on disk
         checkpoint = Checkpoint.sign(
             self._private_key,
             index=self._checkpoint_index + 1,

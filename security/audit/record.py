@@ -35,6 +35,20 @@ def body_hash(body: Mapping[str, object]) -> str:
     return hashlib.sha256(LEAF_PREFIX + canonical(body)).hexdigest()
 
 
+def encode_record(body: Mapping[str, object]) -> tuple[bytes, str]:
+    """A record's stored line (newline included) and chain hash, from its body, encoding it once.
+
+    The same bytes as ``canonical({**body, "hash": body_hash(body)})``: in
+    sorted order ``hash`` comes right before the top-level ``log``, whose
+    ``,"log":`` is the rightmost in the line (only scalars follow ``details``,
+    and quotes inside strings are escaped).
+    """
+    encoded = canonical(body)
+    chain_hash = hashlib.sha256(LEAF_PREFIX + encoded).hexdigest()
+    cut = encoded.rindex(b',"log":')
+    return encoded[:cut] + b',"hash":"' + chain_hash.encode() + b'"' + encoded[cut:] + b"\n", chain_hash
+
+
 def canonical_line_hash(line: bytes, stored_hash: str) -> str:
     """The chain hash of a record from its canonical stored line (without the newline).
 
@@ -55,7 +69,7 @@ def genesis_hash(log_id: str) -> str:
 
 def format_time(moment: datetime) -> str:
     """UTC time with microseconds, as stored: ``2026-12-02T12:58:24.123456Z``."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return moment.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 def parse_time(text: str) -> datetime:

@@ -293,6 +293,30 @@ def _check_anchor(anchored: Iterable[bytes], scan: _CheckpointScan, identity: Lo
         scan.anchored.append(checkpoint)
 
 
+def _identity_problems(layout: AuditLayout, identity: LogIdentity, valid: list[Checkpoint]) -> list[Finding]:
+    """``log.json`` against the signed genesis checkpoint, which states its every field (log id, root key, time).
+
+    So the identity needs no signature of its own: a changed byte of it either
+    no longer matches what checkpoint 0 signed, or is not in canonical form.
+    """
+    name = layout.identity_path.name
+    if layout.identity_path.read_bytes() != identity.to_bytes():
+        return [Finding(None, BreakKind.MODIFIED, f"{name} is not in canonical form (changed by hand?)")]
+    genesis = next((checkpoint for checkpoint in valid if checkpoint.index == 0), None)
+    if genesis is None:
+        return []  # the checkpoint scan already reports a missing or invalid genesis checkpoint
+    if (genesis.time, genesis.key_id) != (identity.created, identity.root_key_id):
+        return [
+            Finding(
+                None,
+                BreakKind.MODIFIED,
+                f"{name} states root key {identity.root_key_id} created {identity.created.isoformat()}, but the "
+                f"signed genesis checkpoint states key {genesis.key_id} at {genesis.time.isoformat()}",
+            )
+        ]
+    return []
+
+
 def _checkpoint_problem(
     checkpoint: Checkpoint,
     identity: LogIdentity,
@@ -508,6 +532,7 @@ def verify(
         roots = {key_id(public_key): public_key for public_key in public_keys.values()}
     scan = _scan_checkpoints(layout, identity, roots)
     _check_anchor(anchored, scan, identity)
+    scan.findings.extend(_identity_problems(layout, identity, scan.valid))
     evidence = scan.valid + scan.anchored
     signed = {checkpoint.seq: checkpoint.hash for checkpoint in evidence if checkpoint.seq > 0}
     walk = _ChainWalk(identity, signed, _segment_starts(layout))

@@ -160,6 +160,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
 
     def RevokeCertificate(self, request, context):
         with self._store.database.transaction():  # revoked only once its record is durable
+            renewals = self._store.renewals_of(request.serial)  # revoked with it
             principal = self._store.revoke_certificate(request.serial)
             tenant = principal.rsplit("/", 1)[-1] if "/tenant/" in principal else ""
             self._audit(
@@ -167,7 +168,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                 Action.CERTIFICATE_REVOKED,
                 resource=request.serial,
                 tenant=tenant,
-                details={"principal": principal, "reason": request.reason},
+                details={"principal": principal, "reason": request.reason, "renewals_revoked": renewals},
                 peer=context.peer(),
             )
         return admin_pb2.RevokeCertificateReply(serial=request.serial.lower(), principal=principal)

@@ -13,7 +13,7 @@ from cantata.security.audit import Action
 from cantata.security.keys import KeyProvider
 from cantata.security.sealed_checkpoint import IntegrityError, list_checkpoints, read_shard
 from cantata.server.auth import caller
-from cantata.server.errors import DataLoss, Unavailable
+from cantata.server.errors import DataLoss, InvalidRequest, Unavailable
 from cantata.server.store import JobRecord, NotFound, Store
 from cantata.storage import StoreError, StoreNotFound, StorePermissionError, open_store
 
@@ -51,6 +51,8 @@ class CheckpointsService(checkpoints_pb2_grpc.CheckpointsServicer):
         return reply
 
     def DownloadCheckpoint(self, request, context):
+        if request.step < 0:
+            raise InvalidRequest(f"step must be >= 0, not {request.step}", field="step")
         job = self._scoped(context, request.job_id)
         info = next((c for c in self._list(job) if c.step == request.step), None)
         shard = next((s for s in info.shards if s.name == MODEL_SHARD), None) if info else None

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,13 +11,15 @@ from cantata.proto.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
 from cantata.proto.vocabulary import REQUEST_ID_RULE, valid_request_id
 from cantata.security.audit import Action
 from cantata.server.auth import caller
+from cantata.server.broadcast import EventBroadcast
 from cantata.server.datasource_store import DataSourceNotFound
+from cantata.server.errors import InvalidRequest
 from cantata.server.jobspec import InvalidField, dataset_source, parse_job_spec, processes
 from cantata.server.lifecycle import JobLifecycle
 from cantata.server.ports import AuditSink, DataSourceDirectory
 from cantata.server.store import JobRecord, Store
 
-WATCH_POLL = 1.0  # seconds between checks that a watcher is still connected
+LOG_POLL = 0.5  # seconds between looks at a followed job's log files
 
 
 def submitted_digest(spec: common_pb2.JobSpec) -> str:
@@ -54,16 +56,18 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         store: Store,
         lifecycle: JobLifecycle,
         log_path: Callable[[str, int], Path],
-        spec_defaults: dict,
+        spec_defaults: Callable[[str], dict],
         audit: AuditSink,
         data_sources: DataSourceDirectory,
+        broadcast: EventBroadcast,
     ):
         self._store = store
         self._lifecycle = lifecycle
         self._log_path = log_path
-        self._spec_defaults = spec_defaults
+        self._spec_defaults = spec_defaults  # tenant -> parse_job_spec's keyword arguments
         self._audit = audit.append
         self._data_source_exists = data_sources.exists
+        self._broadcast = broadcast
 
     def _job(self, context, job_id: str) -> JobRecord:
         """The caller's job; anyone else's is indistinguishable from a missing one."""
@@ -74,7 +78,7 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         if not valid_request_id(request.request_id):
             raise InvalidField("request_id", REQUEST_ID_RULE)
         digest = submitted_digest(request.spec)
-        spec = parse_job_spec(request.spec, **self._spec_defaults)
+        spec = parse_job_spec(request.spec, **self._spec_defaults(tenant_name))
         source = dataset_source(spec.dataset)
         if source and not self._data_source_exists(tenant_name, source):
             raise DataSourceNotFound(f"dataset: data source {source!r} not found")
@@ -100,6 +104,8 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         return job_info(self._job(context, request.job_id))
 
     def ListJobs(self, request, context):
+        """A page of the caller's jobs: ``page_size`` 0 takes 100, more than 1,000 takes 1,000, below 0 is refused."""
+        _at_least_zero(request.page_size, "page_size")
         size = min(request.page_size or 100, 1000)
         if request.page_token:
             self._job(context, request.page_token)
@@ -117,38 +123,83 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         self._lifecycle.resume_requested(job, actor=caller(context).uri, peer=context.peer())
         return job_info(self._store.job(job.id))
 
-    def WatchJob(self, request, context):
-        """Events after the cursor, to the job's end; an earlier end that a resume followed is not the end."""
-        job = self._job(context, request.job_id)
-        context.send_initial_metadata(())  # the stream is open: a client resuming it knows before any event
-        cursor = max(0, request.cursor)
-        while context.is_active():
-            for event in self._store.events_after(job.id, cursor, wait=WATCH_POLL):
-                if event.terminal and self._store.resumed_after(job.id, event.seq):
-                    event.terminal = False
-                yield event
-                cursor = event.seq
-                if event.terminal:
-                    return
+    async def WatchJob(self, request, context):
+        """Events after the cursor, to the job's end; an earlier end that a resume followed is not the end.
 
-    def ReadLogs(self, request, context):
+        What the store holds first, then what the broadcast pushes: the watcher waits on the event loop and
+        holds no thread while nothing happens.
+        """
+        _at_least_zero(request.cursor, "cursor")
+        job = await asyncio.to_thread(self._job, context, request.job_id)
+        await context.send_initial_metadata(())  # the stream is open: a client resuming it knows before any event
+        cursor = request.cursor
+        with self._broadcast.subscribe(job.id) as live:  # before reading the store, so nothing falls between
+            catching_up = True
+            while True:
+                from_store = catching_up
+                if catching_up:
+                    events = await asyncio.to_thread(self._store.events_after, job.id, cursor)
+                    catching_up = bool(events)
+                else:
+                    events = await live.next_batch()
+                    if live.overflowed:  # it fell too far behind: read the store again from the cursor
+                        live.overflowed, catching_up = False, True
+                        continue
+                for index, event in enumerate(events):
+                    if event.seq <= cursor:
+                        continue
+                    if (
+                        event.terminal
+                        and (
+                            await asyncio.to_thread(self._store.resumed_after, job.id, event.seq)
+                            if from_store  # a pushed end was the latest when it was pushed, unless its batch says not
+                            else any(later.kind == jobs_pb2.STATE for later in events[index + 1 :])
+                        )
+                    ):
+                        event = _not_terminal(event)
+                    yield event
+                    cursor = event.seq
+                    if event.terminal:
+                        return
+
+    async def ReadLogs(self, request, context):
         """Worker logs in worker order; with ``follow``, new lines as they are written, to the job's end.
 
         Whether the job has ended is read before the logs are: the last pass after its end sends its last lines.
         """
-        job = self._job(context, request.job_id)
+        _at_least_zero(request.offset, "offset")
+        job = await asyncio.to_thread(self._job, context, request.job_id)
         read = [0] * processes(job.spec)  # lines already sent, per worker process
-        sent, skip = 0, max(0, request.offset)
-        while context.is_active():
-            ended = not request.follow or self._store.job(job.id).terminal
-            for worker in range(processes(job.spec)):
-                path: Path = self._log_path(job.id, worker)
-                lines = _complete_lines(path) if path.exists() else []
-                for line in lines[read[worker] :]:
-                    sent += 1
-                    if sent > skip:
-                        yield jobs_pb2.LogLine(offset=sent, worker=worker, line=line)
-                read[worker] = len(lines)
+        sent, skip = 0, request.offset
+        while True:
+            ended = not request.follow or (await asyncio.to_thread(self._store.job, job.id)).terminal
+            for worker, line in await asyncio.to_thread(self._new_lines, job.id, read):
+                sent += 1
+                if sent > skip:
+                    yield jobs_pb2.LogLine(offset=sent, worker=worker, line=line)
             if ended:
                 return
-            time.sleep(0.5)
+            await asyncio.sleep(LOG_POLL)
+
+    def _new_lines(self, job_id: str, read: list[int]) -> list[tuple[int, str]]:
+        """Lines the workers wrote since ``read`` (lines already sent, per worker; advanced here)."""
+        new: list[tuple[int, str]] = []
+        for worker in range(len(read)):
+            path: Path = self._log_path(job_id, worker)
+            lines = _complete_lines(path) if path.exists() else []
+            new.extend((worker, line) for line in lines[read[worker] :])
+            read[worker] = len(lines)
+        return new
+
+
+def _not_terminal(event: jobs_pb2.JobEvent) -> jobs_pb2.JobEvent:
+    """A copy of ``event`` that is not the end (a resume followed it); the broadcast's event is shared."""
+    copy = jobs_pb2.JobEvent()
+    copy.CopyFrom(event)
+    copy.terminal = False
+    return copy
+
+
+def _at_least_zero(value: int, field: str) -> None:
+    if value < 0:
+        raise InvalidRequest(f"{field} must be >= 0, not {value}", field=field)

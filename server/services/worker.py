@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 from cantata.proto.v1 import common_pb2, jobs_pb2, worker_pb2, worker_pb2_grpc
 from cantata.security.audit import Action, Outcome
 from cantata.security.pki import Principal
 from cantata.server.auth import caller
 from cantata.server.errors import InvalidRequest, Refused
+from cantata.server.groups import processes
 from cantata.server.heartbeats import Heartbeats
 from cantata.server.lifecycle import JobLifecycle
 from cantata.server.ports import AuditSink
@@ -44,6 +47,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._heartbeats.seen(me.name, request.worker)  # any report is a sign of life
         job = self._store.job(me.name)
         kind = request.WhichOneof("payload")
+        _check_ranges(request, processes(job.spec))
         event = None
         if kind == "heartbeat":
             pass
@@ -87,7 +91,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         elif kind == "anomaly":
             event = self._anomaly(me, job, request.worker, request.anomaly)
         elif kind == "refused":
-            event = self._gossip_refused(me, job, request.refused)
+            event = self._gossip_refused(me, job, request.refused, context.peer())
         else:
             raise InvalidRequest("empty report", field="payload")
         if event is not None:
@@ -108,17 +112,27 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             peers=peers, round=self._store.latest_round(me.name), rounds=self._store.rounds(me.name)
         )
 
-    def _gossip_refused(self, me, job, r) -> jobs_pb2.JobEvent:
-        """A caller this job's gossip endpoint refused: audited as a denial, shown to the tenant as an event."""
+    def _gossip_refused(self, me, job, r, peer: str) -> jobs_pb2.JobEvent:
+        """A caller this job's gossip endpoint refused: audited as a denial, shown to the tenant as an event.
+
+        The record's actor and peer are the reporting worker's, from its verified certificate and its
+        connection; what the worker says about the refused caller is only a claim, kept in ``details``.
+        """
         principal = r.principal[:300] or "unauthenticated"
         self._audit(
-            principal,
+            me.uri,
             Action.AUTHZ_DENIED,
             resource=job.id,
             tenant=job.tenant,
             outcome=Outcome.DENIED,
-            details={"service": "gossip", "reported_by": me.uri, "reason": r.reason[:500]},
-            peer=r.address[:200],
+            details={
+                "service": "gossip",
+                "reported": True,
+                "reported_principal": principal,
+                "reported_address": r.address[:200],
+                "reason": r.reason[:500],
+            },
+            peer=peer,
         )
         return jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, message=f"gossip endpoint refused {principal}")
 
@@ -132,7 +146,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             AnomalyRecord(job.id, reporter, a.peer, a.round, a.check, a.verdict, a.score, a.quarantined, utcnow())
         )
         peer = Principal.worker(job.id, a.peer)
-        details = {"peer": peer.uri, "round": a.round, "check": a.check, "verdict": a.verdict, "score": a.score}
+        score = a.score if math.isfinite(a.score) else str(a.score)  # the log holds JSON numbers only: "nan", "inf"
+        details = {"peer": peer.uri, "round": a.round, "check": a.check, "verdict": a.verdict, "score": score}
         self._audit(me.uri, Action.GRADIENT_ANOMALY_DETECTED, resource=job.id, tenant=job.tenant, details=details)
         text = f"worker {reporter} {a.verdict}ed the update of worker {a.peer} in round {a.round} ({a.check})"
         if a.quarantined:
@@ -150,3 +165,21 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                         details={"principal": peer.uri, "reason": "quarantined for gradient anomalies"},
                     )
         return jobs_pb2.JobEvent(kind=jobs_pb2.ANOMALY, step=a.round, message=text)
+
+
+def _check_ranges(report: worker_pb2.WorkerReport, processes: int) -> None:
+    """Refuse a report whose steps, rounds, sizes or worker indices are out of range (``InvalidRequest``)."""
+    kind = report.WhichOneof("payload")
+    body = getattr(report, kind) if kind else None
+    counts = {f: getattr(body, f) for f in ("step", "round", "size_bytes") if kind and hasattr(body, f)}
+    for name, value in counts.items():
+        if isinstance(value, int) and value < 0:
+            raise InvalidRequest(f"{kind}.{name} must be >= 0, not {value}", field=f"{kind}.{name}")
+    workers = list(report.round.peers) + list(report.round.skipped) if kind == "round" else []
+    workers += [report.anomaly.peer] if kind == "anomaly" else []
+    if any(not 0 <= w < processes for w in workers):
+        raise InvalidRequest(f"{kind}: a worker index is outside 0..{processes - 1}", field=kind)
+    if kind == "anomaly" and math.isnan(report.anomaly.score):
+        raise InvalidRequest("anomaly.score must be a number", field="anomaly.score")
+    if kind == "round" and not (math.isfinite(report.round.seconds) and report.round.seconds >= 0):
+        raise InvalidRequest("round.seconds must be a finite duration", field="round.seconds")

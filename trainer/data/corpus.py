@@ -8,6 +8,7 @@ split never depends on file order. Tenant datasets stream through
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import sysconfig
 from dataclasses import dataclass
@@ -31,8 +32,12 @@ def _is_validation(relative: str) -> bool:
     return int(hashlib.sha256(relative.encode()).hexdigest(), 16) % 100 < VALIDATION_PERCENT
 
 
+@functools.cache
 def load_builtin_corpus() -> TextCorpus:
-    """The standard library's sources (without site-packages), up to ``MAX_BYTES``."""
+    """The standard library's sources (without site-packages), up to ``MAX_BYTES``; read once a process.
+
+    The worker zygote reads it before it forks (:mod:`cantata.trainer.zygote`): its workers share it.
+    """
     root = Path(sysconfig.get_paths()["stdlib"])
     train, val, size = bytearray(), bytearray(), 0
     for path in sorted(p for p in root.rglob("*.py") if p.is_file() and not p.is_symlink()):

@@ -1,0 +1,92 @@
+"""Placement from the queue's heads: fair across tenants, and only when something changed. A real store,
+fakes for the audit log and the processes (no workers start here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from cantata.proto.v1 import common_pb2 as pb
+from cantata.server.heartbeats import Heartbeats
+from cantata.server.lifecycle import JobLifecycle
+from cantata.server.restarts import RestartPolicy
+from cantata.server.scheduler import Scheduler
+from cantata.server.store import JobRecord, Store
+from tests.test_resume_lifecycle import Audit, Workers
+
+
+@dataclass
+class Launcher:
+    """The launcher as the scheduler sees it: each launched job holds one slot until ended here."""
+
+    launched: list[str] = field(default_factory=list)
+
+    def poll(self) -> list:
+        return []
+
+    def finished_jobs(self) -> list[str]:
+        return []
+
+    def running_workers(self) -> int:
+        return len(self.launched)
+
+    def is_running(self, job_id: str) -> bool:
+        return False
+
+    def live_workers(self) -> list[tuple[str, int, float]]:
+        return []
+
+    def launch(self, job: JobRecord, *, attack: dict | None = None) -> dict[int, int]:
+        self.launched.append(job.id)
+        return {0: 100 + len(self.launched)}
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    store = Store(tmp_path / "state.db")
+    for tenant in ("busy", "small"):
+        store.add_tenancy_request(tenant, b"csr", f"sha256:{tenant}")
+        store.approve_tenant(tenant, f"sha256:{tenant}", b"cert", pb.Quota(max_concurrent_jobs=100), "root")
+    yield store
+    store.close()
+
+
+def _submit(store: Store, tenant: str, n: int) -> list[str]:
+    spec = pb.JobSpec(name="j", workers=1, ranks_per_worker=1, steps=10, batch_size=4, seq_len=16)
+    return [store.submit_job(store.tenant(tenant), f"{tenant}-{i}", spec)[0].id for i in range(n)]
+
+
+def _scheduler(store: Store, slots: int) -> tuple[Scheduler, Launcher]:
+    launcher = Launcher()
+    lifecycle = JobLifecycle(store, Audit(), Workers(), restarts=RestartPolicy(0, 0.0, 0.0))  # type: ignore[arg-type]
+    scheduler = Scheduler(store, launcher, lifecycle, Heartbeats(60), slots=slots)  # type: ignore[arg-type]
+    store.on_queue_change = scheduler.wake
+    return scheduler, launcher
+
+
+def test_a_tenant_with_many_queued_jobs_does_not_starve_one_with_a_single_job(store):
+    busy = _submit(store, "busy", 50)
+    (small,) = _submit(store, "small", 1)  # queued after all of busy's
+    scheduler, launcher = _scheduler(store, slots=3)
+    scheduler.tick()
+    assert launcher.launched == [busy[0], small, busy[1]]  # oldest first; then the tenant with fewer running
+    assert store.job(small).state == pb.STARTING
+
+
+def test_placement_runs_on_a_change_and_not_on_every_tick(store):
+    scheduler, launcher = _scheduler(store, slots=2)
+    scheduler.tick()  # nothing queued: the first pass finds nothing
+    (first,) = _submit(store, "busy", 1)  # queueing wakes the scheduler
+    scheduler.tick()
+    assert launcher.launched == [first]
+    queued_quietly = store.queue_head
+    looks: list[int] = []
+    store.queue_head = lambda: looks.append(1) or queued_quietly()  # type: ignore[method-assign]
+    for _ in range(5):
+        scheduler.tick()
+    assert looks == []  # an idle tick does not look at the queue at all
+    (second,) = _submit(store, "small", 1)
+    scheduler.tick()
+    assert launcher.launched == [first, second] and len(looks) >= 1

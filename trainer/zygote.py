@@ -1,0 +1,143 @@
+"""The zygote: the process every worker is forked from (the server's end is :mod:`cantata.server.zygote`).
+
+The server starts ``python -m cantata.trainer.zygote [--warm]`` once, with the
+allow-listed environment (:func:`cantata.server.sandbox.base_environment`), as
+a plain ``fork``+``exec`` (safe from the server's threads). With ``--warm`` the
+zygote imports torch and the training modules, and builds one throwaway AdamW
+(which lazily imports ``torch._dynamo``), before it serves; it never starts a
+thread, and it refuses to fork if one exists. For each request (a JSON line
+on its stdin) it forks a child that (after :func:`preload`, a no-op when warm) enters the sandbox
+(:func:`cantata.server.sandbox.enter`: session, descriptors, user, directory,
+environment), sets its process title to the worker command line, caps its
+memory and runs the request's entry point (:func:`cantata.trainer.worker.main`). The zygote answers with
+the child's pid, reaps its children and reports each exit status (a JSON line
+on its stdout). It exits when its stdin closes: when the server is gone; its
+workers then see their parent change and stop (``watch_parent``).
+
+Without ``--warm`` (``warm_workers: false``) every child imports what it needs
+itself, as a freshly started interpreter would: the baseline of
+``benchmarks/bench_worker_start.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import select
+import signal
+import sys
+import traceback
+from pathlib import Path
+
+from cantata.security.process_sandbox import SpawnRequest, enter, limit_memory
+
+
+def preload() -> None:
+    """Import what a worker trains with, including what building AdamW imports lazily, and read the built-in corpus.
+
+    The corpus is read here, as the zygote's user: a worker's uid may not be able to reach
+    the interpreter's standard library (under ``/root`` on some machines).
+    """
+    import torch
+
+    import cantata.trainer.decentralized
+    import cantata.trainer.loop  # noqa: F401
+    from cantata.trainer.data.corpus import load_builtin_corpus
+
+    torch.set_num_threads(1)  # no OpenMP pool in the zygote: each worker sets its own size (cfg.threads)
+    torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
+    load_builtin_corpus()
+
+
+def threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _child(request: SpawnRequest) -> None:
+    code = 1
+    try:
+        from setproctitle import setproctitle
+
+        setproctitle(request.title)
+        preload()  # a no-op in a warm zygote; else the platform's own imports, before any job input is read
+        enter(request)
+        limit_memory(request.memory_bytes)
+        module, _, function = request.entry.partition(":")
+        code = getattr(importlib.import_module(module), function)(request.argv)
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _send(message: dict) -> None:
+    os.write(1, (json.dumps(message) + "\n").encode())
+
+
+def _spawn(line: bytes) -> None:
+    tag = None
+    try:
+        raw = json.loads(line)
+        tag = raw.pop("tag")
+        request = SpawnRequest(**raw)
+        if threads() != 1:
+            raise RuntimeError(f"the zygote has {threads()} threads: forking it is unsafe")
+    except Exception as error:
+        _send({"tag": tag, "error": f"{type(error).__name__}: {error}"})
+        return
+    pid = os.fork()
+    if pid == 0:
+        _child(request)
+    _send({"tag": tag, "pid": pid})
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _send({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def serve(*, warm: bool, poll_s: float = 0.05) -> None:
+    """Answer spawn requests on stdin until it closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if warm:
+        preload()
+    _send({"ready": True, "threads": threads()})
+    pending = b""
+    while True:
+        readable, _, _ = select.select([0], [], [], poll_s)
+        if readable:
+            chunk = os.read(0, 1 << 16)
+            if not chunk:
+                return
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    _spawn(line)
+        _reap()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Cantata worker zygote (started by the server)")
+    parser.add_argument("--warm", action="store_true", help="import torch and the training modules first")
+    args = parser.parse_args(argv)
+    os.chdir(Path("/"))
+    serve(warm=args.warm)
+
+
+if __name__ == "__main__":
+    main()
