@@ -33,10 +33,12 @@ from cantata.server.auth import AuthInterceptor, Gatekeeper, request_id
 from cantata.server.config import DataDir, ServerSettings
 from cantata.server.database import Database
 from cantata.server.datasource_store import DataSourceStore
+from cantata.server.deletion import JobDeletion, RetentionSweeper
 from cantata.server.errors import ErrorInterceptor
 from cantata.server.heartbeats import Heartbeats
 from cantata.server.launcher import WorkerLauncher
 from cantata.server.lifecycle import JobLifecycle
+from cantata.server.request_audit import RequestAudit
 from cantata.server.restarts import RestartPolicy
 from cantata.server.scheduler import Scheduler
 from cantata.server.secrets_broker import SecretsBroker
@@ -69,6 +71,7 @@ class ControlPlane:
         self.keyring = self.paths.open_keyring()
         self.data_sources = DataSourceStore(self.database, self.keyring)
         self.audit = AuditLog.open(self.paths.audit)
+        self.recorder = RequestAudit(self.audit, request_id)  # what the parts write through: records name the call
         self.port: int | None = None
         self._stopping = threading.Event()
         self._stopped = threading.Event()
@@ -77,7 +80,7 @@ class ControlPlane:
     def _grpc_server(self, gatekeeper: Gatekeeper) -> grpc.Server:
         return grpc.server(
             futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="rpc"),
-            interceptors=[AuthInterceptor(gatekeeper, self.audit.append), ErrorInterceptor(request_id)],
+            interceptors=[AuthInterceptor(gatekeeper, self.recorder.append), ErrorInterceptor(request_id)],
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -105,7 +108,7 @@ class ControlPlane:
         connect_host = "127.0.0.1" if host in ("0.0.0.0", "", "[::]") else host  # noqa: S104 (maps a wildcard to loopback)
 
         roots = self.paths.allowed_roots(self.settings)
-        secrets = SecretsBroker(self.keyring, self.data_sources, self.audit, dataset_roots=roots)
+        secrets = SecretsBroker(self.keyring, self.data_sources, self.recorder, dataset_roots=roots)
         launcher = WorkerLauncher(
             self.paths.jobs,
             self.ca,
@@ -117,7 +120,7 @@ class ControlPlane:
         )
         lifecycle = JobLifecycle(
             self.store,
-            self.audit,
+            self.recorder,
             launcher,
             restarts=RestartPolicy(
                 self.settings.max_worker_restarts,
@@ -132,7 +135,7 @@ class ControlPlane:
             lifecycle,
             heartbeats,
             slots=self.settings.max_workers_on_node,
-            audit_failure=self.audit.probe,
+            audit_failure=self.recorder.probe,
         )
         default_store = self.paths.checkpoints.resolve().as_uri()
         self.sweeper = OrphanSweeper(
@@ -141,11 +144,13 @@ class ControlPlane:
             older_than=self.settings.orphan_upload_seconds,
             interval=self.settings.orphan_sweep_seconds,
         )
+        deletion = JobDeletion(self.store, self.recorder, launcher.workspace)
+        self.retention = RetentionSweeper(self.store, deletion, interval=self.settings.retention_sweep_seconds)
         spec_defaults = {
             "default_store": default_store,
             "roots": roots,
         }
-        tenancy = TenancyService(self.store, self.ca, self.settings.tenant_cert_days, self.audit.append)
+        tenancy = TenancyService(self.store, self.ca, self.settings.tenant_cert_days, self.recorder.append)
         tenancy_pb2_grpc.add_TenancyServicer_to_server(tenancy, server)
         tenancy_pb2_grpc.add_TenancyServicer_to_server(tenancy, enrollment)
         admin_pb2_grpc.add_AdminServicer_to_server(
@@ -156,30 +161,32 @@ class ControlPlane:
                 self.data_sources,
                 self.settings.default_quota,
                 self.settings.tenant_cert_days,
-                self.audit,
+                self.recorder,
                 lifecycle,
             ),
             server,
         )
         jobs_pb2_grpc.add_JobsServicer_to_server(
-            JobsService(self.store, lifecycle, launcher.log_path, spec_defaults, self.audit, self.data_sources),
+            JobsService(
+                self.store, lifecycle, launcher.log_path, spec_defaults, self.recorder, self.data_sources, deletion
+            ),
             server,
         )
         checkpoints_pb2_grpc.add_CheckpointsServicer_to_server(
-            CheckpointsService(self.store, self.keyring, self.audit.append), server
+            CheckpointsService(self.store, self.keyring, self.recorder.append), server
         )
         worker_pb2_grpc.add_WorkerServicer_to_server(
             WorkerService(
                 self.store,
                 lifecycle,
-                self.audit,
+                self.recorder,
                 heartbeats,
                 revoke_quarantined=self.settings.revoke_quarantined_workers,
             ),
             server,
         )
         datasources_pb2_grpc.add_DataSourcesServicer_to_server(
-            DataSourcesService(self.data_sources, self.audit.append), server
+            DataSourcesService(self.data_sources, self.recorder.append), server
         )
         audit_pb2_grpc.add_AuditServicer_to_server(AuditService(self.paths.audit, self.audit.checkpoint), server)
         self.health = health.HealthServicer()
@@ -191,6 +198,7 @@ class ControlPlane:
         self._server, self._enrollment = server, enrollment
         self.scheduler.start()
         self.sweeper.start()
+        self.retention.start()
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.audit.append(
             "server",
@@ -210,6 +218,7 @@ class ControlPlane:
             self._server.stop(grace).wait()
             self.scheduler.shutdown()
             self.sweeper.shutdown()
+            self.retention.shutdown()
         try:
             self.audit.append("server", Action.SERVER_STOPPED)
         except AuditLogUnavailable:

@@ -1,15 +1,20 @@
-"""Audit: verified reports over the control plane, scoped to the caller's tenant."""
+"""Audit: verified reports and record lookup over the control plane, scoped to the caller's tenant."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from pathlib import Path
 
 from cantata.proto.v1 import audit_pb2, audit_pb2_grpc
-from cantata.security.audit import REPORT_FORMATS, build_report, render_report
+from cantata.security.audit import REPORT_FORMATS, AuditRecord, build_report, read_records, render_report
+from cantata.security.audit.record import format_time
 from cantata.server.auth import TENANT, caller
 from cantata.server.errors import InvalidRequest
+from cantata.server.request_audit import REQUEST_ID_DETAIL
 from cantata.server.store import NotFound
+
+MAX_PAGE = 1000
 
 
 def _time(text: str, field: str) -> datetime | None:
@@ -27,12 +32,7 @@ class AuditService(audit_pb2_grpc.AuditServicer):
         self._flush = flush  # signs a checkpoint so the report covers everything so far
 
     def GetReport(self, request, context):
-        me = caller(context)
-        tenant = request.tenant or None
-        if me.role == TENANT:
-            if tenant not in (None, me.name):
-                raise NotFound(f"tenant {request.tenant!r} not found")
-            tenant = me.name
+        tenant = _scope(context, request.tenant)
         fmt = request.format or "text"
         if fmt not in REPORT_FORMATS:
             raise InvalidRequest(f"format: one of {', '.join(REPORT_FORMATS)}", field="format")
@@ -47,3 +47,52 @@ class AuditService(audit_pb2_grpc.AuditServicer):
             else "AUDIT LOG BROKEN: " + result.summary().splitlines()[-1]
         )
         return audit_pb2.GetReportReply(intact=result.ok, verdict=verdict, content=render_report(report, fmt))
+
+    def ListEvents(self, request, context):
+        """Records oldest first, filtered; the page token is the last sequence number sent."""
+        tenant = _scope(context, request.tenant)
+        since, until = _time(request.since, "since"), _time(request.until, "until")
+        size = min(request.page_size or 100, MAX_PAGE)
+        if request.page_size < 0:
+            raise InvalidRequest("page_size: must be >= 0", field="page_size")
+        try:
+            after = int(request.page_token or 0)
+        except ValueError:
+            raise InvalidRequest(f"page_token: not a token this server gave: {request.page_token!r}") from None
+        reply = audit_pb2.ListEventsReply()
+        for record in read_records(self._directory, tenant=tenant, since=since, until=until):
+            if record.seq <= after or (request.action and record.action != request.action):
+                continue
+            if request.request_id and record.details.get(REQUEST_ID_DETAIL) != request.request_id:
+                continue
+            if len(reply.events) == size:
+                reply.next_page_token = str(reply.events[-1].seq)
+                break
+            reply.events.append(_event(record))
+        return reply
+
+
+def _scope(context, requested: str) -> str | None:
+    """Whose records the caller may see: an admin any tenant's or all (None); a tenant only its own."""
+    me = caller(context)
+    if me.role != TENANT:
+        return requested or None
+    if requested not in ("", me.name):
+        raise NotFound(f"tenant {requested!r} not found")
+    return me.name
+
+
+def _event(record: AuditRecord) -> audit_pb2.AuditEvent:
+    request_id = record.details.get(REQUEST_ID_DETAIL)
+    return audit_pb2.AuditEvent(
+        seq=record.seq,
+        time=format_time(record.time),
+        actor=record.actor,
+        action=record.action,
+        resource=record.resource,
+        tenant=record.tenant,
+        outcome=record.outcome,
+        peer=record.peer,
+        request_id=request_id if isinstance(request_id, str) else "",
+        details_json=json.dumps(record.details, sort_keys=True),
+    )
