@@ -144,7 +144,7 @@ class ControlPlane:
             older_than=self.settings.orphan_upload_seconds,
             interval=self.settings.orphan_sweep_seconds,
         )
-        deletion = JobDeletion(self.store, self.recorder, launcher.workspace)
+        deletion = JobDeletion(self.store, self.recorder, launcher.workspace, launcher.is_running)
         self.retention = RetentionSweeper(self.store, deletion, interval=self.settings.retention_sweep_seconds)
         spec_defaults = {
             "default_store": default_store,

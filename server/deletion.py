@@ -21,7 +21,7 @@ from pathlib import Path
 from cantata.security.audit import Action
 from cantata.security.sealed_checkpoint import delete_job_checkpoints
 from cantata.server.ports import AuditSink
-from cantata.server.store import JobRecord, NotEnded, Store
+from cantata.server.store import Conflict, JobRecord, NotEnded, Store
 from cantata.storage import open_store
 
 log = logging.getLogger(__name__)
@@ -29,16 +29,26 @@ RETENTION_ACTOR = "cantata:retention"
 
 
 class JobDeletion:
-    def __init__(self, store: Store, audit: AuditSink, workspace: Callable[[str], Path]):
+    def __init__(
+        self,
+        store: Store,
+        audit: AuditSink,
+        workspace: Callable[[str], Path],
+        is_running: Callable[[str], bool] = lambda job_id: False,
+    ):
+        """``workspace(job_id)`` is the job's folder of logs; ``is_running(job_id)`` whether processes of it remain."""
         self._store = store
         self._audit = audit
         self._workspace = workspace
+        self._is_running = is_running
 
     def delete(self, job: JobRecord, *, actor: str, peer: str = "", reason: str) -> int:
-        """Delete ``job`` (which must have ended); returns the checkpoint objects removed."""
+        """Delete ``job`` (which must have ended, its workers gone); returns the checkpoint objects removed."""
         self._audit.require_writable()
         if not job.terminal:
             raise NotEnded(job)
+        if self._is_running(job.id):
+            raise Conflict(f"job {job.id!r} has ended but its workers are still stopping; delete it in a moment")
         objects = delete_job_checkpoints(open_store(job.spec.checkpoint_store), tenant=job.tenant, job_id=job.id)
 
         def record(ended: JobRecord) -> None:

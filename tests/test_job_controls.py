@@ -180,11 +180,16 @@ def test_refused_submissions_are_recorded(platform, tenant):
 
 def test_a_tenant_sees_only_its_own_audit_records(platform, tenant, jobs):
     with platform.enroll("nosy") as nosy:
-        nosy.audit_report()  # something of its own on the record (its certificate, approval...)
+        with pytest.raises(QuotaExceeded):  # a call of its own on the record (beside its approval, certificate...)
+            nosy.submit(Job(name="wide", workers=9, **QUICK))
         with pytest.raises(NotFound):
             list(nosy.audit_events(tenant="acme"))
         own = list(nosy.audit_events())
         assert own and {e.tenant for e in own} == {"nosy"}
+        approval = next(e for e in own if e.action == "tenant_approved")  # an admin's act on its tenancy
+        assert approval.actor.startswith("spiffe://cantata/admin/") and approval.peer == ""  # not the admin's address
+        (refusal,) = [e for e in own if e.actor == "spiffe://cantata/tenant/nosy"]
+        assert refusal.outcome == "refused" and refusal.peer  # its own call's address
     refused = _events(platform, "nosy", "--tenant", "acme", check=False)
     assert refused.returncode == 1 and "NotFound" in refused.stderr
     assert {e["tenant"] for e in _events(platform, "acme")} == {"acme"}

@@ -68,7 +68,7 @@ class AuditService(audit_pb2_grpc.AuditServicer):
             if len(reply.events) == size:
                 reply.next_page_token = str(reply.events[-1].seq)
                 break
-            reply.events.append(_event(record))
+            reply.events.append(_event(record, show_peer=tenant is None or record.actor == caller(context).uri))
         return reply
 
 
@@ -82,7 +82,8 @@ def _scope(context, requested: str) -> str | None:
     return me.name
 
 
-def _event(record: AuditRecord) -> audit_pb2.AuditEvent:
+def _event(record: AuditRecord, *, show_peer: bool) -> audit_pb2.AuditEvent:
+    """The record as the lookup returns it; a tenant sees the network address only of its own calls."""
     request_id = record.details.get(REQUEST_ID_DETAIL)
     return audit_pb2.AuditEvent(
         seq=record.seq,
@@ -92,7 +93,7 @@ def _event(record: AuditRecord) -> audit_pb2.AuditEvent:
         resource=record.resource,
         tenant=record.tenant,
         outcome=record.outcome,
-        peer=record.peer,
+        peer=record.peer if show_peer else "",
         request_id=request_id if isinstance(request_id, str) else "",
         details_json=json.dumps(record.details, sort_keys=True),
     )
