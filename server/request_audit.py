@@ -14,9 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from cantata.security.audit import AuditEntry, AuditLog, AuditRecord
-
-REQUEST_ID_DETAIL = "request_id"
+from cantata.security.audit import REQUEST_ID_DETAIL, AuditEntry, AuditLog, AuditRecord
 
 
 class RequestAudit:

@@ -7,11 +7,17 @@ from datetime import datetime
 from pathlib import Path
 
 from cantata.proto.v1 import audit_pb2, audit_pb2_grpc
-from cantata.security.audit import REPORT_FORMATS, AuditRecord, build_report, read_records, render_report
+from cantata.security.audit import (
+    REPORT_FORMATS,
+    REQUEST_ID_DETAIL,
+    AuditRecord,
+    build_report,
+    find_records,
+    render_report,
+)
 from cantata.security.audit.record import format_time
 from cantata.server.auth import TENANT, caller
 from cantata.server.errors import InvalidRequest
-from cantata.server.request_audit import REQUEST_ID_DETAIL
 from cantata.server.store import NotFound
 
 MAX_PAGE = 1000
@@ -52,24 +58,27 @@ class AuditService(audit_pb2_grpc.AuditServicer):
         """Records oldest first, filtered; the page token is the last sequence number sent."""
         tenant = _scope(context, request.tenant)
         since, until = _time(request.since, "since"), _time(request.until, "until")
-        size = min(request.page_size or 100, MAX_PAGE)
         if request.page_size < 0:
             raise InvalidRequest("page_size: must be >= 0", field="page_size")
+        size = min(request.page_size or 100, MAX_PAGE)
         try:
             after = int(request.page_token or 0)
         except ValueError:
             raise InvalidRequest(f"page_token: not a token this server gave: {request.page_token!r}") from None
-        reply = audit_pb2.ListEventsReply()
-        for record in read_records(self._directory, tenant=tenant, since=since, until=until):
-            if record.seq <= after or (request.action and record.action != request.action):
-                continue
-            if request.request_id and record.details.get(REQUEST_ID_DETAIL) != request.request_id:
-                continue
-            if len(reply.events) == size:
-                reply.next_page_token = str(reply.events[-1].seq)
-                break
-            reply.events.append(_event(record, show_peer=tenant is None or record.actor == caller(context).uri))
-        return reply
+        records = find_records(
+            self._directory,
+            tenant=tenant,
+            action=request.action,
+            request_id=request.request_id,
+            since=since,
+            until=until,
+            after=after,
+            limit=size + 1,
+        )
+        me = caller(context).uri
+        events = [_event(r, show_peer=tenant is None or r.actor == me) for r in records]
+        token = str(events[size - 1].seq) if len(events) > size else ""
+        return audit_pb2.ListEventsReply(events=events[:size], next_page_token=token)
 
 
 def _scope(context, requested: str) -> str | None:
