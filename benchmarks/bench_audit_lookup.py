@@ -94,8 +94,10 @@ def main() -> None:
             seconds = harness.medians(
                 harness.interleave(
                     {
-                        "lookup": lambda _, q=query: timed(lambda: lookup(work / "audit", q), answers["lookup"]),
-                        "baseline": lambda _, q=query: timed(lambda: baseline(work / "audit", q), answers["baseline"]),
+                        "lookup": lambda _, q=query, a=answers: timed(lambda: lookup(work / "audit", q), a["lookup"]),
+                        "baseline": lambda _, q=query, a=answers: timed(
+                            lambda: baseline(work / "audit", q), a["baseline"]
+                        ),
                     },
                     ROUNDS,
                 )
