@@ -6,8 +6,15 @@ only a concurrent upload gets past (a serial one would stop at the barrier until
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import pty
+import struct
+import subprocess
+import sys
+import termios
 import threading
 import uuid
 from pathlib import Path
@@ -154,3 +161,23 @@ def test_the_cli_uploads_through_endpoint(kind, shards, moto_service, azurite_se
     refused = cli("data", "upload", str(shards), "--store", (tmp_path / "x").as_uri(), "--endpoint", endpoint,
                   env=env, check=False)  # fmt: skip
     assert refused.returncode == 1 and "--endpoint is for s3:// and az://" in refused.stderr
+
+
+def test_one_progress_bar_on_a_terminal(shards, tmp_path):
+    """On a terminal, one bar counts every shard's bytes to the total (redirected output gets none, above)."""
+    total = sum(f.stat().st_size for f in shards.rglob("*.tok"))
+    main, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a 100-column terminal
+    command = [sys.executable, "-m", "cantata.sdk.cli", "data", "upload", str(shards), "--store",
+               (tmp_path / "store").as_uri(), "--jobs", "3"]  # fmt: skip
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=terminal) as upload:
+        os.close(terminal)
+        drawn = b""
+        with contextlib.suppress(OSError):  # EIO once the upload has exited and closed the terminal
+            while chunk := os.read(main, 4096):
+                drawn += chunk
+        assert upload.wait() == 0
+    os.close(main)
+    frames = [frame for frame in drawn.decode().split("\r") if frame.strip()]
+    assert frames and all(frame.startswith("upload") for frame in frames)  # one bar, redrawn in place
+    assert "100%" in frames[-1] and f"{total / 1000:.0f}k/{total / 1000:.0f}k" in frames[-1]  # every byte
