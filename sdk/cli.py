@@ -217,7 +217,8 @@ def _job_from_args(args) -> Job:
 def _job_line(j) -> str:
     loss = f"val {j.val_loss:.4f}" if j.val_loss else (f"loss {j.loss:.4f}" if j.loss else "")
     reason = f"  ({j.reason})" if j.reason else ""
-    return f"{j.id}  {j.name:<20} {j.state:<10} step {j.step}/{j.steps}  {loss}{reason}"
+    tags = f"  [{', '.join(j.tags)}]" if j.tags else ""
+    return f"{j.id}  {j.name:<20} {j.state:<10} step {j.step}/{j.steps}  {loss}{reason}{tags}"
 
 
 def cmd_jobs_submit(args) -> int:

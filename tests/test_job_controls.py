@@ -47,6 +47,8 @@ def _listed(platform, *flags: str) -> list[str]:
 def test_jobs_list_filters_by_tag_state_and_time_on_the_server(platform, tenant, jobs):
     tagged, adhoc = jobs["tagged"], jobs["adhoc"]
     assert _listed(platform, "--tag", "nightly") == [tagged]
+    text = cli("jobs", "list", "--profile", "acme", "--tag", "nightly", env=platform.env).stdout
+    assert tagged in text and "[nightly, team=nlp]" in text and adhoc not in text
     assert _listed(platform, "--tag", "team=nlp", "--state", "succeeded") == [tagged]
     assert _listed(platform, "--tag", "nightly", "--state", "failed", "--state", "running") == []
     assert _listed(platform, "--state", "SUCCEEDED") == [tagged, adhoc]
