@@ -452,6 +452,24 @@ def control_plane(load: Callable[[str], dict]) -> list[str]:
     ]
 
 
+@table("audit_lookup")
+def audit_lookup(load: Callable[[str], dict]) -> list[str]:
+    result = load("audit_lookup")
+    lines = header("query (one page of at most 100)", "matches", "lookup s", "parse-all s", "speedup")
+    for label, q in result["queries"].items():
+        lines.append(row(label, q["matches"], f"{q['lookup_s']:.2f}", f"{q['baseline_s']:.2f}", f"{q['speedup']:.1f}×"))
+    return [
+        f"`cantata audit events` over a log of {result['records']:,} records "
+        f"({result['log_bytes'] / 2**20:.0f} MiB), next to parsing every record and filtering, "
+        f"the two taking turns (median of {result['rounds']}, machine load average "
+        f"{result['machine']['load_average_1m']}):",
+        "",
+        *lines,
+        "",
+        reproduce("bench_audit_lookup.py", quick=result["quick"]),
+    ]
+
+
 LOADER_STORES = {"local": "local", "s3 (moto)": "S3 (moto)", "azure (azurite)": "Azure (Azurite)"}
 
 

@@ -73,5 +73,7 @@ def register(groups: dict[str, argparse._SubParsersAction]) -> None:
     p = server.add_parser("rotate-cert", help="issue a new server certificate; picked up without a restart")
     p.add_argument("--data-dir", required=True)
     p.set_defaults(func=cmd_rotate_cert)
-    audit_cli.register(groups["root"], remote_report=groups.get("remote_audit_report"))
+    audit_cli.register(
+        groups["root"], remote_report=groups.get("remote_audit_report"), add_events=groups.get("audit_events")
+    )
     audit_cli.register_admin(groups["admin"])
