@@ -104,7 +104,7 @@ def test_sign_flipping_worker_is_quarantined_and_the_job_still_learns(platform, 
             checkpoint_every=50_000,
         )
     )
-    attacked = tenant.submit(Job(name="attacked", algorithm="diloco", **{**SMALL, "steps": 100}))
+    attacked = tenant.submit(Job(name="attacked", algorithm="gasloc", topology="complete", **{**SMALL, "steps": 100}))
     with platform.admin() as admin:
         admin.simulate_attack(attacked.id, [1], "sign_flip")
         with pytest.raises(errors.InvalidArgument, match="benchmark"):

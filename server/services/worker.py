@@ -82,7 +82,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             self._store.set_round(job.id, request.worker, r.round)
             skipped = f", skipped {list(r.skipped)}" if r.skipped else ""
             event = jobs_pb2.JobEvent(
-                kind=jobs_pb2.ROUND, step=r.round, message=f"round {r.round}: exchanged with {list(r.peers)}{skipped}"
+                kind=jobs_pb2.ROUND,
+                step=r.round,
+                message=f"round {r.round}: exchanged with {list(r.peers)}{skipped}; {r.inner_steps} inner steps, "
+                f"{r.seconds:.2f} s exchange (deadline {r.deadline_s:.1f} s), {r.bytes_sent / 1e6:.3f} MB sent so far",
             )
         elif kind == "anomaly":
             event = self._anomaly(me, job, request.worker, request.anomaly)
