@@ -84,8 +84,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             event = jobs_pb2.JobEvent(
                 kind=jobs_pb2.ROUND,
                 step=r.round,
-                message=f"round {r.round}: exchanged with {list(r.peers)}{skipped}; {r.inner_steps} inner steps, "
-                f"{r.seconds:.2f} s exchange (deadline {r.deadline_s:.1f} s), {r.bytes_sent / 1e6:.3f} MB sent so far",
+                message=f"round {r.round}: exchanged with {list(r.peers)}{skipped}; inner steps: {r.inner_steps}, "
+                f"exchange {r.seconds:.2f} s (deadline {r.deadline_s:.1f} s), sent so far: {r.bytes_sent} bytes",
             )
         elif kind == "anomaly":
             event = self._anomaly(me, job, request.worker, request.anomaly)

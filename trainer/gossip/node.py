@@ -193,6 +193,10 @@ class GossipNode:
                 options = GRPC_OPTIONS + [
                     ("grpc.ssl_target_name_override", gossip_server_name(self.job_id, peer)),
                     ("grpc.use_local_subchannel_pool", 1),
+                    # a cut link is retried within a round, not after gRPC's default backoff of up to 2 minutes
+                    ("grpc.initial_reconnect_backoff_ms", 100),
+                    ("grpc.min_reconnect_backoff_ms", 100),
+                    ("grpc.max_reconnect_backoff_ms", 1000),
                 ]
                 self._channels[key] = [
                     grpc.secure_channel(address, credentials, options=options) for _ in range(self.streams)
