@@ -51,7 +51,7 @@ from cantata.security.pki import Bundle
 from cantata.trainer.attacks import AttackView, craft
 from cantata.trainer.checkpoint import JobCheckpoints
 from cantata.trainer.config import WorkerConfig
-from cantata.trainer.gasloc.deadline import RoundDeadline
+from cantata.trainer.gasloc.deadline import FIRST_DEADLINE_S, RoundDeadline
 from cantata.trainer.gasloc.outer import GASLoCOuter, Proposal, flatten
 from cantata.trainer.gasloc.topology import make_topology
 from cantata.trainer.gossip import GossipNode
@@ -114,18 +114,19 @@ class GossipExchange:
         """A diloco round's all-reduce of ``[w y, w]`` (an admin-planned attack replaces y first)."""
         return self.sum(round_, self._maybe_attack_mean(round_, vector))
 
-    def sum(self, round_: int, vector: torch.Tensor) -> torch.Tensor | None:
+    def sum(self, round_: int, vector: torch.Tensor, deadline_s: float | None = None) -> torch.Tensor | None:
         """The sum of ``vector`` over every live, trusted worker by a ring all-reduce; None if it failed.
 
         The ring is every trusted worker that finished the previous round
         (after the bounded wait for laggards), so a dead worker drops out of it
-        once the others have moved on. One round deadline covers the whole all-reduce.
+        once the others have moved on. One deadline (the round's, unless
+        ``deadline_s`` says otherwise) covers the whole all-reduce.
         """
         me = self._cfg.worker
         others = [self._cfg.gossip_process(g) for g in range(self._cfg.workers) if g != self._cfg.group]
         self._wait_for_laggards(round_, others)
         members = sorted([me] + [p for p in others if self._trusted(p) and self.rounds.get(p, 0) >= round_ - 1])
-        end = time.monotonic() + self.deadline.seconds
+        end = time.monotonic() + (self.deadline.seconds if deadline_s is None else deadline_s)
 
         def swap(step: int, payloads):
             addresses = {p: self.addresses[p] for p in payloads}
@@ -303,19 +304,18 @@ def inner_steps(
     round's last one for steps past H. Returns the steps done and the last loss.
     """
     began = time.perf_counter()
-    done, slowest = 0, 0.0
+    done = 0
     while True:
         if should_stop():
             raise Stopped()
         step = t * plan.local_steps + min(done, plan.local_steps - 1) + 1
-        tick = time.perf_counter()
         loss = train_step(model, optimizer, feed, step, schedule.lr(min(step, plan.steps)), trace=plan.trace)
         done += 1
-        slowest = max(slowest, time.perf_counter() - tick)
         if plan.budget_s is None:
             more = done < plan.local_steps
-        else:  # stop before a step that would overrun the budget; a group's ranks follow rank 0
-            more = bool(share_from_rank0(int(time.perf_counter() - began + slowest <= plan.budget_s), group))
+        else:  # stop unless one more step at the mean pace so far fits; a group's ranks follow rank 0
+            elapsed = time.perf_counter() - began
+            more = bool(share_from_rank0(int(elapsed * (done + 1) / done <= plan.budget_s), group))
         if not more:
             return done, loss
 
@@ -339,7 +339,9 @@ def consensus(
     """
     params = list(model.parameters())
     own = flatten(params)
-    total = exchange.sum(round_, torch.cat([own, torch.tensor([own_val_loss, own_val_loss**2, 1.0])]))
+    vector = torch.cat([own, torch.tensor([own_val_loss, own_val_loss**2, 1.0])])
+    # once per job, and workers arrive from their evaluations at different times: at least the first round's deadline
+    total = exchange.sum(round_, vector, max(exchange.deadline.seconds, FIRST_DEADLINE_S))
     if total is None:
         return None
     count = total[-1].item()
