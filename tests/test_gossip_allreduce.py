@@ -130,9 +130,11 @@ def test_diloco_ring_rounds_equal_nesterov_sgd_on_the_weighted_mean_pseudo_gradi
         reference.grad = -(w[:, None] * pseudo).sum(0) / w.sum()
         sgd.step()
         sum_for = _allreduce(nodes, addresses, n, Rounds.take())
-        results = _on_all(
-            n, lambda i: steps[i].round_mean(t, thetas[i], after[i], lambda r, v: sum_for(i)(v), float(w[i]))
-        )
+
+        def outer_round(i, t=t, thetas=thetas, after=after, sum_for=sum_for):
+            return steps[i].round_mean(t, thetas[i], after[i], lambda r, v: sum_for(i)(v), float(w[i]))
+
+        results = _on_all(n, outer_round)
         thetas = [theta for theta, _ in results]
         assert all(stats.mixed == stats.peers and not stats.skipped for _, stats in results)
         for theta in thetas:
