@@ -375,6 +375,7 @@ def main(argv=None) -> None:
             "workers": args.workers,
             "rounds": args.rounds,
             "local_steps": args.local_steps,
+            "eval_every": args.eval_every,
             "seeds": args.seeds,
             "fast_mbit": args.fast_mbit,
             "slow_mbit": args.slow_mbit,

@@ -209,14 +209,15 @@ def gasloc_bandwidth(load: Callable[[str], dict]) -> list[str]:
         f"{setup['rounds']} rounds of H={setup['local_steps']} and the final consensus all-reduce, "
         f"{setup['seeds']} seeds (mean ± std). Wall-clock is measured: the slowest worker's rounds, on the "
         f"development machine's 2 shared cores, so compute of the {setup['workers']} workers contends. Bytes are "
-        f"counted from the serialized gRPC messages.{not_run}",
+        f"counted from the serialized gRPC messages. The time budget is a fast worker's median compute per round in "
+        f"the same seed's slow-compute DiLoCo run; round deadline fixed at {setup['round_deadline_s']:g} s.{not_run}",
         "",
         *lines,
         "",
         "Loss against wall-clock: `benchmarks/results/bench_gasloc_bandwidth.png`.",
         reproduce(
             f"bench_gasloc_bandwidth.py --workers {setup['workers']} --seeds {setup['seeds']} --rounds "
-            f"{setup['rounds']} --local-steps {setup['local_steps']}",
+            f"{setup['rounds']} --local-steps {setup['local_steps']} --eval-every {setup['eval_every']}",
             f" as root (about {result['minutes']:.0f} min)",
             quick=result.get("quick", False),
         ),
