@@ -49,6 +49,7 @@ DECENTRALIZED_DEFAULTS = {  # algorithm -> (local steps H, outer lr eta, outer m
     Algorithm.DILOCO: (20, 0.7, 0.9, Topology.COMPLETE),
     Algorithm.GASLOC: (20, 1.0, 0.5, Topology.RING),
 }
+ROUND_DEADLINE_BOUNDS = (2.0, 120.0)  # an adaptive round deadline stays within these seconds
 REQUIRED = dataclasses.MISSING  # an SDK default meaning "no default: the caller must give one"
 # ``tuple`` is a list of strings (a proto ``repeated string``); each item is checked by ``pattern``.
 TYPE_WORDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false", tuple: "a list of strings"}
@@ -330,6 +331,27 @@ FIELDS: tuple[JobField, ...] = (
         pattern=TAG,
         max_items=MAX_TAGS,
         flag="tag",
+    ),
+    JobField(
+        "round_deadline_s",
+        float,
+        "seconds a gossip round or diloco all-reduce may take before a late peer's edge is dropped",
+        None,
+        Rule(f"adaptive: 4 x the slowest of the last 8 rounds + 1 s, within {ROUND_DEADLINE_BOUNDS} s"),
+        range=Range(0, 3600, low_open=True),
+        algorithms=DECENTRALIZED,
+        optional=True,
+    ),
+    JobField(
+        "round_time_s",
+        float,
+        "time budget of each round's inner steps, seconds: each worker runs as many as fit (at least 1), "
+        "weighted by steps done in the outer step",
+        None,
+        Rule("local_steps inner steps per round"),
+        range=Range(0, 3600, low_open=True),
+        algorithms=DECENTRALIZED,
+        optional=True,
     ),
 )
 FIELD = {f.name: f for f in FIELDS}

@@ -135,7 +135,7 @@ def test_the_json_schema_has_the_table_fields_and_defaults():
 GOOD = [
     "name: x",
     "name: x\nworkers: 4\nalgorithm: gasloc\ntopology: torus\nouter_momentum: 0\ngossip_step: 0.5",
-    "name: x\nalgorithm: diloco\nworkers: 2\nlocal_steps: 10000\ncompression: int8\nmin_workers: 2",
+    "name: x\nalgorithm: diloco\nworkers: 2\nlocal_steps: 10000\ncompression: bf16\nmin_workers: 2\nround_time_s: 1.5",
     "name: x\nlr: 0.1\noptimizer: muon\non_bad_utf8: fail\ntrace_samples: true\nseed: 7",
     "name: x\ndataset: s3://src@bucket/data\ncheckpoint_store: az://c/p\nrequest_id: retry-0001",
     "name: x\nbatch_size: 4096\nseq_len: 0\ncheckpoint_every: 0\nranks_per_worker: 64",
