@@ -1,478 +1,400 @@
-"""Heterogeneous bandwidth: DiLoCo against GASLoC when one link of a ring of 8 is 10x slower.
+"""Decentralized training on a real shaped network: DiLoCo (ring all-reduce) against GASLoC, in wall-clock.
 
-Training is ``bench_gasloc.py``'s (8 workers of a small GPT on
-``builtin:pystdlib`` or ``--corpus pydoc-topics``, batched in one process, the
-real ``cantata.trainer.gasloc`` outer rounds); wall-clock is modelled by ``bandwidth_model.py``, because 8 real
-workers on this 2-core machine would serialize their compute.
+Needs root (as CI has): it creates its own network, and always removes it.
+Every worker is a real process (``netns_worker.py``) in its own network
+namespace (``ip netns``), joined to the others by a veth pair on one bridge.
+Each namespace's egress is shaped by the kernel: ``tc htb`` with one class per
+destination (``u32 match ip dst``), under one parent class for the uplink.
+The workers run the platform's own mutual-TLS gossip transport, outer step,
+ring all-reduce, adaptive round deadline and time-budget rule (see
+``netns_worker.py``); nothing about time is modelled.
 
-Network (stated, all flags): every pair of workers has its own full-duplex link
-of ``--fast-mb-s`` MB/s, except the ring link (0, 7), which runs at
-``--slow-mb-s`` (10x slower); ``--latency-ms`` per message. Parameters travel
-as float32 (no compression).
+Scenarios (links at ``--fast-mbit``, 160 mbit = 20 MB/s, unless said):
+  uniform        every link fast
+  slow-link      the ring link (0, n-1) at ``--slow-mbit`` (16 mbit = 2 MB/s) both ways
+  slow-uplink    worker 0's whole egress shares ``--slow-mbit``
+  slow-compute   worker 0 computes 3x slower (each step sleeps twice its own time)
+  slow-compute-budget   the same, with time-budgeted rounds: every worker gets the
+                 time a fast worker's median H steps took in the slow-compute run
 
-Compute: one local step of one worker takes ``--step-ms`` or, by default, the
-fastest measured time of one batched inner step divided by the 8 workers.
+Methods: diloco (ring all-reduce, in worker order, so the slow link is on the
+ring), gasloc-ring, gasloc-one-peer, gasloc-two-peer; all with (eta, gamma) =
+(1.0, 0.5), H = ``--local-steps``, ``--rounds`` rounds, a fixed round
+deadline (``--deadline-s``), then the final consensus all-reduce. Reported per (scenario, method), mean over seeds: the
+wall-clock of the rounds (the slowest worker's), of the consensus, the
+consensus's validation loss, the mean of the workers' own, bytes each worker
+sent (serialized gRPC messages), inner steps per round of the slow worker and
+of the others; and loss against wall-clock plots.
 
-Methods, at H local steps per round (outer settings as in ``bench_gasloc.OUTER``):
-  diloco                complete graph (exact averaging) as a ring all-reduce in
-                        worker order, so every round waits for the slow link:
-                        ``2 (n-1)/n * bytes / slowest + 2 (n-1) * latency``
-                        (an all-reduce whose ring order avoided the one slow
-                        pair would escape it; the issue's setting assumes not)
-  gasloc-ring           ring; each worker swaps with its two neighbours; the slow
-                        swap delays workers 0 and 7, and the delay spreads one
-                        hop per round because a swap starts only when both ends
-                        are ready
-  gasloc-ring-deadline  ring with the transport's per-round deadline
-                        (``--deadline-ms``, default 3x a fast swap): a swap not
-                        done by both ends' deadline is skipped on both ends (its
-                        weight goes back to self, as in ``OuterStep.finish``)
-                        and they wait out the deadline
-  gasloc-one-peer       random one-peer matchings; the slow link costs only in
-                        rounds where 0 and 7 are matched (every pair has a link)
-
-Every method runs ``--steps`` inner steps (the equal-steps comparison); the
-GASLoC methods then keep training until they have used DiLoCo's modelled
-wall-clock (at most ``--max-steps-factor`` times the steps), which gives their
-wall-clock to reach DiLoCo's final loss. Curves are evaluated after every
-round and timed when the last worker finished that round.
-
-Reported per method (mean over seeds): final validation loss at equal steps,
-modelled wall-clock for those steps, wall-clock to reach DiLoCo's final loss
-(seed-mean curve) and DiLoCo's time over it, bytes sent per worker.
-``--validate-transport`` also runs 4 real ``GossipNode``s over mutual TLS on
-loopback with per-link token buckets and compares measured swap times with
-the model (tolerance ``VALIDATION_TOLERANCE``).
-
-    .venv/bin/python benchmarks/bench_gasloc_bandwidth.py [--quick] [--seeds 3] [--local-steps 20 5]
-                                                         [--validate-transport]
+    sudo nice .venv/bin/python benchmarks/bench_gasloc_bandwidth.py [--quick] [--seeds 3] [--rounds 20]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 import harness
-import torch
-from bandwidth_model import Network, Round, allreduce_transfer, edge, gossip_transfers, schedule
-from bench_gasloc import (
-    CORPORA,
-    WORKERS,
-    StackedGPT,
-    batches,
-    inner_optimizer,
-    load_text,
-    outer_settings,
-    validation_loss,
-    worker_shards,
-)
 
-from cantata.trainer.gasloc import Simulator, make_topology
+from cantata.security.pki import CertificateAuthority, Principal
+from cantata.trainer.gossip import gossip_server_name
 
-METHODS = ("diloco", "gasloc-ring", "gasloc-ring-deadline", "gasloc-one-peer")
-TOPOLOGY = {"diloco": "complete", "gasloc-ring": "ring", "gasloc-ring-deadline": "ring", "gasloc-one-peer": "one-peer"}
-SLOW_EDGE = (0, WORKERS - 1)
-VALIDATION_TOLERANCE = 0.2  # relative, for measured against modelled transport times
+METHODS = ("diloco", "gasloc-ring", "gasloc-one-peer", "gasloc-two-peer")
+SCENARIOS = ("uniform", "slow-link", "slow-uplink", "slow-compute", "slow-compute-budget")
+SLOWDOWN = 3.0
+JOB = "bench-netns"
+PORT = 7100
+HERE = Path(__file__).resolve().parent
 
 
-@dataclass(frozen=True)
-class Setup:
-    network: Network
-    step_s: float  # one local step of one worker
-    deadline_s: float
-    nbytes: int  # one worker's parameters as float32
+def sh(*args: str) -> None:
+    subprocess.run(args, check=True, capture_output=True)
 
 
-def inner_step(model: StackedGPT, inner: torch.optim.Optimizer, shards, generator: torch.Generator) -> None:
-    """One AdamW step of every worker on its own batch."""
-    x, y = batches(shards, generator)
-    inner.zero_grad(set_to_none=True)
-    model.losses(x, y).sum().backward()
-    inner.step()
+class ShapedNetwork:
+    """``n`` namespaces on one bridge, each with its own shaped egress; removed on ``close``."""
+
+    def __init__(self, n: int, fast_mbit: int, slow_mbit: int):
+        self.n, self.fast, self.slow = n, fast_mbit, slow_mbit
+        tag = f"cg{os.getpid() % 10000}"
+        self.bridge, self.ns = f"{tag}br", [f"{tag}n{i}" for i in range(n)]
+        self.ifs = [f"{tag}p{i}" for i in range(n)]
+        self.ips = [f"10.{77 + os.getpid() % 100}.0.{i + 1}" for i in range(n)]
+        self._made: list[tuple[str, ...]] = []
+
+    def open(self) -> ShapedNetwork:
+        sh("ip", "link", "add", self.bridge, "type", "bridge")
+        self._made.append(("ip", "link", "del", self.bridge))
+        sh("ip", "link", "set", self.bridge, "up")
+        for i in range(self.n):
+            ns, inner, outer = self.ns[i], self.ifs[i], f"{self.ifs[i]}h"
+            sh("ip", "netns", "add", ns)
+            self._made.append(("ip", "netns", "del", ns))
+            sh("ip", "link", "add", outer, "type", "veth", "peer", "name", inner)
+            sh("ip", "link", "set", inner, "netns", ns)
+            sh("ip", "link", "set", outer, "master", self.bridge, "up")
+            sh("ip", "-n", ns, "addr", "add", f"{self.ips[i]}/24", "dev", inner)
+            sh("ip", "-n", ns, "link", "set", inner, "up")
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        return self
+
+    def shape(self, scenario: str) -> None:
+        """Per namespace: htb root, one uplink class, one class per destination under it."""
+        n = self.n
+        for i in range(n):
+            tc = ("ip", "netns", "exec", self.ns[i], "tc")
+            dev = self.ifs[i]
+            subprocess.run((*tc, "qdisc", "del", "dev", dev, "root"), capture_output=True)
+            sh(*tc, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "999")
+            uplink = self.slow if scenario == "slow-uplink" and i == 0 else 10 * self.fast
+            sh(*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", f"{uplink}mbit")
+            sh(*tc, "class", "add", "dev", dev, "parent", "1:1", "classid", "1:999", "htb", "rate", f"{uplink}mbit")
+            for j in range(n):
+                if j == i:
+                    continue
+                slow = scenario == "slow-link" and {i, j} == {0, n - 1}
+                rate = min(self.slow if slow else self.fast, uplink)
+                sh(*tc, "class", "add", "dev", dev, "parent", "1:1", "classid", f"1:{10 + j}", "htb", "rate",
+                   f"{rate}mbit", "ceil", f"{rate}mbit")  # fmt: skip
+                sh(*tc, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32", "match",
+                   "ip", "dst", f"{self.ips[j]}/32", "flowid", f"1:{10 + j}")  # fmt: skip
+
+    def close(self) -> None:
+        for undo in reversed(self._made):
+            subprocess.run(undo, capture_output=True)
+        self._made.clear()
 
 
-def measure_step_seconds(data, blocks: int = 5, steps_per_block: int = 10) -> float:
-    """One worker's share of a batched inner step: the fastest block (least disturbed by other load) / workers."""
-    train, _, vocab = data
-    model = StackedGPT(vocab, seed=0)
-    inner = inner_optimizer(model)
-    generator = torch.Generator().manual_seed(0)
-    shards = worker_shards(train, iid=True)
-    inner_step(model, inner, shards, generator)
-    times = []
-    for _ in range(blocks):
-        started = time.perf_counter()
-        for _ in range(steps_per_block):
-            inner_step(model, inner, shards, generator)
-        times.append((time.perf_counter() - started) / steps_per_block)
-    return min(times) / WORKERS
+class Workers:
+    """The worker processes, one per namespace, started once for every run."""
+
+    def __init__(self, net: ShapedNetwork, certs: Path):
+        addresses = ",".join(f"{ip}:{PORT}" for ip in net.ips)
+        env = {**os.environ, "PYTHONPATH": str(HERE)}
+        self.procs = [
+            subprocess.Popen(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    sys.executable,
+                    str(HERE / "netns_worker.py"),
+                    "--index",
+                    str(i),
+                    "--addresses",
+                    addresses,
+                    "--certs",
+                    str(certs),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            for i, ns in enumerate(net.ns)
+        ]
+        for proc in self.procs:
+            self._line(proc, "READY")
+
+    @staticmethod
+    def _line(proc: subprocess.Popen, prefix: str) -> str:
+        assert proc.stdout is not None
+        while line := proc.stdout.readline():
+            if line.startswith(prefix):
+                return line[len(prefix) :].strip()
+        raise RuntimeError(f"a worker exited (code {proc.wait()})")
+
+    def run(self, commands: list[dict]) -> list[dict]:
+        for proc, command in zip(self.procs, commands, strict=True):
+            assert proc.stdin is not None
+            proc.stdin.write(json.dumps(command) + "\n")
+            proc.stdin.flush()
+        results: list[dict] = [{}] * len(self.procs)
+
+        def read(k: int) -> None:
+            results[k] = json.loads(self._line(self.procs[k], "RESULT "))
+
+        threads = [threading.Thread(target=read, args=(k,)) for k in range(len(self.procs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return results
+
+    def close(self) -> None:
+        for proc in self.procs:
+            with contextlib.suppress(OSError):
+                assert proc.stdin is not None
+                proc.stdin.close()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
-def plan(method: str, setup: Setup, local_steps: int, seed: int, rounds: int) -> list[Round]:
-    """The modelled event times of ``rounds`` outer rounds of ``method``."""
-    net = setup.network
-    if method == "diloco":
-        transfers = [[allreduce_transfer(net, setup.nbytes)]] * rounds
-    else:
-        topology = make_topology(TOPOLOGY[method], WORKERS, seed=seed)
-        transfers = [gossip_transfers(net, topology.edges(t), setup.nbytes) for t in range(rounds)]
-    deadline = setup.deadline_s if method == "gasloc-ring-deadline" else None
-    return schedule(WORKERS, transfers, local_steps * setup.step_s, deadline)
-
-
-def train(
-    method: str, local_steps: int, seed: int, rounds: list[Round], data, iid: bool, outer: tuple[float, float]
-) -> list[tuple]:
-    """Train through ``rounds``; return ``(inner steps, modelled seconds, validation loss)`` after each."""
-    train_text, val, vocab = data
-    shards = worker_shards(train_text, iid)
-    model = StackedGPT(vocab, seed)
-    inner = inner_optimizer(model)
-    eta, gamma = outer
-    simulator = Simulator(make_topology(TOPOLOGY[method], WORKERS, seed=seed), outer_lr=eta, outer_momentum=gamma)
-    generator = torch.Generator().manual_seed(1000 + seed)
-    thetas = model.vectors()
-    curve = [(0, 0.0, validation_loss(model, val))]
-    for t, timing in enumerate(rounds):
-        for _ in range(local_steps):
-            inner_step(model, inner, shards, generator)
-        thetas, _ = simulator.round(t, thetas, model.vectors(), cut=timing.skipped)
-        model.load_vectors(thetas)
-        curve.append(((t + 1) * local_steps, max(timing.finish), validation_loss(model, val)))
-    return curve
-
-
-def rounds_within(timings: list[Round], seconds: float, at_least: int) -> int:
-    """How many rounds end by ``seconds`` (never fewer than ``at_least``)."""
-    return max(at_least, sum(max(r.finish) <= seconds for r in timings))
-
-
-def first_time_at_or_below(curve: list[tuple], target: float) -> float | None:
-    """The modelled seconds of the first point of ``curve`` whose loss is at most ``target``."""
-    return next((seconds for _, seconds, loss in curve if loss <= target), None)
-
-
-def mean_curve(runs: list[dict]) -> list[tuple]:
-    """``(steps, mean seconds, mean loss)`` over seeds, as far as every seed's curve goes."""
-    length = min(len(r["curve"]) for r in runs)
-    return [
-        (
-            runs[0]["curve"][k][0],
-            statistics.mean(r["curve"][k][1] for r in runs),
-            statistics.mean(r["curve"][k][2] for r in runs),
+def write_certs(folder: Path, n: int) -> None:
+    ca = CertificateAuthority.create()
+    for i in range(n):
+        bundle = ca.issue_bundle(
+            Principal.worker(JOB, i), dns_names=[gossip_server_name(JOB, i)], lifetime=timedelta(hours=4), server=True
         )
-        for k in range(length)
-    ]
+        (folder / f"{i}.crt").write_bytes(bundle.cert_pem)
+        (folder / f"{i}.key").write_bytes(bundle.key_pem)
+        (folder / "ca.crt").write_bytes(bundle.ca_pem)
 
 
-def summarize(runs: list[dict], steps: int) -> list[dict]:
+def summarize(runs: list[dict]) -> list[dict]:
     rows = []
-    for h in sorted({r["H"] for r in runs}):
-        diloco = [r for r in runs if r["H"] == h and r["method"] == "diloco"]
-        target = statistics.mean(r["val_loss"] for r in diloco)
-        diloco_seconds = statistics.mean(r["seconds_for_steps"] for r in diloco)
+    for scenario in SCENARIOS:
         for method in METHODS:
-            mine = [r for r in runs if r["H"] == h and r["method"] == method]
-            losses = [r["val_loss"] for r in mine]
-            if method == "diloco":
-                to_target, per_seed = diloco_seconds, [diloco_seconds] * len(mine)
-            else:
-                to_target = first_time_at_or_below(mean_curve(mine), target)
-                per_seed = [first_time_at_or_below(r["curve"], target) for r in mine]
+            mine = [r for r in runs if r["scenario"] == scenario and r["method"] == method]
+            if not mine:
+                continue
+
+            def mean(key: str, mine=mine) -> float:
+                return statistics.mean(r[key] for r in mine)
+
+            def std(key: str, mine=mine) -> float:
+                return statistics.stdev(r[key] for r in mine) if len(mine) > 1 else 0.0
+
             rows.append(
                 {
+                    "scenario": scenario,
                     "method": method,
-                    "H": h,
                     "seeds": len(mine),
-                    "steps": steps,
-                    "val_loss_mean": statistics.mean(losses),
-                    "val_loss_std": statistics.stdev(losses),
-                    "seconds_for_steps": statistics.mean(r["seconds_for_steps"] for r in mine),
-                    "seconds_per_round_last": statistics.mean(r["seconds_per_round_last"] for r in mine),
-                    "diloco_final_loss": target,
-                    "seconds_to_diloco_loss": to_target,
-                    "seconds_to_diloco_loss_per_seed": per_seed,
-                    "diloco_over_method": diloco_seconds / to_target if to_target else None,
-                    "steps_run": [r["curve"][-1][0] for r in mine],
-                    "val_loss_at_diloco_seconds": statistics.mean(
-                        [loss for _, s, loss in r["curve"] if s <= diloco_seconds * (1 + 1e-9)][-1] for r in mine
-                    ),
-                    "mb_sent_per_worker": statistics.mean(r["bytes_sent_per_worker"] for r in mine) / 1e6,
-                    "skipped_edge_rounds": statistics.mean(r["skipped_edge_rounds"] for r in mine),
+                    "seconds_mean": mean("seconds"),
+                    "seconds_std": std("seconds"),
+                    "consensus_seconds": mean("consensus_seconds"),
+                    "consensus_val_loss_mean": mean("consensus_val_loss"),
+                    "consensus_val_loss_std": std("consensus_val_loss"),
+                    "own_val_loss_mean": mean("own_val_loss"),
+                    "mb_sent_per_worker": mean("mb_sent_per_worker"),
+                    "steps_per_round_slow_worker": mean("steps_slow"),
+                    "steps_per_round_others": mean("steps_others"),
+                    "skipped_edges": mean("skipped_edges"),
                 }
             )
+    for r in rows:
+        base = next(b for b in rows if b["scenario"] == r["scenario"] and b["method"] == "diloco")
+        r["diloco_over_method"] = base["seconds_mean"] / r["seconds_mean"]
     return rows
 
 
-def run_all(args, data, setup: Setup) -> list[dict]:
-    runs = []
-    for h in args.local_steps:
-        rounds = args.steps // h
-        budget = None
-        for method in METHODS:
-            for seed in range(args.seeds):
-                if method == "diloco":
-                    timings = plan(method, setup, h, seed, rounds)
-                    budget = max(timings[-1].finish)
-                else:
-                    timings = plan(method, setup, h, seed, rounds * args.max_steps_factor)
-                    timings = timings[: rounds_within(timings, budget, rounds)]
-                started = time.perf_counter()
-                curve = train(
-                    method, h, seed, timings, data, iid=args.shards == "iid", outer=outer_settings(args.corpus, h)
-                )
-                equal = timings[:rounds]
-                runs.append(
-                    {
-                        "method": method,
-                        "H": h,
-                        "seed": seed,
-                        "val_loss": curve[rounds][2],
-                        "curve": curve,
-                        "seconds_for_steps": max(equal[-1].finish),
-                        "seconds_per_round_last": max(equal[-1].finish) - max(equal[-2].finish),
-                        "bytes_sent_per_worker": statistics.mean(sum(r.sent[i] for r in equal) for i in range(WORKERS)),
-                        "skipped_edge_rounds": sum(len(r.skipped) for r in equal),
-                        "cpu_seconds": time.perf_counter() - started,
-                    }
-                )
-                print(
-                    f"H={h:>2} {method:>21} seed {seed}: val {curve[rounds][2]:.3f} at {args.steps} steps, "
-                    f"{max(equal[-1].finish):.2f} s modelled; ran {curve[-1][0]} steps "
-                    f"({runs[-1]['cpu_seconds']:.0f} s)",
-                    flush=True,
-                )
-    return runs
-
-
-def validate_transport(
-    payload_bytes: int = 4 << 20, fast: float = 20e6, slow: float = 2e6, chunk_bytes: int = 128 << 10, repeats: int = 3
-) -> dict:
-    """Time ring rounds of 4 real mTLS ``GossipNode``s whose link (0, 3) is capped 10x below the others.
-
-    The model's swap time is ``latency + (payload - burst) / rate``: the latency
-    is a measured round of one-chunk payloads (the transport's fixed cost on
-    loopback) and the token bucket lets one chunk through as a burst. Then, with a deadline
-    between the fast and the slow swap, 0 and 3 must skip each other and return
-    at the deadline.
-    """
-    from cantata.security.pki import CertificateAuthority, Principal
-    from cantata.trainer.gossip import GossipNode, gossip_server_name
-
-    job, n = "bench-bandwidth", 4
-    ca = CertificateAuthority.create()
-    nodes = [
-        GossipNode(
-            i,
-            job,
-            ca.issue_bundle(
-                Principal.worker(job, i),
-                dns_names=[gossip_server_name(job, i)],
-                lifetime=timedelta(hours=1),
-                server=True,
-            ),
-            deadline_s=60.0,
-            chunk_bytes=chunk_bytes,
-        )
+def one_run(workers: Workers, n: int, scenario: str, method: str, seed: int, args, budget: float | None) -> dict:
+    slow = scenario.startswith("slow-compute")
+    commands = [
+        {
+            "method": method,
+            "seed": seed,
+            "rounds": args.rounds,
+            "local_steps": args.local_steps,
+            "eval_every": args.eval_every,
+            "slowdown": SLOWDOWN if slow and i == 0 else 1.0,
+            "budget_s": budget if scenario == "slow-compute-budget" else None,
+            "deadline_s": args.deadline_s,
+        }
         for i in range(n)
     ]
-    addresses = [node.start() for node in nodes]
-    ring = [(i, (i + 1) % n) for i in range(n)]
-    slow_edge = (0, n - 1)
-    payloads = [torch.full((payload_bytes // 4,), float(i)) for i in range(n)]
-    small = [torch.full((chunk_bytes // 4,), float(i)) for i in range(n)]
-    counter = iter(range(1_000_000))
-
-    def ring_round(sent, deadline_s=None):
-        t = next(counter)
-        elapsed, received = [0.0] * n, [None] * n
-
-        def worker(i):
-            peers = {j: addresses[j] for a, b in ring if i in (a, b) for j in (a, b) if j != i}
-            started = time.perf_counter()
-            received[i] = set(nodes[i].exchange(t, peers, sent[i], deadline_s=deadline_s))
-            elapsed[i] = time.perf_counter() - started
-
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        return elapsed, received
-
-    try:
-        ring_round(payloads)  # connections and TLS handshakes
-        latency = statistics.median(statistics.median(ring_round(small)[0]) for _ in range(repeats))
-        for a, b in ring:
-            rate = slow if edge(a, b) == slow_edge else fast
-            nodes[a].set_link_rate(b, rate)
-            nodes[b].set_link_rate(a, rate)
-        measured = [ring_round(payloads)[0] for _ in range(repeats)]
-        model = Network(n, fast, latency, {slow_edge: slow})
-        burst_free = payload_bytes - chunk_bytes
-        predicted = [max(model.swap_seconds(a, b, burst_free) for a, b in ring if i in (a, b)) for i in range(n)]
-        median = [statistics.median(m[i] for m in measured) for i in range(n)]
-        slow_ends, fast_ends = [0, n - 1], [1, n - 2]
-        measured_ratio = statistics.mean(median[i] for i in slow_ends) / statistics.mean(median[i] for i in fast_ends)
-        model_ratio = predicted[0] / predicted[1]
-        deadline = 3 * predicted[1]
-        elapsed, received = ring_round(payloads, deadline_s=deadline)
-    finally:
-        for node in nodes:
-            node.stop()
-    skipped_ok = n - 1 not in received[0] and 0 not in received[n - 1] and all(len(received[i]) == 2 for i in fast_ends)
-    errors = [abs(m - p) / p for m, p in zip(median, predicted, strict=True)]
-    errors += [abs(measured_ratio - model_ratio) / model_ratio]
-    errors += [abs(elapsed[i] - deadline) / deadline for i in slow_ends]
+    results = workers.run(commands)
+    seconds = max(r["rounds"][-1]["clock_s"] for r in results)
+    curve = [
+        {
+            "clock_s": max(r["evals"][k]["clock_s"] for r in results),
+            "val_loss": statistics.mean(r["evals"][k]["val_loss"] for r in results),
+        }
+        for k in range(len(results[0]["evals"]))
+    ]
+    steps = [statistics.mean(x["steps"] for x in r["rounds"]) for r in results]
+    fast_round_steps = [x for r in results[1:] for x in r["rounds"]]
     return {
-        "nodes": n,
-        "payload_bytes": payload_bytes,
-        "chunk_bytes": chunk_bytes,
-        "fast_bytes_per_s": fast,
-        "slow_bytes_per_s": slow,
-        "slow_edge": slow_edge,
-        "latency_seconds": latency,
-        "measured_seconds": median,
-        "modelled_seconds": predicted,
-        "measured_slow_over_fast": measured_ratio,
-        "modelled_slow_over_fast": model_ratio,
-        "deadline_seconds": deadline,
-        "deadline_round_seconds": elapsed,
-        "deadline_round_peers": [sorted(r) for r in received],
-        "max_relative_error": max(errors),
-        "tolerance": VALIDATION_TOLERANCE,
-        "passed": max(errors) <= VALIDATION_TOLERANCE and skipped_ok,
+        "scenario": scenario,
+        "method": method,
+        "seed": seed,
+        "seconds": seconds,
+        "consensus_seconds": max(r["consensus_s"] for r in results),
+        "consensus_val_loss": results[0]["consensus_val_loss"],
+        "own_val_loss": statistics.mean(r["own_val_loss"] for r in results),
+        "mb_sent_per_worker": statistics.mean(r["bytes_sent"] for r in results) / 1e6,
+        "steps_slow": steps[0],
+        "steps_others": statistics.mean(steps[1:]),
+        "skipped_edges": sum(x["skipped"] for r in results for x in r["rounds"]),
+        "curve": curve,
+        "parameters": results[0]["parameters"],
+        "fast_round_s": [
+            r["rounds"][k]["clock_s"] - (r["rounds"][k - 1]["clock_s"] if k else 0.0)
+            for r in results[1:]
+            for k in range(len(r["rounds"]))
+        ],
+        "fast_exchange_s": [x["exchange_s"] for x in fast_round_steps],
     }
 
 
-def plot(runs: list[dict], rows: list[dict], path: Path) -> None:
+def plot(runs: list[dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    hs = sorted({r["H"] for r in runs})
-    fig, axes = plt.subplots(len(hs), 2, figsize=(12, 4 * len(hs)), squeeze=False)
-    for (by_time, by_steps), h in zip(axes, hs, strict=True):
-        target = next(r["diloco_final_loss"] for r in rows if r["H"] == h)
+    fig, axes = plt.subplots(1, len(SCENARIOS), figsize=(4 * len(SCENARIOS), 3.6), sharey=True)
+    for ax, scenario in zip(axes, SCENARIOS, strict=True):
         for method in METHODS:
-            curve = mean_curve([r for r in runs if r["H"] == h and r["method"] == method])
-            by_time.plot([s for _, s, _ in curve], [loss for *_, loss in curve], label=method)
-            by_steps.plot([k for k, _, _ in curve], [loss for *_, loss in curve], label=method)
-        for ax, xlabel in ((by_time, "modelled wall-clock (s)"), (by_steps, "inner steps per worker")):
-            ax.axhline(target, color="grey", linestyle=":", label="DiLoCo's final loss")
-            ax.set_xlabel(xlabel)
-            ax.set_ylabel("validation loss")
-            ax.set_ylim(top=min(3.5, ax.get_ylim()[1]))
-            ax.set_title(f"H = {h}, ring of {WORKERS}, link {SLOW_EDGE} 10x slower")
-            ax.legend()
+            mine = [r for r in runs if r["scenario"] == scenario and r["method"] == method]
+            if not mine:
+                continue
+            points = len(mine[0]["curve"])
+            xs = [statistics.mean(r["curve"][k]["clock_s"] for r in mine) for k in range(points)]
+            ys = [statistics.mean(r["curve"][k]["val_loss"] for r in mine) for k in range(points)]
+            ax.plot(xs, ys, marker="o", markersize=3, label=method)
+        ax.set_title(scenario)
+        ax.set_xlabel("wall-clock (s)")
+    axes[0].set_ylabel("validation loss (workers' mean)")
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="120 inner steps instead of 400")
-    parser.add_argument("--steps", type=int, help="inner steps per worker (default 400)")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="1 seed, 6 rounds, two scenarios")
+    parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--local-steps", type=int, nargs="+", default=[20], help="H values (e.g. 20 5)")
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--local-steps", type=int, default=5)
+    parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument(
-        "--max-steps-factor",
-        type=int,
-        default=2,
-        help="cap on GASLoC's steps within DiLoCo's wall-clock, as a multiple of --steps",
+        "--deadline-s",
+        type=float,
+        default=60.0,
+        help="fixed round deadline (a job's round_deadline_s): no link fails here, and on 2 shared cores the "
+        "workers reach a round up to seconds apart, which an adaptive deadline can mistake for a dead peer",
     )
-    parser.add_argument("--corpus", choices=CORPORA, default="pystdlib")
-    parser.add_argument("--shards", choices=("iid", "contiguous"), default="iid")
-    parser.add_argument("--fast-mb-s", type=float, default=20.0, help="every link but the slow one, MB/s")
-    parser.add_argument("--slow-mb-s", type=float, default=2.0, help="the ring link (0, 7), MB/s")
-    parser.add_argument("--latency-ms", type=float, default=1.0, help="per message")
-    parser.add_argument("--step-ms", type=float, help="one worker's local step (default: measured)")
-    parser.add_argument("--deadline-ms", type=float, help="gossip round deadline (default: 3x a fast swap)")
-    parser.add_argument(
-        "--validate-transport",
-        action="store_true",
-        help="also time real mTLS GossipNodes with capped links against the model",
-    )
+    parser.add_argument("--fast-mbit", type=int, default=160)
+    parser.add_argument("--slow-mbit", type=int, default=16)
+    parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
     harness.add_output_argument(parser)
     args = parser.parse_args(argv)
-    if args.seeds < 2:
-        parser.error("--seeds must be at least 2 (the table reports a standard deviation)")
-    args.steps = args.steps or (120 if args.quick else 400)
-    if any(args.steps % h or args.steps // h < 2 for h in args.local_steps):
-        parser.error("--steps must be a multiple of every H, with at least 2 rounds")
-    torch.set_num_threads(1)
-    wall_started = time.perf_counter()
-    data = load_text(args.corpus)
-    nbytes = 4 * sum(p[0].numel() for p in StackedGPT(data[2], seed=0).params.values())
-    network = Network(WORKERS, args.fast_mb_s * 1e6, args.latency_ms / 1e3, {SLOW_EDGE: args.slow_mb_s * 1e6})
-    step_s = args.step_ms / 1e3 if args.step_ms else measure_step_seconds(data)
-    deadline_s = args.deadline_ms / 1e3 if args.deadline_ms else 3 * network.swap_seconds(1, 2, nbytes)
-    setup = Setup(network, step_s, deadline_s, nbytes)
-    assumptions = {
-        "workers": WORKERS,
-        "parameter_bytes": nbytes,
-        "fast_bytes_per_s": network.bandwidth,
-        "slow_bytes_per_s": args.slow_mb_s * 1e6,
-        "slow_edge": SLOW_EDGE,
-        "latency_s": network.latency_s,
-        "step_seconds": step_s,
-        "step_seconds_source": "flag" if args.step_ms else "measured",
-        "deadline_seconds": deadline_s,
-        "fast_swap_seconds": network.swap_seconds(1, 2, nbytes),
-        "slow_swap_seconds": network.swap_seconds(*SLOW_EDGE, nbytes),
-        "diloco_allreduce_seconds": network.ring_allreduce_seconds(nbytes),
-        "compute_seconds_per_round": {h: h * step_s for h in args.local_steps},
-    }
-    print(json.dumps(assumptions, indent=1))
-    runs = run_all(args, data, setup)
-    rows = summarize(runs, args.steps)
-    validation = validate_transport() if args.validate_transport else None
-    print(
-        f"\n{args.steps} inner steps, {WORKERS} workers, {args.seeds} seeds; GASLoC continues up to DiLoCo's "
-        f"wall-clock (at most {args.max_steps_factor}x the steps)"
-    )
-    print(
-        "| H | method | val loss at equal steps | modelled s for the steps | s to DiLoCo's final loss "
-        "| DiLoCo s / method s | val loss at DiLoCo's s | MB sent per worker |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        reached = f"{r['seconds_to_diloco_loss']:.2f}" if r["seconds_to_diloco_loss"] else "not reached"
-        ratio = f"{r['diloco_over_method']:.2f}x" if r["diloco_over_method"] else "-"
-        print(
-            f"| {r['H']} | {r['method']} | {r['val_loss_mean']:.3f} ± {r['val_loss_std']:.3f} "
-            f"| {r['seconds_for_steps']:.2f} | {reached} | {ratio} | {r['val_loss_at_diloco_seconds']:.3f} "
-            f"| {r['mb_sent_per_worker']:.1f} |"
-        )
-    if validation:
-        print("transport validation:", json.dumps(validation, indent=1))
-    total = time.perf_counter() - wall_started
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))  # so the network is removed on kill too
+    if os.geteuid() != 0:
+        sys.exit("bench_gasloc_bandwidth needs root: it creates network namespaces, veth pairs and tc qdiscs")
+    if args.quick:
+        args.seeds, args.rounds, args.eval_every = 1, 6, 3
+        args.scenarios = [s for s in args.scenarios if s in ("uniform", "slow-link")]
+    out = harness.output_dir(args.out, args.quick)
+    runs: list[dict] = []
+    began = time.perf_counter()
+    net = ShapedNetwork(args.workers, args.fast_mbit, args.slow_mbit)
+    workers = None
+    try:
+        with tempfile.TemporaryDirectory() as certs:
+            write_certs(Path(certs), args.workers)
+            net.open()
+            workers = Workers(net, Path(certs))
+            for seed in range(1, args.seeds + 1):
+                budget = None
+                for scenario in args.scenarios:
+                    net.shape(scenario)
+                    for method in METHODS:
+                        if scenario == "slow-compute-budget" and budget is None:
+                            continue  # needs the slow-compute run's fast-worker time
+                        run = one_run(workers, args.workers, scenario, method, seed, args, budget)
+                        runs.append(run)
+                        if scenario == "slow-compute" and method == "diloco":
+                            # the budget: a fast worker's median round compute (round minus exchange)
+                            budget = statistics.median(
+                                max(0.0, r - e)
+                                for r, e in zip(run["fast_round_s"], run["fast_exchange_s"], strict=True)
+                            )
+                        print(
+                            f"seed {seed} {scenario:20s} {method:16s} {run['seconds']:7.2f} s  "
+                            f"consensus loss {run['consensus_val_loss']:.3f}  {run['mb_sent_per_worker']:.2f} MB/worker  "
+                            f"steps slow/others {run['steps_slow']:.1f}/{run['steps_others']:.1f}",
+                            flush=True,
+                        )
+    finally:
+        if workers is not None:
+            workers.close()
+        net.close()
+    for run in runs:
+        del run["fast_round_s"], run["fast_exchange_s"]
     report = {
         "quick": args.quick,
-        "steps": args.steps,
-        "seeds": args.seeds,
-        "corpus": args.corpus,
-        "shards": args.shards,
-        "max_steps_factor": args.max_steps_factor,
-        "assumptions": assumptions,
-        "rows": rows,
-        "transport_validation": validation,
+        "setup": {
+            "workers": args.workers,
+            "rounds": args.rounds,
+            "local_steps": args.local_steps,
+            "eval_every": args.eval_every,
+            "seeds": args.seeds,
+            "fast_mbit": args.fast_mbit,
+            "slow_mbit": args.slow_mbit,
+            "slow_edge": [0, args.workers - 1],
+            "slowdown": SLOWDOWN,
+            "model": "gpt-tiny",
+            "parameters": runs[0]["parameters"] if runs else 0,
+            "outer": [1.0, 0.5],
+            "round_deadline_s": args.deadline_s,
+            "run_with": "nice, as root, on the 2 shared cores of the development machine",
+        },
+        "minutes": (time.perf_counter() - began) / 60,
+        "rows": summarize(runs),
         "runs": runs,
-        "benchmark_seconds": total,
     }
-    path = harness.write_results("gasloc_bandwidth", report, harness.output_dir(args.out, args.quick))
-    plot(runs, rows, path.with_suffix(".png"))
-    print(f"wrote {path} and {path.with_suffix('.png').name} ({total:.0f} s)")
+    path = harness.write_results("gasloc_bandwidth", report, out)
+    plot(runs, harness.result_file(out, "gasloc_bandwidth", ".png"))
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

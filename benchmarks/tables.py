@@ -149,16 +149,10 @@ def gasloc(load: Callable[[str], dict]) -> list[str]:
                 ),
             )
         )
-    for h in hs:
-        lines.append(
-            row(
-                f"MB, H={h}",
-                *(f"{rows[h, m]['mb_sent_per_worker']:.1f}" if (h, m) in rows else "" for m in GASLOC_METHODS),
-            )
-        )
     return [
-        f"{result['workers']} simulated workers on `builtin:{result['corpus']}`, {result['steps']} inner steps, "
-        f"{result['seeds']} seeds: validation loss (mean ± std), and MB sent per worker:",
+        f"{result['workers']} workers simulated in one process (training only, no network) on "
+        f"`builtin:{result['corpus']}`, {result['steps']} inner steps, {result['seeds']} seeds: validation loss "
+        "(mean ± std):",
         "",
         *lines,
         "",
@@ -167,57 +161,64 @@ def gasloc(load: Callable[[str], dict]) -> list[str]:
 
 
 BANDWIDTH_METHODS = {
-    "diloco": "DiLoCo",
+    "diloco": "DiLoCo (ring all-reduce)",
     "gasloc-ring": "GASLoC ring",
-    "gasloc-ring-deadline": "GASLoC ring, round deadline",
     "gasloc-one-peer": "GASLoC one-peer",
+    "gasloc-two-peer": "GASLoC two-peer",
+}
+BANDWIDTH_SCENARIOS = {
+    "uniform": "uniform links",
+    "slow-link": "one slow link",
+    "slow-uplink": "one slow uplink",
+    "slow-compute": "one worker 3× slower",
+    "slow-compute-budget": "one worker 3× slower, time budget",
 }
 
 
 @table("gasloc_bandwidth")
 def gasloc_bandwidth(load: Callable[[str], dict]) -> list[str]:
     result = load("gasloc_bandwidth")
-    setup = result["assumptions"]
+    setup = result["setup"]
     lines = header(
-        "H", "method", "val loss at equal steps", f"wall-clock for {result['steps']} steps", "to DiLoCo's final loss",
-        "speed-up",
+        "scenario", "method", "wall-clock", "DiLoCo's over it", "consensus val loss", "MB sent per worker",
+        "inner steps per round (slow worker / others)",
     )  # fmt: skip
-    misses = []
-    for h in sorted({r["H"] for r in result["rows"]}, reverse=True):
-        for method, label in BANDWIDTH_METHODS.items():
-            r = next(r for r in result["rows"] if r["H"] == h and r["method"] == method)
-            reached, speedup = r["seconds_to_diloco_loss"], r["diloco_over_method"]
-            if method != "diloco" and not (speedup and speedup > 1):
-                misses.append(f"{label} at H={h} does not reach DiLoCo's final loss sooner than DiLoCo")
+    ran = {r["scenario"] for r in result["rows"]}
+    for scenario, label in BANDWIDTH_SCENARIOS.items():
+        for method, name in BANDWIDTH_METHODS.items():
+            r = next((r for r in result["rows"] if r["scenario"] == scenario and r["method"] == method), None)
+            if r is None:
+                continue
             lines.append(
                 row(
-                    h,
                     label,
-                    f"{r['val_loss_mean']:.3f} ± {r['val_loss_std']:.3f}",
-                    f"{r['seconds_for_steps']:.2f} s",
-                    f"{reached:.2f} s" if reached else "not reached",
-                    f"{speedup:.2f}×" if speedup else "–",
+                    name,
+                    f"{r['seconds_mean']:.2f} ± {r['seconds_std']:.2f} s",
+                    f"{r['diloco_over_method']:.2f}×",
+                    f"{r['consensus_val_loss_mean']:.3f} ± {r['consensus_val_loss_std']:.3f}",
+                    f"{r['mb_sent_per_worker']:.2f}",
+                    f"{r['steps_per_round_slow_worker']:.1f} / {r['steps_per_round_others']:.1f}",
                 )
             )
-    validation = result.get("transport_validation")
-    checked = (
-        f"; `--validate-transport` checked the time model against real token-bucket-capped gossip links, within "
-        f"{100 * validation['max_relative_error']:.1f}%"
-        if validation
-        else ""
-    )
+    skipped = [label for scenario, label in BANDWIDTH_SCENARIOS.items() if scenario not in ran]
+    not_run = f" Not run: {', '.join(skipped)}." if skipped else ""
     return [
-        f"{setup['workers']} workers on `builtin:{result['corpus']}`, links at {setup['fast_bytes_per_s'] / 1e6:.0f} "
-        f"MB/s and the ring's link {tuple(setup['slow_edge'])} at {setup['slow_bytes_per_s'] / 1e6:.0f} MB/s, "
-        f"{result['steps']} inner steps, {result['seeds']} seeds. Compute is measured, communication modelled"
-        f"{checked}. Wall-clock is modelled seconds:",
+        f"{setup['workers']} worker processes, each in its own network namespace, links shaped by `tc htb` at "
+        f"{setup['fast_mbit'] / 8:.0f} MB/s (the slow link or uplink at {setup['slow_mbit'] / 8:.0f} MB/s), the "
+        f"platform's mutual-TLS gossip transport; `{setup['model']}` ({setup['parameters'] / 1e3:.0f}k parameters), "
+        f"{setup['rounds']} rounds of H={setup['local_steps']} and the final consensus all-reduce, "
+        f"{setup['seeds']} seeds (mean ± std). Wall-clock is measured: the slowest worker's rounds, on the "
+        f"development machine's 2 shared cores, so compute of the {setup['workers']} workers contends. Bytes are "
+        f"counted from the serialized gRPC messages. The time budget is a fast worker's median compute per round in "
+        f"the same seed's slow-compute DiLoCo run; round deadline fixed at {setup['round_deadline_s']:g} s.{not_run}",
         "",
         *lines,
         "",
-        missed(misses),
+        "Loss against wall-clock: `benchmarks/results/bench_gasloc_bandwidth.png`.",
         reproduce(
-            "bench_gasloc_bandwidth.py --local-steps 20 5 --validate-transport",
-            " (about 12 min; `--quick` for 2)",
+            f"bench_gasloc_bandwidth.py --workers {setup['workers']} --seeds {setup['seeds']} --rounds "
+            f"{setup['rounds']} --local-steps {setup['local_steps']} --eval-every {setup['eval_every']}",
+            f" as root (about {result['minutes']:.0f} min)",
             quick=result.get("quick", False),
         ),
     ]
@@ -449,6 +450,24 @@ def control_plane(load: Callable[[str], dict]) -> list[str]:
         f"queue's head takes {queued['queue_head_ms']} ms with them ({empty['queue_head_ms']} ms empty).",
         missed(misses),
         reproduce("bench_control_plane.py", quick=result["quick"]),
+    ]
+
+
+@table("audit_lookup")
+def audit_lookup(load: Callable[[str], dict]) -> list[str]:
+    result = load("audit_lookup")
+    lines = header("query (one page of at most 100)", "matches", "lookup s", "parse-all s", "speedup")
+    for label, q in result["queries"].items():
+        lines.append(row(label, q["matches"], f"{q['lookup_s']:.2f}", f"{q['baseline_s']:.2f}", f"{q['speedup']:.1f}×"))
+    return [
+        f"`cantata audit events` over a log of {result['records']:,} records "
+        f"({result['log_bytes'] / 2**20:.0f} MiB), next to parsing every record and filtering, "
+        f"the two taking turns (median of {result['rounds']}, machine load average "
+        f"{result['machine']['load_average_1m']}):",
+        "",
+        *lines,
+        "",
+        reproduce("bench_audit_lookup.py", quick=result["quick"]),
     ]
 
 

@@ -20,8 +20,9 @@ import dataclasses
 import enum
 import json
 import math
+import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,8 @@ MAX_STEPS = 10_000_000
 MAX_WORKERS = 256  # worker processes of one job, all groups together
 MAX_RANKS_PER_WORKER = 64
 MAX_FAILURES, DEFAULT_MAX_FAILURES = 100, 3
+MAX_TAGS = 16
+TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:=/-]{0,63}")
 WARMUP_DIVISOR = 20  # the default warm-up: 5% of the steps
 MAX_GRAD_ACCUM = 1024
 MAX_EVAL_BATCHES = 10_000
@@ -51,9 +54,12 @@ DECENTRALIZED_DEFAULTS = {  # algorithm -> (local steps H, outer lr eta, outer m
     Algorithm.DILOCO: (20, 0.7, 0.9, Topology.COMPLETE),
     Algorithm.GASLOC: (20, 1.0, 0.5, Topology.RING),
 }
+ROUND_DEADLINE_BOUNDS = (2.0, 120.0)  # an adaptive round deadline stays within these seconds
 REQUIRED = dataclasses.MISSING  # an SDK default meaning "no default: the caller must give one"
-TYPE_WORDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
-JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
+# ``tuple`` is a list of strings (a proto ``repeated string``); each item is checked by ``pattern``.
+TYPE_WORDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false", tuple: "a list of strings"}
+JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", tuple: "array"}
+KIND_NAMES = {str: "str", int: "int", float: "float", bool: "bool", tuple: "list of str"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +101,7 @@ class JobField:
     """One row of the table (see the module docstring)."""
 
     name: str
-    kind: type  # the Python type: str, int, float or bool
+    kind: type  # the Python type: str, int, float, bool, or tuple for a list of strings
     help: str
     sdk_default: Any
     server_default: Any = None  # a value, a Rule, or None: an unset value stays unset
@@ -103,6 +109,9 @@ class JobField:
     choices: type[enum.StrEnum] | None = None
     prefixes: tuple[str, ...] = ()  # a set string value starts with one of these
     max_length: int | None = None  # a set string value is 1..max_length printable characters
+    pattern: re.Pattern[str] | None = None  # each item of a list must match it in full
+    max_items: int | None = None  # a list holds at most this many distinct items
+    flag: str = ""  # the CLI flag when it is not --NAME (a list's flag is given once per item)
     algorithms: frozenset[Algorithm] = frozenset(Algorithm)
     optional: bool = False  # proto3 optional: unset is None, and an explicit 0 is a value
     required: bool = False  # the server refuses it unset
@@ -137,6 +146,8 @@ class JobField:
         """The values a set field may take, in words."""
         if self.choices is not None:
             return ", ".join(self.choices)
+        if self.pattern is not None:
+            return f"up to {self.max_items} distinct, each matching {self.pattern.pattern}"
         if self.range is not None:
             return self.range.text(self.kind is int)
         if self.prefixes:
@@ -151,6 +162,8 @@ def _text(value: Any) -> str:
         return "unset"
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, tuple):
+        return "[" + ", ".join(value) + "]"
     return str(value) if value != "" else '""'
 
 
@@ -385,16 +398,49 @@ FIELDS: tuple[JobField, ...] = (
         range=Range(0, MAX_FAILURES),
         optional=True,
     ),
+    JobField(
+        "tags",
+        tuple,
+        "labels to find the job by (`cantata jobs list --tag`)",
+        (),
+        pattern=TAG,
+        max_items=MAX_TAGS,
+        flag="tag",
+    ),
+    JobField(
+        "round_deadline_s",
+        float,
+        "seconds a gossip round or diloco all-reduce may take before a late peer's edge is dropped",
+        None,
+        Rule(f"adaptive: 4 x the slowest of the last 8 rounds + 1 s, within {ROUND_DEADLINE_BOUNDS} s"),
+        range=Range(0, 3600, low_open=True),
+        algorithms=DECENTRALIZED,
+        optional=True,
+    ),
+    JobField(
+        "round_time_s",
+        float,
+        "time budget of each round's inner steps, seconds: each worker runs as many as fit (at least 1), "
+        "weighted by steps done in the outer step",
+        None,
+        Rule("local_steps inner steps per round"),
+        range=Range(0, 3600, low_open=True),
+        algorithms=DECENTRALIZED,
+        optional=True,
+    ),
     *TRAINING_FIELDS,
 )
 FIELD = {f.name: f for f in FIELDS}
 
 
 def value_of(job: Any, f: JobField) -> Any:
-    """``f``'s value in a ``Job`` or a ``JobSpec``; None for an absent optional proto field."""
+    """``f``'s value in a ``Job`` or a ``JobSpec``; None for an absent optional proto field, a tuple for a list."""
     if f.optional and isinstance(job, Message) and not job.HasField(f.name):
         return None
-    return getattr(job, f.name)
+    value = getattr(job, f.name)
+    if f.kind is tuple and isinstance(job, Message):
+        return tuple(value)
+    return value
 
 
 def is_set(f: JobField, value: Any) -> bool:
@@ -402,6 +448,12 @@ def is_set(f: JobField, value: Any) -> bool:
 
 
 def _has_type(f: JobField, value: Any) -> bool:
+    if f.kind is tuple:  # a list, a tuple or a proto repeated field, of strings
+        return (
+            isinstance(value, Iterable)
+            and not isinstance(value, str | bytes | Mapping)
+            and all(isinstance(v, str) for v in value)
+        )
     if f.kind is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if f.kind is int:
@@ -427,6 +479,20 @@ def problem(f: JobField, value: Any, algorithm: str | None, *, unset_ok: bool) -
         return f"unknown scheme in {value!r} (use {', '.join(f.prefixes)})"
     if f.max_length is not None and not (0 < len(value) <= f.max_length and value.isprintable()):
         return f"1-{f.max_length} printable characters required"
+    if f.pattern is not None:
+        return _list_problem(f, list(value))
+    return None
+
+
+def _list_problem(f: JobField, items: list[str]) -> str | None:
+    assert f.pattern is not None
+    if f.max_items is not None and len(items) > f.max_items:
+        return f"at most {f.max_items} items, not {len(items)}"
+    bad = next((item for item in items if not f.pattern.fullmatch(item)), None)
+    if bad is not None:
+        return f"{bad!r} does not match {f.pattern.pattern}"
+    if len(set(items)) != len(items):
+        return "items must be distinct"
     return None
 
 
@@ -513,6 +579,13 @@ def json_schema() -> dict[str, Any]:
             prop["pattern"] = f"^({pattern})" + ("|^$" if f.sdk_unset_ok else "")
         if f.max_length is not None:
             prop.update(minLength=1, maxLength=f.max_length)
+        if f.pattern is not None:
+            prop.update(
+                items={"type": "string", "pattern": f"^(?:{f.pattern.pattern})$"},
+                maxItems=f.max_items,
+                uniqueItems=True,
+            )
+            prop["default"] = list(f.sdk_default)
         properties[f.name] = prop
     properties["request_id"] = {
         "type": "string",
@@ -549,7 +622,7 @@ def markdown() -> str:
         "|---|---|---|---|---|---|",
     ]
     for f in FIELDS:
-        kind = f.kind.__name__ + (" *optional*" if f.optional else "")
+        kind = KIND_NAMES[f.kind] + (" *optional*" if f.optional else "")
         cells = (f"`{f.name}`", kind, f.default_text(), f.allowed_text(), f.applies_text(), f.help)
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     lines += ["", "`request_id` (SDK and YAML only): " + str(json_schema()["properties"]["request_id"]["description"])]

@@ -73,6 +73,15 @@ class Model(enum.StrEnum):
     GPT_SMALL = "gpt-small"
 
 
+# Each model's shape: what the trainer builds and what a downloaded checkpoint's config.json describes.
+MODEL_SHAPES: dict[Model, dict[str, int]] = {
+    Model.GPT_TINY: {"n_layer": 2, "n_head": 4, "n_embd": 64, "block_size": 256, "vocab_size": 256},
+    Model.GPT_SMALL: {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 512, "vocab_size": 256},
+}
+
+
+# Every job state's name, in lifecycle order (what filters and listings accept).
+STATE_NAMES = tuple(name for name in common_pb2.JobState.keys() if name != "JOB_STATE_UNSPECIFIED")  # noqa: SIM118
 TERMINAL_STATES = frozenset({common_pb2.SUCCEEDED, common_pb2.FAILED, common_pb2.CANCELLED})
 
 

@@ -19,8 +19,10 @@ Exit code 0 on success; non-zero with a one-line reason on failure.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import asdict
@@ -142,6 +144,14 @@ def cmd_admin_set_quota(args) -> int:
     return 0
 
 
+def cmd_admin_set_retention(args) -> int:
+    with _client(args) as client:
+        t = client.set_retention(args.name, args.retention_days)
+    kept = f"{t.retention_days} days" if t.retention_days else "for ever"
+    _print(args, asdict(t), [f"{t.name}: ended jobs are kept {kept}"])
+    return 0
+
+
 def cmd_admin_revoke_cert(args) -> int:
     with _client(args) as client:
         principal = client.revoke_certificate(args.serial, args.reason)
@@ -202,11 +212,13 @@ def _add_job_flags(parser: argparse.ArgumentParser) -> None:
         kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": helptext.replace("%", "%%")}
         if f.kind is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
+        elif f.kind is tuple:  # a list: the flag once per item
+            kwargs.update(action="append", metavar=f.flag.upper() or None)
         else:
             kwargs["type"] = f.kind
             if f.choices is not None:
                 kwargs["choices"] = [c.value for c in f.choices]
-        group.add_argument("--" + f.name.replace("_", "-"), **kwargs)
+        group.add_argument("--" + (f.flag or f.name).replace("_", "-"), **kwargs)
 
 
 def _job_from_args(args) -> Job:
@@ -236,7 +248,8 @@ def _job_line(j) -> str:
     else:
         loss = f"loss {j.loss:.4f}" if j.loss is not None else ""
     reason = f"  ({j.reason})" if j.reason else ""
-    return f"{j.id}  {j.name:<20} {j.state:<10} step {j.step}/{j.steps}  {loss}{reason}"
+    tags = f"  [{', '.join(j.tags)}]" if j.tags else ""
+    return f"{j.id}  {j.name:<20} {j.state:<10} step {j.step}/{j.steps}  {loss}{reason}{tags}"
 
 
 def cmd_jobs_submit(args) -> int:
@@ -253,9 +266,36 @@ def cmd_jobs_submit(args) -> int:
 
 def cmd_jobs_list(args) -> int:
     with _client(args) as client:
-        jobs = client.list()
+        jobs = client.list(state=args.state or (), tag=args.tag or "", since=args.since)
     _print(args, [asdict(j) for j in jobs], [_job_line(j) for j in jobs] or ["no jobs"])
     return 0
+
+
+def cmd_jobs_delete(args) -> int:
+    with _client(args) as client:
+        objects = client.delete(args.job_id)
+    _print(
+        args,
+        {"id": args.job_id, "deleted": True, "checkpoint_objects_deleted": objects},
+        [f"deleted {args.job_id}: its records, logs and {objects} checkpoint objects"],
+    )
+    return 0
+
+
+_AGO = re.compile(r"(\d+)([smhd])")
+_AGO_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+def time_arg(text: str) -> dt.datetime:
+    """An ISO 8601 time (naive is UTC) or an age such as ``30m``, ``12h`` or ``7d`` (that long ago)."""
+    ago = _AGO.fullmatch(text)
+    if ago:
+        return dt.datetime.now(dt.UTC) - dt.timedelta(**{_AGO_UNITS[ago[2]]: int(ago[1])})
+    try:
+        moment = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time or an age like 12h or 7d: {text!r}") from None
+    return moment.replace(tzinfo=dt.UTC) if moment.tzinfo is None else moment
 
 
 def cmd_jobs_status(args) -> int:
@@ -348,7 +388,7 @@ def cmd_checkpoints_list(args) -> int:
 
 def cmd_checkpoints_download(args) -> int:
     with _client(args) as client:
-        path = client.download_checkpoint(args.job_id, args.step, args.out)
+        path = client.download_checkpoint(args.job_id, args.step, args.out, format=args.format)
     print(f"wrote {path}")
     return 0
 
@@ -498,6 +538,50 @@ def cmd_completion(args) -> int:
     return 0
 
 
+def _audit_event_line(e) -> str:
+    rid = f"  request {e.request_id}" if e.request_id else ""
+    details = json.dumps({k: v for k, v in e.details.items() if k != "request_id"}, sort_keys=True)
+    return (
+        f"{e.seq:>7} {e.time}  {e.action:<24} {e.outcome:<7} {e.tenant or '-':<16} {e.resource or '-'}  "
+        f"{e.actor}{rid}  {details}"
+    )
+
+
+def cmd_audit_events(args) -> int:
+    """``cantata audit events``: individual records from the server (a tenant sees its own)."""
+    with _client(args) as client:
+        events = client.audit_events(
+            tenant=args.tenant or "",
+            action=args.action or "",
+            since=args.since,
+            until=args.until,
+            request_id=args.request_id or "",
+        )
+        if args.json:  # one JSON object per line: a stream a log tool can read as it comes
+            for e in events:
+                print(json.dumps(asdict(e)), flush=True)
+            return 0
+        lines = [_audit_event_line(e) for e in events]
+    print("\n".join(lines) if lines else "no audit records match")
+    return 0
+
+
+def add_audit_events(commands: argparse._SubParsersAction) -> None:
+    """Add ``events`` to the ``audit`` command set (which the server plugin makes)."""
+    p = commands.add_parser(
+        "events",
+        help="look up individual audit records on the server (tenants see their own)",
+        description="Records oldest first; filters combine with AND. Not a proof: `audit report` verifies.",
+    )
+    p.add_argument("--tenant", help="only this tenant's records (admins; a tenant always gets its own)")
+    p.add_argument("--action", help="only this action, e.g. job_submitted, job_deleted, authz_denied")
+    p.add_argument("--since", type=time_arg, help="from this time (ISO 8601 or an age like 12h), inclusive")
+    p.add_argument("--until", type=time_arg, help="up to this time (ISO 8601 or an age like 12h), exclusive")
+    p.add_argument("--request-id", help="only records of the call that returned this request id")
+    _client_flags(p, None)
+    p.set_defaults(func=cmd_audit_events)
+
+
 # ---- parser -------------------------------------------------------------
 COMMANDS = {  # the built-in commands and their help; plugins add to these and add their own
     "tenant": "enroll as a tenant",
@@ -572,6 +656,11 @@ def _build_admin(root: argparse._SubParsersAction, groups: dict) -> None:
     p.add_argument("--max-steps", type=int, default=0)
     _client_flags(p, "admin")
     p.set_defaults(func=cmd_admin_set_quota)
+    p = tenants.add_parser("set-retention", help="how long a tenant's ended jobs are kept before deletion")
+    p.add_argument("name")
+    p.add_argument("--retention-days", type=int, required=True, help="delete ended jobs older than this (0 keeps them)")
+    _client_flags(p, "admin")
+    p.set_defaults(func=cmd_admin_set_retention)
     p = tenants.add_parser("revoke-cert", help="refuse one certificate (hex serial) from now on")
     p.add_argument("serial")
     p.add_argument("--reason", default="")
@@ -627,9 +716,24 @@ def _build_jobs(root: argparse._SubParsersAction, groups: dict) -> None:
     p.add_argument("--watch", action="store_true", help="follow the job with a progress bar until it ends")
     _client_flags(p, None)
     p.set_defaults(func=cmd_jobs_resume)
-    p = jobs.add_parser("list", help="your jobs")
+    from cantata.proto.vocabulary import STATE_NAMES
+
+    p = jobs.add_parser("list", help="your jobs, filtered by the server")
+    p.add_argument(
+        "--state",
+        action="append",
+        type=str.upper,
+        choices=STATE_NAMES,
+        help="only jobs in this state (repeat for any of several)",
+    )
+    p.add_argument("--tag", help="only jobs carrying this tag")
+    p.add_argument("--since", type=time_arg, help="only jobs created since (ISO 8601 or an age like 12h, 7d)")
     _client_flags(p, None)
     p.set_defaults(func=cmd_jobs_list)
+    p = jobs.add_parser("delete", help="delete an ended job: its records, logs and checkpoints")
+    p.add_argument("job_id")
+    _client_flags(p, None)
+    p.set_defaults(func=cmd_jobs_delete)
     p = jobs.add_parser("plot", help="draw the loss curves of an ended job to a PNG")
     p.add_argument("job_id")
     p.add_argument("--out", required=True)
@@ -650,8 +754,15 @@ def _build_checkpoints(root: argparse._SubParsersAction, groups: dict) -> None:
     p.set_defaults(func=cmd_checkpoints_list)
     p = ckpts.add_parser("download", help="download a checkpoint's model state")
     p.add_argument("job_id")
-    p.add_argument("step", type=int)
-    p.add_argument("--out", required=True)
+    p.add_argument("step", type=int, nargs="?", help="the checkpoint's step (default: the latest)")
+    p.add_argument("--out", required=True, help="a file (torch) or a directory (safetensors)")
+    p.add_argument(
+        "--format",
+        choices=["torch", "safetensors"],
+        default="torch",
+        help="torch: the state dict as saved; safetensors: OUT/model.safetensors + OUT/config.json, "
+        "loadable without Cantata (needs torch and safetensors here)",
+    )
     _client_flags(p, None, json_flag=False)
     p.set_defaults(func=cmd_checkpoints_download)
 
@@ -758,7 +869,12 @@ def build_parser(command: str | None = None, sub: str | None = None) -> tuple[ar
     parser = argparse.ArgumentParser(prog="cantata", description="Cantata: secure multi-tenant training")
     parser.add_argument("--version", action=_Version, help="print the version and exit")
     root = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    groups: dict[str, Any] = {"root": root, "remote_audit_report": cmd_audit_report_remote, "sub": sub}
+    groups: dict[str, Any] = {
+        "root": root,
+        "remote_audit_report": cmd_audit_report_remote,
+        "audit_events": add_audit_events,
+        "sub": sub,
+    }
     plugins = _plugins()
     listing = command == "" or (command is not None and command not in BUILDERS and command not in plugins)
     for name in sorted(

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import builtins
+import datetime as dt
 import hashlib
+import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,10 +29,11 @@ from cantata.proto.v1 import (
     jobs_pb2,
     jobs_pb2_grpc,
 )
-from cantata.proto.vocabulary import DATA_SOURCE_SECRETS, is_terminal
+from cantata.proto.vocabulary import DATA_SOURCE_SECRETS, MODEL_SHAPES, STATE_NAMES, Model, is_terminal
 from cantata.sdk.errors import (
     InvalidArgument,
     InvalidJob,
+    NotFound,
     StreamInterrupted,
     Unavailable,
     WaitTimedOut,
@@ -54,6 +58,9 @@ MAX_REQUEST_BYTES = 4 << 20
 DATA_SOURCE_KINDS = {"s3": datasources_pb2.S3, "az": datasources_pb2.AZURE_BLOB}
 DATA_SOURCE_KIND_NAMES = {value: name for name, value in DATA_SOURCE_KINDS.items()}
 DATASET_KEY_SIZE = 32
+CHECKPOINT_FORMATS = ("torch", "safetensors")
+CHECKPOINT_FORMAT_GROUP = "cantata.checkpoint_formats"  # entry points: format name -> converter(state, out, config)
+MODEL_ARCHITECTURE = "cantata-gpt"  # cantata.trainer.model.GPT: a byte-level GPT in the spirit of nanoGPT
 
 
 def _state_name(state: int) -> str | None:
@@ -77,6 +84,7 @@ class JobStatus:
     algorithm: str
     workers: int
     created: str
+    tags: tuple[str, ...] = ()
 
     @property
     def terminal(self) -> bool:
@@ -97,6 +105,7 @@ class JobStatus:
             info.spec.algorithm,
             info.spec.workers,
             info.created.ToJsonString(),
+            tuple(info.spec.tags),
         )
 
 
@@ -168,6 +177,37 @@ class KeyRotation:
 
 
 @dataclass(frozen=True)
+class AuditEvent:
+    """One audit record as the lookup shows it; ``request_id`` is the id the client saw in the reply."""
+
+    seq: int
+    time: str
+    actor: str
+    action: str
+    resource: str
+    tenant: str
+    outcome: str
+    peer: str
+    request_id: str
+    details: dict
+
+    @classmethod
+    def from_proto(cls, e: audit_pb2.AuditEvent) -> AuditEvent:
+        return cls(
+            e.seq,
+            e.time,
+            e.actor,
+            e.action,
+            e.resource,
+            e.tenant,
+            e.outcome,
+            e.peer,
+            e.request_id,
+            json.loads(e.details_json or "{}"),
+        )
+
+
+@dataclass(frozen=True)
 class AuditReport:
     intact: bool
     verdict: str
@@ -186,6 +226,7 @@ class Tenant:
     approved_by: str
     certificate_serial: str
     certificate_expires: str
+    retention_days: int = 0
 
     @classmethod
     def from_proto(cls, t: admin_pb2.TenantInfo) -> Tenant:
@@ -200,6 +241,7 @@ class Tenant:
             t.approved_by,
             t.certificate_serial,
             t.certificate_expires,
+            t.retention_days,
         )
 
 
@@ -332,13 +374,26 @@ class Client:
     def job(self, job_id: str) -> JobHandle:
         return JobHandle(self, job_id)
 
-    def list(self) -> builtins.list[JobStatus]:
-        jobs, token = [], ""
+    def list(
+        self,
+        *,
+        state: str | Iterable[str] = (),
+        tag: str = "",
+        since: dt.datetime | str | None = None,
+        page_size: int = 200,
+    ) -> builtins.list[JobStatus]:
+        """Your jobs in creation order; the server filters them by any of ``state`` (names such as
+        ``"RUNNING"``), by ``tag`` and by creation time at or after ``since`` (a datetime, naive is UTC,
+        or ISO 8601 text)."""
+        request = jobs_pb2.ListJobsRequest(page_size=page_size, states=_states(state), tag=tag)
+        if since is not None:
+            request.since.FromDatetime(_utc(since))
+        jobs = []
         while True:
-            reply = self._call(self._jobs.ListJobs, jobs_pb2.ListJobsRequest(page_size=200, page_token=token))
+            reply = self._call(self._jobs.ListJobs, request)
             jobs += [JobStatus.from_proto(j) for j in reply.jobs]
-            token = reply.next_page_token
-            if not token:
+            request.page_token = reply.next_page_token
+            if not request.page_token:
                 return jobs
 
     def cancel(self, job_id: str) -> JobStatus:
@@ -354,6 +409,14 @@ class Client:
         """
         info = self._call(self._jobs.ResumeJob, jobs_pb2.ResumeJobRequest(job_id=job_id))
         return JobHandle(self, info.id)
+
+    def delete(self, job_id: str) -> int:
+        """Delete an ended job: its records, logs and checkpoints (audited); returns the checkpoint objects removed.
+
+        A job that has not ended is refused with ``Conflict``; afterwards the job is ``NotFound``.
+        """
+        reply = self._call(self._jobs.DeleteJob, jobs_pb2.DeleteJobRequest(job_id=job_id))
+        return reply.checkpoint_objects_deleted
 
     def events(self, job_id: str, cursor: int = 0) -> Iterator[Event]:
         """Every event after ``cursor``, live, ending with the terminal one.
@@ -411,9 +474,34 @@ class Client:
         reply = self._call(self._checkpoints.ListCheckpoints, checkpoints_pb2.ListCheckpointsRequest(job_id=job_id))
         return [Checkpoint(c.job_id, c.step, c.size_bytes, c.created.ToJsonString()) for c in reply.checkpoints]
 
-    def download_checkpoint(self, job_id: str, step: int, path: str | os.PathLike) -> Path:
-        """Stream checkpoint ``step``'s model state to ``path``, verifying its digest."""
-        path = Path(path)
+    def download_checkpoint(
+        self, job_id: str, step: int | None, path: str | os.PathLike, *, format: str = "torch"
+    ) -> Path:
+        """Stream checkpoint ``step``'s model state (None: the latest checkpoint) to ``path``, verifying its digest.
+
+        ``format="torch"`` writes the state dict as ``torch.save`` made it; ``"safetensors"`` makes
+        ``path`` a directory holding ``model.safetensors`` and ``config.json`` (the model's shape), which
+        load with ``safetensors`` and ``torch`` alone (converting needs both installed here).
+        """
+        if format not in CHECKPOINT_FORMATS:
+            raise InvalidArgument(f"format: one of {', '.join(CHECKPOINT_FORMATS)}, not {format!r}")
+        if step is None:
+            steps = [c.step for c in self.checkpoints(job_id)]
+            if not steps:
+                raise NotFound(f"job {job_id!r} has no checkpoint yet")
+            step = steps[-1]
+        if format == "torch":
+            return self._download_state(job_id, step, Path(path))
+        convert = _checkpoint_converter(format)
+        info = self._call(self._jobs.GetJob, jobs_pb2.GetJobRequest(job_id=job_id))
+        out = Path(path)
+        state = self._download_state(job_id, step, out.with_name(out.name + ".state.pt"))
+        try:
+            return convert(state, out, checkpoint_config(info.spec.model, job_id=job_id, step=step))
+        finally:
+            state.unlink(missing_ok=True)
+
+    def _download_state(self, job_id: str, step: int, path: Path) -> Path:
         tmp = path.with_name(path.name + ".part")
         digest = hashlib.sha256()
         expected = ""
@@ -471,6 +559,36 @@ class Client:
         )
         return AuditReport(reply.intact, reply.verdict, reply.content)
 
+    def audit_events(
+        self,
+        *,
+        tenant: str = "",
+        action: str = "",
+        since: dt.datetime | str | None = None,
+        until: dt.datetime | str | None = None,
+        request_id: str = "",
+        page_size: int = 500,
+    ) -> Iterator[AuditEvent]:
+        """Individual audit records, oldest first, filtered like CloudTrail's lookup (filters combine with AND).
+
+        A tenant sees only its own records; an admin any tenant's (``tenant``) or all. ``since`` is
+        inclusive, ``until`` exclusive. The records are read, not proven: ``audit report`` verifies.
+        """
+        request = audit_pb2.ListEventsRequest(
+            tenant=tenant,
+            action=action,
+            since=_utc(since).isoformat() if since is not None else "",
+            until=_utc(until).isoformat() if until is not None else "",
+            request_id=request_id,
+            page_size=page_size,
+        )
+        while True:
+            reply = self._call(self._audit.ListEvents, request)
+            yield from (AuditEvent.from_proto(e) for e in reply.events)
+            request.page_token = reply.next_page_token
+            if not request.page_token:
+                return
+
     # ---- administration ------------------------------------------------
     def tenants(self, status: str = "") -> builtins.list[Tenant]:
         reply = self._call(self._admin.ListTenants, admin_pb2.ListTenantsRequest(status=status))
@@ -503,6 +621,11 @@ class Client:
             max_total_steps=max_total_steps,
         )
         return Tenant.from_proto(self._call(self._admin.SetQuota, admin_pb2.SetQuotaRequest(name=name, quota=quota)))
+
+    def set_retention(self, name: str, days: int) -> Tenant:
+        """Keep a tenant's ended jobs ``days`` days; the server then deletes them, audited (0: keep them)."""
+        request = admin_pb2.SetRetentionRequest(name=name, retention_days=days)
+        return Tenant.from_proto(self._call(self._admin.SetRetention, request))
 
     def revoke_certificate(self, serial: str, reason: str = "") -> str:
         """Refuse one certificate from now on; returns the principal it named."""
@@ -600,6 +723,47 @@ class JobHandle:
             _left(deadline, self.id)  # the deadline passed during the call: a timeout, not an outage
             raise from_rpc_error(err) from None
         return JobStatus.from_proto(info)
+
+
+def checkpoint_config(model: str, *, job_id: str, step: int) -> dict[str, object]:
+    """The ``config.json`` of a downloaded checkpoint: the architecture and shape of ``model``, the job and the step."""
+    return {
+        "architecture": MODEL_ARCHITECTURE,
+        "model": model,
+        **MODEL_SHAPES[Model(model)],
+        "job_id": job_id,
+        "step": step,
+    }
+
+
+def _checkpoint_converter(format: str):
+    """The installed converter to ``format`` (entry point group ``cantata.checkpoint_formats``; it needs torch)."""
+    found = entry_points(group=CHECKPOINT_FORMAT_GROUP, name=format)
+    try:
+        return next(iter(found)).load()
+    except (StopIteration, ImportError) as exc:
+        raise InvalidArgument(
+            f"format {format!r} needs the trainer's dependencies (torch, safetensors): "
+            f"pip install 'cantata[trainer]' ({exc or 'no converter installed'})"
+        ) from None
+
+
+def _states(state: str | Iterable[str]) -> builtins.list[common_pb2.JobState]:
+    names = [name.upper() for name in ([state] if isinstance(state, str) else state) if name]
+    unknown = [name for name in names if name not in STATE_NAMES]
+    if unknown:
+        raise InvalidArgument(f"state: one of {', '.join(STATE_NAMES)}, not {', '.join(unknown)}")
+    return [common_pb2.JobState.Value(name) for name in names]
+
+
+def _utc(moment: dt.datetime | str) -> dt.datetime:
+    """A time as an aware UTC datetime; naive times and ISO 8601 text without a zone are UTC."""
+    if isinstance(moment, str):
+        try:
+            moment = dt.datetime.fromisoformat(moment)
+        except ValueError:
+            raise InvalidArgument(f"not an ISO 8601 time: {moment!r}") from None
+    return moment.replace(tzinfo=dt.UTC) if moment.tzinfo is None else moment.astimezone(dt.UTC)
 
 
 def _left(deadline: float | None, job_id: str) -> float | None:

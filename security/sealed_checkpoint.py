@@ -444,6 +444,15 @@ def delete_checkpoint(store: BlobStore, *, tenant: str, job_id: str, step: int) 
         store.delete(key)
 
 
+def delete_job_checkpoints(store: BlobStore, *, tenant: str, job_id: str) -> int:
+    """Remove every object of a job's checkpoints, manifests first; returns how many objects were deleted."""
+    prefix = checkpoints_prefix(tenant, job_id)
+    keys = store.list(prefix)
+    for key in sorted(keys, key=lambda k: not k.endswith(f"/{MANIFEST}{SEALED_SUFFIX}")):
+        store.delete(key)
+    return len(keys)
+
+
 def prune_checkpoints(store: BlobStore, *, tenant: str, job_id: str, keep_last: int) -> list[int]:
     """Keep the newest ``keep_last`` checkpoints; delete older ones and older manifest-less leftovers.
 

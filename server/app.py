@@ -38,6 +38,7 @@ from cantata.server.broadcast import EventBroadcast
 from cantata.server.config import DataDir, ServerSettings, enrollment_limits
 from cantata.server.database import Database
 from cantata.server.datasource_store import DataSourceStore
+from cantata.server.deletion import JobDeletion, RetentionSweeper
 from cantata.server.enrollment import RefusalDigest
 from cantata.server.errors import ErrorInterceptor
 from cantata.server.health import HealthService
@@ -45,6 +46,7 @@ from cantata.server.heartbeats import Heartbeats
 from cantata.server.launcher import WorkerLauncher
 from cantata.server.lifecycle import JobLifecycle
 from cantata.server.memory import node_capacity, runtime_budget
+from cantata.server.request_audit import RequestAudit
 from cantata.server.restarts import RestartPolicy
 from cantata.server.sandbox import Identities, lock_data_dir
 from cantata.server.scheduler import Scheduler
@@ -82,8 +84,11 @@ class ControlPlane:
         self.keyring = self.paths.open_keyring()
         self.data_sources = DataSourceStore(self.database, self.keyring)
         self.audit = AuditLog.open(self.paths.audit)
+        self.recorder = RequestAudit(self.audit, request_id)  # what the parts write through: records name the call
         self.enrollment_limits = enrollment_limits(self.settings)
-        self.refusals = RefusalDigest(self.audit.append, self.enrollment_limits.refusal_window_s)  # anonymous: counted
+        self.refusals = RefusalDigest(
+            self.recorder.append, self.enrollment_limits.refusal_window_s
+        )  # anonymous: counted
         self.port: int | None = None
         self._stopping = threading.Event()
         self._stopped = threading.Event()
@@ -127,7 +132,7 @@ class ControlPlane:
 
         roots = self.paths.local_roots(self.settings)
         lock_data_dir(self.paths.root, passable=(self.paths.jobs, self.paths.checkpoints))
-        secrets = SecretsBroker(self.keyring, self.data_sources, self.audit, dataset_roots=roots.datasets)
+        secrets = SecretsBroker(self.keyring, self.data_sources, self.recorder, dataset_roots=roots.datasets)
         launcher = WorkerLauncher(
             self.paths.jobs,
             self.ca,
@@ -143,7 +148,7 @@ class ControlPlane:
         launcher.start()
         lifecycle = JobLifecycle(
             self.store,
-            self.audit,
+            self.recorder,
             launcher,
             restarts=RestartPolicy(
                 self.settings.max_worker_restarts,
@@ -158,7 +163,7 @@ class ControlPlane:
             lifecycle,
             heartbeats,
             slots=self.settings.max_workers_on_node,
-            audit_failure=self.audit.probe,
+            audit_failure=self.recorder.probe,
         )
         self.store.on_queue_change = self.scheduler.wake
         default_store = self.paths.checkpoints.resolve().as_uri()
@@ -179,11 +184,13 @@ class ControlPlane:
                 "node_memory": node_memory,
             }
 
+        deletion = JobDeletion(self.store, self.recorder, launcher.workspace, launcher.is_running)
+        self.retention = RetentionSweeper(self.store, deletion, interval=self.settings.retention_sweep_seconds)
         tenancy = TenancyService(
             self.store,
             self.ca,
             self.settings.tenant_cert_days,
-            self.audit,
+            self.recorder,
             limits=self.enrollment_limits,
             refusals=self.refusals,
         )
@@ -197,32 +204,39 @@ class ControlPlane:
                 self.data_sources,
                 self.settings.default_quota,
                 self.settings.tenant_cert_days,
-                self.audit,
+                self.recorder,
                 lifecycle,
             ),
             server,
         )
         jobs_pb2_grpc.add_JobsServicer_to_server(
             JobsService(
-                self.store, lifecycle, launcher.log_path, spec_defaults, self.audit, self.data_sources, self.broadcast
+                self.store,
+                lifecycle,
+                launcher.log_path,
+                spec_defaults,
+                self.recorder,
+                self.data_sources,
+                self.broadcast,
+                deletion,
             ),
             server,
         )
         checkpoints_pb2_grpc.add_CheckpointsServicer_to_server(
-            CheckpointsService(self.store, self.keyring, self.audit.append), server
+            CheckpointsService(self.store, self.keyring, self.recorder.append), server
         )
         worker_pb2_grpc.add_WorkerServicer_to_server(
             WorkerService(
                 self.store,
                 lifecycle,
-                self.audit,
+                self.recorder,
                 heartbeats,
                 revoke_quarantined=self.settings.revoke_quarantined_workers,
             ),
             server,
         )
         datasources_pb2_grpc.add_DataSourcesServicer_to_server(
-            DataSourcesService(self.data_sources, self.audit.append), server
+            DataSourcesService(self.data_sources, self.recorder.append), server
         )
         audit_pb2_grpc.add_AuditServicer_to_server(AuditService(self.paths.audit, self.audit.checkpoint), server)
         self.health = HealthService()
@@ -234,6 +248,7 @@ class ControlPlane:
         self._server, self._enrollment = server, enrollment
         self.scheduler.start()
         self.sweeper.start()
+        self.retention.start()
         self._serving.run(self.health.set("", health_pb2.HealthCheckResponse.SERVING))
         log.info("serving on port %d (enrollment on %s)", self.port, self.settings.enroll_listen)
         self.audit.append(
@@ -255,6 +270,7 @@ class ControlPlane:
             self._serving.run(self._server.stop(grace))
             self.scheduler.shutdown()
             self.sweeper.shutdown()
+            self.retention.shutdown()
         self.refusals.close()  # the counts of open windows, before the log closes
         self._serving.stop()
         try:

@@ -60,11 +60,12 @@ def _add_location(parser: argparse.ArgumentParser, *, remote: bool = False) -> N
     )
 
 
-def register(subparsers: argparse._SubParsersAction, remote_report=None) -> None:
+def register(subparsers: argparse._SubParsersAction, remote_report=None, add_events=None) -> None:
     """Add ``audit verify`` and ``audit report`` to a ``cantata`` sub-command set.
 
     ``remote_report(args) -> int``, given by the client CLI, serves ``report --profile``
-    through the server, so this module needs no client code of its own.
+    through the server, so this module needs no client code of its own; ``add_events(commands)``,
+    also the client's, adds ``audit events`` (a lookup on the server).
     """
     audit = subparsers.add_parser("audit", help="prove the audit log intact and report on it")
     commands = audit.add_subparsers(dest="audit_command", required=True, metavar="COMMAND")
@@ -79,6 +80,8 @@ def register(subparsers: argparse._SubParsersAction, remote_report=None) -> None
     report.add_argument("--format", choices=REPORT_FORMATS, default="text")
     report.add_argument("--out", type=Path, help="write the report here instead of stdout")
     report.set_defaults(func=lambda args: remote_report(args) if getattr(args, "profile", None) else run_report(args))
+    if add_events is not None:
+        add_events(commands)
 
 
 def register_admin(subparsers: argparse._SubParsersAction) -> None:

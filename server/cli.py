@@ -92,7 +92,9 @@ def register_audit(groups: dict[str, argparse._SubParsersAction]) -> None:
     """``cantata audit verify|report`` (``report --profile`` asks the server through the client CLI)."""
     from cantata.server import audit_cli
 
-    audit_cli.register(groups["root"], remote_report=groups.get("remote_audit_report"))
+    audit_cli.register(
+        groups["root"], remote_report=groups.get("remote_audit_report"), add_events=groups.get("audit_events")
+    )
 
 
 def register_admin(groups: dict[str, argparse._SubParsersAction]) -> None:

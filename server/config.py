@@ -52,6 +52,7 @@ class ServerSettings:
     restart_backoff_max_seconds: float = 30.0  # the longest wait between restarts
     orphan_upload_seconds: float = 3600.0  # unfinished uploads older than this in a checkpoint store are removed
     orphan_sweep_seconds: float = 600.0  # how often the checkpoint stores are swept for them
+    retention_sweep_seconds: float = 3600.0  # how often ended jobs past their tenant's retention are deleted
     worker_heartbeat_timeout_s: float = 60.0  # a worker silent this long is hung: it is killed
     max_streams_per_principal: int = 256  # open streams (watches, log follows, downloads) one caller may hold
     # Anonymous enrollment (see cantata.server.enrollment and docs/security.md#enrollment-limits):

@@ -130,12 +130,24 @@ ALTER TABLE certificates ADD COLUMN renewed_from TEXT NOT NULL DEFAULT '';
 CREATE INDEX IF NOT EXISTS certificates_by_predecessor ON certificates (renewed_from);
 """
 
+# 5: jobs' tags, indexed for `jobs list --tag`, and each tenant's retention of ended jobs (0: kept for ever).
+_V5_TAGS_RETENTION = """
+CREATE TABLE job_tags (
+    job_id TEXT NOT NULL,
+    tag TEXT NOT NULL,
+    PRIMARY KEY (job_id, tag)
+);
+CREATE INDEX job_tags_by_tag ON job_tags (tag, job_id);
+ALTER TABLE tenants ADD COLUMN retention_days INTEGER NOT NULL DEFAULT 0;
+"""
+
 # MIGRATIONS[n] takes a database from version n to n + 1. Append; never edit a step that has shipped.
 MIGRATIONS: tuple[str, ...] = (
     _V1_STORE + _V1_DATA_SOURCES,  # 1: the unversioned schema of the store and the data sources, as it was
     "ALTER TABLE jobs ADD COLUMN failures INTEGER NOT NULL DEFAULT 0",  # 2: worker failures a job survived
     _V3_SPEC_DIGEST,  # 3: jobs.spec_digest
     _V4_ENROLLMENT_AND_RENEWALS,  # 4: tenants.requested_from, certificates.renewed_from
+    _V5_TAGS_RETENTION,  # 5: job_tags, tenants.retention_days
 )
 
 

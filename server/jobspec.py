@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlparse
 from cantata.proto import jobfields
 from cantata.proto.jobfields import MAX_WORKERS
 from cantata.proto.v1 import common_pb2
-from cantata.proto.vocabulary import DECENTRALIZED, Algorithm, Topology
+from cantata.proto.vocabulary import DECENTRALIZED, Algorithm, Compression, Topology
 from cantata.server import memory
 from cantata.server.local_roots import within
 from cantata.storage.base import StoreConfigError, store_prefix
@@ -101,6 +101,11 @@ def parse_job_spec(
     if s.algorithm == Algorithm.DILOCO:  # before the defaults: diloco's graph and mixing step are fixed
         _require(s.topology in ("", Topology.COMPLETE), "topology", "diloco always averages over the complete graph")
         _require(not s.HasField("gossip_step"), "gossip_step", "diloco mixes with alpha = 1/workers")
+        _require(
+            s.compression != Compression.INT8,
+            "compression",
+            "diloco's ring all-reduce adds partial sums on the way, which int8 codes cannot carry (use bf16)",
+        )
     jobfields.fill_defaults(s)
     s.checkpoint_store = s.checkpoint_store or default_store
     _require(s.algorithm != Algorithm.SINGLE or s.workers == 1, "workers", "algorithm 'single' runs one worker")

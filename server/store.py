@@ -74,6 +74,14 @@ class NotResumable(Conflict):
         super().__init__(f"job {job.id!r} is {state} and cannot be resumed ({why}); only a FAILED or CANCELLED job can")
 
 
+class NotEnded(Conflict):
+    """Only an ended job can be deleted."""
+
+    def __init__(self, job: JobRecord):
+        state = common_pb2.JobState.Name(job.state)
+        super().__init__(f"job {job.id!r} is {state}: only an ended job can be deleted (cancel it first)")
+
+
 class RequestIdReused(Conflict):
     """A submit reused a request id of one of the tenant's jobs with a different spec."""
 
@@ -98,6 +106,7 @@ class Tenant:
     quota: common_pb2.Quota
     requested_at: str
     approved_by: str
+    retention_days: int = 0  # ended jobs older than this are deleted; 0 keeps them
 
 
 @dataclass
@@ -243,6 +252,7 @@ class Store:
             quota,
             row["requested_at"],
             row["approved_by"],
+            row["retention_days"],
         )
 
     def tenant_status(self, name: str) -> str | None:
@@ -306,6 +316,13 @@ class Store:
                 value = getattr(quota, column)
                 if value:
                     db.execute(f"UPDATE tenants SET {column}=? WHERE name=?", (value, name))
+            return self._tenant(db, name)
+
+    def set_retention(self, name: str, days: int) -> Tenant:
+        """Keep the tenant's ended jobs ``days`` days (0: for ever)."""
+        with self._tx() as db:
+            self._tenant(db, name)
+            db.execute("UPDATE tenants SET retention_days=? WHERE name=?", (days, name))
             return self._tenant(db, name)
 
     def set_tenant_certificate(self, name: str, cert_pem: bytes) -> None:
@@ -424,6 +441,7 @@ class Store:
                     now,
                 ),
             )
+            db.executemany("INSERT INTO job_tags (job_id, tag) VALUES (?, ?)", [(job_id, t) for t in spec.tags])
             self._append_event(
                 db,
                 job_id,
@@ -514,15 +532,28 @@ class Store:
         )
 
     def jobs(
-        self, *, tenant: str | None = None, states: frozenset[int] | None = None, after: str = "", limit: int = 1000
+        self,
+        *,
+        tenant: str | None = None,
+        states: frozenset[int] | None = None,
+        tag: str = "",
+        since: str = "",
+        after: str = "",
+        limit: int = 1000,
     ) -> list[JobRecord]:
-        """Jobs in creation order; ``after`` is a page token (the last id seen)."""
+        """Jobs in creation order, filtered; ``since`` is a :func:`utcnow` time; ``after`` is a page token (the last id seen)."""
         clauses, args = [], []
         if tenant is not None:
             clauses.append("tenant=?")
             args.append(tenant)
         if states is not None:
             clauses.append(f"state IN ({_in(states)})")
+        if tag:
+            clauses.append("id IN (SELECT job_id FROM job_tags WHERE tag=?)")
+            args.append(tag)
+        if since:
+            clauses.append("created_at >= ?")
+            args.append(since)
         if after:
             clauses.append("(created_at, id) > (SELECT created_at, id FROM jobs WHERE id=?)")
             args.append(after)
@@ -547,6 +578,37 @@ class Store:
                 "ORDER BY COALESCE(busy.active, 0), head.since, head.id LIMIT 1"
             ).fetchone()
             return self._job(db, row[0]) if row else None
+
+    def delete_job(self, job_id: str, *, before: Callable[[JobRecord], None]) -> JobRecord:
+        """Forget an ended job: its record, events, workers, anomalies and tags; returns what it was.
+
+        A job that has not ended is a ``Conflict``. ``before(job)`` runs inside
+        the transaction once the check passed (the audit record, the removal of
+        its checkpoints), so if it raises nothing is deleted.
+        """
+        with self._tx() as db:
+            job = self._job(db, job_id)
+            if not job.terminal:
+                raise NotEnded(job)
+            before(job)
+            for table in ("events", "workers", "anomalies", "job_tags"):
+                db.execute(f"DELETE FROM {table} WHERE job_id=?", (job_id,))
+            db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
+            return job
+
+    def expired_jobs(self, now: dt.datetime) -> list[JobRecord]:
+        """Ended jobs last changed longer ago than their tenant's retention (tenants without one keep theirs)."""
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT jobs.id, jobs.updated_at, tenants.retention_days FROM jobs JOIN tenants "
+                f"ON jobs.tenant = tenants.name WHERE tenants.retention_days > 0 AND jobs.state IN ({_in(TERMINAL)}) "
+                "ORDER BY jobs.updated_at"
+            ).fetchall()
+            return [
+                self._job(self._db, r["id"])
+                for r in rows
+                if dt.datetime.fromisoformat(r["updated_at"]) < now - dt.timedelta(days=r["retention_days"])
+            ]
 
     def transition(self, job_id: str, state: common_pb2.JobState, reason: str = "", *, message: str = "") -> bool:
         """Move a job to ``state`` if allowed from its current state.

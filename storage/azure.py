@@ -7,7 +7,8 @@ environment variable that the Azure tools use. Azurite is reached with its
 development connection string. An object that fits in one block goes up in
 a single Put Blob; larger ones stage blocks and become visible only when the
 block list is committed (blocks of an abandoned upload are never committed and
-the service discards them after seven days, so there is nothing to sweep).
+the service discards them after seven days, so there is nothing to sweep);
+``max_concurrency`` blocks of one upload are staged at once.
 
 Transient errors (connection errors, timeouts, 408/429/5xx) are retried by
 the storage SDK's exponential retry policy for ``retry_seconds`` in all (a
@@ -52,6 +53,7 @@ from cantata.storage.base import (
     validate_key,
     validate_prefix,
 )
+from cantata.storage.parts import PartSender
 
 CONNECTION_STRING_ENV = "AZURE_STORAGE_CONNECTION_STRING"
 DEFAULT_BLOCK_SIZE = 8 << 20
@@ -107,6 +109,7 @@ class AzureBlobStore(BlobStore):
         account_url: str | None = None,
         credential: Any = None,
         block_size: int = DEFAULT_BLOCK_SIZE,
+        max_concurrency: int = 1,
         retry_seconds: float = DEFAULT_RETRY_SECONDS,
         retries: int | None = None,
         connection_timeout: float = 10.0,
@@ -116,6 +119,7 @@ class AzureBlobStore(BlobStore):
             raise StoreConfigError("an Azure Blob store needs a container")
         self._prefix = store_prefix(prefix)
         self._block_size = block_size
+        self._concurrency = max_concurrency
         options: dict[str, Any] = {
             "retry_policy": _BudgetedRetry(retry_seconds, UNCOUNTED_RETRIES if retries is None else retries),
             "connection_timeout": min(connection_timeout, retry_seconds) or connection_timeout,
@@ -148,7 +152,7 @@ class AzureBlobStore(BlobStore):
         return self._prefix + validate_key(key)
 
     def _start_upload(self, key: str) -> BlobUpload:
-        return _AzureUpload(self._container, self.blob_name(key), self._block_size, self.uri)
+        return _AzureUpload(self._container, self.blob_name(key), self._block_size, self.uri, self._concurrency)
 
     def get(self, key: str) -> BlobReader:
         name = self.blob_name(key)
@@ -172,13 +176,13 @@ class AzureBlobStore(BlobStore):
 
 
 class _AzureUpload(BlobUpload):
-    def __init__(self, container: ContainerClient, name: str, block_size: int, uri: str) -> None:
+    def __init__(self, container: ContainerClient, name: str, block_size: int, uri: str, concurrency: int) -> None:
         self._blob = container.get_blob_client(name)
         self._action = f"uploading {name!r} in {uri}"
         self._block_size = block_size
         self._upload_id = uuid.uuid4().hex
         self._buffer = bytearray()
-        self._block_ids: list[str] = []
+        self._blocks = PartSender(self._stage_block, concurrency, name="az-block")
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         self._buffer += data
@@ -188,25 +192,28 @@ class _AzureUpload(BlobUpload):
         return len(data)
 
     def _stage(self, block: bytes) -> None:
-        raw_id = f"{self._upload_id}-{len(self._block_ids):08d}".encode()
-        block_id = base64.b64encode(raw_id).decode()
+        self._blocks.submit(block)
+
+    def _stage_block(self, number: int, block: bytes) -> str:
+        block_id = base64.b64encode(f"{self._upload_id}-{number - 1:08d}".encode()).decode()
         with _translated_errors(self._action):
             self._blob.stage_block(block_id, block, length=len(block))
-        self._block_ids.append(block_id)
+        return block_id
 
     def commit(self) -> None:
         with _translated_errors(self._action):
-            if not self._block_ids:
+            if not self._blocks.count:
                 self._blob.upload_blob(bytes(self._buffer), length=len(self._buffer), overwrite=True)
                 return
         if self._buffer:
             self._stage(bytes(self._buffer))
+        block_ids = self._blocks.results()
         with _translated_errors(self._action):
-            self._blob.commit_block_list([BlobBlock(block_id) for block_id in self._block_ids])
+            self._blob.commit_block_list([BlobBlock(block_id) for block_id in block_ids])
 
     def abort(self) -> None:
         self._buffer.clear()
-        self._block_ids.clear()
+        self._blocks.cancel()
 
 
 def _translated_chunks(chunks: Iterator[bytes], what: str) -> Iterator[bytes]:

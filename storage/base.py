@@ -198,14 +198,14 @@ class BlobStore(ABC):
 
     @contextmanager
     def writer(self, key: str) -> Iterator[BlobUpload]:
-        """Stream an object: commit on normal exit, abort if the block raises."""
+        """Stream an object: commit on normal exit, abort if the block or the commit raises."""
         upload = self._start_upload(validate_key(key))
         try:
             yield upload
+            upload.commit()  # a part sent in the background may fail only here
         except BaseException:
             upload.abort()
             raise
-        upload.commit()
 
     def put(self, key: str, source: bytes | bytearray | memoryview | Readable | Iterable[bytes]) -> int:
         """Atomically store everything read from ``source``; return the byte count."""

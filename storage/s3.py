@@ -7,7 +7,7 @@ and its loaded service models), and ``endpoint_url`` points the
 store at an S3-compatible service such as MinIO or moto (path-style
 addressing is then used). Objects up to ``part_size`` go up in one
 ``PutObject``; larger ones as a multipart upload that is aborted if anything
-fails.
+fails, ``max_concurrency`` of its parts in flight at once.
 
 Transient errors (throttling, 5xx, resets, timeouts) are retried by
 botocore's standard retry mode (exponential backoff with jitter), repeated by
@@ -48,6 +48,7 @@ from cantata.storage.base import (
     validate_prefix,
 )
 from cantata.storage.deadline import within
+from cantata.storage.parts import PartSender
 
 T = TypeVar("T")
 
@@ -84,6 +85,7 @@ class S3Store(BlobStore):
         aws_secret_access_key: str | None = None,
         aws_session_token: str | None = None,
         part_size: int = DEFAULT_PART_SIZE,
+        max_concurrency: int = 1,
         retry_seconds: float = DEFAULT_RETRY_SECONDS,
         retries: int | None = None,
         connect_timeout: float = 10.0,
@@ -96,6 +98,7 @@ class S3Store(BlobStore):
         self._bucket = bucket
         self._prefix = store_prefix(prefix)
         self._part_size = part_size
+        self._concurrency = max_concurrency
         self._budget = retry_seconds if retries is None else 0.0
         attempt_seconds = retry_seconds / ATTEMPTS_PER_ROUND if retries is None else retry_seconds
         config = Config(
@@ -103,6 +106,7 @@ class S3Store(BlobStore):
             connect_timeout=min(connect_timeout, attempt_seconds) or connect_timeout,
             read_timeout=min(read_timeout, attempt_seconds) or read_timeout,
             s3={"addressing_style": "path"} if endpoint_url else None,
+            max_pool_connections=max(10, 2 * max_concurrency),
         )
         session = session or boto3.session.Session(profile_name=profile_name)
         self._client = session.client(
@@ -222,7 +226,7 @@ class _S3Upload(BlobUpload):
         self._part_size = store._part_size
         self._buffer = bytearray()
         self._upload_id: str | None = None
-        self._parts: list[dict[str, Any]] = []
+        self._parts = PartSender(self._send_part, store._concurrency, name="s3-part")
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         self._buffer += data
@@ -232,20 +236,22 @@ class _S3Upload(BlobUpload):
         return len(data)
 
     def _upload_part(self, part: bytes) -> None:
-        action = f"uploading {self._name!r}"
         if self._upload_id is None:
             created = self._store._call(
-                action, lambda: self._client.create_multipart_upload(Bucket=self._bucket, Key=self._name)
+                f"uploading {self._name!r}",
+                lambda: self._client.create_multipart_upload(Bucket=self._bucket, Key=self._name),
             )
             self._upload_id = created["UploadId"]
-        number = len(self._parts) + 1
+        self._parts.submit(part)
+
+    def _send_part(self, number: int, part: bytes) -> dict[str, Any]:
         response = self._store._call(
-            action,
+            f"uploading {self._name!r}",
             lambda: self._client.upload_part(
                 Bucket=self._bucket, Key=self._name, UploadId=self._upload_id, PartNumber=number, Body=part
             ),
         )
-        self._parts.append({"PartNumber": number, "ETag": response["ETag"]})
+        return {"PartNumber": number, "ETag": response["ETag"]}
 
     def commit(self) -> None:
         action = f"uploading {self._name!r}"
@@ -255,18 +261,20 @@ class _S3Upload(BlobUpload):
             return
         if self._buffer:
             self._upload_part(bytes(self._buffer))
+        parts = self._parts.results()
         self._store._call(
             action,
             lambda: self._client.complete_multipart_upload(
                 Bucket=self._bucket,
                 Key=self._name,
                 UploadId=self._upload_id,
-                MultipartUpload={"Parts": self._parts},
+                MultipartUpload={"Parts": parts},
             ),
         )
 
     def abort(self) -> None:
         self._buffer.clear()
+        self._parts.cancel()
         if self._upload_id is not None:
             # The upload is already failing; what this abort cannot reach, S3Store.sweep reclaims later.
             with suppress(BotoCoreError, ClientError):

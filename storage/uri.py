@@ -13,9 +13,9 @@ def open_store(uri: str, **overrides: Any) -> BlobStore:
 
     ``file:///abs/dir`` is a local directory; ``s3://bucket/prefix`` accepts
     ``endpoint_url``, ``region_name``, ``profile_name`` or ``session``, credentials,
-    ``part_size`` and ``retries``; ``az://container/prefix`` accepts
-    ``connection_string``, ``account_url``, ``credential``, ``block_size`` and
-    ``retries``.
+    ``part_size``, ``max_concurrency`` (parts of one upload sent at once) and ``retries``;
+    ``az://container/prefix`` accepts ``connection_string``, ``account_url``, ``credential``,
+    ``block_size``, ``max_concurrency`` and ``retries``.
     """
     parts = urlsplit(uri)
     if parts.query or parts.fragment:

@@ -42,7 +42,7 @@ def test_help_and_version_load_no_library():
     assert _loaded_by("--help") == []
     assert _loaded_by("--version") == []
     assert _loaded_by("jobs", "--help") == ["google.protobuf"]  # the submit flags come from the field table
-    assert _loaded_by("jobs", "list", "--help") == []  # ... which only `jobs submit` builds
+    assert _loaded_by("jobs", "cancel", "--help") == []  # ... which only `jobs submit` builds
 
 
 def test_commands_that_only_talk_to_the_server_load_neither_numpy_nor_torch_nor_yaml():

@@ -134,9 +134,9 @@ def test_a_version_1_database_migrates_to_failure_counts_and_spec_digests(tmp_pa
     path = tmp_path / "state.db"
     spec = common_pb2.JobSpec(name="j", steps=10)
     db = Database(path, MIGRATIONS[:1])
-    db.connection.execute(  # a tenant as a version-1 server stored it: no requested_from column
-        "INSERT INTO tenants (name, status, csr_pem, csr_fingerprint, requested_at, max_concurrent_jobs) "
-        "VALUES ('acme', 'APPROVED', x'00', 'sha256:x', '2026-01-01', 2)"
+    db.connection.execute(  # a tenant as a version-1 server stored it: no requested_from or retention column
+        "INSERT INTO tenants (name, status, csr_pem, csr_fingerprint, cert_pem, max_concurrent_jobs, requested_at) "
+        "VALUES ('acme', 'APPROVED', x'00', 'sha256:x', x'00', 2, '2026-01-01')"
     )
     db.connection.execute(  # a job as a version-1 server stored it: no digest column
         "INSERT INTO jobs (id, tenant, request_id, spec, state, created_at, updated_at) "
@@ -146,9 +146,13 @@ def test_a_version_1_database_migrates_to_failure_counts_and_spec_digests(tmp_pa
     db.close()
 
     db = Database(path)
-    assert db.version == len(MIGRATIONS) == 4  # through the failures (2), digest (3) and enrollment (4) steps
+    assert (
+        db.version == len(MIGRATIONS) == 5
+    )  # through the failures (2), digest (3), enrollment (4) and tags/retention (5) steps
     store = Store(db)
     acme = store.tenant("acme")
+    assert acme.retention_days == 0  # kept for ever, as before retention existed
+    assert [j.id for j in store.jobs(tag="x")] == []  # the tag index exists and the old job has none
     assert store.submit_job(acme, "request-0001", spec, "digest-a")[0].id == "job-1"  # compared by its spec
     with pytest.raises(RequestIdReused, match="request-0001"):
         store.submit_job(acme, "request-0001", common_pb2.JobSpec(name="j", steps=11), "digest-a")
@@ -258,7 +262,7 @@ def test_a_version_3_database_gains_request_sources_and_renewal_links(tmp_path: 
     db.close()
 
     db = Database(path)
-    assert db.version == 4
+    assert db.version == len(MIGRATIONS) == 5
     store = Store(db)
     store.add_tenancy_request("new-co", b"csr", "sha256:y", source="203.0.113.7")
     seen: list[tuple[int, int]] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 from datetime import timedelta
 from pathlib import Path
@@ -15,9 +16,11 @@ from cantata.sdk import errors
 from cantata.sdk.job import Job
 from cantata.security.audit import Action, read_records
 from cantata.security.pki import CertificateAuthority, Principal
+from cantata.trainer.decentralized import parameters_digest
 from cantata.trainer.gossip import gossip_server_name
 from cantata.trainer.gossip.chunks import Assembly
 from cantata.trainer.gossip.client import exchange_with
+from cantata.trainer.model import build_model
 from tests.test_jobs import _pids_of
 from tests.waiting import wait_for
 
@@ -104,7 +107,7 @@ def test_sign_flipping_worker_is_quarantined_and_the_job_still_learns(platform, 
             checkpoint_every=50_000,
         )
     )
-    attacked = tenant.submit(Job(name="attacked", algorithm="diloco", **{**SMALL, "steps": 100}))
+    attacked = tenant.submit(Job(name="attacked", algorithm="gasloc", topology="complete", **{**SMALL, "steps": 100}))
     with platform.admin() as admin:
         admin.simulate_attack(attacked.id, [1], "sign_flip")
         with pytest.raises(errors.InvalidArgument, match="benchmark"):
@@ -188,3 +191,30 @@ def _worker_of(pid: int) -> int:
     args = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").split()
     config = args[args.index(b"--config") + 1].decode()
     return int(config.rsplit("worker-", 1)[1].split(".")[0])
+
+
+def test_time_budgeted_diloco_rounds_end_in_the_workers_consensus(tenant, tmp_path):
+    """A budget far below one step's time: every worker runs exactly one inner step per round, not local_steps.
+
+    At the end the workers average their parameters: each reports the same
+    digest, and the final checkpoint holds those very parameters.
+    """
+    job = Job(name="budget", algorithm="diloco", round_time_s=1e-6, **{**SMALL, "workers": 3, "steps": 20})
+    handle = tenant.submit(job)
+    status = handle.wait()
+    assert status.state == "SUCCEEDED", status.reason
+    events = list(handle.events())
+    rounds = [e for e in events if e.kind == "ROUND"]
+    assert {(e.worker, e.step) for e in rounds} == {(w, t) for w in range(3) for t in range(4)}
+    assert all("inner steps: 1," in e.message and "skipped" not in e.message for e in rounds), rounds
+    sent = {e.worker: int(re.search(r"sent so far: (\d+) bytes", e.message)[1]) for e in rounds if e.step == 3}
+    assert all(b > 0 for b in sent.values())
+    agreed = [re.search(r"consensus of (\d+) workers \(parameters (\w+)\)", e.message) for e in events]
+    agreed = [m for m in agreed if m]
+    assert len(agreed) == 3 and {m[1] for m in agreed} == {"3"}
+    digests = {m[2] for m in agreed}
+    assert len(digests) == 1
+    state = torch.load(tenant.download_checkpoint(handle.id, 20, tmp_path / "final.pt"), weights_only=True)
+    model = build_model(job.model, job.seed or 1337)
+    model.load_state_dict(state)
+    assert parameters_digest(model) in digests

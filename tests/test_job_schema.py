@@ -34,7 +34,9 @@ def test_the_table_is_the_proto_job_spec():
     proto = common_pb2.JobSpec.DESCRIPTOR.fields
     assert [f.name for f in FIELDS] == [f.name for f in proto]
     for row, field in zip(FIELDS, proto, strict=True):
-        assert row.kind is PROTO_TYPES[field.cpp_type], row.name
+        repeated = field.is_repeated
+        assert row.kind is (tuple if repeated else PROTO_TYPES[field.cpp_type]), row.name
+        assert not repeated or field.cpp_type == FieldDescriptor.CPPTYPE_STRING, row.name  # lists are of strings
         assert row.optional == field.has_presence, row.name
 
 
@@ -60,11 +62,13 @@ def test_jobs_submit_has_one_flag_per_field_with_its_choices_and_default():
     actions = {a.dest: a for a in _submit_parser()._actions}
     for row in FIELDS:
         action = actions[row.name]
-        assert action.option_strings[0] == "--" + row.name.replace("_", "-")
+        assert action.option_strings[0] == "--" + (row.flag or row.name).replace("_", "-")
         assert action.default is None  # an absent flag leaves the file's value alone
         assert row.default_text() in action.help, row.name
         if row.kind is bool:
             assert isinstance(action, argparse.BooleanOptionalAction)
+        elif row.kind is tuple:
+            assert isinstance(action, argparse._AppendAction), row.name  # the flag once per item
         else:
             assert action.type is row.kind, row.name
             assert action.choices == ([c.value for c in row.choices] if row.choices else None), row.name
@@ -75,6 +79,7 @@ def test_boolean_and_choice_flags_parse():
     args = parser.parse_args(["--profile", "p", "--trace-samples", "--on-bad-utf8", "fail", "--outer-lr", "0.5"])
     assert (args.trace_samples, args.on_bad_utf8, args.outer_lr) == (True, "fail", 0.5)
     assert parser.parse_args(["--profile", "p", "--no-trace-samples"]).trace_samples is False
+    assert parser.parse_args(["--profile", "p", "--tag", "a", "--tag", "team=nlp"]).tags == ["a", "team=nlp"]
     with pytest.raises(SystemExit):
         parser.parse_args(["--profile", "p", "--topology", "star"])
 
@@ -121,7 +126,8 @@ def test_the_json_schema_has_the_table_fields_and_defaults():
     assert schema["required"] == ["name"]
     for row in FIELDS:
         if row.sdk_default is not REQUIRED:
-            assert properties[row.name]["default"] == row.sdk_default, row.name
+            default = list(row.sdk_default) if row.kind is tuple else row.sdk_default
+            assert properties[row.name]["default"] == default, row.name
         if row.choices:
             assert {c for c in properties[row.name]["enum"] if c} == set(row.choices), row.name
 
@@ -129,10 +135,12 @@ def test_the_json_schema_has_the_table_fields_and_defaults():
 GOOD = [
     "name: x",
     "name: x\nworkers: 4\nalgorithm: gasloc\ntopology: torus\nouter_momentum: 0\ngossip_step: 0.5",
-    "name: x\nalgorithm: diloco\nworkers: 2\nlocal_steps: 10000\ncompression: int8\nmin_workers: 2",
+    "name: x\nalgorithm: diloco\nworkers: 2\nlocal_steps: 10000\ncompression: bf16\nmin_workers: 2\nround_time_s: 1.5",
     "name: x\nlr: 0.1\noptimizer: muon\non_bad_utf8: fail\ntrace_samples: true\nseed: 7",
     "name: x\ndataset: s3://src@bucket/data\ncheckpoint_store: az://c/p\nrequest_id: retry-0001",
     "name: x\nbatch_size: 4096\nseq_len: 0\ncheckpoint_every: 0\nranks_per_worker: 64",
+    "name: x\ntags: [nightly, team=nlp, sweep:lr/3, v1.2_rc-1]",
+    "name: x\ntags: []",
 ]
 BAD = [
     "steps: 10",  # no name
@@ -157,6 +165,14 @@ BAD = [
     "name: x\ncheckpoint_store: /tmp/ckpt",
     "name: x\nrequest_id: short",
     "name: x\nrequest_id: 'has spaces in it'",
+    "name: x\ntags: nightly",  # a list, not a string
+    "name: x\ntags: [nightly, nightly]",
+    "name: x\ntags: ['has space']",
+    "name: x\ntags: ['-leading-dash']",
+    "name: x\ntags: ['nightly\\n']",  # a full match: no trailing newline slips through
+    "name: x\ntags: [" + ", ".join(f"t{i}" for i in range(17)) + "]",
+    "name: x\ntags: [" + "a" * 65 + "]",
+    "name: x\ntags: [1]",
 ]
 
 
@@ -187,6 +203,8 @@ def test_the_json_schema_and_the_sdk_give_the_same_verdict(text, good):
         ("compression", {"compression": "bf16"}),
         ("outer_lr", {"algorithm": "gasloc", "workers": 2, "outer_lr": 11.0}),
         ("on_bad_utf8", {"on_bad_utf8": "ignore"}),
+        ("tags", {"tags": ["ok", "not ok"]}),
+        ("tags", {"tags": [f"t{i}" for i in range(17)]}),
     ],
 )
 def test_the_sdk_and_the_server_refuse_the_same_field(field, fields):

@@ -51,6 +51,11 @@ def test_an_explicit_zero_momentum_is_kept_not_replaced_by_the_default():
         ("local_steps", {"algorithm": "allreduce", "workers": 2, "local_steps": 5}),
         ("min_workers", {"algorithm": "allreduce", "workers": 2, "min_workers": 1}),
         ("compression", {"algorithm": "single", "compression": "bf16"}),
+        ("compression", {"algorithm": "diloco", "workers": 4, "compression": "int8"}),
+        ("round_deadline_s", {"algorithm": "gasloc", "workers": 4, "round_deadline_s": 0.0}),
+        ("round_deadline_s", {"algorithm": "allreduce", "workers": 2, "round_deadline_s": 5.0}),
+        ("round_time_s", {"algorithm": "diloco", "workers": 2, "round_time_s": -1.0}),
+        ("round_time_s", {"algorithm": "single", "round_time_s": 2.0}),
     ],
 )
 def test_bad_or_misplaced_decentralized_fields_are_refused_by_name(field, fields):

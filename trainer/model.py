@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from cantata.proto.vocabulary import Model
+from cantata.proto.vocabulary import MODEL_SHAPES, Model
 
 
 @dataclass(frozen=True)
@@ -21,10 +21,7 @@ class GPTConfig:
     vocab_size: int = 256
 
 
-MODELS = {
-    Model.GPT_TINY: GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=256),
-    Model.GPT_SMALL: GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=512),
-}
+MODELS = {model: GPTConfig(**shape) for model, shape in MODEL_SHAPES.items()}
 
 
 class CausalSelfAttention(nn.Module):

@@ -131,8 +131,28 @@ class Reporter:
     def gossip_endpoint(self, address: str) -> None:
         self.send(gossip=worker_pb2.GossipEndpoint(address=address))
 
-    def round(self, round_: int, peers: list[int], skipped: list[int], seconds: float) -> None:
-        self.send(round=worker_pb2.Round(round=round_, peers=peers, skipped=skipped, seconds=seconds))
+    def round(
+        self,
+        round_: int,
+        peers: list[int],
+        skipped: list[int],
+        seconds: float,
+        *,
+        inner_steps: int = 0,
+        bytes_sent: int = 0,
+        deadline_s: float = 0.0,
+    ) -> None:
+        self.send(
+            round=worker_pb2.Round(
+                round=round_,
+                peers=peers,
+                skipped=skipped,
+                seconds=seconds,
+                inner_steps=inner_steps,
+                bytes_sent=bytes_sent,
+                deadline_s=deadline_s,
+            )
+        )
 
     def anomaly(self, peer: int, round_: int, check: str, verdict: str, score: float, quarantined: bool) -> None:
         self.send(

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from cantata.proto.v1 import common_pb2 as cantata_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63\x61ntata/v1/admin.proto\x12\ncantata.v1\x1a\x17\x63\x61ntata/v1/common.proto\"\xdf\x01\n\nTenantInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x17\n\x0f\x63sr_fingerprint\x18\x03 \x01(\t\x12 \n\x05quota\x18\x04 \x01(\x0b\x32\x11.cantata.v1.Quota\x12\x14\n\x0crunning_jobs\x18\x05 \x01(\x05\x12\x13\n\x0b\x61pproved_by\x18\x06 \x01(\t\x12\x14\n\x0crequested_at\x18\x07 \x01(\t\x12\x1a\n\x12\x63\x65rtificate_serial\x18\x08 \x01(\t\x12\x1b\n\x13\x63\x65rtificate_expires\x18\t \x01(\t\"$\n\x12ListTenantsRequest\x12\x0e\n\x06status\x18\x01 \x01(\t\";\n\x10ListTenantsReply\x12\'\n\x07tenants\x18\x01 \x03(\x0b\x32\x16.cantata.v1.TenantInfo\"_\n\x14\x41pproveTenantRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x17\n\x0f\x63sr_fingerprint\x18\x02 \x01(\t\x12 \n\x05quota\x18\x03 \x01(\x0b\x32\x11.cantata.v1.Quota\"3\n\x13TenantActionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"A\n\x0fSetQuotaRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05quota\x18\x02 \x01(\x0b\x32\x11.cantata.v1.Quota\":\n\x18RevokeCertificateRequest\x12\x0e\n\x06serial\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\";\n\x16RevokeCertificateReply\x12\x0e\n\x06serial\x18\x01 \x01(\t\x12\x11\n\tprincipal\x18\x02 \x01(\t\"&\n\x14ListAnomaliesRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x90\x01\n\rAnomalyRecord\x12\x10\n\x08reporter\x18\x01 \x01(\x05\x12\x0c\n\x04peer\x18\x02 \x01(\x05\x12\r\n\x05round\x18\x03 \x01(\x03\x12\r\n\x05\x63heck\x18\x04 \x01(\t\x12\x0f\n\x07verdict\x18\x05 \x01(\t\x12\r\n\x05score\x18\x06 \x01(\x01\x12\x13\n\x0bquarantined\x18\x07 \x01(\x08\x12\x0c\n\x04time\x18\x08 \x01(\t\"B\n\x12ListAnomaliesReply\x12,\n\tanomalies\x18\x01 \x03(\x0b\x32\x19.cantata.v1.AnomalyRecord\"Z\n\x15SimulateAttackRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07workers\x18\x02 \x03(\x05\x12\x0e\n\x06\x61ttack\x18\x03 \x01(\t\x12\x10\n\x08strength\x18\x04 \x01(\x01\"%\n\x13SimulateAttackReply\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"?\n\x16RotateTenantKeyRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x15\n\rretire_unused\x18\x02 \x01(\x08\"S\n\x14RotateTenantKeyReply\x12\x0f\n\x07version\x18\x01 \x01(\x05\x12\x19\n\x11objects_rewrapped\x18\x02 \x01(\x05\x12\x0f\n\x07retired\x18\x03 \x03(\x05\x32\x9d\x06\n\x05\x41\x64min\x12K\n\x0bListTenants\x12\x1e.cantata.v1.ListTenantsRequest\x1a\x1c.cantata.v1.ListTenantsReply\x12I\n\rApproveTenant\x12 .cantata.v1.ApproveTenantRequest\x1a\x16.cantata.v1.TenantInfo\x12G\n\x0cRejectTenant\x12\x1f.cantata.v1.TenantActionRequest\x1a\x16.cantata.v1.TenantInfo\x12H\n\rSuspendTenant\x12\x1f.cantata.v1.TenantActionRequest\x1a\x16.cantata.v1.TenantInfo\x12G\n\x0cResumeTenant\x12\x1f.cantata.v1.TenantActionRequest\x1a\x16.cantata.v1.TenantInfo\x12?\n\x08SetQuota\x12\x1b.cantata.v1.SetQuotaRequest\x1a\x16.cantata.v1.TenantInfo\x12]\n\x11RevokeCertificate\x12$.cantata.v1.RevokeCertificateRequest\x1a\".cantata.v1.RevokeCertificateReply\x12W\n\x0fRotateTenantKey\x12\".cantata.v1.RotateTenantKeyRequest\x1a .cantata.v1.RotateTenantKeyReply\x12Q\n\rListAnomalies\x12 .cantata.v1.ListAnomaliesRequest\x1a\x1e.cantata.v1.ListAnomaliesReply\x12T\n\x0eSimulateAttack\x12!.cantata.v1.SimulateAttackRequest\x1a\x1f.cantata.v1.SimulateAttackReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63\x61ntata/v1/admin.proto\x12\ncantata.v1\x1a\x17\x63\x61ntata/v1/common.proto\"\xf7\x01\n\nTenantInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x17\n\x0f\x63sr_fingerprint\x18\x03 \x01(\t\x12 \n\x05quota\x18\x04 \x01(\x0b\x32\x11.cantata.v1.Quota\x12\x14\n\x0crunning_jobs\x18\x05 \x01(\x05\x12\x13\n\x0b\x61pproved_by\x18\x06 \x01(\t\x12\x14\n\x0crequested_at\x18\x07 \x01(\t\x12\x1a\n\x12\x63\x65rtificate_serial\x18\x08 \x01(\t\x12\x1b\n\x13\x63\x65rtificate_expires\x18\t \x01(\t\x12\x16\n\x0eretention_days\x18\n \x01(\x05\";\n\x13SetRetentionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0eretention_days\x18\x02 \x01(\x05\"$\n\x12ListTenantsRequest\x12\x0e\n\x06status\x18\x01 \x01(\t\";\n\x10ListTenantsReply\x12\'\n\x07tenants\x18\x01 \x03(\x0b\x32\x16.cantata.v1.TenantInfo\"_\n\x14\x41pproveTenantRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x17\n\x0f\x63sr_fingerprint\x18\x02 \x01(\t\x12 \n\x05quota\x18\x03 \x01(\x0b\x32\x11.cantata.v1.Quota\"3\n\x13TenantActionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"A\n\x0fSetQuotaRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05quota\x18\x02 \x01(\x0b\x32\x11.cantata.v1.Quota\":\n\x18RevokeCertificateRequest\x12\x0e\n\x06serial\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\";\n\x16RevokeCertificateReply\x12\x0e\n\x06serial\x18\x01 \x01(\t\x12\x11\n\tprincipal\x18\x02 \x01(\t\"&\n\x14ListAnomaliesRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x90\x01\n\rAnomalyRecord\x12\x10\n\x08reporter\x18\x01 \x01(\x05\x12\x0c\n\x04peer\x18\x02 \x01(\x05\x12\r\n\x05round\x18\x03 \x01(\x03\x12\r\n\x05\x63heck\x18\x04 \x01(\t\x12\x0f\n\x07verdict\x18\x05 \x01(\t\x12\r\n\x05score\x18\x06 \x01(\x01\x12\x13\n\x0bquarantined\x18\x07 \x01(\x08\x12\x0c\n\x04time\x18\x08 \x01(\t\"B\n\x12ListAnomaliesReply\x12,\n\tanomalies\x18\x01 \x03(\x0b\x32\x19.cantata.v1.AnomalyRecord\"Z\n\x15SimulateAttackRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07workers\x18\x02 \x03(\x05\x12\x0e\n\x06\x61ttack\x18\x03 \x01(\t\x12\x10\n\x08strength\x18\x04 \x01(\x01\"%\n\x13SimulateAttackReply\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"?\n\x16RotateTenantKeyRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x15\n\rretire_unused\x18\x02 \x01(\x08\"S\n\x14RotateTenantKeyReply\x12\x0f\n\x07version\x18\x01 \x01(\x05\x12\x19\n\x11objects_rewrapped\x18\x02 \x01(\x05\x12\x0f\n\x07retired\x18\x03 \x03(\x05\x32\xe6\x06\n\x05\x41\x64min\x12K\n\x0bListTenants\x12\x1e.cantata.v1.ListTenantsRequest\x1a\x1c.cantata.v1.ListTenantsReply\x12I\n\rApproveTenant\x12 .cantata.v1.ApproveTenantRequest\x1a\x16.cantata.v1.TenantInfo\x12G\n\x0cRejectTenant\x12\x1f.cantata.v1.TenantActionRequest\x1a\x16.cantata.v1.TenantInfo\x12H\n\rSuspendTenant\x12\x1f.cantata.v1.TenantActionRequest\x1a\x16.cantata.v1.TenantInfo\x12G\n\x0cResumeTenant\x12\x1f.cantata.v1.TenantActionRequest\x1a\x16.cantata.v1.TenantInfo\x12?\n\x08SetQuota\x12\x1b.cantata.v1.SetQuotaRequest\x1a\x16.cantata.v1.TenantInfo\x12G\n\x0cSetRetention\x12\x1f.cantata.v1.SetRetentionRequest\x1a\x16.cantata.v1.TenantInfo\x12]\n\x11RevokeCertificate\x12$.cantata.v1.RevokeCertificateRequest\x1a\".cantata.v1.RevokeCertificateReply\x12W\n\x0fRotateTenantKey\x12\".cantata.v1.RotateTenantKeyRequest\x1a .cantata.v1.RotateTenantKeyReply\x12Q\n\rListAnomalies\x12 .cantata.v1.ListAnomaliesRequest\x1a\x1e.cantata.v1.ListAnomaliesReply\x12T\n\x0eSimulateAttack\x12!.cantata.v1.SimulateAttackRequest\x1a\x1f.cantata.v1.SimulateAttackReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,35 +33,37 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cantata.v1.admin_pb2', _glo
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TENANTINFO']._serialized_start=64
-  _globals['_TENANTINFO']._serialized_end=287
-  _globals['_LISTTENANTSREQUEST']._serialized_start=289
-  _globals['_LISTTENANTSREQUEST']._serialized_end=325
-  _globals['_LISTTENANTSREPLY']._serialized_start=327
-  _globals['_LISTTENANTSREPLY']._serialized_end=386
-  _globals['_APPROVETENANTREQUEST']._serialized_start=388
-  _globals['_APPROVETENANTREQUEST']._serialized_end=483
-  _globals['_TENANTACTIONREQUEST']._serialized_start=485
-  _globals['_TENANTACTIONREQUEST']._serialized_end=536
-  _globals['_SETQUOTAREQUEST']._serialized_start=538
-  _globals['_SETQUOTAREQUEST']._serialized_end=603
-  _globals['_REVOKECERTIFICATEREQUEST']._serialized_start=605
-  _globals['_REVOKECERTIFICATEREQUEST']._serialized_end=663
-  _globals['_REVOKECERTIFICATEREPLY']._serialized_start=665
-  _globals['_REVOKECERTIFICATEREPLY']._serialized_end=724
-  _globals['_LISTANOMALIESREQUEST']._serialized_start=726
-  _globals['_LISTANOMALIESREQUEST']._serialized_end=764
-  _globals['_ANOMALYRECORD']._serialized_start=767
-  _globals['_ANOMALYRECORD']._serialized_end=911
-  _globals['_LISTANOMALIESREPLY']._serialized_start=913
-  _globals['_LISTANOMALIESREPLY']._serialized_end=979
-  _globals['_SIMULATEATTACKREQUEST']._serialized_start=981
-  _globals['_SIMULATEATTACKREQUEST']._serialized_end=1071
-  _globals['_SIMULATEATTACKREPLY']._serialized_start=1073
-  _globals['_SIMULATEATTACKREPLY']._serialized_end=1110
-  _globals['_ROTATETENANTKEYREQUEST']._serialized_start=1112
-  _globals['_ROTATETENANTKEYREQUEST']._serialized_end=1175
-  _globals['_ROTATETENANTKEYREPLY']._serialized_start=1177
-  _globals['_ROTATETENANTKEYREPLY']._serialized_end=1260
-  _globals['_ADMIN']._serialized_start=1263
-  _globals['_ADMIN']._serialized_end=2060
+  _globals['_TENANTINFO']._serialized_end=311
+  _globals['_SETRETENTIONREQUEST']._serialized_start=313
+  _globals['_SETRETENTIONREQUEST']._serialized_end=372
+  _globals['_LISTTENANTSREQUEST']._serialized_start=374
+  _globals['_LISTTENANTSREQUEST']._serialized_end=410
+  _globals['_LISTTENANTSREPLY']._serialized_start=412
+  _globals['_LISTTENANTSREPLY']._serialized_end=471
+  _globals['_APPROVETENANTREQUEST']._serialized_start=473
+  _globals['_APPROVETENANTREQUEST']._serialized_end=568
+  _globals['_TENANTACTIONREQUEST']._serialized_start=570
+  _globals['_TENANTACTIONREQUEST']._serialized_end=621
+  _globals['_SETQUOTAREQUEST']._serialized_start=623
+  _globals['_SETQUOTAREQUEST']._serialized_end=688
+  _globals['_REVOKECERTIFICATEREQUEST']._serialized_start=690
+  _globals['_REVOKECERTIFICATEREQUEST']._serialized_end=748
+  _globals['_REVOKECERTIFICATEREPLY']._serialized_start=750
+  _globals['_REVOKECERTIFICATEREPLY']._serialized_end=809
+  _globals['_LISTANOMALIESREQUEST']._serialized_start=811
+  _globals['_LISTANOMALIESREQUEST']._serialized_end=849
+  _globals['_ANOMALYRECORD']._serialized_start=852
+  _globals['_ANOMALYRECORD']._serialized_end=996
+  _globals['_LISTANOMALIESREPLY']._serialized_start=998
+  _globals['_LISTANOMALIESREPLY']._serialized_end=1064
+  _globals['_SIMULATEATTACKREQUEST']._serialized_start=1066
+  _globals['_SIMULATEATTACKREQUEST']._serialized_end=1156
+  _globals['_SIMULATEATTACKREPLY']._serialized_start=1158
+  _globals['_SIMULATEATTACKREPLY']._serialized_end=1195
+  _globals['_ROTATETENANTKEYREQUEST']._serialized_start=1197
+  _globals['_ROTATETENANTKEYREQUEST']._serialized_end=1260
+  _globals['_ROTATETENANTKEYREPLY']._serialized_start=1262
+  _globals['_ROTATETENANTKEYREPLY']._serialized_end=1345
+  _globals['_ADMIN']._serialized_start=1348
+  _globals['_ADMIN']._serialized_end=2218
 # @@protoc_insertion_point(module_scope)

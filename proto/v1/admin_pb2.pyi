@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class TenantInfo(_message.Message):
-    __slots__ = ("name", "status", "csr_fingerprint", "quota", "running_jobs", "approved_by", "requested_at", "certificate_serial", "certificate_expires")
+    __slots__ = ("name", "status", "csr_fingerprint", "quota", "running_jobs", "approved_by", "requested_at", "certificate_serial", "certificate_expires", "retention_days")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     CSR_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,7 @@ class TenantInfo(_message.Message):
     REQUESTED_AT_FIELD_NUMBER: _ClassVar[int]
     CERTIFICATE_SERIAL_FIELD_NUMBER: _ClassVar[int]
     CERTIFICATE_EXPIRES_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_DAYS_FIELD_NUMBER: _ClassVar[int]
     name: str
     status: str
     csr_fingerprint: str
@@ -27,7 +28,16 @@ class TenantInfo(_message.Message):
     requested_at: str
     certificate_serial: str
     certificate_expires: str
-    def __init__(self, name: _Optional[str] = ..., status: _Optional[str] = ..., csr_fingerprint: _Optional[str] = ..., quota: _Optional[_Union[_common_pb2.Quota, _Mapping]] = ..., running_jobs: _Optional[int] = ..., approved_by: _Optional[str] = ..., requested_at: _Optional[str] = ..., certificate_serial: _Optional[str] = ..., certificate_expires: _Optional[str] = ...) -> None: ...
+    retention_days: int
+    def __init__(self, name: _Optional[str] = ..., status: _Optional[str] = ..., csr_fingerprint: _Optional[str] = ..., quota: _Optional[_Union[_common_pb2.Quota, _Mapping]] = ..., running_jobs: _Optional[int] = ..., approved_by: _Optional[str] = ..., requested_at: _Optional[str] = ..., certificate_serial: _Optional[str] = ..., certificate_expires: _Optional[str] = ..., retention_days: _Optional[int] = ...) -> None: ...
+
+class SetRetentionRequest(_message.Message):
+    __slots__ = ("name", "retention_days")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_DAYS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    retention_days: int
+    def __init__(self, name: _Optional[str] = ..., retention_days: _Optional[int] = ...) -> None: ...
 
 class ListTenantsRequest(_message.Message):
     __slots__ = ("status",)

@@ -64,6 +64,11 @@ class AdminStub:
                 request_serializer=cantata_dot_v1_dot_admin__pb2.SetQuotaRequest.SerializeToString,
                 response_deserializer=cantata_dot_v1_dot_admin__pb2.TenantInfo.FromString,
                 _registered_method=True)
+        self.SetRetention = channel.unary_unary(
+                '/cantata.v1.Admin/SetRetention',
+                request_serializer=cantata_dot_v1_dot_admin__pb2.SetRetentionRequest.SerializeToString,
+                response_deserializer=cantata_dot_v1_dot_admin__pb2.TenantInfo.FromString,
+                _registered_method=True)
         self.RevokeCertificate = channel.unary_unary(
                 '/cantata.v1.Admin/RevokeCertificate',
                 request_serializer=cantata_dot_v1_dot_admin__pb2.RevokeCertificateRequest.SerializeToString,
@@ -121,6 +126,13 @@ class AdminServicer:
 
     def SetQuota(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetRetention(self, request, context):
+        """How long a tenant's ended jobs are kept; the server deletes older ones (audited).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -185,6 +197,11 @@ def add_AdminServicer_to_server(servicer, server):
             'SetQuota': grpc.unary_unary_rpc_method_handler(
                     servicer.SetQuota,
                     request_deserializer=cantata_dot_v1_dot_admin__pb2.SetQuotaRequest.FromString,
+                    response_serializer=cantata_dot_v1_dot_admin__pb2.TenantInfo.SerializeToString,
+            ),
+            'SetRetention': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetRetention,
+                    request_deserializer=cantata_dot_v1_dot_admin__pb2.SetRetentionRequest.FromString,
                     response_serializer=cantata_dot_v1_dot_admin__pb2.TenantInfo.SerializeToString,
             ),
             'RevokeCertificate': grpc.unary_unary_rpc_method_handler(
@@ -369,6 +386,33 @@ class Admin:
             target,
             '/cantata.v1.Admin/SetQuota',
             cantata_dot_v1_dot_admin__pb2.SetQuotaRequest.SerializeToString,
+            cantata_dot_v1_dot_admin__pb2.TenantInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetRetention(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cantata.v1.Admin/SetRetention',
+            cantata_dot_v1_dot_admin__pb2.SetRetentionRequest.SerializeToString,
             cantata_dot_v1_dot_admin__pb2.TenantInfo.FromString,
             options,
             channel_credentials,

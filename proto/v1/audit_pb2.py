@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63\x61ntata/v1/audit.proto\x12\ncantata.v1\"P\n\x10GetReportRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\r\n\x05since\x18\x02 \x01(\t\x12\r\n\x05until\x18\x03 \x01(\t\x12\x0e\n\x06\x66ormat\x18\x04 \x01(\t\"B\n\x0eGetReportReply\x12\x0e\n\x06intact\x18\x01 \x01(\x08\x12\x0f\n\x07verdict\x18\x02 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x03 \x01(\t2N\n\x05\x41udit\x12\x45\n\tGetReport\x12\x1c.cantata.v1.GetReportRequest\x1a\x1a.cantata.v1.GetReportReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63\x61ntata/v1/audit.proto\x12\ncantata.v1\"P\n\x10GetReportRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\r\n\x05since\x18\x02 \x01(\t\x12\r\n\x05until\x18\x03 \x01(\t\x12\x0e\n\x06\x66ormat\x18\x04 \x01(\t\"B\n\x0eGetReportReply\x12\x0e\n\x06intact\x18\x01 \x01(\x08\x12\x0f\n\x07verdict\x18\x02 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x03 \x01(\t\"\x8c\x01\n\x11ListEventsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\r\n\x05since\x18\x03 \x01(\t\x12\r\n\x05until\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x11\n\tpage_size\x18\x06 \x01(\x05\x12\x12\n\npage_token\x18\x07 \x01(\t\"\xb1\x01\n\nAuditEvent\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x0c\n\x04time\x18\x02 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\x12\x10\n\x08resource\x18\x05 \x01(\t\x12\x0e\n\x06tenant\x18\x06 \x01(\t\x12\x0f\n\x07outcome\x18\x07 \x01(\t\x12\x0c\n\x04peer\x18\x08 \x01(\t\x12\x12\n\nrequest_id\x18\t \x01(\t\x12\x14\n\x0c\x64\x65tails_json\x18\n \x01(\t\"R\n\x0fListEventsReply\x12&\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x16.cantata.v1.AuditEvent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\x98\x01\n\x05\x41udit\x12\x45\n\tGetReport\x12\x1c.cantata.v1.GetReportRequest\x1a\x1a.cantata.v1.GetReportReply\x12H\n\nListEvents\x12\x1d.cantata.v1.ListEventsRequest\x1a\x1b.cantata.v1.ListEventsReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,6 +35,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETREPORTREQUEST']._serialized_end=118
   _globals['_GETREPORTREPLY']._serialized_start=120
   _globals['_GETREPORTREPLY']._serialized_end=186
-  _globals['_AUDIT']._serialized_start=188
-  _globals['_AUDIT']._serialized_end=266
+  _globals['_LISTEVENTSREQUEST']._serialized_start=189
+  _globals['_LISTEVENTSREQUEST']._serialized_end=329
+  _globals['_AUDITEVENT']._serialized_start=332
+  _globals['_AUDITEVENT']._serialized_end=509
+  _globals['_LISTEVENTSREPLY']._serialized_start=511
+  _globals['_LISTEVENTSREPLY']._serialized_end=593
+  _globals['_AUDIT']._serialized_start=596
+  _globals['_AUDIT']._serialized_end=748
 # @@protoc_insertion_point(module_scope)

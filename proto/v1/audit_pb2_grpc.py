@@ -39,6 +39,11 @@ class AuditStub:
                 request_serializer=cantata_dot_v1_dot_audit__pb2.GetReportRequest.SerializeToString,
                 response_deserializer=cantata_dot_v1_dot_audit__pb2.GetReportReply.FromString,
                 _registered_method=True)
+        self.ListEvents = channel.unary_unary(
+                '/cantata.v1.Audit/ListEvents',
+                request_serializer=cantata_dot_v1_dot_audit__pb2.ListEventsRequest.SerializeToString,
+                response_deserializer=cantata_dot_v1_dot_audit__pb2.ListEventsReply.FromString,
+                _registered_method=True)
 
 
 class AuditServicer:
@@ -50,6 +55,13 @@ class AuditServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListEvents(self, request, context):
+        """Individual records, oldest first, filtered (filters combine with AND); not verified: `audit verify` proves the log.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AuditServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -57,6 +69,11 @@ def add_AuditServicer_to_server(servicer, server):
                     servicer.GetReport,
                     request_deserializer=cantata_dot_v1_dot_audit__pb2.GetReportRequest.FromString,
                     response_serializer=cantata_dot_v1_dot_audit__pb2.GetReportReply.SerializeToString,
+            ),
+            'ListEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEvents,
+                    request_deserializer=cantata_dot_v1_dot_audit__pb2.ListEventsRequest.FromString,
+                    response_serializer=cantata_dot_v1_dot_audit__pb2.ListEventsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +103,33 @@ class Audit:
             '/cantata.v1.Audit/GetReport',
             cantata_dot_v1_dot_audit__pb2.GetReportRequest.SerializeToString,
             cantata_dot_v1_dot_audit__pb2.GetReportReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cantata.v1.Audit/ListEvents',
+            cantata_dot_v1_dot_audit__pb2.ListEventsRequest.SerializeToString,
+            cantata_dot_v1_dot_audit__pb2.ListEventsReply.FromString,
             options,
             channel_credentials,
             insecure,

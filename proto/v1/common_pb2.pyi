@@ -1,10 +1,11 @@
 import datetime
 
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -39,7 +40,7 @@ class Quota(_message.Message):
     def __init__(self, max_concurrent_jobs: _Optional[int] = ..., max_workers_per_job: _Optional[int] = ..., max_total_steps: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "model", "dataset", "algorithm", "workers", "topology", "local_steps", "optimizer", "steps", "checkpoint_every", "checkpoint_store", "eval_every", "batch_size", "seq_len", "lr", "seed", "outer_lr", "outer_momentum", "gossip_step", "compression", "trace_samples", "on_bad_utf8", "ranks_per_worker", "min_workers", "max_failures", "warmup_steps", "lr_schedule", "min_lr_ratio", "weight_decay", "grad_clip", "grad_accum", "eval_batches", "keep_last")
+    __slots__ = ("name", "model", "dataset", "algorithm", "workers", "topology", "local_steps", "optimizer", "steps", "checkpoint_every", "checkpoint_store", "eval_every", "batch_size", "seq_len", "lr", "seed", "outer_lr", "outer_momentum", "gossip_step", "compression", "trace_samples", "on_bad_utf8", "ranks_per_worker", "min_workers", "max_failures", "tags", "round_deadline_s", "round_time_s", "warmup_steps", "lr_schedule", "min_lr_ratio", "weight_decay", "grad_clip", "grad_accum", "eval_batches", "keep_last")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +66,9 @@ class JobSpec(_message.Message):
     RANKS_PER_WORKER_FIELD_NUMBER: _ClassVar[int]
     MIN_WORKERS_FIELD_NUMBER: _ClassVar[int]
     MAX_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
+    ROUND_TIME_S_FIELD_NUMBER: _ClassVar[int]
     WARMUP_STEPS_FIELD_NUMBER: _ClassVar[int]
     LR_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     MIN_LR_RATIO_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +102,9 @@ class JobSpec(_message.Message):
     ranks_per_worker: int
     min_workers: int
     max_failures: int
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    round_deadline_s: float
+    round_time_s: float
     warmup_steps: int
     lr_schedule: str
     min_lr_ratio: float
@@ -106,7 +113,7 @@ class JobSpec(_message.Message):
     grad_accum: int
     eval_batches: int
     keep_last: int
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., dataset: _Optional[str] = ..., algorithm: _Optional[str] = ..., workers: _Optional[int] = ..., topology: _Optional[str] = ..., local_steps: _Optional[int] = ..., optimizer: _Optional[str] = ..., steps: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., checkpoint_store: _Optional[str] = ..., eval_every: _Optional[int] = ..., batch_size: _Optional[int] = ..., seq_len: _Optional[int] = ..., lr: _Optional[float] = ..., seed: _Optional[int] = ..., outer_lr: _Optional[float] = ..., outer_momentum: _Optional[float] = ..., gossip_step: _Optional[float] = ..., compression: _Optional[str] = ..., trace_samples: _Optional[bool] = ..., on_bad_utf8: _Optional[str] = ..., ranks_per_worker: _Optional[int] = ..., min_workers: _Optional[int] = ..., max_failures: _Optional[int] = ..., warmup_steps: _Optional[int] = ..., lr_schedule: _Optional[str] = ..., min_lr_ratio: _Optional[float] = ..., weight_decay: _Optional[float] = ..., grad_clip: _Optional[float] = ..., grad_accum: _Optional[int] = ..., eval_batches: _Optional[int] = ..., keep_last: _Optional[int] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., dataset: _Optional[str] = ..., algorithm: _Optional[str] = ..., workers: _Optional[int] = ..., topology: _Optional[str] = ..., local_steps: _Optional[int] = ..., optimizer: _Optional[str] = ..., steps: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., checkpoint_store: _Optional[str] = ..., eval_every: _Optional[int] = ..., batch_size: _Optional[int] = ..., seq_len: _Optional[int] = ..., lr: _Optional[float] = ..., seed: _Optional[int] = ..., outer_lr: _Optional[float] = ..., outer_momentum: _Optional[float] = ..., gossip_step: _Optional[float] = ..., compression: _Optional[str] = ..., trace_samples: _Optional[bool] = ..., on_bad_utf8: _Optional[str] = ..., ranks_per_worker: _Optional[int] = ..., min_workers: _Optional[int] = ..., max_failures: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ..., round_deadline_s: _Optional[float] = ..., round_time_s: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., lr_schedule: _Optional[str] = ..., min_lr_ratio: _Optional[float] = ..., weight_decay: _Optional[float] = ..., grad_clip: _Optional[float] = ..., grad_accum: _Optional[int] = ..., eval_batches: _Optional[int] = ..., keep_last: _Optional[int] = ...) -> None: ...
 
 class JobInfo(_message.Message):
     __slots__ = ("id", "tenant", "spec", "state", "reason", "step", "loss", "val_loss", "created", "updated", "request_id")

@@ -4,6 +4,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class GossipCommit(_message.Message):
+    __slots__ = ("round", "sender")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    sender: int
+    def __init__(self, round: _Optional[int] = ..., sender: _Optional[int] = ...) -> None: ...
+
+class GossipCommitted(_message.Message):
+    __slots__ = ("kept",)
+    KEPT_FIELD_NUMBER: _ClassVar[int]
+    kept: bool
+    def __init__(self, kept: _Optional[bool] = ...) -> None: ...
+
 class GossipChunk(_message.Message):
     __slots__ = ("round", "sender", "index", "count", "total_bytes", "dtype", "data", "stripe", "stripes", "checksum")
     ROUND_FIELD_NUMBER: _ClassVar[int]

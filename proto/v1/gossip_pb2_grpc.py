@@ -39,6 +39,11 @@ class GossipStub:
                 request_serializer=cantata_dot_v1_dot_gossip__pb2.GossipChunk.SerializeToString,
                 response_deserializer=cantata_dot_v1_dot_gossip__pb2.GossipChunk.FromString,
                 _registered_method=True)
+        self.Commit = channel.unary_unary(
+                '/cantata.v1.Gossip/Commit',
+                request_serializer=cantata_dot_v1_dot_gossip__pb2.GossipCommit.SerializeToString,
+                response_deserializer=cantata_dot_v1_dot_gossip__pb2.GossipCommitted.FromString,
+                _registered_method=True)
 
 
 class GossipServicer:
@@ -54,6 +59,16 @@ class GossipServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Commit(self, request, context):
+        """Once the caller holds the callee's whole payload (the callee already holds
+        the caller's), it asks the callee to use the edge this round. The callee
+        answers from its round's state and records the answer, so a repeated
+        request (after a cut) gets the same one: both ends use the edge or neither.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GossipServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -61,6 +76,11 @@ def add_GossipServicer_to_server(servicer, server):
                     servicer.Exchange,
                     request_deserializer=cantata_dot_v1_dot_gossip__pb2.GossipChunk.FromString,
                     response_serializer=cantata_dot_v1_dot_gossip__pb2.GossipChunk.SerializeToString,
+            ),
+            'Commit': grpc.unary_unary_rpc_method_handler(
+                    servicer.Commit,
+                    request_deserializer=cantata_dot_v1_dot_gossip__pb2.GossipCommit.FromString,
+                    response_serializer=cantata_dot_v1_dot_gossip__pb2.GossipCommitted.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -90,6 +110,33 @@ class Gossip:
             '/cantata.v1.Gossip/Exchange',
             cantata_dot_v1_dot_gossip__pb2.GossipChunk.SerializeToString,
             cantata_dot_v1_dot_gossip__pb2.GossipChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Commit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cantata.v1.Gossip/Commit',
+            cantata_dot_v1_dot_gossip__pb2.GossipCommit.SerializeToString,
+            cantata_dot_v1_dot_gossip__pb2.GossipCommitted.FromString,
             options,
             channel_credentials,
             insecure,

@@ -45,12 +45,18 @@ class GetJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("page_size", "page_token")
+    __slots__ = ("page_size", "page_token", "states", "tag", "since")
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
     page_size: int
     page_token: str
-    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    states: _containers.RepeatedScalarFieldContainer[_common_pb2.JobState]
+    tag: str
+    since: _timestamp_pb2.Timestamp
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., states: _Optional[_Iterable[_Union[_common_pb2.JobState, str]]] = ..., tag: _Optional[str] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ListJobsReply(_message.Message):
     __slots__ = ("jobs", "next_page_token")
@@ -71,6 +77,20 @@ class ResumeJobRequest(_message.Message):
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class DeleteJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class DeleteJobReply(_message.Message):
+    __slots__ = ("job_id", "checkpoint_objects_deleted")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_OBJECTS_DELETED_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    checkpoint_objects_deleted: int
+    def __init__(self, job_id: _Optional[str] = ..., checkpoint_objects_deleted: _Optional[int] = ...) -> None: ...
 
 class WatchJobRequest(_message.Message):
     __slots__ = ("job_id", "cursor")

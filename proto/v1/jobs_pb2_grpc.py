@@ -70,6 +70,11 @@ class JobsStub:
                 request_serializer=cantata_dot_v1_dot_jobs__pb2.ReadLogsRequest.SerializeToString,
                 response_deserializer=cantata_dot_v1_dot_jobs__pb2.LogLine.FromString,
                 _registered_method=True)
+        self.DeleteJob = channel.unary_unary(
+                '/cantata.v1.Jobs/DeleteJob',
+                request_serializer=cantata_dot_v1_dot_jobs__pb2.DeleteJobRequest.SerializeToString,
+                response_deserializer=cantata_dot_v1_dot_jobs__pb2.DeleteJobReply.FromString,
+                _registered_method=True)
 
 
 class JobsServicer:
@@ -123,6 +128,13 @@ class JobsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteJob(self, request, context):
+        """Deletes an ended job's records, events, logs and checkpoints; afterwards the job is NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -160,6 +172,11 @@ def add_JobsServicer_to_server(servicer, server):
                     servicer.ReadLogs,
                     request_deserializer=cantata_dot_v1_dot_jobs__pb2.ReadLogsRequest.FromString,
                     response_serializer=cantata_dot_v1_dot_jobs__pb2.LogLine.SerializeToString,
+            ),
+            'DeleteJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteJob,
+                    request_deserializer=cantata_dot_v1_dot_jobs__pb2.DeleteJobRequest.FromString,
+                    response_serializer=cantata_dot_v1_dot_jobs__pb2.DeleteJobReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -351,6 +368,33 @@ class Jobs:
             '/cantata.v1.Jobs/ReadLogs',
             cantata_dot_v1_dot_jobs__pb2.ReadLogsRequest.SerializeToString,
             cantata_dot_v1_dot_jobs__pb2.LogLine.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cantata.v1.Jobs/DeleteJob',
+            cantata_dot_v1_dot_jobs__pb2.DeleteJobRequest.SerializeToString,
+            cantata_dot_v1_dot_jobs__pb2.DeleteJobReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -63,16 +63,22 @@ class GossipEndpoint(_message.Message):
     def __init__(self, address: _Optional[str] = ...) -> None: ...
 
 class Round(_message.Message):
-    __slots__ = ("round", "peers", "skipped", "seconds")
+    __slots__ = ("round", "peers", "skipped", "seconds", "inner_steps", "bytes_sent", "deadline_s")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     PEERS_FIELD_NUMBER: _ClassVar[int]
     SKIPPED_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
+    INNER_STEPS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
     round: int
     peers: _containers.RepeatedScalarFieldContainer[int]
     skipped: _containers.RepeatedScalarFieldContainer[int]
     seconds: float
-    def __init__(self, round: _Optional[int] = ..., peers: _Optional[_Iterable[int]] = ..., skipped: _Optional[_Iterable[int]] = ..., seconds: _Optional[float] = ...) -> None: ...
+    inner_steps: int
+    bytes_sent: int
+    deadline_s: float
+    def __init__(self, round: _Optional[int] = ..., peers: _Optional[_Iterable[int]] = ..., skipped: _Optional[_Iterable[int]] = ..., seconds: _Optional[float] = ..., inner_steps: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., deadline_s: _Optional[float] = ...) -> None: ...
 
 class Anomaly(_message.Message):
     __slots__ = ("peer", "round", "check", "verdict", "score", "quarantined", "detail")

@@ -25,6 +25,7 @@ from .errors import (
 )
 from .keys import load_public_keys_file
 from .log import AuditEntry, AuditLog, Durability, init_audit
+from .lookup import REQUEST_ID_DETAIL, find_records
 from .record import AuditRecord
 from .render import REPORT_FORMATS, render_report
 from .report import Report, build_report
@@ -35,6 +36,7 @@ __all__ = [
     "ANOMALY_ACTIONS",
     "DENIAL_ACTIONS",
     "REPORT_FORMATS",
+    "REQUEST_ID_DETAIL",
     "Action",
     "AuditEntry",
     "AuditError",
@@ -56,6 +58,7 @@ __all__ = [
     "VerifyResult",
     "build_report",
     "export_checkpoints",
+    "find_records",
     "init_audit",
     "load_public_keys_file",
     "read_anchor",

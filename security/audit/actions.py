@@ -18,6 +18,7 @@ class Action(StrEnum):
     CERTIFICATE_ISSUED = "certificate_issued"
     CERTIFICATE_REVOKED = "certificate_revoked"
     QUOTA_CHANGED = "quota_changed"
+    RETENTION_CHANGED = "retention_changed"
     # authentication and authorization refusals
     AUTH_FAILED = "auth_failed"
     AUTHZ_DENIED = "authz_denied"
@@ -29,6 +30,7 @@ class Action(StrEnum):
     JOB_CANCELLED = "job_cancelled"
     JOB_FINISHED = "job_finished"
     JOB_RESUMED = "job_resumed"
+    JOB_DELETED = "job_deleted"  # its records and checkpoints, by its tenant or by the tenant's retention
     # checkpoints
     CHECKPOINT_WRITTEN = "checkpoint_written"
     CHECKPOINT_READ = "checkpoint_read"

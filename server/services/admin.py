@@ -70,6 +70,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             running_jobs=running,
             approved_by=tenant.approved_by,
             requested_at=tenant.requested_at,
+            retention_days=tenant.retention_days,
         )
         current = self._store.current_certificate(Principal.tenant(tenant.name).uri)
         if current:
@@ -156,6 +157,14 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         with self._store.database.transaction():  # changed only once its record is durable
             tenant = self._store.set_quota(request.name, request.quota)
             self._record(context, Action.QUOTA_CHANGED, tenant.name, quota=_quota_dict(tenant.quota))
+        return self._info(tenant)
+
+    def SetRetention(self, request, context):
+        if request.retention_days < 0:
+            raise InvalidRequest("retention_days must be >= 0 (0 keeps ended jobs)", field="retention_days")
+        with self._store.database.transaction():  # changed only once its record is durable
+            tenant = self._store.set_retention(request.name, request.retention_days)
+            self._record(context, Action.RETENTION_CHANGED, tenant.name, retention_days=tenant.retention_days)
         return self._info(tenant)
 
     def RevokeCertificate(self, request, context):

@@ -3,23 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime as dt
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
 from cantata.proto.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
 from cantata.proto.vocabulary import REQUEST_ID_RULE, valid_request_id
-from cantata.security.audit import Action
+from cantata.security.audit import Action, AuditLogUnavailable, Outcome
 from cantata.server.auth import caller
 from cantata.server.broadcast import EventBroadcast
 from cantata.server.datasource_store import DataSourceNotFound
+from cantata.server.deletion import JobDeletion
 from cantata.server.errors import InvalidRequest
 from cantata.server.jobspec import InvalidField, dataset_source, parse_job_spec, processes
 from cantata.server.lifecycle import JobLifecycle
 from cantata.server.ports import AuditSink, DataSourceDirectory
-from cantata.server.store import JobRecord, Store
+from cantata.server.store import JobRecord, QuotaExceeded, RequestIdReused, Store
 
 LOG_POLL = 0.5  # seconds between looks at a followed job's log files
+# Submissions refused for what they ask (not for an outage): each is recorded in the audit log.
+REFUSALS = (InvalidField, QuotaExceeded, DataSourceNotFound, RequestIdReused)
 
 
 def submitted_digest(spec: common_pb2.JobSpec) -> str:
@@ -50,6 +55,13 @@ def _complete_lines(path: Path) -> list[str]:
     return text[: text.rfind("\n") + 1].splitlines()
 
 
+def _since(request: jobs_pb2.ListJobsRequest) -> str:
+    """The ``since`` filter as the store's time text; empty when not given."""
+    if not request.HasField("since"):
+        return ""
+    return request.since.ToDatetime(tzinfo=dt.UTC).isoformat(timespec="milliseconds")
+
+
 class JobsService(jobs_pb2_grpc.JobsServicer):
     def __init__(
         self,
@@ -60,6 +72,7 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         audit: AuditSink,
         data_sources: DataSourceDirectory,
         broadcast: EventBroadcast,
+        deletion: JobDeletion,
     ):
         self._store = store
         self._lifecycle = lifecycle
@@ -68,12 +81,35 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         self._audit = audit.append
         self._data_source_exists = data_sources.exists
         self._broadcast = broadcast
+        self._deletion = deletion
 
     def _job(self, context, job_id: str) -> JobRecord:
         """The caller's job; anyone else's is indistinguishable from a missing one."""
         return self._store.job(job_id, tenant=caller(context).name)
 
     def SubmitJob(self, request, context):
+        try:
+            return self._submit(request, context)
+        except REFUSALS as exc:
+            self._record_refusal(request, context, exc)
+            raise
+
+    def _record_refusal(self, request, context, exc: Exception) -> None:
+        """A refused submission is on the record too (what was asked, and why not); the refusal stands either way."""
+        details = {"name": request.spec.name[:128], "error": type(exc).__name__, "message": str(exc)[:500]}
+        if isinstance(exc, InvalidField):
+            details["field"] = exc.field
+        with contextlib.suppress(AuditLogUnavailable):  # the log's failure is in the server log
+            self._audit(
+                caller(context).uri,
+                Action.JOB_SUBMITTED,
+                tenant=caller(context).name,
+                outcome=Outcome.REFUSED,
+                details=details,
+                peer=context.peer(),
+            )
+
+    def _submit(self, request, context):
         tenant_name = caller(context).name
         if not valid_request_id(request.request_id):
             raise InvalidField("request_id", REQUEST_ID_RULE)
@@ -109,7 +145,14 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         size = min(request.page_size or 100, 1000)
         if request.page_token:
             self._job(context, request.page_token)
-        jobs = self._store.jobs(tenant=caller(context).name, after=request.page_token, limit=size + 1)
+        jobs = self._store.jobs(
+            tenant=caller(context).name,
+            states=frozenset(request.states) or None,
+            tag=request.tag,
+            since=_since(request),
+            after=request.page_token,
+            limit=size + 1,
+        )
         token = jobs[size - 1].id if len(jobs) > size else ""
         return jobs_pb2.ListJobsReply(jobs=[job_info(j) for j in jobs[:size]], next_page_token=token)
 
@@ -122,6 +165,11 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         job = self._job(context, request.job_id)
         self._lifecycle.resume_requested(job, actor=caller(context).uri, peer=context.peer())
         return job_info(self._store.job(job.id))
+
+    def DeleteJob(self, request, context):
+        job = self._job(context, request.job_id)
+        objects = self._deletion.delete(job, actor=caller(context).uri, peer=context.peer(), reason="requested")
+        return jobs_pb2.DeleteJobReply(job_id=job.id, checkpoint_objects_deleted=objects)
 
     async def WatchJob(self, request, context):
         """Events after the cursor, to the job's end; an earlier end that a resume followed is not the end.

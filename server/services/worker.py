@@ -86,7 +86,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             self._store.set_round(job.id, request.worker, r.round)
             skipped = f", skipped {list(r.skipped)}" if r.skipped else ""
             event = jobs_pb2.JobEvent(
-                kind=jobs_pb2.ROUND, step=r.round, message=f"round {r.round}: exchanged with {list(r.peers)}{skipped}"
+                kind=jobs_pb2.ROUND,
+                step=r.round,
+                message=f"round {r.round}: exchanged with {list(r.peers)}{skipped}; inner steps: {r.inner_steps}, "
+                f"exchange {r.seconds:.2f} s (deadline {r.deadline_s:.1f} s), sent so far: {r.bytes_sent} bytes",
             )
         elif kind == "anomaly":
             event = self._anomaly(me, job, request.worker, request.anomaly)

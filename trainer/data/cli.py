@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from cantata.proto.vocabulary import Utf8Policy
 
 TOKEN_DTYPES = ("uint16", "uint32")  # the names of shards.DTYPES (tests/test_cli_startup.py checks they agree)
 DEFAULT_SHARD_TOKENS = 1 << 22  # prepare.DEFAULT_SHARD_TOKENS (checked likewise)
+
+UPLOAD_JOBS = 4  # shards (and parts of each) uploaded at once; upload.py is imported only when it runs
 
 
 def _say(message: str) -> None:
@@ -43,11 +47,34 @@ def cmd_prepare(args) -> int:
     return 0
 
 
+def store_options(uri: str, endpoint: str, environ: Mapping[str, str]) -> dict[str, object]:
+    """How to reach ``uri``'s store at ``endpoint``, as ``cantata data sources add --endpoint`` names it.
+
+    S3: an S3-compatible endpoint URL. Azure: the account URL, with the account key or SAS
+    token from the environment the Azure tools read (a connection string names its own endpoint).
+    """
+    if not endpoint:
+        return {}
+    scheme = uri.partition("://")[0]
+    if scheme == "s3":
+        return {"endpoint_url": endpoint}
+    if scheme == "az":
+        credential: object = None
+        if environ.get("AZURE_STORAGE_ACCOUNT") and environ.get("AZURE_STORAGE_KEY"):
+            credential = {"account_name": environ["AZURE_STORAGE_ACCOUNT"], "account_key": environ["AZURE_STORAGE_KEY"]}
+        elif environ.get("AZURE_STORAGE_SAS_TOKEN"):
+            credential = environ["AZURE_STORAGE_SAS_TOKEN"]
+        return {"account_url": endpoint, "credential": credential}
+    raise ValueError(f"--endpoint is for s3:// and az:// stores, not {uri!r}")
+
+
 def cmd_upload(args) -> int:
+    from tqdm import tqdm
+
     from cantata.storage import open_store
     from cantata.trainer.data.sealing import KEY_FILE, DatasetKey
     from cantata.trainer.data.sources import translated_store_errors
-    from cantata.trainer.data.upload import upload_shards
+    from cantata.trainer.data.upload import shard_files, upload_shards
 
     dataset_key = None
     if args.encrypt:
@@ -59,15 +86,25 @@ def cmd_upload(args) -> int:
         if not profile.folder.is_dir():
             raise ValueError(f"no profile {args.profile!r} in {profile.folder.parent}")
         dataset_key = DatasetKey.load_or_create(profile.folder / KEY_FILE, tenant=args.profile)
+    if args.jobs < 1:
+        raise ValueError("--jobs must be at least 1")
+    options = store_options(args.store, args.endpoint, os.environ)
+    if not args.store.startswith("file:"):
+        options["max_concurrency"] = args.jobs  # parts of each shard, too
     with translated_store_errors(f"opening {args.store}"):
-        store = open_store(args.store)
-    keys = upload_shards(
-        Path(args.directory), store, dataset_key=dataset_key, progress=_say if not args.json else lambda message: None
-    )
+        store = open_store(args.store, **options)
+    directory = Path(args.directory)
+    total = sum(path.stat().st_size for path in shard_files(directory))
+    # One bar for the whole upload, drawn only on a terminal (and never with --json).
+    with tqdm(
+        total=total, unit="B", unit_scale=True, desc="upload", disable=args.json or not sys.stderr.isatty()
+    ) as bar:
+        keys = upload_shards(directory, store, dataset_key=dataset_key, jobs=args.jobs, on_bytes=bar.update)
     if args.json:
-        print(json.dumps({"store": store.uri, "keys": keys, "encrypted": args.encrypt}, indent=2))
+        summary = {"store": store.uri, "keys": keys, "encrypted": args.encrypt, "bytes": total}
+        print(json.dumps(summary, indent=2))
     else:
-        print(f"uploaded {len(keys)} {'encrypted ' if args.encrypt else ''}shards to {store.uri}")
+        print(f"uploaded {len(keys)} {'encrypted ' if args.encrypt else ''}shards ({total:,} bytes) to {store.uri}")
     return 0
 
 
@@ -89,6 +126,18 @@ def register(groups: dict[str, argparse._SubParsersAction]) -> None:
     p = data.add_parser("upload", help="copy shards to file://, s3:// or az:// (credentials from the environment)")
     p.add_argument("directory", help="the directory `cantata data prepare` wrote")
     p.add_argument("--store", required=True, help="file:///dir, s3://bucket/prefix or az://container/prefix")
+    p.add_argument(
+        "--endpoint",
+        default="",
+        help="S3-compatible endpoint URL, or the Azure account URL (as for `cantata data sources add`; "
+        "default: AWS S3, or the account of $AZURE_STORAGE_CONNECTION_STRING)",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=UPLOAD_JOBS,
+        help=f"shards uploaded at once, and parts of each shard (default {UPLOAD_JOBS})",
+    )
     p.add_argument("--encrypt", action="store_true", help="seal each shard with the tenant's dataset key")
     p.add_argument("--profile", help="tenant profile holding the dataset key (made on first use)")
     p.add_argument("--json", action="store_true", help="machine-readable output")

@@ -12,7 +12,12 @@ For round t, worker i, after its H inner steps:
    ``z_{-1} = theta_0``.
 
 On the complete graph with ``alpha = 1/n`` this is DiLoCo: Nesterov SGD
-(lr ``eta``, momentum ``gamma``) on ``delta = -mean(g)``.
+(lr ``eta``, momentum ``gamma``) on ``delta = -mean(g)``. A DiLoCo job gets
+step 3 from a ring all-reduce instead (``finish_mean``): ``z = sum_i w_i y_i /
+sum_i w_i``, the same value for ``2 (n - 1) / n`` of the parameters sent per
+worker instead of ``n - 1`` times them. With weights ``w_i`` (inner steps done
+in a time-budgeted round) it is Nesterov SGD on ``-sum_i w_i g_i / sum_i w_i``;
+with equal weights, DiLoCo exactly.
 
 ``OuterStep`` works on flat float32 vectors and splits a round into
 ``propose`` (before the exchange) and ``finish`` (after it), so a simulator can
@@ -33,6 +38,9 @@ from .topology import Topology
 Exchange = Callable[[int, list[int], torch.Tensor], Mapping[int, torch.Tensor]]
 """``exchange(round, peers, wire) -> {peer: peer's wire}``; a missing peer was skipped."""
 
+AllReduce = Callable[[int, torch.Tensor], torch.Tensor | None]
+"""``allreduce(round, vector) -> the sum of every worker's vector``, or None if it failed."""
+
 Screen = Callable[["Proposal", dict[int, torch.Tensor]], Mapping[int, torch.Tensor]]
 """``screen(proposal, decoded) -> {peer: value to mix}``: drops or clips the decoded
 payloads that fail screening; a dropped peer counts as skipped."""
@@ -44,7 +52,6 @@ class RoundStats:
     peers: tuple[int, ...]  # the round's planned peers
     mixed: tuple[int, ...]  # peers whose payload arrived and was mixed in
     skipped: tuple[int, ...]  # planned peers that were dead, late or sent a malformed payload
-    bytes_sent: int  # wire bytes times planned peers
     pseudo_gradient_norm: float
 
 
@@ -118,18 +125,28 @@ class OuterStep:
         mixed = [peer for peer in proposal.peers if peer in decoded]
         for peer in mixed:
             z.add_(decoded[peer] - proposal.sent, alpha=alpha)
-        z_prev = proposal.theta if self.z_prev is None else self.z_prev
-        theta_next = z + self.outer_momentum * (z - z_prev)
-        self.z_prev = z
+        theta_next = self._accelerate(proposal, z)
         stats = RoundStats(
             round=proposal.round,
             peers=proposal.peers,
             mixed=tuple(mixed),
             skipped=tuple(p for p in proposal.peers if p not in mixed),
-            bytes_sent=proposal.wire.numel() * proposal.wire.element_size() * len(proposal.peers),
             pseudo_gradient_norm=proposal.pseudo_gradient_norm,
         )
         return theta_next, stats
+
+    def finish_mean(self, proposal: Proposal, mean: torch.Tensor | None) -> tuple[torch.Tensor, RoundStats]:
+        """Steps 3-4 with ``z`` the workers' (weighted) mean of y from an all-reduce; None (it failed): ``z = y``."""
+        z = proposal.y.clone() if mean is None else mean
+        theta_next = self._accelerate(proposal, z)
+        mixed = proposal.peers if mean is not None else ()
+        skipped = () if mean is not None else proposal.peers
+        return theta_next, RoundStats(proposal.round, proposal.peers, mixed, skipped, proposal.pseudo_gradient_norm)
+
+    def _accelerate(self, proposal: Proposal, z: torch.Tensor) -> torch.Tensor:
+        z_prev = proposal.theta if self.z_prev is None else self.z_prev
+        self.z_prev = z
+        return z + self.outer_momentum * (z - z_prev)
 
     def round(
         self,
@@ -143,6 +160,15 @@ class OuterStep:
         proposal = self.propose(t, theta_t, theta_after)
         received = exchange(t, list(proposal.peers), proposal.wire) if proposal.peers else {}
         return self.finish(proposal, received, screen)
+
+    def round_mean(
+        self, t: int, theta_t: torch.Tensor, theta_after: torch.Tensor, allreduce: AllReduce, weight: float = 1.0
+    ) -> tuple[torch.Tensor, RoundStats]:
+        """A DiLoCo round: ``allreduce`` ``[w y, w]`` over all workers, then the accelerated step on the mean."""
+        proposal = self.propose(t, theta_t, theta_after)
+        total = allreduce(t, torch.cat([proposal.y * weight, torch.tensor([weight], dtype=proposal.y.dtype)]))
+        mean = None if total is None else total[:-1] / total[-1]
+        return self.finish_mean(proposal, mean)
 
     def state_dict(self) -> dict[str, torch.Tensor | None]:
         return {"z_prev": self.z_prev, "residual": self.compressor.residual}
@@ -192,12 +218,22 @@ class GASLoCOuter:
     @torch.no_grad()
     def round(self, t: int, exchange: Exchange, screen: Screen | None = None) -> RoundStats:
         theta_next, stats = self.step.round(t, self.theta, flatten(self.params), exchange, screen)
+        self._write(theta_next)
+        return stats
+
+    @torch.no_grad()
+    def round_mean(self, t: int, allreduce: AllReduce, weight: float = 1.0) -> RoundStats:
+        """A DiLoCo round (see ``OuterStep.round_mean``), written into the parameters."""
+        theta_next, stats = self.step.round_mean(t, self.theta, flatten(self.params), allreduce, weight)
+        self._write(theta_next)
+        return stats
+
+    def _write(self, theta_next: torch.Tensor) -> None:
         offset = 0
         for p in self.params:
             p.copy_(theta_next[offset : offset + p.numel()].view_as(p))
             offset += p.numel()
         self.theta = theta_next
-        return stats
 
     def state_dict(self) -> dict[str, torch.Tensor | None]:
         return {"theta": self.theta, **self.step.state_dict()}

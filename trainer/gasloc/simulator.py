@@ -2,7 +2,7 @@
 
 The exchange is an in-memory hand-over of each worker's wire payload, so tests
 and benchmarks run the exact outer round the real workers run, including
-compression, skipped (dead) workers and per-worker byte counts.
+compression, skipped (dead) workers and per-worker counts of the payload bytes handed over.
 """
 
 from __future__ import annotations
@@ -58,5 +58,6 @@ class Simulator:
                 j: proposals[j].wire for j in proposal.peers if j in proposals and (min(i, j), max(i, j)) not in cut
             }
             nexts[i], stats[i] = self.workers[i].finish(proposal, received)
-            self.bytes_sent[i] += stats[i].bytes_sent
+            sent_to = [j for j in proposal.peers if j in proposals and (min(i, j), max(i, j)) not in cut]
+            self.bytes_sent[i] += proposal.wire.numel() * proposal.wire.element_size() * len(sent_to)
         return nexts, stats

@@ -15,11 +15,12 @@ from cantata.security.pki import Bundle
 
 from .bandwidth import TokenBucket
 from .chunks import DEFAULT_CHUNK_BYTES, CorruptPayload, dtype_name
-from .client import exchange_with
+from .client import commit_with, exchange_with
 from .heap import reuse_message_memory
 from .identity import gossip_server_name
 from .mailbox import Mailbox
 from .service import GossipService, RefusalHook, add_gossip_service
+from .wire import WireCounter
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,11 @@ class GossipNode:
 
     For each edge the lower worker index dials and the higher one answers; both
     directions stream at once, split into ``streams`` stripes on as many
-    connections so TLS work spreads over cores. A peer that is refused, unreachable, corrupt or
-    not done by the round's deadline is simply missing from the result.
+    connections so TLS work spreads over cores; then the caller commits the
+    edge (see :mod:`.mailbox`), so both ends use it or neither. A peer that
+    is refused, unreachable, reset, corrupt or not done by the round's
+    deadline is missing from the result; a failed link ends its wait at once.
+    ``bytes_sent`` counts every message this node serialized for sending.
     """
 
     def __init__(
@@ -53,6 +57,7 @@ class GossipNode:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         streams: int = 2,
         on_refused: RefusalHook | None = None,
+        commit_grace_s: float = 5.0,
     ):
         self.worker_index = worker_index
         self.job_id = job_id
@@ -61,7 +66,9 @@ class GossipNode:
         self.deadline_s = deadline_s
         self.chunk_bytes = chunk_bytes
         self.streams = streams
+        self.commit_grace_s = commit_grace_s
         self.mailbox = Mailbox()
+        self.wire = WireCounter()
         self._on_refused = on_refused or (lambda address, principal, reason: None)
         self._buckets: dict[int, TokenBucket] = {}
         self._channels: dict[tuple[int, str], list[grpc.Channel]] = {}
@@ -86,7 +93,7 @@ class GossipNode:
             self._buckets.get,
             self._on_refused,
         )
-        add_gossip_service(service, server)
+        add_gossip_service(service, server, self.wire)
         credentials = grpc.ssl_server_credentials(
             [(self.bundle.key_pem, self.bundle.cert_pem)],
             root_certificates=self.bundle.ca_pem,
@@ -107,25 +114,41 @@ class GossipNode:
         else:
             self._buckets[peer] = TokenBucket(bytes_per_s, burst=self.chunk_bytes)
 
-    def exchange(
-        self, round: int, peers: Mapping[int, str], payload: torch.Tensor, deadline_s: float | None = None
-    ) -> dict[int, torch.Tensor]:
-        """Swap ``payload`` (1-D) with every peer ``{index: address}`` for ``round``.
+    @property
+    def bytes_sent(self) -> int:
+        return self.wire.total
 
-        Returns ``{peer: payload}`` for the peers that completed in time. The
-        returned tensors live in receive buffers that the next ``exchange``
-        reuses: use or copy them before calling it again.
+    def exchange(
+        self,
+        round: int,
+        peers: Mapping[int, str],
+        payload: torch.Tensor | Mapping[int, torch.Tensor],
+        deadline_s: float | None = None,
+    ) -> dict[int, torch.Tensor]:
+        """Swap ``payload`` (1-D; or ``{peer: payload}``, all of one size and dtype) with every peer
+        ``{index: address}`` for ``round``.
+
+        Returns ``{peer: payload}`` for the edges used. The returned tensors
+        live in receive buffers that the next ``exchange`` reuses: use or copy
+        them before calling it again.
         """
         if self._server is None:
             raise RuntimeError("start() the node before exchanging")
         deadline = time.monotonic() + (self.deadline_s if deadline_s is None else deadline_s)
-        payload = payload.detach().reshape(-1).contiguous().cpu()
-        dtype_name(payload.dtype)  # raises here, not in a link thread, for a dtype the wire cannot carry
-        self.mailbox.post(round, payload)
+        if isinstance(payload, torch.Tensor):
+            default, per_peer = _flat(payload), {}
+        else:
+            per_peer = {peer: _flat(payload[peer]) for peer in peers}
+            default = next(iter(per_peer.values()), torch.empty(0))
+            if len({(p.numel(), p.dtype) for p in per_peer.values()}) > 1:
+                raise ValueError("payloads to different peers differ in size or dtype")
+        self.mailbox.post(round, default, per_peer)
         for peer, address in peers.items():
             if peer > self.worker_index:
-                self._dialer.submit(self._dial, round, peer, address, payload, deadline)
-        received = self.mailbox.collect(round, peers, deadline)
+                self._dialer.submit(self._dial, round, peer, address, per_peer.get(peer, default), deadline)
+        received = self.mailbox.collect(
+            round, peers, deadline, self.commit_grace_s + 1.0
+        )  # past the last commit answer
         missing = sorted(set(peers) - received.keys())
         if missing:
             log.warning("gossip round %d: worker %d skips peers %s", round, self.worker_index, missing)
@@ -135,9 +158,10 @@ class GossipNode:
         assembly = self.mailbox.assembly(round, peer)
         if assembly is None:
             return
+        link = self._link(peer, address)
         try:
             exchange_with(
-                self._link(peer, address),
+                link,
                 round,
                 self.worker_index,
                 payload,
@@ -145,12 +169,16 @@ class GossipNode:
                 timeout=max(0.0, deadline - time.monotonic()),
                 chunk_bytes=self.chunk_bytes,
                 bucket=self._buckets.get(peer),
+                counter=self.wire,
             )
         except (grpc.RpcError, CorruptPayload) as error:
             detail = error.details() if isinstance(error, grpc.RpcError) else str(error)
             log.warning("gossip round %d: worker %d -> %d failed: %s", round, self.worker_index, peer, detail)
+            self.mailbox.fail(round, peer)
             return
-        self.mailbox.deliver(assembly)
+        if self.mailbox.begin_commit(assembly):
+            kept = commit_with(link[0], round, self.worker_index, deadline + self.commit_grace_s, self.wire)
+            self.mailbox.end_commit(assembly, kept)
 
     def _link(self, peer: int, address: str) -> list[grpc.Channel]:
         """``streams`` channels to ``peer``, each with its own connection."""
@@ -165,6 +193,10 @@ class GossipNode:
                 options = GRPC_OPTIONS + [
                     ("grpc.ssl_target_name_override", gossip_server_name(self.job_id, peer)),
                     ("grpc.use_local_subchannel_pool", 1),
+                    # a cut link is retried within a round, not after gRPC's default backoff of up to 2 minutes
+                    ("grpc.initial_reconnect_backoff_ms", 100),
+                    ("grpc.min_reconnect_backoff_ms", 100),
+                    ("grpc.max_reconnect_backoff_ms", 1000),
                 ]
                 self._channels[key] = [
                     grpc.secure_channel(address, credentials, options=options) for _ in range(self.streams)
@@ -188,3 +220,9 @@ class GossipNode:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _flat(payload: torch.Tensor) -> torch.Tensor:
+    flat = payload.detach().reshape(-1).contiguous().cpu()
+    dtype_name(flat.dtype)  # raises here, not in a link thread, for a dtype the wire cannot carry
+    return flat

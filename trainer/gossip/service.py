@@ -9,6 +9,7 @@ from typing import NoReturn, Protocol
 
 import grpc
 
+from cantata.proto.v1 import gossip_pb2
 from cantata.security.pki import Principal
 
 from . import wire
@@ -36,7 +37,7 @@ class ServicerContext(Protocol):
 
 
 class GossipService:
-    """Answers a peer's ``Exchange``: streams this worker's stripe while taking in the peer's."""
+    """Answers a peer's ``Exchange`` (streams this worker's stripe while taking in the peer's) and ``Commit``."""
 
     def __init__(
         self,
@@ -79,10 +80,10 @@ class GossipService:
             )
         if not 0 <= first.stripe < first.stripes <= MAX_STRIPES:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"stripe {first.stripe} of {first.stripes}")
-        payload = self.mailbox.outgoing(first.round, self.wait_s)
+        payload = self.mailbox.outgoing(first.round, self.wait_s, peer)
         assembly = self.mailbox.assembly(first.round, peer)
         if payload is None or assembly is None:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"round {first.round} is not current here")
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"round {first.round} is not open here")
         failure: list[BaseException] = []
         receiver = threading.Thread(
             target=self._receive, args=(first, request_iterator, assembly, failure), daemon=True
@@ -99,9 +100,18 @@ class GossipService:
         )
         receiver.join()
         if failure:
+            self.mailbox.fail(first.round, peer)
             context.abort(grpc.StatusCode.DATA_LOSS, f"payload from worker {peer} rejected: {failure[0]}")
         if assembly.complete:
-            self.mailbox.deliver(assembly)
+            self.mailbox.received(assembly)
+
+    def Commit(self, request: gossip_pb2.GossipCommit, context: ServicerContext) -> gossip_pb2.GossipCommitted:
+        peer = self.identify(context)
+        if request.sender != peer:
+            self._refuse(
+                context, Principal.worker(self.job_id, peer).uri, f"worker {peer} committed as worker {request.sender}"
+            )
+        return gossip_pb2.GossipCommitted(kept=self.mailbox.commit(request.round, peer))
 
     @staticmethod
     def _receive(first: Chunk, rest: Iterator[Chunk], assembly: Assembly, failure: list[BaseException]) -> None:
@@ -114,9 +124,16 @@ class GossipService:
             failure.append(error)
 
 
-def add_gossip_service(service: GossipService, server: grpc.Server) -> None:
-    """Serve ``cantata.v1.Gossip/Exchange`` with the zero-copy chunk codec."""
-    handler = grpc.stream_stream_rpc_method_handler(
-        service.Exchange, request_deserializer=wire.decode, response_serializer=wire.encode
+def add_gossip_service(service: GossipService, server: grpc.Server, counter: wire.WireCounter | None = None) -> None:
+    """Serve ``cantata.v1.Gossip`` with the zero-copy chunk codec; ``counter`` adds up the bytes sent."""
+    counter = counter or wire.WireCounter()
+    exchange = grpc.stream_stream_rpc_method_handler(
+        service.Exchange, request_deserializer=wire.decode, response_serializer=counter.encode
     )
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("cantata.v1.Gossip", {"Exchange": handler}),))
+    commit = grpc.unary_unary_rpc_method_handler(
+        service.Commit,
+        request_deserializer=gossip_pb2.GossipCommit.FromString,
+        response_serializer=counter.serializer(gossip_pb2.GossipCommitted.SerializeToString),
+    )
+    handlers = {"Exchange": exchange, "Commit": commit}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("cantata.v1.Gossip", handlers),))

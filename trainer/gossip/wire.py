@@ -11,11 +11,14 @@ Unknown fields are skipped, as protobuf requires.
 from __future__ import annotations
 
 import struct
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cantata.proto.v1 import gossip_pb2
 
 METHOD = "/cantata.v1.Gossip/Exchange"
+COMMIT = "/cantata.v1.Gossip/Commit"
 _DATA_TAG = bytes([8 << 3 | 2])  # field 8, length-delimited
 _VARINT_FIELDS = {1: "round", 2: "sender", 3: "index", 4: "count", 5: "total_bytes", 9: "stripe", 10: "stripes"}
 
@@ -63,6 +66,33 @@ def encode(chunk: Chunk) -> bytes:
         stripes=chunk.stripes,
     ).SerializeToString()
     return b"".join((header, _DATA_TAG, _varint(len(chunk.data)), chunk.data))
+
+
+class WireCounter:
+    """Adds up the bytes of every message a node serializes for sending: its traffic as gRPC messages.
+
+    (TLS records and HTTP/2 frames add a few tens of bytes per message on top.)
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._bytes = 0
+
+    @property
+    def total(self) -> int:
+        with self._lock:
+            return self._bytes
+
+    def encode(self, chunk: Chunk) -> bytes:
+        return self._count(encode(chunk))
+
+    def serializer(self, serialize: Callable[..., bytes]) -> Callable[..., bytes]:
+        return lambda message: self._count(serialize(message))
+
+    def _count(self, raw: bytes) -> bytes:
+        with self._lock:
+            self._bytes += len(raw)
+        return raw
 
 
 def _read_varint(view: memoryview, pos: int) -> tuple[int, int]:

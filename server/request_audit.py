@@ -1,0 +1,55 @@
+"""The audit log as the server's parts write to it: a record made while serving a call names the call's request id.
+
+Every reply carries a request id (:mod:`cantata.server.auth` makes one per
+call and sends it as a trailer and in error details); a record appended while
+that call runs gets it as ``details.request_id``, so a security team can go
+from what a client saw to what was recorded (``cantata audit events
+--request-id``). Acts no call caused (the scheduler, retention) carry none.
+Putting it in ``details`` leaves the record format, and so the verification
+of logs written before it, unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from cantata.security.audit import REQUEST_ID_DETAIL, AuditEntry, AuditLog, AuditRecord
+
+
+class RequestAudit:
+    """:class:`AuditLog`'s writing methods, adding the current call's request id to each record's details."""
+
+    def __init__(self, log: AuditLog, request_id: Callable[[], str]):
+        self._log = log
+        self._request_id = request_id
+
+    def _details(self, details: dict | None) -> dict | None:
+        rid = self._request_id()
+        if not rid or (details and REQUEST_ID_DETAIL in details):
+            return details
+        return {**(details or {}), REQUEST_ID_DETAIL: rid}
+
+    def append(
+        self,
+        actor: str,
+        action: str,
+        *,
+        resource: str = "",
+        tenant: str = "",
+        outcome: str = "ok",
+        details: dict | None = None,
+        peer: str = "",
+    ) -> AuditRecord:
+        return self._log.append(
+            actor, action, resource=resource, tenant=tenant, outcome=outcome, details=self._details(details), peer=peer
+        )
+
+    def append_all(self, entries: Sequence[AuditEntry]) -> list[AuditRecord]:
+        return self._log.append_all([dataclasses.replace(e, details=self._details(e.details)) for e in entries])
+
+    def require_writable(self) -> None:
+        self._log.require_writable()
+
+    def probe(self) -> str | None:
+        return self._log.probe()

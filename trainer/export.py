@@ -1,0 +1,31 @@
+"""A downloaded checkpoint as files any PyTorch user can load: ``model.safetensors`` and ``config.json``.
+
+The SDK never imports torch, so it finds this converter through the
+``cantata.checkpoint_formats`` entry point (installed with the trainer's
+dependencies) and hands it the downloaded state dict and the config it made
+(:func:`cantata.sdk.client.checkpoint_config`). The weights are the model's
+state dict, tensor for tensor; loading them needs ``safetensors`` and
+``torch``, not Cantata.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+WEIGHTS, CONFIG = "model.safetensors", "config.json"
+
+
+def write_safetensors(state_path: Path, out_dir: str | os.PathLike, config: dict[str, object]) -> Path:
+    """Write the state dict saved at ``state_path`` (``torch.save``) as ``out_dir/model.safetensors`` + ``config.json``."""
+    import torch
+    from safetensors.torch import save_file
+
+    state = torch.load(state_path, map_location="cpu", weights_only=True)
+    tensors = {name: tensor.detach().contiguous().clone() for name, tensor in state.items()}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt", "model": str(config["model"])})
+    (out / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    return out
