@@ -282,7 +282,7 @@ def cmd_jobs_delete(args) -> int:
     return 0
 
 
-_AGO = re.compile(r"(\d+)([smhd])")
+_AGO = re.compile(r"([0-9]+)([smhd])")
 _AGO_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 

@@ -366,8 +366,8 @@ class Store:
 
     def renewals_of(self, serial: str) -> list[str]:
         """The hex serials renewed from ``serial``, directly or through other renewals, oldest first."""
-        with self._lock:
-            return self._lineage(self._db, serial.lower())[1:]
+        with self.database.read() as db:
+            return self._lineage(db, serial.lower())[1:]
 
     @staticmethod
     def _lineage(db: sqlite3.Connection, serial: str) -> list[str]:
@@ -598,14 +598,14 @@ class Store:
 
     def expired_jobs(self, now: dt.datetime) -> list[JobRecord]:
         """Ended jobs last changed longer ago than their tenant's retention (tenants without one keep theirs)."""
-        with self._lock:
-            rows = self._db.execute(
+        with self.database.read() as db:
+            rows = db.execute(
                 f"SELECT jobs.id, jobs.updated_at, tenants.retention_days FROM jobs JOIN tenants "
                 f"ON jobs.tenant = tenants.name WHERE tenants.retention_days > 0 AND jobs.state IN ({_in(TERMINAL)}) "
                 "ORDER BY jobs.updated_at"
             ).fetchall()
             return [
-                self._job(self._db, r["id"])
+                self._job(db, r["id"])
                 for r in rows
                 if dt.datetime.fromisoformat(r["updated_at"]) < now - dt.timedelta(days=r["retention_days"])
             ]
