@@ -716,14 +716,12 @@ def _build_jobs(root: argparse._SubParsersAction, groups: dict) -> None:
     p.add_argument("--watch", action="store_true", help="follow the job with a progress bar until it ends")
     _client_flags(p, None)
     p.set_defaults(func=cmd_jobs_resume)
-    from cantata.proto.vocabulary import STATE_NAMES
-
     p = jobs.add_parser("list", help="your jobs, filtered by the server")
     p.add_argument(
         "--state",
         action="append",
         type=str.upper,
-        choices=STATE_NAMES,
+        choices=_state_names() if groups.get("sub") in (None, "list") else None,
         help="only jobs in this state (repeat for any of several)",
     )
     p.add_argument("--tag", help="only jobs carrying this tag")
@@ -744,6 +742,12 @@ def _build_jobs(root: argparse._SubParsersAction, groups: dict) -> None:
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
     _client_flags(p, None, json_help="one JSON object per line: worker, line, and a JSON log record's keys")
     p.set_defaults(func=cmd_jobs_logs)
+
+
+def _state_names() -> tuple[str, ...]:
+    from cantata.proto.vocabulary import STATE_NAMES  # protobuf: loaded for `jobs list` only
+
+    return STATE_NAMES
 
 
 def _build_checkpoints(root: argparse._SubParsersAction, groups: dict) -> None:

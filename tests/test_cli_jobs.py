@@ -20,7 +20,7 @@ import yaml
 from cantata.logformat import LOG_FORMAT_ENV
 from cantata.proto.vocabulary import LrSchedule
 from cantata.trainer.loop import Schedule
-from tests.platform import Platform, cli
+from tests.platform import Platform, cli, readable
 
 ROOT = Path(__file__).resolve().parents[1]
 TENANT = "logs-co"
@@ -135,8 +135,9 @@ def test_a_dataset_too_small_for_the_validation_split_fails_at_start(platform, e
     text = tmp_path / "text"
     text.mkdir()
     (text / "small.txt").write_text("def f(x):\n    return x + 1\n" * 700)  # 19,600 bytes
-    shards = platform.data_dir / "checkpoints" / "datasets" / "small"
+    shards = platform.tenant_dir(TENANT, "datasets") / "small"
     cli("data", "prepare", str(text), "--out", str(shards), env=env)
+    readable(shards)
     submitted = cli(
         "jobs",
         "submit",

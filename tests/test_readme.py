@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.platform import free_port
+from tests.platform import free_port, passable
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -33,6 +33,7 @@ def test_the_job_yaml_the_readme_shows_is_the_single_example():
 def test_the_quick_start_runs_verbatim(tmp_path):
     """In a fresh home (no profiles), from the checkout; only the port is a free one instead of 7443."""
     script = _block("quickstart", "sh").replace(QUICK_START_PORT, str(free_port()))
+    passable(tmp_path)  # the home holds the server's data directory, which the workers' own uids must pass
     env = {k: v for k, v in os.environ.items() if not k.startswith("CANTATA_")}
     env["HOME"] = str(tmp_path)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
