@@ -3,7 +3,7 @@
 8 GASLoC workers train a char-level GPT (2 layers, d=64) on CPython's
 ``pydoc_data.topics``, on the ring and on the complete graph, with 1 and then
 2 Byzantine workers running each attack (sign_flip, scale x10, gaussian, nan,
-alie, ipm, dissensus). Side by side, in one run, over several seeds:
+alie at its paper's z and at a stress z, ipm at epsilon 10, dissensus). Side by side, in one run, over several seeds:
 
 - ``undefended``: plain gossip / averaging;
 - ``screened``: our screening, quarantine and ClippedGossip (adaptive radius);
@@ -20,7 +20,8 @@ rounds of the full setup on the complete graph (7 peers screened per worker).
     .venv/bin/python benchmarks/bench_anomaly.py [--quick] [--seeds 3] [--processes 2]
 
 Writes ``benchmarks/results/bench_anomaly.json`` and ``bench_anomaly.png`` (``--quick``: a temporary
-folder, or ``--out``). The committed results are a ``--quick`` run: the full grid was not run.
+folder, or ``--out``). The committed results are a ``--quick`` run: the full grid (13x the
+inner compute of a quick run, about 3 hours on 2 idle cores) was not run.
 """
 
 from __future__ import annotations
@@ -43,12 +44,22 @@ import harness
 from byzantine_sim import AGGREGATOR_DEFENCES, RunResult, RunSpec, Setup, Simulation
 
 from cantata.security.anomaly import AttackConfig, AttackKind, QuarantinePolicy, ScreeningConfig
+from cantata.trainer.attacks import alie_z_max
 
 TOPOLOGIES = ("ring", "complete")
 BYZANTINE_SETS = {1: frozenset({0}), 2: frozenset({0, 4})}  # never adjacent on the ring
-ALIE_Z = 1.0  # the paper's z_max for n=8 is 0 (m=1) or 0.32 (m=2), which barely attacks
+# ALIE's z from its paper's formula, with n and f those of each receiver's
+# neighbourhood (trainer.attacks.alie_z_max): 0.43 on the ring (n=3, f=1), 0 and
+# 0.32 on the complete graph (n=8, f=1 or 2). At this scale that z does not
+# hurt, so ALIE also runs at a stress z the screening must still survive:
+# the smallest tried (1, 3, 10) that clearly hurts undefended gossip.
+ALIE_STRESS_Z = 10.0
+IPM_EPSILON = 10.0  # "large" IPM (Xie et al. 2020 use 0.1 and 100); 0.1 and 1 did not hurt here
 EASY_ATTACKS = ("nan", "sign_flip", "scale", "gaussian")
-STEALTHY_ATTACKS = ("alie", "ipm", "dissensus")
+STEALTHY_ATTACKS = ("alie", "alie_stress", "ipm", "dissensus")
+ATTACKS = ("nan", "sign_flip", "scale", "gaussian", "alie", "alie_stress", "ipm", "dissensus")
+HURTS = 1.02  # an attack hurts when the undefended run ends above this loss relative to clean
+OVERHEAD_TARGET = 0.03  # screening time over round time, at the full setup's rounds
 
 FULL = Setup(rounds=20, inner_steps=10, batch=16)
 QUICK = Setup(rounds=6, inner_steps=5, batch=8)
@@ -66,10 +77,23 @@ def grid(seeds: int) -> list[RunSpec]:
             for defence in defences(topology):
                 specs.append(RunSpec(topology, defence, None, seed))
                 for workers in BYZANTINE_SETS.values():
-                    for kind in AttackKind:
-                        attack = AttackConfig(kind, workers, alie_z=ALIE_Z)
-                        specs.append(RunSpec(topology, defence, attack, seed))
+                    specs.extend(RunSpec(topology, defence, attack(name, workers), seed) for name in ATTACKS)
     return specs
+
+
+def attack(name: str, workers: frozenset[int]) -> AttackConfig:
+    """The attack ``name`` of ``ATTACKS`` as configured for this benchmark."""
+    if name == "alie_stress":
+        return AttackConfig(AttackKind.ALIE, workers, alie_z=ALIE_STRESS_Z)
+    return AttackConfig(AttackKind(name), workers, ipm_epsilon=IPM_EPSILON)
+
+
+def attack_name(config: AttackConfig | None) -> str:
+    if config is None:
+        return "clean"
+    if config.kind is AttackKind.ALIE and config.alie_z is not None:
+        return "alie_stress"
+    return config.kind.value
 
 
 _simulation: Simulation | None = None
@@ -86,8 +110,7 @@ def _run(spec: RunSpec) -> tuple[RunSpec, RunResult]:
 
 
 def _key(spec: RunSpec) -> tuple[str, int, str, str]:
-    attack = spec.attack.kind.value if spec.attack else "clean"
-    return spec.topology, len(spec.byzantine), attack, spec.defence
+    return spec.topology, len(spec.byzantine), attack_name(spec.attack), spec.defence
 
 
 def summarize(outcomes: list[tuple[RunSpec, RunResult]]) -> dict:
@@ -145,13 +168,12 @@ def targets(rows: list[dict]) -> dict:
             }
         elif attack in STEALTHY_ATTACKS:
             base = undefended[key]["relative_loss"]
-            checks[name] = {
-                "loss<=1.05": loss is not None and loss <= 1.05,
-                "better_than_undefended": loss is not None and (base is None or loss < base),
-            }
+            hurts = base is None or base > HURTS
+            checks[name] = {"undefended>1.02": hurts, "loss<=1.05": loss is not None and loss <= 1.05}
+            if hurts:  # against an attack that does not hurt, "better than undefended" is noise
+                checks[name]["better_than_undefended"] = loss is not None and (base is None or loss < base)
         else:
             checks[name] = {"fpr<=0.01": row["fpr"] is not None and row["fpr"] <= 0.01}
-        checks[name]["overhead<=0.05"] = row["screening_overhead"] <= 0.05
     return checks
 
 
@@ -184,7 +206,7 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     panels = [(t, b) for t in TOPOLOGIES for b in BYZANTINE_SETS]
-    attacks = ["clean"] + [k.value for k in AttackKind]
+    attacks = ["clean", *ATTACKS]
     figure, axes = plt.subplots(len(panels), 1, figsize=(11, 3.2 * len(panels)), sharey=True)
     for axis, (topology, byzantine) in zip(axes, panels, strict=True):
         columns = defences(topology)
@@ -211,19 +233,24 @@ def plot(rows: list[dict], path: Path) -> None:
     figure.savefig(path, dpi=110)
 
 
-def full_round_overhead(seed: int = 0) -> dict:
+def full_round_overhead(seeds: int = 3) -> dict:
     """Screening time over round time on the complete graph with the full setup's rounds.
 
     The quick grid's rounds are short (few, small inner steps), which inflates
-    the fraction; this measures two clean rounds of the full setup in the same run.
+    the fraction; this measures two clean rounds of the full setup per seed
+    and sums the times over the seeds.
     """
     simulation = Simulation(replace(FULL, rounds=2), ScreeningConfig(), QuarantinePolicy())
-    result = simulation.run(RunSpec("complete", "screened", None, seed))
+    results = [simulation.run(RunSpec("complete", "screened", None, seed)) for seed in range(seeds)]
+    screening = sum(r.screening_seconds for r in results)
+    rounds = sum(r.round_seconds for r in results)
     return {
         "setup": asdict(simulation.setup),
-        "screening_seconds": result.screening_seconds,
-        "round_seconds": result.round_seconds,
-        "fraction": result.screening_seconds / result.round_seconds,
+        "seeds": seeds,
+        "screening_seconds": screening,
+        "round_seconds": rounds,
+        "fraction": screening / rounds,
+        "fraction_per_seed": [r.screening_seconds / r.round_seconds for r in results],
     }
 
 
@@ -235,7 +262,15 @@ def write_report(outcomes, args, setup: Setup, started: float, complete: bool, o
         "complete": complete,
         "setup": asdict(setup),
         "seeds": args.seeds,
-        "alie_z": ALIE_Z,
+        "alie_z": {
+            "paper": "Phi^-1((n - s) / n), s = floor(n/2 + 1) - f, n and f of the receiver's neighbourhood",
+            "ring": alie_z_max(3, 1),
+            "complete_1byz": alie_z_max(8, 1),
+            "complete_2byz": alie_z_max(8, 2),
+            "stress": ALIE_STRESS_Z,
+        },
+        "ipm_epsilon": IPM_EPSILON,
+        "overhead_target": {"fraction<=0.03": overhead["fraction"] <= OVERHEAD_TARGET},
         "screening": asdict(ScreeningConfig()),
         "quarantine": asdict(QuarantinePolicy()),
         "wall_seconds": time.perf_counter() - started,
@@ -249,7 +284,7 @@ def write_report(outcomes, args, setup: Setup, started: float, complete: bool, o
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--quick", action="store_true", help="6 rounds of 5 inner steps (about 10 minutes on 2 idle cores)"
+        "--quick", action="store_true", help="6 rounds of 5 inner steps (about 15 minutes on 2 idle cores)"
     )
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--processes", type=int, default=2)

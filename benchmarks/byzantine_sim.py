@@ -280,10 +280,14 @@ class Simulation:
 
         Attacks on the sender's own update are crafted around its own
         round-start parameters; the omniscient ones around the receiver's.
+        ALIE's n and f are those of the receiver's aggregation, which in
+        gossip is its closed neighbourhood: the receiver, its honest
+        neighbours and its Byzantine ones (the whole graph when complete).
         """
         if spec.attack is None or not spec.attack.attacks(sender, round):
             return sent[sender]
         n = len(sent)
+        attackers = [j for j in neighbours if j in spec.byzantine]
         if spec.topology == "complete":
             observed = [k for k in range(n) if k not in spec.byzantine]
         else:
@@ -295,8 +299,8 @@ class Simulation:
             receiver=sent[receiver] - anchor,
             honest_weights=mixing[receiver, observed],
             byzantine_weight=sum(mixing[receiver, j].item() for j in neighbours if j in spec.byzantine),
-            workers=n,
-            byzantine=len(spec.byzantine),
+            workers=len(observed) + len(attackers),
+            byzantine=len(attackers),
         )
         return anchor + craft(spec.attack, view, noise)
 

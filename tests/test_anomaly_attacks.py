@@ -68,6 +68,14 @@ def test_alie_default_z_is_the_papers_z_max():
     assert torch.allclose(crafted, HONEST.mean(dim=0) - alie_z_max(8, 2) * HONEST.std(dim=0))
 
 
+def test_alies_z_for_a_gossip_neighbourhood_is_small():
+    # bench_anomaly takes n and f from the receiver's closed neighbourhood
+    assert alie_z_max(3, 1) == pytest.approx(0.4307, abs=1e-4)  # ring: s = 1, Phi^-1(2/3)
+    assert alie_z_max(8, 1) == pytest.approx(0.0, abs=1e-12)  # complete graph, f = 1: s = 4, Phi^-1(1/2)
+    crafted = craft(attack(AttackKind.ALIE), view(workers=3, byzantine=1), generator())
+    assert torch.allclose(crafted, HONEST.mean(dim=0) - alie_z_max(3, 1) * HONEST.std(dim=0))
+
+
 def test_ipm_is_minus_epsilon_times_the_honest_mean():
     crafted = craft(attack(AttackKind.IPM, ipm_epsilon=0.1), view(), generator())
     assert torch.allclose(crafted, torch.tensor([-0.2, -0.1, -0.3]))

@@ -48,7 +48,8 @@ class AttackView:
     ``honest`` holds the observed honest vectors as rows (the receiver's own
     among them); ``honest_weights`` the receiver's mixing weight on each row
     and ``byzantine_weight`` its total weight on Byzantine peers (dissensus).
-    ``workers`` and ``byzantine`` count the job's workers and attackers (ALIE).
+    ``workers`` and ``byzantine`` count the inputs of the receiver's aggregation
+    (its own included) and the Byzantine ones among them: ALIE's n and f.
     """
 
     own: torch.Tensor
