@@ -15,3 +15,9 @@ class HealthService(health.aio.HealthServicer):
         if status is None:
             raise NotFound(f"no service {request.service!r}")
         return health_pb2.HealthCheckResponse(status=status)
+
+    def List(self, request, context):
+        """Every service's status (the aio servicer leaves this method unimplemented)."""
+        return health_pb2.HealthListResponse(
+            statuses={name: health_pb2.HealthCheckResponse(status=s) for name, s in self._server_status.items()}
+        )

@@ -60,6 +60,10 @@ class WorkerProcess:
     def poll(self) -> int | None:
         return self.zygote.returncode(self.pid)
 
+    def exit_order(self) -> int:
+        """When it exited relative to other workers (smaller: earlier); only once ``poll`` gave its status."""
+        return self.zygote.exit_order(self.pid)
+
 
 @dataclass
 class _Running:
@@ -287,13 +291,15 @@ class WorkerLauncher:
         """Reap exited workers, and SIGKILL those still there past a terminate's grace."""
         exits = []
         for job_id, running in self._running.items():
-            for i, proc in running.procs.items():
-                if i in running.exited:
-                    continue
-                code = proc.poll()
-                if code is not None:
-                    running.exited[i] = code
-                    exits.append(WorkerExit(job_id, i, code))
+            ended = [
+                (i, proc, code)
+                for i, proc in running.procs.items()
+                if i not in running.exited and (code := proc.poll()) is not None
+            ]
+            # In the order they died: the worker killed first is the cause, not a peer that failed because of it.
+            for i, _proc, code in sorted(ended, key=lambda e: e[1].exit_order()):
+                running.exited[i] = code
+                exits.append(WorkerExit(job_id, i, code))
             if running.kill_at is not None and time.monotonic() >= running.kill_at:
                 for i, proc in running.procs.items():
                     if i not in running.exited:

@@ -35,6 +35,8 @@ class Zygote:
         self._changed = threading.Condition()
         self._replies: dict[int, dict] = {}
         self._exits: dict[int, int] = {}
+        self._exit_order: dict[int, int] = {}  # pid -> the order in which the zygote reported its exit
+        self._exit_count = itertools.count()
         self._children: set[int] = set()
         self._tags = itertools.count()
         self._proc: subprocess.Popen | None = None
@@ -76,9 +78,15 @@ class Zygote:
         with self._changed:
             return self._exits.get(pid)
 
+    def exit_order(self, pid: int) -> int:
+        """When worker ``pid`` exited, relative to the others (smaller: earlier); only once it has."""
+        with self._changed:
+            return self._exit_order[pid]
+
     def forget(self, pid: int) -> None:
         with self._changed:
             self._exits.pop(pid, None)
+            self._exit_order.pop(pid, None)
 
     def _read(self, proc: subprocess.Popen) -> None:
         assert proc.stdout is not None
@@ -87,12 +95,14 @@ class Zygote:
             with self._changed:
                 if "exited" in message:
                     self._exits[message["exited"]] = message["code"]
+                    self._exit_order[message["exited"]] = next(self._exit_count)
                     self._children.discard(message["exited"])
                 elif "tag" in message:
                     self._replies[message["tag"]] = message
                     if "pid" in message:  # a reused pid: the old process's exit is not this one's
                         self._children.add(message["pid"])
                         self._exits.pop(message["pid"], None)
+                        self._exit_order.pop(message["pid"], None)
                 self._changed.notify_all()
         proc.wait()
         with self._changed:  # the zygote died: its workers are stopped and count as killed
@@ -100,6 +110,7 @@ class Zygote:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)
                 self._exits[pid] = ZYGOTE_GONE
+                self._exit_order[pid] = next(self._exit_count)
             self._children.clear()
             self._changed.notify_all()
 

@@ -47,6 +47,7 @@ def passable(path: Path) -> Path:
     As root the server runs each job's workers as a uid of their own; like an operator's
     data directory, the test's must be reachable by them (docs/operations.md).
     """
+    path.mkdir(parents=True, exist_ok=True)
     top = Path(tempfile.gettempdir())
     for folder in [path, *path.parents]:
         if folder == top or top not in folder.parents:

@@ -85,7 +85,9 @@ def test_a_cancelled_job_resumes_from_its_checkpoint_to_success_under_its_id(pla
     assert [c.step for c in tenant.checkpoints(handle.id)][-1] == RESUMABLE["steps"]
 
     (record,) = _resumed_records(platform, handle.id)
-    assert (record.actor, record.tenant, dict(record.details)) == (
+    details = dict(record.details)
+    assert re.fullmatch(r"[0-9a-f]{32}", details.pop("request_id"))  # the resume call's request id
+    assert (record.actor, record.tenant, details) == (
         "spiffe://cantata/tenant/acme",
         "acme",
         {"from": "CANCELLED"},

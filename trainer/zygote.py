@@ -58,6 +58,8 @@ def threads() -> int:
 
 def _child(request: SpawnRequest) -> None:
     code = 1
+    signal.set_wakeup_fd(-1)  # the zygote's exit wakeups are not the worker's
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     try:
         from setproctitle import setproctitle
 
@@ -111,15 +113,28 @@ def _reap() -> None:
 
 
 def serve(*, warm: bool, poll_s: float = 0.05) -> None:
-    """Answer spawn requests on stdin until it closes."""
+    """Answer spawn requests on stdin until it closes.
+
+    A child's exit wakes the loop at once (SIGCHLD through a wakeup pipe), so exits are
+    reported in the order the children died: the server names the worker that failed
+    first as a job's cause, not a peer that failed because of it.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if warm:
         preload()
+    died, wake = os.pipe()
+    os.set_blocking(died, False)
+    os.set_blocking(wake, False)
+    signal.set_wakeup_fd(wake)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
     _send({"ready": True, "threads": threads()})
     pending = b""
     while True:
-        readable, _, _ = select.select([0], [], [], poll_s)
-        if readable:
+        readable, _, _ = select.select([0, died], [], [], poll_s)
+        if died in readable:
+            with contextlib.suppress(BlockingIOError):
+                os.read(died, 1 << 12)
+        if 0 in readable:
             chunk = os.read(0, 1 << 16)
             if not chunk:
                 return

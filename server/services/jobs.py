@@ -59,7 +59,10 @@ def _since(request: jobs_pb2.ListJobsRequest) -> str:
     """The ``since`` filter as the store's time text; empty when not given."""
     if not request.HasField("since"):
         return ""
-    return request.since.ToDatetime(tzinfo=dt.UTC).isoformat(timespec="milliseconds")
+    try:
+        return request.since.ToDatetime(tzinfo=dt.UTC).isoformat(timespec="milliseconds")
+    except (ValueError, OverflowError) as e:  # seconds or nanos outside what a timestamp may hold
+        raise InvalidRequest(f"since is not a valid time: {e}", field="since") from e
 
 
 class JobsService(jobs_pb2_grpc.JobsServicer):
