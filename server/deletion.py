@@ -14,12 +14,12 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import shutil
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
 from cantata.security.audit import Action
 from cantata.security.sealed_checkpoint import delete_job_checkpoints
+from cantata.server.periodic import PeriodicTask
 from cantata.server.ports import AuditSink
 from cantata.server.store import Conflict, JobRecord, NotEnded, Store
 from cantata.storage import open_store
@@ -66,23 +66,16 @@ class JobDeletion:
         return objects
 
 
-class RetentionSweeper:
+class RetentionSweeper(PeriodicTask):
     """Every ``interval`` seconds, deletes the ended jobs older than their tenant's retention (``sweep``)."""
 
     def __init__(self, store: Store, deletion: JobDeletion, *, interval: float):
+        super().__init__("retention", interval, at_start=False)
         self._store = store
         self._deletion = deletion
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="retention", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def shutdown(self, wait: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(wait)
+    def tick(self) -> list[str]:
+        return self.sweep()
 
     def sweep(self, now: dt.datetime | None = None) -> list[str]:
         """Delete every job past its retention at ``now`` (default: the current time); returns their ids."""
@@ -97,7 +90,3 @@ class RetentionSweeper:
         if deleted:
             log.info("retention deleted %d ended job(s): %s", len(deleted), ", ".join(deleted))
         return deleted
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            self.sweep()

@@ -12,41 +12,24 @@ sweep: the service discards uncommitted blocks after seven days.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterator
 
+from cantata.server.periodic import PeriodicTask
 from cantata.server.store import JobRecord, Store
 from cantata.storage import StoreError, open_store
 
 log = logging.getLogger(__name__)
 
 
-class OrphanSweeper:
+class OrphanSweeper(PeriodicTask):
     def __init__(self, store: Store, default_store: str, *, older_than: float, interval: float):
+        super().__init__("orphan-sweeper", interval, at_start=True)
         self._store = store
         self._default_store = default_store
         self._older_than = older_than
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="orphan-sweeper", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def shutdown(self, wait: float = 5.0) -> None:
-        """Stop sweeping; a sweep in progress (a store retrying) is not waited for past ``wait`` seconds."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(wait)
-
-    def _run(self) -> None:
-        while True:
-            try:
-                self.sweep()
-            except Exception:  # keep sweeping later; the error is logged with its traceback
-                log.exception("orphan sweep failed")
-            if self._stop.wait(self._interval):
-                return
+    def tick(self) -> int:
+        return self.sweep()
 
     def store_uris(self) -> list[str]:
         """Every distinct checkpoint store of the server's jobs, the default store first."""
