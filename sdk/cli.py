@@ -159,6 +159,19 @@ def cmd_admin_revoke_cert(args) -> int:
     return 0
 
 
+def cmd_admin_scrapers_add(args) -> int:
+    from cantata.sdk import enroll
+
+    profile, serial = enroll.add_scraper(args.profile, args.name)
+    metrics = json.loads((profile.folder / "profile.json").read_text()).get("metrics_server", "")
+    lines = [
+        f"scraper {args.name!r}: certificate {serial} in profile {profile.folder}",
+        f"/metrics: https://{metrics}/metrics" if metrics else "the server serves no /metrics: set metrics_listen",
+    ]
+    _print(args, {"name": args.name, "serial": serial, "profile": str(profile.folder), "metrics": metrics}, lines)
+    return 0
+
+
 def cmd_admin_keys_rotate(args) -> int:
     with _client(args) as client:
         r = client.rotate_tenant_key(args.tenant, retire_unused=args.retire_unused)
@@ -338,17 +351,37 @@ def cmd_jobs_resume(args) -> int:
 
 
 def cmd_jobs_plot(args) -> int:
+    """Several jobs' curves overlaid, from their metrics history: a running job plots as far as it got."""
     try:
-        from cantata.sdk.plot import plot_losses
+        from cantata.sdk.plot import plot_metrics
     except ImportError as exc:
         raise CommandError(f"plotting needs matplotlib: pip install 'cantata[plot]' ({exc})") from None
 
+    names = args.metric or ["loss", "val_loss"]
     with _client(args) as client:
-        status = client.get(args.job_id)
-        events = list(client.job(args.job_id).events()) if status.terminal else []
-    if not events:
-        raise CommandError(f"{args.job_id} is {status.state}: plot it once it has ended")
-    print(f"wrote {plot_losses(status, events, Path(args.out))}")
+        jobs = {job_id: (client.get(job_id), client.metrics(job_id, names)) for job_id in dict.fromkeys(args.job_ids)}
+    empty = [job_id for job_id, (_, rows) in jobs.items() if not rows]
+    if len(empty) == len(jobs):
+        raise CommandError(f"no {' or '.join(names)} recorded yet for {', '.join(empty)}")
+    print(f"wrote {plot_metrics(jobs, names, Path(args.out), x=args.x)}")
+    return 0
+
+
+def cmd_jobs_metrics(args) -> int:
+    """The job's metrics history as CSV, JSON or Parquet, to ``--out`` or stdout."""
+    if args.format == "parquet":
+        try:
+            import pyarrow  # noqa: F401 (checked before the download, for a clear message)
+        except ImportError:
+            raise CommandError("--format parquet needs pyarrow: pip install 'cantata[parquet]'") from None
+    from cantata.sdk.metrics_export import export
+
+    with _client(args) as client:
+        rows = client.metrics(args.job_id, args.name or (), args.since)
+    out = Path(args.out) if args.out else None
+    export(args.job_id, rows, args.format, out, sys.stdout)
+    if out is not None:
+        print(f"wrote {len(rows)} rows to {out}", file=sys.stderr)
     return 0
 
 
@@ -680,6 +713,14 @@ def _build_admin(root: argparse._SubParsersAction, groups: dict) -> None:
     _client_flags(p, "admin")
     p.set_defaults(func=cmd_admin_keys_rotate)
 
+    scrapers = admin.add_parser("scrapers", help="Prometheus scrapers of /metrics").add_subparsers(
+        dest="action", required=True
+    )
+    p = scrapers.add_parser("add", help="issue a scraper certificate into a new profile NAME (it reads /metrics only)")
+    p.add_argument("name")
+    _client_flags(p, "admin")
+    p.set_defaults(func=cmd_admin_scrapers_add)
+
     admin_jobs = admin.add_parser("jobs", help="jobs of every tenant").add_subparsers(dest="action", required=True)
     p = admin_jobs.add_parser("anomalies", help="updates a job's workers screened out")
     p.add_argument("job_id")
@@ -732,11 +773,21 @@ def _build_jobs(root: argparse._SubParsersAction, groups: dict) -> None:
     p.add_argument("job_id")
     _client_flags(p, None)
     p.set_defaults(func=cmd_jobs_delete)
-    p = jobs.add_parser("plot", help="draw the loss curves of an ended job to a PNG")
-    p.add_argument("job_id")
+    p = jobs.add_parser("plot", help="draw jobs' curves, overlaid, to a PNG (running jobs too)")
+    p.add_argument("job_ids", nargs="+", metavar="JOB")
     p.add_argument("--out", required=True)
+    p.add_argument("--x", choices=("step", "time"), default="step", help="against step or wall-clock (minutes)")
+    p.add_argument("--metric", action="append", help="a metric to draw (repeat; default: loss and val_loss)")
     _client_flags(p, None, json_flag=False)
     p.set_defaults(func=cmd_jobs_plot)
+    p = jobs.add_parser("metrics", help="a job's metrics history as CSV, JSON or Parquet (for BI tools)")
+    p.add_argument("job_id")
+    p.add_argument("--format", choices=("csv", "json", "parquet"), default="csv")
+    p.add_argument("--out", help="write to this file (parquet needs one; default: stdout)")
+    p.add_argument("--name", action="append", help="only this metric (repeat): loss, val_loss, lr, tokens_per_s ...")
+    p.add_argument("--since", type=time_arg, help="only points recorded since (ISO 8601 or an age like 12h)")
+    _client_flags(p, None, json_flag=False)
+    p.set_defaults(func=cmd_jobs_metrics)
     p = jobs.add_parser("logs", help="the workers' logs: steps, evaluations, checkpoints, warnings")
     p.add_argument("job_id")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
@@ -948,6 +999,7 @@ EXTRAS = {  # a module that only an extra installs -> the extra (pyproject.toml)
     "botocore": "s3",
     "azure": "azure",
     "matplotlib": "plot",
+    "pyarrow": "parquet",
 }
 
 

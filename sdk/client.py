@@ -150,6 +150,31 @@ class Event:
 
 
 @dataclass(frozen=True)
+class MetricRow:
+    """One point of a job's metrics history (``Client.metrics``); ``peer`` only for per-peer metrics."""
+
+    seq: int
+    time: dt.datetime  # UTC, when the server recorded it
+    step: int
+    worker: int
+    name: str
+    value: float
+    peer: int | None
+
+    @classmethod
+    def from_proto(cls, p: jobs_pb2.MetricPoint) -> MetricRow:
+        return cls(
+            p.seq,
+            p.time.ToDatetime(tzinfo=dt.UTC),
+            p.step,
+            p.worker,
+            p.name,
+            p.value,
+            p.peer if p.HasField("peer") else None,
+        )
+
+
+@dataclass(frozen=True)
 class Checkpoint:
     job_id: str
     step: int
@@ -461,6 +486,28 @@ class Client:
             time.sleep(min(pause, window_left, _left(deadline, job_id) or pause))
             pause = min(pause * 2, RESUME_BACKOFF[1])
 
+    def metrics(
+        self,
+        job_id: str,
+        names: Iterable[str] = (),
+        since: dt.datetime | str | None = None,
+        *,
+        after: int = 0,
+    ) -> builtins.list[MetricRow]:
+        """The job's metrics history, oldest first (also while it runs): only ``names`` when given
+        (loss, val_loss, lr, tokens_per_s, step_time_s, ...), recorded at or after ``since``, past ``seq`` ``after``.
+        """
+        request = jobs_pb2.GetMetricsRequest(job_id=job_id, names=list(names), after=after)
+        if since is not None:
+            request.since.FromDatetime(_utc(since))
+        rows: builtins.list[MetricRow] = []
+        while True:
+            reply = self._call(self._jobs.GetMetrics, request)
+            rows.extend(MetricRow.from_proto(p) for p in reply.points)
+            if not reply.next_after:
+                return rows
+            request.after = reply.next_after
+
     def logs(self, job_id: str, *, follow: bool = False) -> Iterator[tuple[int, str]]:
         """(worker, line) pairs of the job's worker logs."""
         try:
@@ -590,6 +637,10 @@ class Client:
                 return
 
     # ---- administration ------------------------------------------------
+    def add_scraper(self, name: str, csr_pem: bytes) -> admin_pb2.AddScraperReply:
+        """An admin signs a Prometheus scraper's CSR: the reply holds its certificate and the /metrics address."""
+        return self._call(self._admin.AddScraper, admin_pb2.AddScraperRequest(name=name, csr_pem=csr_pem))
+
     def tenants(self, status: str = "") -> builtins.list[Tenant]:
         reply = self._call(self._admin.ListTenants, admin_pb2.ListTenantsRequest(status=status))
         return [Tenant.from_proto(t) for t in reply.tenants]
@@ -690,6 +741,10 @@ class JobHandle:
 
     def resume(self) -> JobHandle:
         return self._client.resume(self.id)
+
+    def metrics(self, names: Iterable[str] = (), since: dt.datetime | str | None = None) -> builtins.list[MetricRow]:
+        """This job's metrics history (``Client.metrics``)."""
+        return self._client.metrics(self.id, names, since)
 
     def logs(self, *, follow: bool = False) -> Iterator[tuple[int, str]]:
         return self._client.logs(self.id, follow=follow)

@@ -135,3 +135,27 @@ def renew_certificate(name: str) -> str:
     profile.write_key(_key_pem(key))
     profile.cert.write_bytes(reply.certificate_pem)
     return cert.not_valid_after_utc.isoformat()
+
+
+def add_scraper(admin_profile: str, name: str) -> tuple[Profile, str]:
+    """Make a key and CSR here, have the admin sign it as scraper ``name``, and write profile ``name``.
+
+    The profile holds the scraper's certificate and key (a Prometheus ``tls_config``'s ``cert_file`` and
+    ``key_file``), the CA, and ``metrics_server`` (where ``/metrics`` is served; empty when the server
+    serves none). Returns the profile and the certificate's hex serial (for ``revoke-cert``).
+    """
+    from cantata.sdk.client import Client
+
+    admin = Profile.named(admin_profile)
+    key, csr = _key_and_csr(name)
+    with Client.from_profile(admin_profile) as client:
+        reply = client.add_scraper(name, csr.public_bytes(serialization.Encoding.PEM))
+    cert = x509.load_pem_x509_certificate(reply.cert_pem)
+    spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    if cert.public_key().public_bytes(*spki) != key.public_key().public_bytes(*spki):
+        raise RuntimeError("the server returned a certificate for another key: refusing it")
+    profile = Profile.named(name)
+    profile.create(admin.server, admin.enroll_server, admin.ca.read_bytes(), metrics_server=reply.metrics_address)
+    profile.write_key(_key_pem(key))
+    profile.cert.write_bytes(reply.cert_pem)
+    return profile, reply.serial

@@ -1,7 +1,9 @@
-"""Loss curves of a job, drawn from its events."""
+"""Curves of one or several jobs, overlaid, from their metrics history (so a running job plots too)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -9,23 +11,38 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from cantata.sdk.client import Event, JobStatus
+from cantata.sdk.client import JobStatus, MetricRow
+
+AXES = ("step", "time")  # time: wall-clock minutes since the job's first point
+LABELS = {"loss": "training loss", "val_loss": "validation loss"}
 
 
-def plot_losses(status: JobStatus, events: list[Event], out: Path) -> Path:
-    """Training loss per step and validation loss at each evaluation, as a PNG."""
-    train = [(e.step, e.loss) for e in events if e.kind == "PROGRESS"]
-    val = [(e.step, e.val_loss) for e in events if e.kind == "EVAL"]
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
-    if train:
-        ax.plot(*zip(*train, strict=True), label="training loss", linewidth=1)
-    if val:
-        ax.plot(*zip(*val, strict=True), "o-", label="validation loss")
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats/byte)")
-    ax.set_title(f"{status.name} ({status.id}): {status.state.lower()}, {status.algorithm} x{status.workers}")
-    ax.grid(alpha=0.3)
-    ax.legend()
+def plot_metrics(
+    jobs: Mapping[str, tuple[JobStatus, Sequence[MetricRow]]],
+    names: Sequence[str],
+    out: Path,
+    *,
+    x: str = "step",
+) -> Path:
+    """One panel per metric in ``names``, one line per job (worker 0's series), against step or wall-clock, as a PNG."""
+    if x not in AXES:
+        raise ValueError(f"x must be one of {', '.join(AXES)}, not {x!r}")
+    fig, axes = plt.subplots(len(names), 1, figsize=(8, 3.2 * len(names)), dpi=120, squeeze=False)
+    for ax, name in zip(axes[:, 0], names, strict=True):
+        for job_id, (status, rows) in jobs.items():
+            series = [r for r in rows if r.name == name and r.worker == 0 and r.peer is None]
+            if not series:
+                continue
+            start = min(r.time for r in rows)
+            xs = [r.step if x == "step" else (r.time - start).total_seconds() / 60 for r in series]
+            ys = [r.value if math.isfinite(r.value) else math.nan for r in series]
+            style = "o-" if len(series) < 30 else "-"
+            ax.plot(xs, ys, style, label=f"{status.name} ({job_id}, {status.state.lower()})", linewidth=1, markersize=3)
+        ax.set_ylabel(LABELS.get(name, name))
+        ax.set_xlabel("step" if x == "step" else "wall-clock minutes since the job's first report")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)

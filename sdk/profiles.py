@@ -1,8 +1,9 @@
 """Client profiles: ``$CANTATA_HOME/profiles/<name>/`` (default ``~/.cantata``).
 
 A profile holds ``profile.json`` (the server address, and the enrollment
-address: the server's port + 1 unless told otherwise), ``ca.pem``, and once
-approved ``cert.pem`` and ``key.pem`` (mode 0600).
+address: the server's port + 1 unless told otherwise; a scraper's also where
+``/metrics`` is served), ``ca.pem``, and once approved ``cert.pem`` and
+``key.pem`` (mode 0600).
 
 The profile a command uses: ``--profile``, else ``$CANTATA_PROFILE``, else
 the one ``cantata profile use`` chose (``$CANTATA_HOME/default-profile``),
@@ -82,10 +83,13 @@ class Profile:
     def key(self) -> Path:
         return self.folder / "key.pem"
 
-    def create(self, server: str, enroll_server: str, ca_pem: bytes) -> None:
+    def create(self, server: str, enroll_server: str, ca_pem: bytes, *, metrics_server: str = "") -> None:
+        """``metrics_server``: where a scraper's profile reads ``/metrics`` (kept only when given)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         self.folder.chmod(0o700)
         settings = {"name": self.name, "server": server, "enroll_server": enroll_server}
+        if metrics_server:
+            settings["metrics_server"] = metrics_server
         (self.folder / "profile.json").write_text(json.dumps(settings, indent=2) + "\n")
         self.ca.write_bytes(ca_pem)
 

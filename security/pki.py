@@ -43,7 +43,7 @@ def validate_name(name: str) -> str:
 
 @dataclass(frozen=True)
 class Principal:
-    """Who a certificate speaks for: an admin, a tenant, or one worker of one job."""
+    """Who a certificate speaks for: an admin, a tenant, one worker of one job, or a metrics scraper."""
 
     role: str
     name: str
@@ -56,6 +56,11 @@ class Principal:
     @classmethod
     def tenant(cls, name: str) -> Principal:
         return cls("tenant", validate_name(name))
+
+    @classmethod
+    def scraper(cls, name: str) -> Principal:
+        """A Prometheus scraper the admin issued a certificate to: it may read ``/metrics`` and nothing else."""
+        return cls("scraper", validate_name(name))
 
     @classmethod
     def worker(cls, job_id: str, n: int) -> Principal:
@@ -81,7 +86,7 @@ class Principal:
         if match:
             return cls("worker", match.group(1), int(match.group(2)))
         role, _, name = path.partition("/")
-        if role in ("admin", "tenant") and NAME_PATTERN.fullmatch(name):
+        if role in ("admin", "tenant", "scraper") and NAME_PATTERN.fullmatch(name):
             return cls(role, name)
         raise ValueError(f"not a Cantata identity: {uri!r}")
 

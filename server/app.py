@@ -46,6 +46,8 @@ from cantata.server.heartbeats import Heartbeats
 from cantata.server.launcher import WorkerLauncher
 from cantata.server.lifecycle import JobLifecycle
 from cantata.server.memory import node_capacity, runtime_budget
+from cantata.server.metrics_endpoint import MetricsEndpoint
+from cantata.server.metrics_store import MetricsStore
 from cantata.server.request_audit import RequestAudit
 from cantata.server.restarts import RestartPolicy
 from cantata.server.sandbox import Identities, lock_data_dir
@@ -62,6 +64,7 @@ from cantata.server.serving import ServingLoop
 from cantata.server.store import Store
 from cantata.server.streams import StreamCounter
 from cantata.server.sweeper import OrphanSweeper
+from cantata.server.telemetry import Telemetry
 from cantata.server.tls import RotatingCredentials
 
 MAX_MESSAGE_BYTES = 4 << 20
@@ -81,15 +84,20 @@ class ControlPlane:
         self.database = Database(self.paths.database)
         self.broadcast = EventBroadcast()
         self.store = Store(self.database, self.broadcast)
+        self.metrics = MetricsStore(self.database)
+        self.telemetry = Telemetry()
         self.keyring = self.paths.open_keyring()
         self.data_sources = DataSourceStore(self.database, self.keyring)
         self.audit = AuditLog.open(self.paths.audit)
-        self.recorder = RequestAudit(self.audit, request_id)  # what the parts write through: records name the call
+        # what the parts write through: records name the call
+        self.recorder = RequestAudit(self.audit, request_id, self.telemetry.audited)
         self.enrollment_limits = enrollment_limits(self.settings)
         self.refusals = RefusalDigest(
             self.recorder.append, self.enrollment_limits.refusal_window_s
         )  # anonymous: counted
         self.port: int | None = None
+        self.metrics_port: int | None = None  # where /metrics is served, when metrics_listen is set
+        self._metrics_endpoint: MetricsEndpoint | None = None
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._server: grpc.aio.Server | None = None
@@ -99,7 +107,13 @@ class ControlPlane:
     def _grpc_server(self, gatekeeper: Gatekeeper) -> grpc.aio.Server:
         return self._serving.server(
             interceptors=[
-                AuthInterceptor(gatekeeper, self.refusals.append, self.streams),
+                AuthInterceptor(
+                    gatekeeper,
+                    self.refusals.append,
+                    self.streams,
+                    observe=self.telemetry.rpc,
+                    refused=self.telemetry.refusal,
+                ),
                 ErrorInterceptor(request_id),
             ],
             options=[
@@ -166,6 +180,8 @@ class ControlPlane:
             audit_failure=self.recorder.probe,
         )
         self.store.on_queue_change = self.scheduler.wake
+        self.scheduler.on_placed = self.telemetry.placed
+        self.telemetry.watch(self.store, self.metrics, heartbeats.alive)
         default_store = self.paths.checkpoints.resolve().as_uri()
         self.sweeper = OrphanSweeper(
             self.store,
@@ -206,6 +222,8 @@ class ControlPlane:
                 self.settings.tenant_cert_days,
                 self.recorder,
                 lifecycle,
+                scraper_cert_days=self.settings.scraper_cert_days,
+                metrics_listen=self.settings.metrics_listen,
             ),
             server,
         )
@@ -219,6 +237,7 @@ class ControlPlane:
                 self.data_sources,
                 self.broadcast,
                 deletion,
+                self.metrics,
             ),
             server,
         )
@@ -231,7 +250,9 @@ class ControlPlane:
                 lifecycle,
                 self.recorder,
                 heartbeats,
+                self.metrics,
                 revoke_quarantined=self.settings.revoke_quarantined_workers,
+                checkpoint_written=self.telemetry.checkpoint,
             ),
             server,
         )
@@ -249,12 +270,28 @@ class ControlPlane:
         self.scheduler.start()
         self.sweeper.start()
         self.retention.start()
+        if self.settings.metrics_listen:
+            self._metrics_endpoint = MetricsEndpoint(
+                self.settings.metrics_listen,
+                *files,
+                self.telemetry.registry,
+                is_revoked=self.store.is_revoked,
+                audit=self.refusals.append,
+                refused=self.telemetry.refusal,
+            )
+            self.metrics_port = self._metrics_endpoint.start()
+            log.info("serving /metrics on port %d (scraper certificates only)", self.metrics_port)
         self._serving.run(self.health.set("", health_pb2.HealthCheckResponse.SERVING))
         log.info("serving on port %d (enrollment on %s)", self.port, self.settings.enroll_listen)
         self.audit.append(
             "server",
             Action.SERVER_STARTED,
-            details={"listen": self.listen, "port": self.port, "enroll_listen": self.settings.enroll_listen},
+            details={
+                "listen": self.listen,
+                "port": self.port,
+                "enroll_listen": self.settings.enroll_listen,
+                "metrics_listen": self.settings.metrics_listen,
+            },
         )
         return self.port
 
@@ -271,6 +308,8 @@ class ControlPlane:
             self.scheduler.shutdown()
             self.sweeper.shutdown()
             self.retention.shutdown()
+        if self._metrics_endpoint is not None:
+            self._metrics_endpoint.stop()
         self.refusals.close()  # the counts of open windows, before the log closes
         self._serving.stop()
         try:

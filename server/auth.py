@@ -32,6 +32,7 @@ from cantata.server.streams import StreamCounter
 
 PUBLIC = "public"  # no client certificate required (TLS still authenticates the server)
 ADMIN, TENANT, WORKER = "admin", "tenant", "worker"
+SCRAPER = "scraper"  # reads /metrics (cantata.server.metrics_endpoint); no RPC names it, so it may call none
 
 RULES: dict[str, frozenset[str]] = {
     "/cantata.v1.Tenancy/RequestTenancy": frozenset({PUBLIC}),
@@ -48,6 +49,7 @@ RULES: dict[str, frozenset[str]] = {
     "/cantata.v1.Admin/RotateTenantKey": frozenset({ADMIN}),
     "/cantata.v1.Admin/ListAnomalies": frozenset({ADMIN}),
     "/cantata.v1.Admin/SimulateAttack": frozenset({ADMIN}),
+    "/cantata.v1.Admin/AddScraper": frozenset({ADMIN}),
     "/cantata.v1.Jobs/SubmitJob": frozenset({TENANT}),
     "/cantata.v1.Jobs/GetJob": frozenset({TENANT}),
     "/cantata.v1.Jobs/ListJobs": frozenset({TENANT}),
@@ -56,6 +58,7 @@ RULES: dict[str, frozenset[str]] = {
     "/cantata.v1.Jobs/WatchJob": frozenset({TENANT}),
     "/cantata.v1.Jobs/ReadLogs": frozenset({TENANT}),
     "/cantata.v1.Jobs/DeleteJob": frozenset({TENANT}),
+    "/cantata.v1.Jobs/GetMetrics": frozenset({TENANT}),
     "/cantata.v1.Checkpoints/ListCheckpoints": frozenset({TENANT}),
     "/cantata.v1.Checkpoints/DownloadCheckpoint": frozenset({TENANT}),
     "/cantata.v1.Worker/Report": frozenset({WORKER}),
@@ -92,6 +95,7 @@ class Decision:
     code: grpc.StatusCode = grpc.StatusCode.OK
     reason: str = ""
     principal: Principal | None = None
+    label: str = ""  # the refusal's kind, for counting: no_rule, no_certificate, revoked, role, tenant, job_ended
 
 
 class Gatekeeper:
@@ -105,17 +109,19 @@ class Gatekeeper:
     def decide(self, method: str, peer: PeerCertificate | None) -> Decision:
         roles = RULES.get(method)
         if roles is None:
-            return Decision(False, grpc.StatusCode.PERMISSION_DENIED, f"no rule for {method}")
+            return Decision(False, grpc.StatusCode.PERMISSION_DENIED, f"no rule for {method}", label="no_rule")
         if PUBLIC in roles:
             return Decision(True, principal=peer.principal if peer else None)
         if peer is None or peer.principal is None:
-            return Decision(False, grpc.StatusCode.UNAUTHENTICATED, "a client certificate is required")
+            return Decision(
+                False, grpc.StatusCode.UNAUTHENTICATED, "a client certificate is required", label="no_certificate"
+            )
         principal = peer.principal
         if self._is_revoked(peer.serial):
-            return Decision(False, grpc.StatusCode.UNAUTHENTICATED, "certificate revoked", principal)
+            return Decision(False, grpc.StatusCode.UNAUTHENTICATED, "certificate revoked", principal, "revoked")
         if principal.role not in roles:
             return Decision(
-                False, grpc.StatusCode.PERMISSION_DENIED, f"{principal.role} may not call {method}", principal
+                False, grpc.StatusCode.PERMISSION_DENIED, f"{principal.role} may not call {method}", principal, "role"
             )
         if principal.role == TENANT:
             status = self._tenant_status(principal.name)
@@ -125,9 +131,10 @@ class Gatekeeper:
                     grpc.StatusCode.PERMISSION_DENIED,
                     f"tenant {principal.name} is {(status or 'unknown').lower()}",
                     principal,
+                    "tenant",
                 )
         if principal.role == WORKER and not self._job_active(principal.name):
-            return Decision(False, grpc.StatusCode.PERMISSION_DENIED, "the job is not running", principal)
+            return Decision(False, grpc.StatusCode.PERMISSION_DENIED, "the job is not running", principal, "job_ended")
         return Decision(True, principal=principal)
 
 
@@ -135,14 +142,25 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     """Runs the gatekeeper inside every call, records refusals in the audit log, caps open streams, logs each call.
 
     Every call gets a request id (a trailer) and one line in the server log: method, principal, status code,
-    latency and request id. Streams are counted against ``streams`` per principal (per peer address for an
-    anonymous caller) while they are open.
+    latency and request id; ``observe(method, code, seconds)`` and ``refused(label)`` count them (Prometheus).
+    Streams are counted against ``streams`` per principal (per peer address for an anonymous caller) while
+    they are open.
     """
 
-    def __init__(self, gatekeeper: Gatekeeper, audit_append: Callable[..., object], streams: StreamCounter):
+    def __init__(
+        self,
+        gatekeeper: Gatekeeper,
+        audit_append: Callable[..., object],
+        streams: StreamCounter,
+        *,
+        observe: Callable[[str, str, float], None] = lambda method, code, seconds: None,
+        refused: Callable[[str], None] = lambda label: None,
+    ):
         self._gatekeeper = gatekeeper
         self._audit = audit_append
         self._streams = streams
+        self._observe = observe
+        self._refused = refused
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -160,6 +178,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         decision = self._gatekeeper.decide(method, peer)
         if decision.allowed:
             return decision.principal, None
+        self._refused(decision.label)
         action = Action.AUTH_FAILED if decision.code == grpc.StatusCode.UNAUTHENTICATED else Action.AUTHZ_DENIED
         principal = decision.principal
         with contextlib.suppress(AuditLogUnavailable):  # refused either way; the log's failure is in the server log
@@ -189,7 +208,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                     abort(context, refusal)
                 return behaviour(request, context)
             finally:
-                _log_call(method, principal, started)
+                self._observe(method, *_log_call(method, principal, started))
 
         return guarded
 
@@ -203,6 +222,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                     await abort_async(context, refusal)
                 who = principal.uri if principal else "anonymous:" + context.peer().rpartition(":")[0]
                 if not self._streams.acquire(who):
+                    self._refused("stream_cap")
                     cap = str(self._streams.cap)
                     await abort_async(
                         context,
@@ -220,13 +240,13 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 finally:
                     self._streams.release(who)
             finally:
-                _log_call(method, principal, started)
+                self._observe(method, *_log_call(method, principal, started))
 
         return guarded
 
 
-def _log_call(method: str, principal: Principal | None, started: float) -> None:
-    """One line per call: what, who, how it ended, how long it took, and its request id."""
+def _log_call(method: str, principal: Principal | None, started: float) -> tuple[str, float]:
+    """One line per call: what, who, how it ended, how long it took, and its request id; returns (code, seconds)."""
     exc = sys.exc_info()[1]
     code = ended_with.get() or (grpc.StatusCode.OK if exc is None else _code_of(exc))
     latency_ms = round((time.monotonic() - started) * 1000, 2)
@@ -246,6 +266,7 @@ def _log_call(method: str, principal: Principal | None, started: float) -> None:
             "request_id": request_id(),
         },
     )
+    return code.name, latency_ms / 1000
 
 
 def _code_of(exc: BaseException) -> grpc.StatusCode:

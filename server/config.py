@@ -37,6 +37,8 @@ class ServerSettings:
 
     listen: str = "127.0.0.1:7443"  # mutual TLS: every service
     enroll_listen: str = ""  # server-authenticated TLS: enrollment only; default port + 1
+    metrics_listen: str = ""  # HTTPS GET /metrics for scraper certificates only (docs/operations.md); "": off
+    scraper_cert_days: int = 365  # lifetime of a certificate `cantata admin scrapers add` issues
     max_workers_on_node: int = 8  # worker processes this node runs at once
     default_quota: dict = field(
         default_factory=lambda: {"max_concurrent_jobs": 4, "max_workers_per_job": 8, "max_total_steps": 100_000}

@@ -141,6 +141,22 @@ CREATE INDEX job_tags_by_tag ON job_tags (tag, job_id);
 ALTER TABLE tenants ADD COLUMN retention_days INTEGER NOT NULL DEFAULT 0;
 """
 
+# 6 (branch metrics21): each job's metrics history (server/metrics_store.py); peer -1 is "not per peer".
+_V6_METRICS = """
+CREATE TABLE metrics (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    worker INTEGER NOT NULL,
+    peer INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    time REAL NOT NULL,
+    value REAL
+);
+CREATE INDEX metrics_by_job ON metrics (job_id, seq);
+CREATE INDEX metrics_by_series ON metrics (job_id, name, worker, peer, step);
+"""
+
 # MIGRATIONS[n] takes a database from version n to n + 1. Append; never edit a step that has shipped.
 MIGRATIONS: tuple[str, ...] = (
     _V1_STORE + _V1_DATA_SOURCES,  # 1: the unversioned schema of the store and the data sources, as it was
@@ -148,6 +164,7 @@ MIGRATIONS: tuple[str, ...] = (
     _V3_SPEC_DIGEST,  # 3: jobs.spec_digest
     _V4_ENROLLMENT_AND_RENEWALS,  # 4: tenants.requested_from, certificates.renewed_from
     _V5_TAGS_RETENTION,  # 5: job_tags, tenants.retention_days
+    _V6_METRICS,  # 6 (metrics21): metrics
 )
 
 

@@ -33,6 +33,12 @@ class Heartbeats:
         with self._lock:
             self._seen[(job_id, worker)] = self._clock()
 
+    def alive(self) -> int:
+        """How many worker processes have been heard from within the timeout."""
+        now = self._clock()
+        with self._lock:
+            return sum(1 for last in self._seen.values() if now - last <= self.timeout)
+
     def silent(self, live: Iterable[tuple[str, int, float]]) -> list[tuple[str, int, float]]:
         """(job id, worker, seconds silent) of the ``live`` workers (job id, worker, start time) past the timeout.
 

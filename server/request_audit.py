@@ -12,17 +12,24 @@ of logs written before it, unchanged.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 
 from cantata.security.audit import REQUEST_ID_DETAIL, AuditEntry, AuditLog, AuditRecord
 
+Observer = Callable[[Sequence[str], float, bool], None]  # (actions, seconds, written)
+
 
 class RequestAudit:
-    """:class:`AuditLog`'s writing methods, adding the current call's request id to each record's details."""
+    """:class:`AuditLog`'s writing methods, adding the current call's request id to each record's details.
 
-    def __init__(self, log: AuditLog, request_id: Callable[[], str]):
+    ``observe(actions, seconds, written)`` is told of every append (the server's Prometheus metrics).
+    """
+
+    def __init__(self, log: AuditLog, request_id: Callable[[], str], observe: Observer | None = None):
         self._log = log
         self._request_id = request_id
+        self._observe: Observer = observe or (lambda actions, seconds, written: None)
 
     def _details(self, details: dict | None) -> dict | None:
         rid = self._request_id()
@@ -41,12 +48,30 @@ class RequestAudit:
         details: dict | None = None,
         peer: str = "",
     ) -> AuditRecord:
-        return self._log.append(
-            actor, action, resource=resource, tenant=tenant, outcome=outcome, details=self._details(details), peer=peer
-        )
+        started, written = time.monotonic(), False
+        try:
+            record = self._log.append(
+                actor,
+                action,
+                resource=resource,
+                tenant=tenant,
+                outcome=outcome,
+                details=self._details(details),
+                peer=peer,
+            )
+            written = True
+            return record
+        finally:
+            self._observe((action,), time.monotonic() - started, written)
 
     def append_all(self, entries: Sequence[AuditEntry]) -> list[AuditRecord]:
-        return self._log.append_all([dataclasses.replace(e, details=self._details(e.details)) for e in entries])
+        started, written = time.monotonic(), False
+        try:
+            records = self._log.append_all([dataclasses.replace(e, details=self._details(e.details)) for e in entries])
+            written = True
+            return records
+        finally:
+            self._observe([e.action for e in entries], time.monotonic() - started, written)
 
     def require_writable(self) -> None:
         self._log.require_writable()

@@ -35,7 +35,7 @@ from cantata.server.groups import processes
 from cantata.server.heartbeats import Heartbeats
 from cantata.server.launcher import WorkerLauncher
 from cantata.server.lifecycle import JobLifecycle
-from cantata.server.store import ACTIVE, Store
+from cantata.server.store import ACTIVE, JobRecord, Store
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,7 @@ class Scheduler:
         self._stop = threading.Event()
         self._woken = threading.Event()
         self._place_due = True  # something changed that a placement depends on
+        self.on_placed: Callable[[JobRecord], None] = lambda job: None  # a job leaves the queue (its wait)
         self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
 
     def wake(self) -> None:
@@ -143,6 +144,7 @@ class Scheduler:
                 return
             if not self._lifecycle.placing(job):
                 continue
+            self.on_placed(job)
             try:
                 attack = self._store.attack(job.id)
                 pids = self._launcher.launch(self._store.job(job.id), attack=json.loads(attack) if attack else None)

@@ -564,6 +564,11 @@ class Store:
             ]
             return [self._job(db, i) for i in ids]
 
+    def job_counts(self) -> dict[int, int]:
+        """How many jobs are in each state (states without jobs are absent)."""
+        with self.database.read() as db:
+            return {int(r[0]): int(r[1]) for r in db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state")}
+
     def queue_head(self) -> JobRecord | None:
         """The next job to place: each tenant's oldest queued job, the tenant with the fewest active jobs first.
 
@@ -580,7 +585,7 @@ class Store:
             return self._job(db, row[0]) if row else None
 
     def delete_job(self, job_id: str, *, before: Callable[[JobRecord], None]) -> JobRecord:
-        """Forget an ended job: its record, events, workers, anomalies and tags; returns what it was.
+        """Forget an ended job: its record, events, workers, anomalies, tags and metrics; returns what it was.
 
         A job that has not ended is a ``Conflict``. ``before(job)`` runs inside
         the transaction once the check passed (the audit record, the removal of
@@ -591,7 +596,7 @@ class Store:
             if not job.terminal:
                 raise NotEnded(job)
             before(job)
-            for table in ("events", "workers", "anomalies", "job_tags"):
+            for table in ("events", "workers", "anomalies", "job_tags", "metrics"):
                 db.execute(f"DELETE FROM {table} WHERE job_id=?", (job_id,))
             db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
             return job

@@ -33,6 +33,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Mapping
 from contextlib import closing
 from dataclasses import dataclass
 
@@ -110,6 +111,18 @@ class GossipExchange:
         self._wire_dtype = torch.bfloat16 if cfg.spec.compression == Compression.BF16 else None
         self.addresses: dict[int, str] = {}
         self.rounds: dict[int, int] = {}  # each worker's latest finished round, as the control plane last said
+        self._traffic: dict[int, list[int]] = {}  # peer process -> [payload bytes sent, received] this round
+
+    def take_traffic(self) -> dict[int, tuple[int, int]]:
+        """Payload bytes sent to and received from each peer process since the last call."""
+        taken, self._traffic = self._traffic, {}
+        return {peer: (sent, received) for peer, (sent, received) in taken.items()}
+
+    def _count(self, sent: Mapping[int, torch.Tensor], received: Mapping[int, torch.Tensor]) -> None:
+        for peer, tensor in sent.items():
+            self._traffic.setdefault(peer, [0, 0])[0] += tensor.numel() * tensor.element_size()
+        for peer, tensor in received.items():
+            self._traffic.setdefault(peer, [0, 0])[1] += tensor.numel() * tensor.element_size()
 
     def __call__(self, round_: int, groups: list[int], wire: torch.Tensor) -> dict[int, torch.Tensor]:
         """Exchange with the worker groups ``groups``; returns the wire each one whose edge was used sent."""
@@ -118,6 +131,7 @@ class GossipExchange:
         self._wait_for_laggards(round_, peers)
         wanted = {p: self.addresses[p] for p in peers if self._trusted(p)}
         received = self._node.exchange(wire_round(round_), wanted, sent, deadline_s=self.deadline.seconds)
+        self._count(dict.fromkeys(wanted, sent), received)
         return {peer // self._cfg.ranks_per_worker: t.clone() for peer, t in received.items()}
 
     def allreduce(self, round_: int, vector: torch.Tensor) -> torch.Tensor | None:
@@ -141,7 +155,9 @@ class GossipExchange:
         def swap(step: int, payloads):
             addresses = {p: self.addresses[p] for p in payloads}
             left = max(0.0, end - time.monotonic())
-            return self._node.exchange(wire_round(round_, step), addresses, payloads, deadline_s=left)
+            received = self._node.exchange(wire_round(round_, step), addresses, payloads, deadline_s=left)
+            self._count(payloads, received)
+            return received
 
         try:
             return ring_allreduce(vector, members, me, swap, self._wire_dtype)
@@ -457,16 +473,17 @@ def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.E
             shards = {f"optim-{cfg.group_rank}": optimizer.state_dict()}
             if gossips:
                 shards.update({"model": model.state_dict(), "outer-0": outer.state_dict()})
+            saving = time.perf_counter()
             size = checkpoints.save(step, cfg.group_rank, shards, group)
             if lead:
                 assert size is not None  # the lead is rank 0, which commits
                 log_checkpoint(step, size, spec.keep_last)
-                reporter.checkpoint(step, spec.checkpoint_store, size)
+                reporter.checkpoint(step, spec.checkpoint_store, size, time.perf_counter() - saving)
 
         try:
             began = time.perf_counter()
             for t in range(first_round, rounds):
-                tick = time.perf_counter()
+                tick, waited = time.perf_counter(), feed.wait_seconds
                 done, loss = inner_steps(
                     model, optimizer, feed, schedule, plan, t, lambda: stop.is_set() or reporter.stop_requested, group
                 )
@@ -485,15 +502,25 @@ def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.E
                         inner_steps=done,
                         bytes_sent=node.bytes_sent if node is not None else 0,
                         deadline_s=deadline.seconds,
+                        traffic=exchange.take_traffic(),
                     )
                     if not stats.skipped:
                         deadline.record(seconds)
                 sync_parameters(model, group)
                 step = min((t + 1) * local_steps, spec.steps)
-                tokens_per_s = tokens_per_step * done / (time.perf_counter() - tick)
+                took = time.perf_counter() - tick
+                tokens_per_s = tokens_per_step * done / took
                 log_progress(step, spec.steps, loss, schedule.lr(step), tokens_per_s, optimizer.last_grad_norm)
                 if lead:
-                    reporter.progress(step, loss, tokens_per_s, schedule.lr(step))
+                    reporter.progress(
+                        step,
+                        loss,
+                        tokens_per_s,
+                        schedule.lr(step),
+                        step_time_s=took / max(done, 1),
+                        data_wait_s=feed.wait_seconds - waited,
+                        grad_norm=optimizer.last_grad_norm,
+                    )
                 if step == spec.steps:
                     break  # the last round's model is evaluated and saved as the consensus, below
                 if step // spec.eval_every > (step - local_steps) // spec.eval_every:

@@ -220,6 +220,7 @@ def train(cfg: WorkerConfig, reporter: Reporter, stop: threading.Event) -> float
         report_every = max(1, spec.steps // 100)
         tokens_per_step = spec.batch_size * seq_len * spec.grad_accum * cfg.workers
         tick = began = time.perf_counter()
+        waited = feed.wait_seconds
         val_loss = float("nan")
         for step in range(start + 1, spec.steps + 1):
             if stop.is_set() or reporter.stop_requested:
@@ -233,8 +234,16 @@ def train(cfg: WorkerConfig, reporter: Reporter, stop: threading.Event) -> float
                 tokens_per_s = tokens_per_step * done / (now - tick)
                 log_progress(step, spec.steps, loss, lr, tokens_per_s, optimizer.last_grad_norm)
                 if lead:
-                    reporter.progress(step, loss, tokens_per_s, lr)
-                tick = now
+                    reporter.progress(
+                        step,
+                        loss,
+                        tokens_per_s,
+                        lr,
+                        step_time_s=(now - tick) / done,
+                        data_wait_s=feed.wait_seconds - waited,
+                        grad_norm=optimizer.last_grad_norm,
+                    )
+                tick, waited = now, feed.wait_seconds
             if step % spec.eval_every == 0 or step == spec.steps:
                 val_loss = evaluate(model, feed, spec.eval_batches)
                 log_eval(step, val_loss)
@@ -244,11 +253,12 @@ def train(cfg: WorkerConfig, reporter: Reporter, stop: threading.Event) -> float
                 shards = {f"optim-{cfg.worker}": optimizer.state_dict(), f"data-{cfg.worker}": feed.state_dict()}
                 if lead:
                     shards["model"] = model.state_dict()
+                saving = time.perf_counter()
                 size = checkpoints.save(step, cfg.worker, shards, group)
                 if lead:
                     assert size is not None  # the lead is rank 0, which commits
                     log_checkpoint(step, size, spec.keep_last)
-                    reporter.checkpoint(step, spec.checkpoint_store, size)
+                    reporter.checkpoint(step, spec.checkpoint_store, size, time.perf_counter() - saving)
         if lead:
             report_data_wait(reporter, feed, time.perf_counter() - began)
         if math.isnan(val_loss):  # resumed from the final checkpoint: nothing left to train

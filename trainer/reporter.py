@@ -110,14 +110,35 @@ class Reporter:
     def started(self) -> None:
         self.send(started=True)
 
-    def progress(self, step: int, loss: float, tokens_per_s: float, lr: float) -> None:
-        self.send(progress=worker_pb2.Progress(step=step, loss=loss, tokens_per_s=tokens_per_s, lr=lr))
+    def progress(
+        self,
+        step: int,
+        loss: float,
+        tokens_per_s: float,
+        lr: float,
+        *,
+        step_time_s: float = 0.0,
+        data_wait_s: float = 0.0,
+        grad_norm: float | None = None,
+    ) -> None:
+        """The report window ending at ``step``: its last loss, throughput, mean step time and data wait."""
+        self.send(
+            progress=worker_pb2.Progress(
+                step=step,
+                loss=loss,
+                tokens_per_s=tokens_per_s,
+                lr=lr,
+                step_time_s=step_time_s,
+                data_wait_s=data_wait_s,
+                grad_norm=grad_norm,
+            )
+        )
 
     def eval(self, step: int, val_loss: float) -> None:
         self.send(eval=worker_pb2.Eval(step=step, val_loss=val_loss))
 
-    def checkpoint(self, step: int, uri: str, size_bytes: int) -> None:
-        self.send(checkpoint=worker_pb2.CheckpointWritten(step=step, uri=uri, size_bytes=size_bytes))
+    def checkpoint(self, step: int, uri: str, size_bytes: int, seconds: float = 0.0) -> None:
+        self.send(checkpoint=worker_pb2.CheckpointWritten(step=step, uri=uri, size_bytes=size_bytes, seconds=seconds))
 
     def message(self, text: str) -> None:
         self.send(message=worker_pb2.Message(text=text))
@@ -141,7 +162,9 @@ class Reporter:
         inner_steps: int = 0,
         bytes_sent: int = 0,
         deadline_s: float = 0.0,
+        traffic: dict[int, tuple[int, int]] | None = None,
     ) -> None:
+        """One round as this worker saw it; ``traffic``: peer -> (payload bytes sent, received) in the round."""
         self.send(
             round=worker_pb2.Round(
                 round=round_,
@@ -151,6 +174,10 @@ class Reporter:
                 inner_steps=inner_steps,
                 bytes_sent=bytes_sent,
                 deadline_s=deadline_s,
+                traffic=[
+                    worker_pb2.PeerTraffic(peer=p, bytes_sent=sent, bytes_received=received)
+                    for p, (sent, received) in sorted((traffic or {}).items())
+                ],
             )
         )
 

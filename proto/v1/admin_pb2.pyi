@@ -160,3 +160,21 @@ class RotateTenantKeyReply(_message.Message):
     objects_rewrapped: int
     retired: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, version: _Optional[int] = ..., objects_rewrapped: _Optional[int] = ..., retired: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class AddScraperRequest(_message.Message):
+    __slots__ = ("name", "csr_pem")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CSR_PEM_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    csr_pem: bytes
+    def __init__(self, name: _Optional[str] = ..., csr_pem: _Optional[bytes] = ...) -> None: ...
+
+class AddScraperReply(_message.Message):
+    __slots__ = ("cert_pem", "serial", "metrics_address")
+    CERT_PEM_FIELD_NUMBER: _ClassVar[int]
+    SERIAL_FIELD_NUMBER: _ClassVar[int]
+    METRICS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    cert_pem: bytes
+    serial: str
+    metrics_address: str
+    def __init__(self, cert_pem: _Optional[bytes] = ..., serial: _Optional[str] = ..., metrics_address: _Optional[str] = ...) -> None: ...

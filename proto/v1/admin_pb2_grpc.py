@@ -74,6 +74,11 @@ class AdminStub:
                 request_serializer=cantata_dot_v1_dot_admin__pb2.RevokeCertificateRequest.SerializeToString,
                 response_deserializer=cantata_dot_v1_dot_admin__pb2.RevokeCertificateReply.FromString,
                 _registered_method=True)
+        self.AddScraper = channel.unary_unary(
+                '/cantata.v1.Admin/AddScraper',
+                request_serializer=cantata_dot_v1_dot_admin__pb2.AddScraperRequest.SerializeToString,
+                response_deserializer=cantata_dot_v1_dot_admin__pb2.AddScraperReply.FromString,
+                _registered_method=True)
         self.RotateTenantKey = channel.unary_unary(
                 '/cantata.v1.Admin/RotateTenantKey',
                 request_serializer=cantata_dot_v1_dot_admin__pb2.RotateTenantKeyRequest.SerializeToString,
@@ -143,6 +148,13 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddScraper(self, request, context):
+        """Sign a certificate for a Prometheus scraper (spiffe://cantata/scraper/NAME): it may read /metrics, nothing else.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RotateTenantKey(self, request, context):
         """A new key-encryption key version for a tenant; existing checkpoints'
         data keys are re-wrapped without decrypting their bodies.
@@ -208,6 +220,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.RevokeCertificate,
                     request_deserializer=cantata_dot_v1_dot_admin__pb2.RevokeCertificateRequest.FromString,
                     response_serializer=cantata_dot_v1_dot_admin__pb2.RevokeCertificateReply.SerializeToString,
+            ),
+            'AddScraper': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddScraper,
+                    request_deserializer=cantata_dot_v1_dot_admin__pb2.AddScraperRequest.FromString,
+                    response_serializer=cantata_dot_v1_dot_admin__pb2.AddScraperReply.SerializeToString,
             ),
             'RotateTenantKey': grpc.unary_unary_rpc_method_handler(
                     servicer.RotateTenantKey,
@@ -441,6 +458,33 @@ class Admin:
             '/cantata.v1.Admin/RevokeCertificate',
             cantata_dot_v1_dot_admin__pb2.RevokeCertificateRequest.SerializeToString,
             cantata_dot_v1_dot_admin__pb2.RevokeCertificateReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddScraper(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cantata.v1.Admin/AddScraper',
+            cantata_dot_v1_dot_admin__pb2.AddScraperRequest.SerializeToString,
+            cantata_dot_v1_dot_admin__pb2.AddScraperReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -30,6 +30,46 @@ MESSAGE: EventKind
 ROUND: EventKind
 ANOMALY: EventKind
 
+class GetMetricsRequest(_message.Message):
+    __slots__ = ("job_id", "names", "since", "after", "page_size")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    names: _containers.RepeatedScalarFieldContainer[str]
+    since: _timestamp_pb2.Timestamp
+    after: int
+    page_size: int
+    def __init__(self, job_id: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., after: _Optional[int] = ..., page_size: _Optional[int] = ...) -> None: ...
+
+class MetricPoint(_message.Message):
+    __slots__ = ("seq", "time", "step", "worker", "name", "value", "peer")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    time: _timestamp_pb2.Timestamp
+    step: int
+    worker: int
+    name: str
+    value: float
+    peer: int
+    def __init__(self, seq: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., step: _Optional[int] = ..., worker: _Optional[int] = ..., name: _Optional[str] = ..., value: _Optional[float] = ..., peer: _Optional[int] = ...) -> None: ...
+
+class GetMetricsReply(_message.Message):
+    __slots__ = ("points", "next_after")
+    POINTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_AFTER_FIELD_NUMBER: _ClassVar[int]
+    points: _containers.RepeatedCompositeFieldContainer[MetricPoint]
+    next_after: int
+    def __init__(self, points: _Optional[_Iterable[_Union[MetricPoint, _Mapping]]] = ..., next_after: _Optional[int] = ...) -> None: ...
+
 class SubmitJobRequest(_message.Message):
     __slots__ = ("request_id", "spec")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]

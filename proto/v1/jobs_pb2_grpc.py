@@ -75,6 +75,11 @@ class JobsStub:
                 request_serializer=cantata_dot_v1_dot_jobs__pb2.DeleteJobRequest.SerializeToString,
                 response_deserializer=cantata_dot_v1_dot_jobs__pb2.DeleteJobReply.FromString,
                 _registered_method=True)
+        self.GetMetrics = channel.unary_unary(
+                '/cantata.v1.Jobs/GetMetrics',
+                request_serializer=cantata_dot_v1_dot_jobs__pb2.GetMetricsRequest.SerializeToString,
+                response_deserializer=cantata_dot_v1_dot_jobs__pb2.GetMetricsReply.FromString,
+                _registered_method=True)
 
 
 class JobsServicer:
@@ -135,6 +140,13 @@ class JobsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetMetrics(self, request, context):
+        """The job's metrics history (training loss, learning rate, throughput, rounds ...), oldest first, a page at a time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -177,6 +189,11 @@ def add_JobsServicer_to_server(servicer, server):
                     servicer.DeleteJob,
                     request_deserializer=cantata_dot_v1_dot_jobs__pb2.DeleteJobRequest.FromString,
                     response_serializer=cantata_dot_v1_dot_jobs__pb2.DeleteJobReply.SerializeToString,
+            ),
+            'GetMetrics': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetMetrics,
+                    request_deserializer=cantata_dot_v1_dot_jobs__pb2.GetMetricsRequest.FromString,
+                    response_serializer=cantata_dot_v1_dot_jobs__pb2.GetMetricsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -395,6 +412,33 @@ class Jobs:
             '/cantata.v1.Jobs/DeleteJob',
             cantata_dot_v1_dot_jobs__pb2.DeleteJobRequest.SerializeToString,
             cantata_dot_v1_dot_jobs__pb2.DeleteJobReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetMetrics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cantata.v1.Jobs/GetMetrics',
+            cantata_dot_v1_dot_jobs__pb2.GetMetricsRequest.SerializeToString,
+            cantata_dot_v1_dot_jobs__pb2.GetMetricsReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -7,16 +7,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Progress(_message.Message):
-    __slots__ = ("step", "loss", "tokens_per_s", "lr")
+    __slots__ = ("step", "loss", "tokens_per_s", "lr", "step_time_s", "data_wait_s", "grad_norm")
     STEP_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     LR_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    DATA_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
     step: int
     loss: float
     tokens_per_s: float
     lr: float
-    def __init__(self, step: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., lr: _Optional[float] = ...) -> None: ...
+    step_time_s: float
+    data_wait_s: float
+    grad_norm: float
+    def __init__(self, step: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., lr: _Optional[float] = ..., step_time_s: _Optional[float] = ..., data_wait_s: _Optional[float] = ..., grad_norm: _Optional[float] = ...) -> None: ...
 
 class Eval(_message.Message):
     __slots__ = ("step", "val_loss")
@@ -27,14 +33,16 @@ class Eval(_message.Message):
     def __init__(self, step: _Optional[int] = ..., val_loss: _Optional[float] = ...) -> None: ...
 
 class CheckpointWritten(_message.Message):
-    __slots__ = ("step", "uri", "size_bytes")
+    __slots__ = ("step", "uri", "size_bytes", "seconds")
     STEP_FIELD_NUMBER: _ClassVar[int]
     URI_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
     step: int
     uri: str
     size_bytes: int
-    def __init__(self, step: _Optional[int] = ..., uri: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+    seconds: float
+    def __init__(self, step: _Optional[int] = ..., uri: _Optional[str] = ..., size_bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class Finished(_message.Message):
     __slots__ = ("final_val_loss",)
@@ -63,7 +71,7 @@ class GossipEndpoint(_message.Message):
     def __init__(self, address: _Optional[str] = ...) -> None: ...
 
 class Round(_message.Message):
-    __slots__ = ("round", "peers", "skipped", "seconds", "inner_steps", "bytes_sent", "deadline_s")
+    __slots__ = ("round", "peers", "skipped", "seconds", "inner_steps", "bytes_sent", "deadline_s", "traffic")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     PEERS_FIELD_NUMBER: _ClassVar[int]
     SKIPPED_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +79,7 @@ class Round(_message.Message):
     INNER_STEPS_FIELD_NUMBER: _ClassVar[int]
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
+    TRAFFIC_FIELD_NUMBER: _ClassVar[int]
     round: int
     peers: _containers.RepeatedScalarFieldContainer[int]
     skipped: _containers.RepeatedScalarFieldContainer[int]
@@ -78,7 +87,18 @@ class Round(_message.Message):
     inner_steps: int
     bytes_sent: int
     deadline_s: float
-    def __init__(self, round: _Optional[int] = ..., peers: _Optional[_Iterable[int]] = ..., skipped: _Optional[_Iterable[int]] = ..., seconds: _Optional[float] = ..., inner_steps: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., deadline_s: _Optional[float] = ...) -> None: ...
+    traffic: _containers.RepeatedCompositeFieldContainer[PeerTraffic]
+    def __init__(self, round: _Optional[int] = ..., peers: _Optional[_Iterable[int]] = ..., skipped: _Optional[_Iterable[int]] = ..., seconds: _Optional[float] = ..., inner_steps: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., deadline_s: _Optional[float] = ..., traffic: _Optional[_Iterable[_Union[PeerTraffic, _Mapping]]] = ...) -> None: ...
+
+class PeerTraffic(_message.Message):
+    __slots__ = ("peer", "bytes_sent", "bytes_received")
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    peer: int
+    bytes_sent: int
+    bytes_received: int
+    def __init__(self, peer: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ...) -> None: ...
 
 class Anomaly(_message.Message):
     __slots__ = ("peer", "round", "check", "verdict", "score", "quarantined", "detail")

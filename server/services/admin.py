@@ -48,8 +48,13 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         tenant_cert_days: int,
         audit: AuditSink,
         lifecycle: JobLifecycle,
+        *,
+        scraper_cert_days: int = 365,
+        metrics_listen: str = "",
     ):
         self._store = store
+        self._scraper_lifetime = dt.timedelta(days=scraper_cert_days)
+        self._metrics_listen = metrics_listen
         self._ca = ca
         self._keyring = keyring
         self._data_sources = data_sources
@@ -181,6 +186,24 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                 peer=context.peer(),
             )
         return admin_pb2.RevokeCertificateReply(serial=request.serial.lower(), principal=principal)
+
+    def AddScraper(self, request, context):
+        """Sign the CSR as scraper ``name``'s: it may read ``/metrics`` and call nothing else; revoked like any."""
+        principal = Principal.scraper(request.name)
+        cert = self._ca.sign(csr_public_key(request.csr_pem), principal, lifetime=self._scraper_lifetime)
+        serial = format(cert.serial_number, "x")
+        with self._store.database.transaction():  # issued only once its record is durable
+            self._store.record_certificate(cert.serial_number, principal.uri, cert.not_valid_after_utc)
+            self._audit(
+                caller(context).uri,
+                Action.CERTIFICATE_ISSUED,
+                resource=principal.uri,
+                details={"serial": serial, "purpose": "metrics scraper"},
+                peer=context.peer(),
+            )
+        return admin_pb2.AddScraperReply(
+            cert_pem=cert.public_bytes(Encoding.PEM), serial=serial, metrics_address=self._metrics_listen
+        )
 
     def RotateTenantKey(self, request, context):
         """Rotation rewraps objects in stores no transaction covers, so it starts only while the log can record it."""

@@ -19,6 +19,7 @@ from cantata.server.deletion import JobDeletion
 from cantata.server.errors import InvalidRequest
 from cantata.server.jobspec import InvalidField, dataset_source, parse_job_spec, processes
 from cantata.server.lifecycle import JobLifecycle
+from cantata.server.metrics_store import MetricsStore, UnknownMetric
 from cantata.server.ports import AuditSink, DataSourceDirectory
 from cantata.server.store import JobRecord, QuotaExceeded, RequestIdReused, Store
 
@@ -55,7 +56,7 @@ def _complete_lines(path: Path) -> list[str]:
     return text[: text.rfind("\n") + 1].splitlines()
 
 
-def _since(request: jobs_pb2.ListJobsRequest) -> str:
+def _since(request: jobs_pb2.ListJobsRequest | jobs_pb2.GetMetricsRequest) -> str:
     """The ``since`` filter as the store's time text; empty when not given."""
     if not request.HasField("since"):
         return ""
@@ -76,8 +77,10 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         data_sources: DataSourceDirectory,
         broadcast: EventBroadcast,
         deletion: JobDeletion,
+        metrics: MetricsStore,
     ):
         self._store = store
+        self._metrics = metrics
         self._lifecycle = lifecycle
         self._log_path = log_path
         self._spec_defaults = spec_defaults  # tenant -> parse_job_spec's keyword arguments
@@ -141,6 +144,31 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
 
     def GetJob(self, request, context):
         return job_info(self._job(context, request.job_id))
+
+    def GetMetrics(self, request, context):
+        """A page of the job's metrics history: ``page_size`` 0 takes 5,000, more than 20,000 takes 20,000."""
+        job = self._job(context, request.job_id)
+        _at_least_zero(request.page_size, "page_size")
+        _at_least_zero(request.after, "after")
+        size = min(request.page_size or 5000, 20_000)
+        since = _since(request)
+        try:
+            points = self._metrics.rows(
+                job.id,
+                request.names,
+                dt.datetime.fromisoformat(since).timestamp() if since else None,
+                after=request.after,
+                limit=size + 1,
+            )
+        except UnknownMetric as exc:
+            raise InvalidRequest(str(exc), field="names") from None
+        reply = jobs_pb2.GetMetricsReply(next_after=points[size - 1].seq if len(points) > size else 0)
+        for p in points[:size]:
+            point = reply.points.add(seq=p.seq, step=p.step, worker=p.worker, name=p.name, value=p.value)
+            point.time.FromNanoseconds(round(p.time * 1e9))
+            if p.peer is not None:
+                point.peer = p.peer
+        return reply
 
     def ListJobs(self, request, context):
         """A page of the caller's jobs: ``page_size`` 0 takes 100, more than 1,000 takes 1,000, below 0 is refused."""

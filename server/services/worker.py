@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from cantata.proto.v1 import common_pb2, jobs_pb2, worker_pb2, worker_pb2_grpc
 from cantata.security.audit import Action, Outcome
@@ -12,6 +13,7 @@ from cantata.server.errors import InvalidRequest, Refused
 from cantata.server.groups import processes
 from cantata.server.heartbeats import Heartbeats
 from cantata.server.lifecycle import JobLifecycle
+from cantata.server.metrics_store import METRICS, MetricsStore
 from cantata.server.ports import AuditSink
 from cantata.server.store import AnomalyRecord, Store, utcnow
 
@@ -23,10 +25,14 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         lifecycle: JobLifecycle,
         audit: AuditSink,
         heartbeats: Heartbeats,
+        metrics: MetricsStore,
         *,
         revoke_quarantined: bool,
+        checkpoint_written: Callable[[str, int, float], None] = lambda uri, size, seconds: None,
     ):
         self._store = store
+        self._metrics = metrics
+        self._checkpoint_written = checkpoint_written  # (store URI, bytes, seconds): the Prometheus counters
         self._lifecycle = lifecycle
         self._audit = audit.append
         self._heartbeats = heartbeats
@@ -55,14 +61,26 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             self._lifecycle.worker_started(job, request.worker)
         elif kind == "progress":
             p = request.progress
-            self._store.record_progress(job.id, step=p.step, loss=p.loss)
+            values = {"loss": p.loss, "lr": p.lr, "tokens_per_s": p.tokens_per_s}
+            values |= {"step_time_s": p.step_time_s, "data_wait_s": p.data_wait_s}
+            if p.HasField("grad_norm"):
+                values["grad_norm"] = p.grad_norm
+            with self._store.database.transaction():  # one durable write for the job's step and its history
+                self._store.record_progress(job.id, step=p.step, loss=p.loss)
+                self._metrics.record(job.id, p.step, request.worker, values)
             event = jobs_pb2.JobEvent(kind=jobs_pb2.PROGRESS, step=p.step, loss=p.loss, tokens_per_s=p.tokens_per_s)
         elif kind == "eval":
             e = request.eval
-            self._store.record_progress(job.id, step=e.step, val_loss=e.val_loss)
+            with self._store.database.transaction():
+                self._store.record_progress(job.id, step=e.step, val_loss=e.val_loss)
+                self._metrics.record(job.id, e.step, request.worker, {"val_loss": e.val_loss})
             event = jobs_pb2.JobEvent(kind=jobs_pb2.EVAL, step=e.step, val_loss=e.val_loss)
         elif kind == "checkpoint":
             c = request.checkpoint
+            self._metrics.record(
+                job.id, c.step, request.worker, {"checkpoint_bytes": float(c.size_bytes), "checkpoint_s": c.seconds}
+            )
+            self._checkpoint_written(job.spec.checkpoint_store, c.size_bytes, c.seconds)
             self._audit(
                 me.uri,
                 Action.CHECKPOINT_WRITTEN,
@@ -83,7 +101,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             self._store.set_gossip_address(job.id, request.worker, request.gossip.address[:200])
         elif kind == "round":
             r = request.round
-            self._store.set_round(job.id, request.worker, r.round)
+            self._record_round(job, request.worker, r)
             skipped = f", skipped {list(r.skipped)}" if r.skipped else ""
             event = jobs_pb2.JobEvent(
                 kind=jobs_pb2.ROUND,
@@ -105,6 +123,31 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             stop=self._store.job(job.id).state == common_pb2.CANCELLING,
             heartbeat_interval_s=self._heartbeats.interval,
         )
+
+    def _record_round(self, job, worker: int, r: worker_pb2.Round) -> None:
+        """The round's number, and its figures in the job's history (at the round's last step)."""
+        step = round_step(job.spec, r.round)
+        with self._store.database.transaction():
+            self._store.set_round(job.id, worker, r.round)
+            self._metrics.record(
+                job.id,
+                step,
+                worker,
+                {
+                    "round_s": r.seconds,
+                    "round_peers": float(len(r.peers)),
+                    "round_skipped": float(len(r.skipped)),
+                    "bytes_sent": float(r.bytes_sent),
+                },
+            )
+            for t in r.traffic:
+                self._metrics.record(
+                    job.id,
+                    step,
+                    worker,
+                    {"bytes_sent_to_peer": float(t.bytes_sent), "bytes_received_from_peer": float(t.bytes_received)},
+                    peer=t.peer,
+                )
 
     def GetPeers(self, request, context):
         me = caller(context)
@@ -148,6 +191,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._store.add_anomaly(
             AnomalyRecord(job.id, reporter, a.peer, a.round, a.check, a.verdict, a.score, a.quarantined, utcnow())
         )
+        if f"screen_{a.verdict}" in METRICS:
+            self._metrics.record(
+                job.id, round_step(job.spec, a.round), reporter, {f"screen_{a.verdict}": a.score}, peer=a.peer
+            )
         peer = Principal.worker(job.id, a.peer)
         score = a.score if math.isfinite(a.score) else str(a.score)  # the log holds JSON numbers only: "nan", "inf"
         details = {"peer": peer.uri, "round": a.round, "check": a.check, "verdict": a.verdict, "score": score}
@@ -170,6 +217,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         return jobs_pb2.JobEvent(kind=jobs_pb2.ANOMALY, step=a.round, message=text)
 
 
+def round_step(spec: common_pb2.JobSpec, round_: int) -> int:
+    """The last training step of decentralized round ``round_`` (rounds count from 0)."""
+    return min((round_ + 1) * spec.local_steps, spec.steps) if spec.local_steps > 0 else round_
+
+
 def _check_ranges(report: worker_pb2.WorkerReport, processes: int) -> None:
     """Refuse a report whose steps, rounds, sizes or worker indices are out of range (``InvalidRequest``)."""
     kind = report.WhichOneof("payload")
@@ -179,6 +231,15 @@ def _check_ranges(report: worker_pb2.WorkerReport, processes: int) -> None:
         if isinstance(value, int) and value < 0:
             raise InvalidRequest(f"{kind}.{name} must be >= 0, not {value}", field=f"{kind}.{name}")
     workers = list(report.round.peers) + list(report.round.skipped) if kind == "round" else []
+    workers += [t.peer for t in report.round.traffic] if kind == "round" else []
+    if kind == "round" and any(t.bytes_sent < 0 or t.bytes_received < 0 for t in report.round.traffic):
+        raise InvalidRequest("round.traffic: byte counts must be >= 0", field="round.traffic")
+    for name in ("step_time_s", "data_wait_s") if kind == "progress" else ():
+        value = getattr(report.progress, name)
+        if not (math.isfinite(value) and value >= 0):
+            raise InvalidRequest(f"progress.{name} must be a finite duration", field=f"progress.{name}")
+    if kind == "checkpoint" and not (math.isfinite(report.checkpoint.seconds) and report.checkpoint.seconds >= 0):
+        raise InvalidRequest("checkpoint.seconds must be a finite duration", field="checkpoint.seconds")
     workers += [report.anomaly.peer] if kind == "anomaly" else []
     if any(not 0 <= w < processes for w in workers):
         raise InvalidRequest(f"{kind}: a worker index is outside 0..{processes - 1}", field=kind)

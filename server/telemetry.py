@@ -1,0 +1,158 @@
+"""The control plane's Prometheus metrics: what the server counts as it serves, and what it reads at each scrape.
+
+Counted as it happens (``prometheus_client`` instruments on a registry of
+this server's own, so several servers in one process stay apart):
+
+- ``cantata_rpc_calls_total`` and ``cantata_rpc_duration_seconds`` by method and status code;
+- ``cantata_refused_calls_total`` by reason (the gatekeeper's, the stream cap's, the ``/metrics`` endpoint's);
+- ``cantata_audit_appends_total`` by action and outcome, ``cantata_audit_append_seconds``;
+- ``cantata_worker_restarts_total`` (each ``job_restarted`` record);
+- ``cantata_checkpoint_bytes_total`` and ``cantata_checkpoint_write_seconds`` by store kind (file, s3, az);
+- ``cantata_queue_wait_seconds``: how long each placed job waited in the queue.
+
+Read at each scrape (:class:`StateCollector`): ``cantata_jobs`` by state,
+``cantata_queue_length``, ``cantata_queue_oldest_wait_seconds``,
+``cantata_workers_alive``, and for every active job its latest training
+values as ``cantata_job_<metric>{tenant, job}`` gauges from the metrics
+history (:mod:`cantata.server.metrics_store`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Callable, Iterator, Sequence
+from urllib.parse import urlsplit
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from cantata.proto.v1 import common_pb2
+from cantata.proto.vocabulary import STATE_NAMES
+from cantata.security.audit import Action
+from cantata.server.metrics_store import MetricsStore
+from cantata.server.store import ACTIVE, JobRecord, Store
+
+# Per-job gauges: the metrics of the history that describe a job's training now.
+JOB_GAUGES = ("loss", "val_loss", "lr", "tokens_per_s", "step_time_s", "data_wait_s", "grad_norm", "round_s")
+STORE_KINDS = {"file": "file", "s3": "s3", "az": "azure"}
+
+
+def store_kind(uri: str) -> str:
+    """The label of a checkpoint store: file, s3, azure (other for anything else)."""
+    return STORE_KINDS.get(urlsplit(uri).scheme, "other")
+
+
+class Telemetry:
+    """The server's registry and the instruments its parts call."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.rpc_calls = Counter("cantata_rpc_calls", "RPCs served", ["method", "code"], registry=r)
+        self.rpc_seconds = Histogram(
+            "cantata_rpc_duration_seconds",
+            "RPC latency (streams: how long they stayed open)",
+            ["method", "code"],
+            registry=r,
+        )
+        self.refused = Counter("cantata_refused_calls", "calls refused before they ran", ["reason"], registry=r)
+        self.audit_appends = Counter(
+            "cantata_audit_appends",
+            "audit records appended (outcome: written or failed)",
+            ["action", "outcome"],
+            registry=r,
+        )
+        self.audit_seconds = Histogram(
+            "cantata_audit_append_seconds",
+            "time to append (and make durable) one batch of audit records",
+            registry=r,
+        )
+        self.restarts = Counter("cantata_worker_restarts", "job restarts after a worker failed", registry=r)
+        self.checkpoint_bytes = Counter(
+            "cantata_checkpoint_bytes", "bytes of committed checkpoints", ["store"], registry=r
+        )
+        self.checkpoint_seconds = Histogram(
+            "cantata_checkpoint_write_seconds",
+            "seconds a worker took to write its part of a checkpoint",
+            ["store"],
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "cantata_queue_wait_seconds",
+            "seconds a job waited in the queue before it was placed",
+            buckets=(0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600, math.inf),
+            registry=r,
+        )
+
+    def rpc(self, method: str, code: str, seconds: float) -> None:
+        self.rpc_calls.labels(method, code).inc()
+        self.rpc_seconds.labels(method, code).observe(seconds)
+
+    def refusal(self, reason: str) -> None:
+        self.refused.labels(reason).inc()
+
+    def audited(self, actions: Sequence[str], seconds: float, written: bool) -> None:
+        for action in actions:
+            self.audit_appends.labels(action, "written" if written else "failed").inc()
+            if written and action == Action.JOB_RESTARTED:
+                self.restarts.inc()
+        self.audit_seconds.observe(seconds)
+
+    def checkpoint(self, uri: str, size_bytes: int, seconds: float) -> None:
+        kind = store_kind(uri)
+        self.checkpoint_bytes.labels(kind).inc(size_bytes)
+        self.checkpoint_seconds.labels(kind).observe(seconds)
+
+    def placed(self, job: JobRecord) -> None:
+        """A job leaves the queue: it entered it when it last changed state (``updated_at``)."""
+        self.queue_wait.observe(max(0.0, _age(job.updated_at)))
+
+    def watch(self, store: Store, metrics: MetricsStore, workers_alive: Callable[[], int]) -> None:
+        self.registry.register(StateCollector(store, metrics, workers_alive))
+
+
+class StateCollector(Collector):
+    """What the store says at scrape time: jobs by state, the queue, live workers, active jobs' training."""
+
+    def __init__(self, store: Store, metrics: MetricsStore, workers_alive: Callable[[], int]):
+        self._store = store
+        self._metrics = metrics
+        self._workers_alive = workers_alive
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        counts = self._store.job_counts()
+        jobs = GaugeMetricFamily("cantata_jobs", "jobs by state", labels=["state"])
+        for state in STATE_NAMES:
+            jobs.add_metric([state], counts.get(common_pb2.JobState.Value(state), 0))
+        yield jobs
+        queued = self._store.jobs(states=frozenset({common_pb2.QUEUED}), limit=100_000)
+        yield GaugeMetricFamily("cantata_queue_length", "jobs waiting to be placed", value=len(queued))
+        oldest = max((_age(j.updated_at) for j in queued), default=0.0)
+        yield GaugeMetricFamily(
+            "cantata_queue_oldest_wait_seconds", "how long the queue's oldest job has waited", value=oldest
+        )
+        yield GaugeMetricFamily(
+            "cantata_workers_alive",
+            "worker processes heard from within the heartbeat timeout",
+            value=self._workers_alive(),
+        )
+        active = {j.id: j for j in self._store.jobs(states=ACTIVE, limit=100_000)}
+        latest = self._metrics.latest(active)
+        families = {
+            name: GaugeMetricFamily(f"cantata_job_{name}", f"the job's latest {name}", labels=["tenant", "job"])
+            for name in JOB_GAUGES
+        }
+        step = GaugeMetricFamily("cantata_job_step", "the job's latest reported step", labels=["tenant", "job"])
+        for job_id, job in active.items():
+            step.add_metric([job.tenant, job_id], job.step)
+            for name, value in latest.get(job_id, {}).items():
+                if name in families:
+                    families[name].add_metric([job.tenant, job_id], value)
+        yield step
+        yield from families.values()
+
+
+def _age(utc_text: str) -> float:
+    return (dt.datetime.now(dt.UTC) - dt.datetime.fromisoformat(utc_text)).total_seconds()
