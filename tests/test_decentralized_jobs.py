@@ -44,6 +44,12 @@ def test_decentralized_job_succeeds_with_falling_loss(tenant, algorithm, topolog
     losses = [e.loss for e in events if e.kind == "PROGRESS"]
     assert losses[-1] < losses[0] - 0.5
     assert status.val_loss < 4.0
+    history = tenant.metrics(handle.id, ["round_s", "bytes_sent_to_peer", "bytes_received_from_peer"])
+    for worker in range(SMALL["workers"]):  # each worker's rounds, at each round's last step
+        assert [r.step for r in history if r.name == "round_s" and r.worker == worker] == list(range(5, 61, 5))
+    received = [r for r in history if r.name == "bytes_received_from_peer"]
+    assert received and all(r.peer is not None and r.peer != r.worker for r in received)
+    assert sum(r.value > 0 for r in received) >= 0.9 * len(received)  # what the peers really swapped
 
 
 def test_killed_worker_is_skipped_restarted_and_rejoins(tenant):
@@ -122,6 +128,8 @@ def test_sign_flipping_worker_is_quarantined_and_the_job_still_learns(platform, 
         found = admin.anomalies(attacked.id)
     assert found and {a.peer for a in found} == {1}
     assert any(a.quarantined for a in found)
+    screened = tenant.metrics(attacked.id, ["screen_clip", "screen_reject"])
+    assert len(screened) == len(found) and {r.peer for r in screened} == {1}  # the verdicts are in its history
     actions = {r.action for r in read_records(platform.data_dir / "audit") if r.resource == attacked.id}
     assert {Action.GRADIENT_ANOMALY_DETECTED, Action.PEER_QUARANTINED, Action.ATTACK_SIMULATION_PLANNED} <= actions
 
