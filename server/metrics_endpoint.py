@@ -124,7 +124,7 @@ class _Server(http.server.ThreadingHTTPServer):
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         super().__init__(address, handler)
 
-    def finish_request(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
+    def finish_request(self, request, client_address) -> None:
         """Shake hands in this connection's thread, then serve it (a failed handshake is a refusal)."""
         request.settimeout(HANDSHAKE_TIMEOUT_S)
         try:
@@ -146,7 +146,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         endpoint = self.server.endpoint
-        der = self.connection.getpeercert(binary_form=True)  # type: ignore[attr-defined]
+        der = self.connection.getpeercert(binary_form=True)
         certificate = x509.load_der_x509_certificate(der) if der else None
         refusal = endpoint.refusal(certificate)
         if refusal is not None:
