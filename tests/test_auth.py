@@ -115,6 +115,7 @@ def test_one_tenant_cannot_see_or_touch_anothers_job(platform, tenant):
             lambda c, j: list(c.events(j)),
             lambda c, j: list(c.logs(j)),
             lambda c, j: c.download_checkpoint(j, 10, "/tmp/never"),
+            lambda c, j: c.metrics(j),
         ):
             with pytest.raises(errors.NotFound) as theirs:
                 probe(rival, job.id)
