@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from cantata.sdk.client import Checkpoint, Client, DataSource, Event, JobHandle, JobStatus, Tenant
+    from cantata.sdk.client import Checkpoint, Client, DataSource, Event, JobHandle, JobStatus, MetricRow, Tenant
     from cantata.sdk.errors import (
         CantataError,
         Conflict,
@@ -29,7 +29,9 @@ if TYPE_CHECKING:
     from cantata.sdk.job import Job
 
 _HOMES = {
-    **dict.fromkeys(("Checkpoint", "Client", "DataSource", "Event", "JobHandle", "JobStatus", "Tenant"), "client"),
+    **dict.fromkeys(
+        ("Checkpoint", "Client", "DataSource", "Event", "JobHandle", "JobStatus", "MetricRow", "Tenant"), "client"
+    ),
     **dict.fromkeys(
         (
             "CantataError",
@@ -64,6 +66,7 @@ __all__ = [
     "Job",
     "JobHandle",
     "JobStatus",
+    "MetricRow",
     "NotFound",
     "PermissionDenied",
     "QuotaExceeded",
