@@ -22,7 +22,8 @@ from cantata.security.pki import Principal
 
 LINK_SECONDS = 60.0
 SESSION_SECONDS = 8 * 3600.0
-MAX_LINKS = 10_000  # unredeemed links held at once; the oldest expire first
+REMEMBER_SECONDS = 3600.0  # a spent or expired link is remembered this long, so its refusal names it
+MAX_LINKS = 10_000  # links remembered at once; past it the oldest are forgotten first
 
 
 class LoginRefused(Exception):
@@ -32,6 +33,14 @@ class LoginRefused(Exception):
         super().__init__(reason)
         self.reason = reason
         self.principal = principal
+
+
+@dataclass
+class _Link:
+    principal: Principal
+    serial: int
+    deadline: float
+    used: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,8 +70,7 @@ class SignIn:
         self.link_seconds = link_seconds
         self.session_seconds = session_seconds
         self._clock = clock
-        self._links: dict[str, tuple[Principal, int, float]] = {}
-        self._used: dict[str, tuple[Principal, int, float]] = {}  # redeemed links, until they would have expired
+        self._links: dict[str, _Link] = {}  # by token digest, oldest first
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
 
@@ -73,7 +81,7 @@ class SignIn:
             self._forget_expired()
             while len(self._links) >= MAX_LINKS:
                 del self._links[next(iter(self._links))]
-            self._links[_digest(token)] = (principal, serial, self._clock() + self.link_seconds)
+            self._links[_digest(token)] = _Link(principal, serial, self._clock() + self.link_seconds)
         return token
 
     def redeem(self, token: str) -> tuple[str, Session]:
@@ -81,16 +89,16 @@ class SignIn:
         key = _digest(token)
         with self._lock:
             now = self._clock()
-            entry = self._links.pop(key, None)
-            if entry is None:
-                used = self._used.get(key)
-                raise LoginRefused("used", used[0]) if used else LoginRefused("unknown")
-            principal, serial, deadline = entry
-            if now >= deadline:
-                raise LoginRefused("expired", principal)
-            self._used[key] = entry
+            link = self._links.get(key)
+            if link is None:
+                raise LoginRefused("unknown")
+            if link.used:
+                raise LoginRefused("used", link.principal)
+            if now >= link.deadline:
+                raise LoginRefused("expired", link.principal)
+            link.used = True
             session_id = secrets.token_urlsafe(32)
-            session = Session(principal, serial, now + self.session_seconds)
+            session = Session(link.principal, link.serial, now + self.session_seconds)
             self._sessions[_digest(session_id)] = session
             return session_id, session
 
@@ -106,8 +114,7 @@ class SignIn:
 
     def _forget_expired(self) -> None:
         now = self._clock()
-        for table in (self._links, self._used):
-            for key in [k for k, (_, _, deadline) in table.items() if now >= deadline]:
-                del table[key]
+        for key in [k for k, link in self._links.items() if now >= link.deadline + REMEMBER_SECONDS]:
+            del self._links[key]
         for key in [k for k, s in self._sessions.items() if now >= s.expires]:
             del self._sessions[key]
