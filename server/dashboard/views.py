@@ -19,7 +19,7 @@ from cantata.server.groups import decentralized, processes
 from cantata.server.store import JobRecord, Store
 
 EVENTS_SHOWN = 200  # the job page lists this many latest events
-# A ROUND event's text, as server/services/worker.py writes it (the exchange this worker made in that round).
+# A ROUND event's text, as server/services/worker.py's round_text writes it (this worker's exchange in that round).
 _ROUND = re.compile(r"^round (\d+): exchanged with \[([\d, ]*)\].*?exchange ([\d.]+) s")
 
 
