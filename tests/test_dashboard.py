@@ -152,13 +152,17 @@ def test_login_link_then_live_chart_and_escaped_name(server, acme, job, browser,
     context.close()
 
 
-def test_another_tenants_job_answers_404(server, rival, job, browser):
+def test_another_tenants_job_answers_404_and_a_suspension_signs_out(server, rival, job, browser):
     context, page = _signed_in(browser, rival.dashboard_login().url)
     base = page.url.rstrip("/")
     assert page.locator("#jobs").count() == 0  # rival has no jobs; acme's is not listed
     for path in (f"/jobs/{job.id}", f"/jobs/{job.id}/stream", "/jobs/job-that-never-was", "/admin"):
         response = page.goto(base + path)
         assert response is not None and response.status == 404, path
+    with server.admin() as admin:
+        admin.suspend_tenant("rival", "test")
+    response = page.goto(base + "/")
+    assert response is not None and response.status == 401
     context.close()
     fresh = browser.new_context()  # no cookie: nothing but a 401
     response = fresh.new_page().goto(f"{base}/jobs/{job.id}")

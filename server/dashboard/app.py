@@ -213,16 +213,23 @@ class Dashboard:
         if not self._streams.acquire(who):
             raise HTTPException(429, "Too many open streams.")
         return StreamingResponse(
-            self._events(job.id, int(last), who), media_type="text/event-stream", headers={"x-accel-buffering": "no"}
+            self._events(job.id, int(last), request.cookies.get(COOKIE, ""), who),
+            media_type="text/event-stream",
+            headers={"x-accel-buffering": "no"},
         )
 
-    async def _events(self, job_id: str, cursor: int, who: str) -> AsyncIterator[str]:
+    async def _events(self, job_id: str, cursor: int, session_id: str, who: str) -> AsyncIterator[str]:
+        """The stream's lines; it ends with the job, or before a batch once the session has ended."""
         try:
             yield "retry: 2000\n\n"
             async with contextlib.aclosing(
                 self._series.follow(job_id, cursor)
             ) as batches:  # a gone browser unsubscribes
                 async for batch in batches:
+                    session = self._signin.session(session_id)
+                    if session is None or not await asyncio.to_thread(self._is_allowed, session):
+                        yield "event: signed-out\ndata: {}\n\n"
+                        return
                     data = json.dumps([u.as_json() for u in batch], allow_nan=False)
                     yield f"id: {batch[-1].seq}\nevent: updates\ndata: {data}\n\n"
             yield "event: end\ndata: {}\n\n"

@@ -78,6 +78,10 @@
     live.textContent = "ended";
     chart.dataset.ended = "true";
   });
+  source.addEventListener("signed-out", function () {
+    source.close();
+    live.textContent = "signed out: ask `cantata dashboard` for a new link";
+  });
   source.addEventListener("error", function () {
     if (source.readyState !== EventSource.CLOSED) live.textContent = "reconnecting…";
   });
