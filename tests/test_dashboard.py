@@ -116,6 +116,8 @@ def test_login_link_then_live_chart_and_escaped_name(server, acme, job, browser,
     reply = json.loads(cli("dashboard", "--profile", "acme", "--json", env=server.env).stdout)
     assert reply["url"].startswith("https://127.0.0.1:") and "/login/" in reply["url"]
     context, page = _signed_in(browser, reply["url"])
+    console: list[str] = []
+    page.on("console", lambda message: console.append(message.text))
     assert page.url.endswith("/")  # redirected from the login link to the job list
     cookie = next(c for c in context.cookies() if c["name"] == "__Host-cantata_session")
     assert cookie["httpOnly"] and cookie["secure"] and cookie["sameSite"] == "Strict"
@@ -144,6 +146,7 @@ def test_login_link_then_live_chart_and_escaped_name(server, acme, job, browser,
     assert page.locator("#job-name").text_content() == XSS_NAME
     assert page.locator("#job-name img, #job-name script").count() == 0
     assert page.evaluate("window.__xss") is None
+    assert not [line for line in console if "Content Security Policy" in line]  # the pages need nothing inline
     assert page.locator("#checkpoints tbody tr").count() == 2
     assert page.locator("#workers tbody tr").count() == 1
     screenshot = Path(os.environ.get(SCREENSHOT_ENV) or tmp_path / "dashboard-job.png")
