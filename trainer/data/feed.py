@@ -114,8 +114,8 @@ class StreamFeed:
         return self._validation.batches(count, self._warn)
 
     def check_validation(self, count: int, *, fetch: bool) -> None:
-        self._validation.check_capacity(count)
         if not fetch:
+            self._validation.check_capacity(count)
             return
         try:
             self.validation(count)
