@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import inspect
 import logging
 import sys
 import time
@@ -79,9 +80,13 @@ def request_id() -> str:
     return _request_id.get()
 
 
+# The call's verified peer, read once per call by the interceptor (the handler's ``caller`` reads it again here).
+_peer: contextvars.ContextVar[PeerCertificate | None] = contextvars.ContextVar("peer", default=None)
+
+
 def caller(context: grpc.ServicerContext) -> Principal:
-    """The verified principal of an authenticated call (the interceptor ran first)."""
-    peer = peer_certificate(context.auth_context())
+    """The verified principal of an authenticated call (the interceptor ran first and read it)."""
+    peer = _peer.get()
     assert peer is not None and peer.principal is not None, "called without authentication"
     return peer.principal
 
@@ -160,6 +165,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         decision = self._gatekeeper.decide(method, peer)
         if decision.allowed:
             return decision.principal, None
+        return decision.principal, self._refused(method, decision, address)
+
+    def _refused(self, method: str, decision: Decision, address: str) -> grpc.Status:
+        """The status that ends a refused call, once the refusal is audited (or the log's failure logged)."""
         action = Action.AUTH_FAILED if decision.code == grpc.StatusCode.UNAUTHENTICATED else Action.AUTHZ_DENIED
         principal = decision.principal
         with contextlib.suppress(AuditLogUnavailable):  # refused either way; the log's failure is in the server log
@@ -172,15 +181,21 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 details={"reason": decision.reason},
                 peer=address,
             )
-        return principal, status(decision.code, decision.reason, reason=decision.code.name, request_id=request_id())
+        return status(decision.code, decision.reason, reason=decision.code.name, request_id=request_id())
 
     def _begin(self, context) -> PeerCertificate | None:
-        _request_id.set(uuid.uuid4().hex)
+        rid = uuid.uuid4().hex
+        _request_id.set(rid)
         ended_with.set(None)
-        context.set_trailing_metadata(((REQUEST_ID_KEY, request_id()),))
-        return peer_certificate(context.auth_context())
+        context.set_trailing_metadata(((REQUEST_ID_KEY, rid),))
+        peer = peer_certificate(context.auth_context())
+        _peer.set(peer)
+        return peer
 
     def _guard_unary(self, method: str, behaviour):
+        if inspect.iscoroutinefunction(behaviour):
+            return self._guard_async_unary(method, behaviour)
+
         def guarded(request, context):
             started, principal = time.monotonic(), None
             try:
@@ -188,6 +203,25 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 if refusal is not None:
                     abort(context, refusal)
                 return behaviour(request, context)
+            finally:
+                _log_call(method, principal, started)
+
+        return guarded
+
+    def _guard_async_unary(self, method: str, behaviour):
+        """A unary handler that runs on the event loop: the gatekeeper's answer is read there (from memory, or
+        one indexed read); a refusal's audit record is written in a thread."""
+
+        async def guarded(request, context):
+            started, principal = time.monotonic(), None
+            try:
+                peer = self._begin(context)
+                decision = self._gatekeeper.decide(method, peer)
+                principal = decision.principal
+                if not decision.allowed:
+                    refusal = await asyncio.to_thread(self._refused, method, decision, context.peer())
+                    await abort_async(context, refusal)
+                return await behaviour(request, context)
             finally:
                 _log_call(method, principal, started)
 

@@ -224,12 +224,11 @@ def wrap_handler(
     """``handler`` with its unary-unary behaviour passed through ``unary``, or its unary-stream one through ``stream``.
 
     What a server interceptor returns to change how a method runs (an interceptor cannot act on the call itself).
-    Unary behaviours are plain functions, run in the server's thread pool; streaming ones run on the event
-    loop as async generators (a plain generator, or a coroutine writing with ``context.write``, is made one).
+    Unary behaviours are plain functions, run in the server's thread pool, or coroutine functions, run on the
+    event loop (for what answers from memory or one indexed read); streaming ones run on the event loop as
+    async generators (a plain generator, or a coroutine writing with ``context.write``, is made one).
     """
     if handler.unary_unary:
-        if inspect.iscoroutinefunction(handler.unary_unary):
-            raise TypeError("unary handlers are plain functions (they run in the server's thread pool)")
         return grpc.unary_unary_rpc_method_handler(
             unary(handler.unary_unary),
             request_deserializer=handler.request_deserializer,
@@ -261,6 +260,19 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         return wrap_handler(handler, partial(self._unary, method), partial(self._stream, method))
 
     def _unary(self, method: str, behaviour: Behaviour):
+        if inspect.iscoroutinefunction(behaviour):
+
+            async def translated_async(request: Any, context: Any) -> Any:
+                try:
+                    return await behaviour(request, context)
+                except Exception as exc:
+                    mapped = self._status(method, context, exc)
+                    if mapped is not None:
+                        await abort_async(context, mapped)
+                    raise
+
+            return translated_async
+
         def translated(request: Any, context: Any) -> Any:
             try:
                 return behaviour(request, context)

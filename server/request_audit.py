@@ -15,14 +15,16 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 from cantata.security.audit import REQUEST_ID_DETAIL, AuditEntry, AuditLog, AuditRecord
+from cantata.server.database import Database
 
 
 class RequestAudit:
     """:class:`AuditLog`'s writing methods, adding the current call's request id to each record's details."""
 
-    def __init__(self, log: AuditLog, request_id: Callable[[], str]):
+    def __init__(self, log: AuditLog, request_id: Callable[[], str], database: Database):
         self._log = log
         self._request_id = request_id
+        self._database = database
 
     def _details(self, details: dict | None) -> dict | None:
         rid = self._request_id()
@@ -44,6 +46,29 @@ class RequestAudit:
         return self._log.append(
             actor, action, resource=resource, tenant=tenant, outcome=outcome, details=self._details(details), peer=peer
         )
+
+    def append_before_commit(
+        self,
+        actor: str,
+        action: str,
+        *,
+        resource: str = "",
+        tenant: str = "",
+        outcome: str = "ok",
+        details: dict | None = None,
+        peer: str = "",
+    ) -> AuditRecord:
+        """Write the record now; this thread's open transaction commits only once it is durable.
+
+        Its sync is shared with the other transactions committed together, and
+        none of them holds the database's lock meanwhile; if it fails, they all
+        roll back. Use it for the last step of a transaction's body: nothing in
+        the body may act outside the database after it.
+        """
+        entry = AuditEntry(actor, action, resource, tenant, outcome, self._details(details), peer)
+        records, durable = self._log.write_all([entry])
+        self._database.before_commit(durable)
+        return records[0]
 
     def append_all(self, entries: Sequence[AuditEntry]) -> list[AuditRecord]:
         return self._log.append_all([dataclasses.replace(e, details=self._details(e.details)) for e in entries])

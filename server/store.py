@@ -567,15 +567,16 @@ class Store:
     def queue_head(self) -> JobRecord | None:
         """The next job to place: each tenant's oldest queued job, the tenant with the fewest active jobs first.
 
-        Ties go to the job queued first. One query over the queued jobs' heads, whatever the queue's length.
+        Ties go to the job queued first. Each tenant's head and active jobs are index seeks (``jobs_by_state``),
+        so the look costs the same whatever the queue's length.
         """
         with self.database.read() as db:
             row = db.execute(
-                "SELECT head.id FROM (SELECT id, tenant, MIN(created_at) AS since FROM jobs "
-                f"WHERE state={int(common_pb2.QUEUED)} GROUP BY tenant) AS head "
-                f"LEFT JOIN (SELECT tenant, COUNT(*) AS active FROM jobs WHERE state IN ({_in(ACTIVE)}) "
-                "GROUP BY tenant) AS busy ON busy.tenant = head.tenant "
-                "ORDER BY COALESCE(busy.active, 0), head.since, head.id LIMIT 1"
+                "SELECT head.id FROM (SELECT t.name AS tenant, (SELECT q.id FROM jobs q "
+                f"WHERE q.state={int(common_pb2.QUEUED)} AND q.tenant=t.name ORDER BY q.created_at, q.id LIMIT 1) "
+                "AS id FROM tenants t) AS head JOIN jobs ON jobs.id = head.id "
+                "ORDER BY (SELECT COUNT(*) FROM jobs a "
+                f"WHERE a.state IN ({_in(ACTIVE)}) AND a.tenant = head.tenant), jobs.created_at, jobs.id LIMIT 1"
             ).fetchone()
             return self._job(db, row[0]) if row else None
 
