@@ -27,7 +27,7 @@ import grpc
 from cantata.proto.vocabulary import REQUEST_ID_KEY, ErrorReason
 from cantata.security.audit import Action, AuditLogUnavailable
 from cantata.security.pki import PeerCertificate, Principal, peer_certificate
-from cantata.server.errors import abort, abort_async, ended_with, status, wrap_handler
+from cantata.server.errors import WrappedHandlers, abort, abort_async, ended_with, status, wrap_handler
 from cantata.server.ports import CertificateRegistry, JobDirectory, TenantDirectory
 from cantata.server.streams import StreamCounter
 
@@ -148,6 +148,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         self._gatekeeper = gatekeeper
         self._audit = audit_append
         self._streams = streams
+        self._wrapped = WrappedHandlers()
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -156,7 +157,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         method = handler_call_details.method
         if handler.request_streaming or not (handler.unary_unary or handler.unary_stream):
             raise RuntimeError(f"client-streaming method {method} is not supported by the gatekeeper")
-        return wrap_handler(handler, partial(self._guard_unary, method), partial(self._guard_stream, method))
+        return self._wrapped.get(
+            method,
+            handler,
+            lambda: wrap_handler(handler, partial(self._guard_unary, method), partial(self._guard_stream, method)),
+        )
 
     def _refusal(
         self, method: str, peer: PeerCertificate | None, address: str

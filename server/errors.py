@@ -218,6 +218,24 @@ def _awaited(behaviour: Behaviour) -> Behaviour:
 _END = object()
 
 
+class WrappedHandlers:
+    """Each method's wrapped handler, made on its first call and reused while the method's handler is the same.
+
+    An interceptor is asked for every call; building the wrappers once per method keeps that off each call.
+    """
+
+    def __init__(self) -> None:
+        self._made: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    def get(
+        self, method: str, handler: grpc.RpcMethodHandler, wrap: Callable[[], grpc.RpcMethodHandler]
+    ) -> grpc.RpcMethodHandler:
+        made = self._made.get(method)
+        if made is None or made[0] is not handler:
+            made = self._made[method] = (handler, wrap())
+        return made[1]
+
+
 def wrap_handler(
     handler: grpc.RpcMethodHandler, unary: Callable[[Behaviour], Behaviour], stream: Callable[[Behaviour], Behaviour]
 ) -> grpc.RpcMethodHandler:
@@ -251,13 +269,16 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, request_id: Callable[[], str]):
         self._request_id = request_id
+        self._wrapped = WrappedHandlers()
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
         if handler is None or handler.request_streaming:
             return handler
         method = handler_call_details.method
-        return wrap_handler(handler, partial(self._unary, method), partial(self._stream, method))
+        return self._wrapped.get(
+            method, handler, lambda: wrap_handler(handler, partial(self._unary, method), partial(self._stream, method))
+        )
 
     def _unary(self, method: str, behaviour: Behaviour):
         if inspect.iscoroutinefunction(behaviour):

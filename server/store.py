@@ -459,8 +459,9 @@ class Store:
         if quota.max_total_steps and spec.steps > quota.max_total_steps:
             raise QuotaExceeded("steps per job", quota.max_total_steps, spec.steps)
         if quota.max_concurrent_jobs:
-            active = db.execute(
-                f"SELECT COUNT(*) FROM jobs WHERE tenant=? AND state NOT IN ({_in(TERMINAL)})", (tenant.name,)
+            active = db.execute(  # counted in the index jobs_by_state, without reading the jobs
+                f"SELECT COUNT(*) FROM jobs WHERE state IN ({_in(ACTIVE | {common_pb2.QUEUED})}) AND tenant=?",
+                (tenant.name,),
             ).fetchone()[0]
             if active >= quota.max_concurrent_jobs:
                 raise QuotaExceeded("concurrent jobs", quota.max_concurrent_jobs, active)
