@@ -14,6 +14,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 
 from .errors import AuditLogCorrupt
 
@@ -51,28 +52,30 @@ class RecordTemplate:
     def __init__(
         self, *, log: str, actor: str, action: str, resource: str, tenant: str, outcome: str, peer: str, details: dict
     ):
-        self._head = (
-            b'{"action":' + canonical(action) + b',"actor":' + canonical(actor) + b',"details":' + canonical(details)
-        )
-        self._log_to_prev = (
-            b',"log":' + canonical(log) + b',"outcome":' + canonical(outcome) + b',"peer":' + canonical(peer)
-        ) + b',"prev":'
-        self._resource_to_seq = b',"resource":' + canonical(resource) + b',"seq":'
-        self._tenant_to_time = b',"tenant":' + canonical(tenant) + b',"time":'
+        self._head = b'{"action":' + _text(action) + b',"actor":' + _text(actor) + b',"details":' + canonical(details)
+        self._log_to_prev = b',"log":' + _text(log) + b',"outcome":' + _text(outcome) + b',"peer":' + _text(peer)
+        self._log_to_prev += b',"prev":'
+        self._resource_to_seq = b',"resource":' + _text(resource) + b',"seq":'
+        self._tenant_to_time = b',"tenant":' + _text(tenant) + b',"time":'
 
     def line(self, seq: int, time: str, prev: str) -> tuple[bytes, str]:
         """The stored line (newline included) and chain hash of the record at ``seq`` after ``prev``."""
         rest = (
             self._log_to_prev
-            + canonical(prev)
+            + _text(prev)
             + self._resource_to_seq
             + str(int(seq)).encode()
             + self._tenant_to_time
-            + canonical(time)
+            + _text(time)
             + b"}"
         )
         chain_hash = hashlib.sha256(LEAF_PREFIX + self._head + rest).hexdigest()
         return self._head + b',"hash":"' + chain_hash.encode() + b'"' + rest + b"\n", chain_hash
+
+
+def _text(value: str) -> bytes:
+    """``canonical(value)`` of a string, by the escaper the canonical encoder itself uses for strings."""
+    return encode_basestring_ascii(value).encode()
 
 
 def canonical_line_hash(line: bytes, stored_hash: str) -> str:
