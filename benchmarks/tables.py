@@ -462,7 +462,8 @@ def control_plane(load: Callable[[str], dict]) -> list[str]:
         )
     return [
         "A real server (no worker slots) next to a bare asyncio gRPC echo server on the same mutual-TLS "
-        "certificates, and the audit log next to a bare `fdatasync` group-commit loop, taking turns (median):",
+        "certificates, and the audit log next to a bare `fdatasync` group-commit loop, taking turns (median, "
+        f"machine load average {result['machine']['load_average_1m']} on {result['machine']['cpus']} cores):",
         "",
         *lines,
         "",

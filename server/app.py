@@ -96,8 +96,8 @@ class ControlPlane:
         self.keyring = self.paths.open_keyring()
         self.data_sources = DataSourceStore(self.database, self.keyring)
         self.audit = AuditLog.open(self.paths.audit)
-        # what the parts write through: records name the call
-        self.recorder = RequestAudit(self.audit, request_id, self.telemetry.audited)
+        # What the parts write through: records name the call; a submit's record is synced with its batch's.
+        self.recorder = RequestAudit(self.audit, request_id, self.database, self.telemetry.audited)
         self.enrollment_limits = enrollment_limits(self.settings)
         self.refusals = RefusalDigest(
             self.recorder.append, self.enrollment_limits.refusal_window_s

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import inspect
 import logging
 import sys
 import time
@@ -26,7 +27,7 @@ import grpc
 from cantata.proto.vocabulary import REQUEST_ID_KEY, ErrorReason
 from cantata.security.audit import Action, AuditLogUnavailable
 from cantata.security.pki import PeerCertificate, Principal, peer_certificate
-from cantata.server.errors import abort, abort_async, ended_with, status, wrap_handler
+from cantata.server.errors import WrappedHandlers, abort, abort_async, ended_with, status, wrap_handler
 from cantata.server.ports import CertificateRegistry, JobDirectory, TenantDirectory
 from cantata.server.streams import StreamCounter
 
@@ -83,9 +84,13 @@ def request_id() -> str:
     return _request_id.get()
 
 
+# The call's verified peer, read once per call by the interceptor (the handler's ``caller`` reads it again here).
+_peer: contextvars.ContextVar[PeerCertificate | None] = contextvars.ContextVar("peer", default=None)
+
+
 def caller(context: grpc.ServicerContext) -> Principal:
-    """The verified principal of an authenticated call (the interceptor ran first)."""
-    peer = peer_certificate(context.auth_context())
+    """The verified principal of an authenticated call (the interceptor ran first and read it)."""
+    peer = _peer.get()
     assert peer is not None and peer.principal is not None, "called without authentication"
     return peer.principal
 
@@ -161,7 +166,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         self._audit = audit_append
         self._streams = streams
         self._observe = observe
-        self._refused = refused
+        self._count_refused = refused
+        self._wrapped = WrappedHandlers()
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -170,7 +176,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         method = handler_call_details.method
         if handler.request_streaming or not (handler.unary_unary or handler.unary_stream):
             raise RuntimeError(f"client-streaming method {method} is not supported by the gatekeeper")
-        return wrap_handler(handler, partial(self._guard_unary, method), partial(self._guard_stream, method))
+        return self._wrapped.get(
+            method,
+            handler,
+            lambda: wrap_handler(handler, partial(self._guard_unary, method), partial(self._guard_stream, method)),
+        )
 
     def _refusal(
         self, method: str, peer: PeerCertificate | None, address: str
@@ -179,7 +189,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         decision = self._gatekeeper.decide(method, peer)
         if decision.allowed:
             return decision.principal, None
-        self._refused(decision.label)
+        return decision.principal, self._refused(method, decision, address)
+
+    def _refused(self, method: str, decision: Decision, address: str) -> grpc.Status:
+        """The status that ends a refused call, once the refusal is counted and audited (or the log's failure logged)."""
+        self._count_refused(decision.label)
         action = Action.AUTH_FAILED if decision.code == grpc.StatusCode.UNAUTHENTICATED else Action.AUTHZ_DENIED
         principal = decision.principal
         with contextlib.suppress(AuditLogUnavailable):  # refused either way; the log's failure is in the server log
@@ -192,15 +206,21 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 details={"reason": decision.reason},
                 peer=address,
             )
-        return principal, status(decision.code, decision.reason, reason=decision.code.name, request_id=request_id())
+        return status(decision.code, decision.reason, reason=decision.code.name, request_id=request_id())
 
     def _begin(self, context) -> PeerCertificate | None:
-        _request_id.set(uuid.uuid4().hex)
+        rid = uuid.uuid4().hex
+        _request_id.set(rid)
         ended_with.set(None)
-        context.set_trailing_metadata(((REQUEST_ID_KEY, request_id()),))
-        return peer_certificate(context.auth_context())
+        context.set_trailing_metadata(((REQUEST_ID_KEY, rid),))
+        peer = peer_certificate(context.auth_context())
+        _peer.set(peer)
+        return peer
 
     def _guard_unary(self, method: str, behaviour):
+        if inspect.iscoroutinefunction(behaviour):
+            return self._guard_async_unary(method, behaviour)
+
         def guarded(request, context):
             started, principal = time.monotonic(), None
             try:
@@ -208,6 +228,25 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 if refusal is not None:
                     abort(context, refusal)
                 return behaviour(request, context)
+            finally:
+                self._observe(method, *_log_call(method, principal, started))
+
+        return guarded
+
+    def _guard_async_unary(self, method: str, behaviour):
+        """A unary handler that runs on the event loop: the gatekeeper's answer is read there (from memory, or
+        one indexed read); a refusal's audit record is written in a thread."""
+
+        async def guarded(request, context):
+            started, principal = time.monotonic(), None
+            try:
+                peer = self._begin(context)
+                decision = self._gatekeeper.decide(method, peer)
+                principal = decision.principal
+                if not decision.allowed:
+                    refusal = await asyncio.to_thread(self._refused, method, decision, context.peer())
+                    await abort_async(context, refusal)
+                return await behaviour(request, context)
             finally:
                 self._observe(method, *_log_call(method, principal, started))
 
@@ -223,7 +262,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                     await abort_async(context, refusal)
                 who = principal.uri if principal else "anonymous:" + context.peer().rpartition(":")[0]
                 if not self._streams.acquire(who):
-                    self._refused("stream_cap")
+                    self._count_refused("stream_cap")
                     cap = str(self._streams.cap)
                     await abort_async(
                         context,

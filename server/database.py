@@ -31,6 +31,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 SIDECARS = ("-wal", "-shm", "-journal")
@@ -156,6 +157,9 @@ CREATE TABLE metrics (
 CREATE INDEX metrics_by_job ON metrics (job_id, seq);
 CREATE INDEX metrics_by_series ON metrics (job_id, name, worker, peer, step);
 """
+# 7 (branch perf16): the jobs of each state by tenant in queue order, so the scheduler's look at the queue's heads
+# (each tenant's oldest queued job) and at each tenant's active jobs seeks instead of scanning the queue.
+_V7_QUEUE_INDEX = "CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, tenant, created_at, id)"
 
 # MIGRATIONS[n] takes a database from version n to n + 1. Append; never edit a step that has shipped.
 MIGRATIONS: tuple[str, ...] = (
@@ -164,7 +168,8 @@ MIGRATIONS: tuple[str, ...] = (
     _V3_SPEC_DIGEST,  # 3: jobs.spec_digest
     _V4_ENROLLMENT_AND_RENEWALS,  # 4: tenants.requested_from, certificates.renewed_from
     _V5_TAGS_RETENTION,  # 5: job_tags, tenants.retention_days
-    _V6_METRICS,  # 6 (metrics21): metrics
+    _V6_METRICS,  # 6: metrics
+    _V7_QUEUE_INDEX,  # 7: jobs_by_state
 )
 
 
@@ -180,7 +185,9 @@ class Database:
         _make_private(self.path)
         self.connection = _connect(self.path)
         self.lock = threading.RLock()
-        self._after_commit: list[Callable[[], None]] = []  # of the open transaction, in order
+        self._batch: _Batch | None = None  # the open SQLite transaction that concurrent transactions share
+        self._batch_done = threading.Condition(self.lock)
+        self._barriers: list[Callable[[], None]] = []  # of the member whose body runs now
         self._every_commit: list[Callable[[], None]] = []  # after each transaction that commits
         self._awaiting_sync: deque[tuple[int, list[Callable[[], None]]]] = deque()  # hooks of unsynced commits
         self._durable_lock = threading.Lock()
@@ -223,50 +230,133 @@ class Database:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction (``BEGIN IMMEDIATE``): committed on exit, rolled back on an exception.
+        """One write transaction: committed (and synced) before it returns, rolled back on an exception.
+
+        Concurrent transactions share one SQLite transaction (a batch, group
+        commit): each runs its body in turn under :attr:`lock`, as a savepoint
+        of the batch that its own exception undoes alone, then runs its
+        :meth:`before_commit` barriers outside the lock, so others write
+        meanwhile; once every member is through, the last one commits the
+        batch. A barrier that raises rolls the whole batch back, and every
+        member raises. That is how an act is held until its audit record is
+        durable without holding the lock across the audit log's sync: the
+        record is written in the body and its sync is a barrier, shared by
+        the batch.
 
         Inside another one on the same thread it is a savepoint of it: its
         changes are undone on its own exception, and are kept only if the
-        outer transaction commits. That is how an act is held until its audit
-        record is durable: the act's store writes and the append go in one
-        outer transaction, so an append that fails leaves nothing behind.
+        outer transaction commits.
         """
+        me = threading.get_ident()
         with self.lock:
-            if self.connection.in_transaction:
-                self.connection.execute("SAVEPOINT nested")
-                hooks = len(self._after_commit)
-                try:
-                    yield self.connection
-                except BaseException:
-                    self.connection.execute("ROLLBACK TO nested")
-                    self.connection.execute("RELEASE nested")
-                    del self._after_commit[hooks:]
-                    raise
-                self.connection.execute("RELEASE nested")
+            if self._writer == me:
+                yield from self._nested()
                 return
-            self.connection.execute("BEGIN IMMEDIATE")
-            self._writer = threading.get_ident()
+            batch = self._join()
+            hooks = len(batch.hooks)
+            self.connection.execute("SAVEPOINT member")
+            self._writer, self._barriers = me, []
             try:
                 yield self.connection
             except BaseException:
                 self._writer = None
-                self.connection.execute("ROLLBACK")
-                self._after_commit.clear()
+                self.connection.execute("ROLLBACK TO member")
+                self.connection.execute("RELEASE member")
+                del batch.hooks[hooks:]
+                self._leave(batch, None, joined=False)
                 raise
             self._writer = None
+            self.connection.execute("RELEASE member")
+            barriers, self._barriers = self._barriers, []
+        failure: BaseException | None = None
+        for barrier in barriers:
+            try:
+                barrier()
+            except BaseException as exc:
+                failure = exc
+                break
+        with self.lock:
+            self._leave(batch, failure, joined=True)
+            while not batch.done:
+                self._batch_done.wait()
+        if batch.failure is not None:
+            if batch.failure is failure:
+                raise failure
+            raise _again(batch.failure) from batch.failure
+        self._await_synced(batch.commit)
+        self._run_durable_hooks()
+
+    def _nested(self) -> Iterator[sqlite3.Connection]:
+        assert self._batch is not None
+        self.connection.execute("SAVEPOINT nested")
+        hooks = len(self._batch.hooks)
+        try:
+            yield self.connection
+        except BaseException:
+            self.connection.execute("ROLLBACK TO nested")
+            self.connection.execute("RELEASE nested")
+            del self._batch.hooks[hooks:]
+            raise
+        self.connection.execute("RELEASE nested")
+
+    def _join(self) -> _Batch:
+        """The open batch, joined (a new one if none is open; after the one closing now). Under the lock."""
+        while self._batch is not None and self._batch.closed:
+            self._batch_done.wait()
+        if self._batch is None:
+            self.connection.execute("BEGIN IMMEDIATE")
+            self._batch = _Batch()
+        self._batch.members += 1
+        return self._batch
+
+    def _leave(self, batch: _Batch, failure: BaseException | None, *, joined: bool) -> None:
+        """A member is through (its body, and if ``joined`` its barriers); the last one ends the batch. Under the lock.
+
+        The batch closes to newcomers once a member is through its barriers: the members still in it
+        are bounded, so it commits.
+        """
+        batch.members -= 1
+        batch.transactions += joined
+        if joined:
+            batch.closed = True
+        if failure is not None and batch.failure is None:
+            batch.failure = failure
+        if batch.members:
+            return
+        self._batch = None
+        try:
+            if batch.failure is not None or not batch.transactions:
+                self.connection.execute("ROLLBACK")
+                return
             try:
                 self.connection.execute("COMMIT")
-            finally:
-                committed, self._after_commit = self._after_commit, []
-            self._commits += 1
-            commit = self._commits
+            except BaseException as exc:
+                if self.connection.in_transaction:
+                    self.connection.execute("ROLLBACK")
+                batch.failure = exc
+                return
+            self._commits += batch.transactions
+            batch.commit = self._commits
             for hook in self._every_commit:
                 hook()
-            if committed:
+            if batch.hooks:
                 with self._durable_lock:
-                    self._awaiting_sync.append((commit, committed))
-        self._await_synced(commit)
-        self._run_durable_hooks()
+                    self._awaiting_sync.append((batch.commit, batch.hooks))
+        finally:
+            batch.done = True
+            self._batch_done.notify_all()
+
+    def before_commit(self, barrier: Callable[[], None]) -> None:
+        """Run ``barrier`` after this thread's transaction body, outside the lock, before its batch commits.
+
+        If it raises, the batch rolls back and every transaction in it raises (the first with its exception).
+        """
+        assert self._writer == threading.get_ident(), "before_commit outside this thread's transaction"
+        self._barriers.append(barrier)
+
+    def writing(self) -> bool:
+        """Whether this thread is in the body of a write transaction."""
+        return self._writer == threading.get_ident()
 
     def _run_durable_hooks(self) -> None:
         """Run the ``after_commit`` hooks of every synced commit, in commit order (whichever thread gets here)."""
@@ -331,8 +421,8 @@ class Database:
 
         Hooks run in commit order, so a job's events reach its watchers in order, and only once durable.
         """
-        assert self.connection.in_transaction, "after_commit outside a transaction"
-        self._after_commit.append(hook)
+        assert self._batch is not None and self._writer == threading.get_ident(), "after_commit outside a transaction"
+        self._batch.hooks.append(hook)
 
     def close(self) -> None:
         with self.lock:
@@ -342,6 +432,27 @@ class Database:
                     reader.close()
             if self._wal_fd is not None:
                 os.close(self._wal_fd)
+
+
+@dataclass(eq=False)
+class _Batch:
+    """Concurrent transactions sharing one SQLite transaction, committed together."""
+
+    members: int = 0  # joined and not yet through
+    transactions: int = 0  # members through their body and barriers (to commit)
+    closed: bool = False  # no newcomers
+    done: bool = False
+    failure: BaseException | None = None
+    commit: int = 0  # the number of its last transaction, once committed
+    hooks: list[Callable[[], None]] = field(default_factory=list)  # after_commit hooks, in order
+
+
+def _again(exc: BaseException) -> BaseException:
+    """An exception like ``exc`` for another member of its batch (the same type where it can be rebuilt)."""
+    try:
+        return type(exc)(*exc.args)
+    except Exception:
+        return RuntimeError(f"the transaction's batch was rolled back: {exc}")
 
 
 def _connect(path: Path) -> sqlite3.Connection:

@@ -218,18 +218,35 @@ def _awaited(behaviour: Behaviour) -> Behaviour:
 _END = object()
 
 
+class WrappedHandlers:
+    """Each method's wrapped handler, made on its first call and reused while the method's handler is the same.
+
+    An interceptor is asked for every call; building the wrappers once per method keeps that off each call.
+    """
+
+    def __init__(self) -> None:
+        self._made: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    def get(
+        self, method: str, handler: grpc.RpcMethodHandler, wrap: Callable[[], grpc.RpcMethodHandler]
+    ) -> grpc.RpcMethodHandler:
+        made = self._made.get(method)
+        if made is None or made[0] is not handler:
+            made = self._made[method] = (handler, wrap())
+        return made[1]
+
+
 def wrap_handler(
     handler: grpc.RpcMethodHandler, unary: Callable[[Behaviour], Behaviour], stream: Callable[[Behaviour], Behaviour]
 ) -> grpc.RpcMethodHandler:
     """``handler`` with its unary-unary behaviour passed through ``unary``, or its unary-stream one through ``stream``.
 
     What a server interceptor returns to change how a method runs (an interceptor cannot act on the call itself).
-    Unary behaviours are plain functions, run in the server's thread pool; streaming ones run on the event
-    loop as async generators (a plain generator, or a coroutine writing with ``context.write``, is made one).
+    Unary behaviours are plain functions, run in the server's thread pool, or coroutine functions, run on the
+    event loop (for what answers from memory or one indexed read); streaming ones run on the event loop as
+    async generators (a plain generator, or a coroutine writing with ``context.write``, is made one).
     """
     if handler.unary_unary:
-        if inspect.iscoroutinefunction(handler.unary_unary):
-            raise TypeError("unary handlers are plain functions (they run in the server's thread pool)")
         return grpc.unary_unary_rpc_method_handler(
             unary(handler.unary_unary),
             request_deserializer=handler.request_deserializer,
@@ -252,15 +269,31 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, request_id: Callable[[], str]):
         self._request_id = request_id
+        self._wrapped = WrappedHandlers()
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
         if handler is None or handler.request_streaming:
             return handler
         method = handler_call_details.method
-        return wrap_handler(handler, partial(self._unary, method), partial(self._stream, method))
+        return self._wrapped.get(
+            method, handler, lambda: wrap_handler(handler, partial(self._unary, method), partial(self._stream, method))
+        )
 
     def _unary(self, method: str, behaviour: Behaviour):
+        if inspect.iscoroutinefunction(behaviour):
+
+            async def translated_async(request: Any, context: Any) -> Any:
+                try:
+                    return await behaviour(request, context)
+                except Exception as exc:
+                    mapped = self._status(method, context, exc)
+                    if mapped is not None:
+                        await abort_async(context, mapped)
+                    raise
+
+            return translated_async
+
         def translated(request: Any, context: Any) -> Any:
             try:
                 return behaviour(request, context)

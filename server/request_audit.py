@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from cantata.security.audit import REQUEST_ID_DETAIL, AuditEntry, AuditLog, AuditRecord
+from cantata.server.database import Database
 
 Observer = Callable[[Sequence[str], float, bool], None]  # (actions, seconds, written)
 
@@ -26,9 +27,12 @@ class RequestAudit:
     ``observe(actions, seconds, written)`` is told of every append (the server's Prometheus metrics).
     """
 
-    def __init__(self, log: AuditLog, request_id: Callable[[], str], observe: Observer | None = None):
+    def __init__(
+        self, log: AuditLog, request_id: Callable[[], str], database: Database, observe: Observer | None = None
+    ):
         self._log = log
         self._request_id = request_id
+        self._database = database
         self._observe: Observer = observe or (lambda actions, seconds, written: None)
 
     def _details(self, details: dict | None) -> dict | None:
@@ -63,6 +67,31 @@ class RequestAudit:
             return record
         finally:
             self._observe((action,), time.monotonic() - started, written)
+
+    def append_before_commit(
+        self,
+        actor: str,
+        action: str,
+        *,
+        resource: str = "",
+        tenant: str = "",
+        outcome: str = "ok",
+        details: dict | None = None,
+        peer: str = "",
+    ) -> AuditRecord:
+        """Write the record now; this thread's open transaction commits only once it is durable.
+
+        Its sync is shared with the other transactions committed together, and
+        none of them holds the database's lock meanwhile; if it fails, they all
+        roll back. Use it for the last step of a transaction's body: nothing in
+        the body may act outside the database after it.
+        """
+        entry = AuditEntry(actor, action, resource, tenant, outcome, self._details(details), peer)
+        started = time.monotonic()
+        records, durable = self._log.write_all([entry])
+        self._observe((action,), time.monotonic() - started, True)  # written; its sync is the commit's
+        self._database.before_commit(durable)
+        return records[0]
 
     def append_all(self, entries: Sequence[AuditEntry]) -> list[AuditRecord]:
         started, written = time.monotonic(), False

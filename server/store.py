@@ -154,6 +154,23 @@ class AnomalyRecord:
     time: str
 
 
+def _in(values: frozenset[int]) -> str:
+    return ", ".join(str(int(v)) for v in sorted(values))
+
+
+# The scheduler's look at the queue: each tenant's oldest queued job, the tenant with the fewest active jobs
+# first; every part of it a seek in the index jobs_by_state, so it costs the same whatever the queue's length.
+QUEUE_HEAD = (
+    "SELECT head.id FROM (SELECT t.name AS tenant, (SELECT q.id FROM jobs q "
+    f"WHERE q.state={int(common_pb2.QUEUED)} AND q.tenant=t.name ORDER BY q.created_at, q.id LIMIT 1) "
+    "AS id FROM tenants t) AS head JOIN jobs ON jobs.id = head.id "
+    "ORDER BY (SELECT COUNT(*) FROM jobs a "
+    f"WHERE a.state IN ({_in(ACTIVE)}) AND a.tenant = head.tenant), jobs.created_at, jobs.id LIMIT 1"
+)
+# A tenant's unfinished jobs (the concurrent-jobs quota), counted in the index without reading the jobs.
+UNFINISHED_OF_TENANT = f"SELECT COUNT(*) FROM jobs WHERE state IN ({_in(ACTIVE | {common_pb2.QUEUED})}) AND tenant=?"
+
+
 class Store:
     """The platform's state on a database, with change notification for event streams.
 
@@ -459,9 +476,7 @@ class Store:
         if quota.max_total_steps and spec.steps > quota.max_total_steps:
             raise QuotaExceeded("steps per job", quota.max_total_steps, spec.steps)
         if quota.max_concurrent_jobs:
-            active = db.execute(
-                f"SELECT COUNT(*) FROM jobs WHERE tenant=? AND state NOT IN ({_in(TERMINAL)})", (tenant.name,)
-            ).fetchone()[0]
+            active = db.execute(UNFINISHED_OF_TENANT, (tenant.name,)).fetchone()[0]
             if active >= quota.max_concurrent_jobs:
                 raise QuotaExceeded("concurrent jobs", quota.max_concurrent_jobs, active)
 
@@ -572,16 +587,11 @@ class Store:
     def queue_head(self) -> JobRecord | None:
         """The next job to place: each tenant's oldest queued job, the tenant with the fewest active jobs first.
 
-        Ties go to the job queued first. One query over the queued jobs' heads, whatever the queue's length.
+        Ties go to the job queued first. Each tenant's head and active jobs are index seeks (``jobs_by_state``),
+        so the look costs the same whatever the queue's length.
         """
         with self.database.read() as db:
-            row = db.execute(
-                "SELECT head.id FROM (SELECT id, tenant, MIN(created_at) AS since FROM jobs "
-                f"WHERE state={int(common_pb2.QUEUED)} GROUP BY tenant) AS head "
-                f"LEFT JOIN (SELECT tenant, COUNT(*) AS active FROM jobs WHERE state IN ({_in(ACTIVE)}) "
-                "GROUP BY tenant) AS busy ON busy.tenant = head.tenant "
-                "ORDER BY COALESCE(busy.active, 0), head.since, head.id LIMIT 1"
-            ).fetchone()
+            row = db.execute(QUEUE_HEAD).fetchone()
             return self._job(db, row[0]) if row else None
 
     def delete_job(self, job_id: str, *, before: Callable[[JobRecord], None]) -> JobRecord:
@@ -813,7 +823,3 @@ class _Cache(Generic[K, V]):
         with self._lock:
             self._values.clear()
             self._generation += 1
-
-
-def _in(values: frozenset[int]) -> str:
-    return ", ".join(str(int(v)) for v in sorted(values))

@@ -13,7 +13,7 @@ from cantata.server.heartbeats import Heartbeats
 from cantata.server.lifecycle import JobLifecycle
 from cantata.server.restarts import RestartPolicy
 from cantata.server.scheduler import Scheduler
-from cantata.server.store import JobRecord, Store
+from cantata.server.store import QUEUE_HEAD, UNFINISHED_OF_TENANT, JobRecord, Store
 from tests.test_resume_lifecycle import Audit, Workers
 
 
@@ -90,3 +90,12 @@ def test_placement_runs_on_a_change_and_not_on_every_tick(store):
     (second,) = _submit(store, "small", 1)
     scheduler.tick()
     assert launcher.launched == [first, second] and len(looks) >= 1
+
+
+@pytest.mark.parametrize("query", [QUEUE_HEAD, UNFINISHED_OF_TENANT], ids=["queue head", "quota count"])
+def test_the_looks_at_the_queue_seek_the_index_instead_of_scanning_the_jobs(store, query):
+    _submit(store, "busy", 50)
+    with store.database.read() as db:
+        plan = [row["detail"] for row in db.execute("EXPLAIN QUERY PLAN " + query, ("busy",) * query.count("?"))]
+    assert all(step.startswith("SCAN t") for step in plan if step.startswith("SCAN")), plan  # only the tenants
+    assert any("COVERING INDEX jobs_by_state" in step for step in plan), plan

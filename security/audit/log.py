@@ -38,7 +38,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -52,7 +52,7 @@ from .details import screen_details
 from .errors import AuditLogBusy, AuditLogClosed, AuditLogCorrupt, AuditLogExists, AuditLogUnavailable
 from .fsutil import fsync_directory, write_all, write_atomically, write_new_file
 from .layout import AuditLayout, LogIdentity
-from .record import AuditRecord, encode_record, format_time, genesis_hash
+from .record import AuditRecord, RecordTemplate, format_time, genesis_hash
 from .segments import LogLine, read_file, split_lines
 from .tail import check_tail
 
@@ -93,6 +93,10 @@ def _checked(entry: AuditEntry) -> AuditEntry:
     return AuditEntry(
         entry.actor, str(entry.action), entry.resource, entry.tenant, str(entry.outcome), details, entry.peer
     )
+
+
+def _nothing() -> None:
+    """The wait of records that need none."""
 
 
 class Durability(StrEnum):
@@ -207,7 +211,9 @@ class AuditLog:
         try:
             self._checkpoint_locked()
             for details in self._recovered:
-                self._append_locked([_checked(AuditEntry(SYSTEM_ACTOR, Action.AUDIT_LOG_RECOVERED, details=details))])
+                self._append_locked(
+                    [self._prepare(AuditEntry(SYSTEM_ACTOR, Action.AUDIT_LOG_RECOVERED, details=details))]
+                )
                 self._sync_locked()
         except BaseException:
             os.close(self._segment_fd)
@@ -306,14 +312,26 @@ class AuditLog:
         records (an approval: the tenant, its key, its certificate) never has
         only some of them. Each entry is checked as :meth:`append` checks it.
         """
-        fields = [_checked(entry) for entry in entries]
+        records, durable = self.write_all(entries)
+        durable()
+        return records
+
+    def write_all(self, entries: Sequence[AuditEntry]) -> tuple[list[AuditRecord], Callable[[], None]]:
+        """Write records as :meth:`append_all` does, and return them with a wait for their durability.
+
+        The wait returns once a sync covers them (at once with ``AT_CHECKPOINT``),
+        or raises :class:`AuditLogUnavailable` if a failed sync cut them: until it
+        returned, the acts they record must not take effect. Concurrent waits
+        share syncs.
+        """
+        prepared = [self._prepare(entry) for entry in entries]
         with self._lock:
             self._check_open()
-            records = self._append_locked(fields)
+            records = self._append_locked(prepared)
             generation = self._generation
-        if self._durability is Durability.EACH_RECORD and records:
-            self._await_durable(records[-1].seq, generation)
-        return records
+        if self._durability is not Durability.EACH_RECORD or not records:
+            return records, _nothing
+        return records, functools.partial(self._await_durable, records[-1].seq, generation)
 
     def checkpoint(self) -> None:
         """Sign a checkpoint now, covering every record appended so far."""
@@ -338,7 +356,7 @@ class AuditLog:
             self.layout.keys.destroy_private_key(old_id)
             rotated = {"old_key_id": old_id, "new_key_id": new_id}
             entry = AuditEntry(actor, Action.AUDIT_KEY_ROTATED, resource=f"audit-key:{new_id}", details=rotated)
-            self._append_locked([_checked(entry)])
+            self._append_locked([self._prepare(entry)])
             self._checkpoint_locked()  # syncs the record first
             return new_id
 
@@ -396,28 +414,32 @@ class AuditLog:
             _log.warning("audit log at %s can be written again", self.layout.root)
         self._failure = None
 
-    def _append_locked(self, entries: list[AuditEntry]) -> list[AuditRecord]:
-        """Write the records (not yet synced: see :meth:`_await_durable` and :meth:`_sync_locked`)."""
+    def _prepare(self, entry: AuditEntry) -> tuple[AuditEntry, RecordTemplate]:
+        """``entry`` checked, and its fields encoded (before the lock: see :meth:`_append_locked`)."""
+        e = _checked(entry)
+        template = RecordTemplate(
+            log=self.identity.log_id,
+            actor=e.actor,
+            action=str(e.action),
+            resource=e.resource,
+            tenant=e.tenant,
+            outcome=str(e.outcome),
+            peer=e.peer,
+            details=e.details or {},
+        )
+        return e, template
+
+    def _append_locked(self, prepared: list[tuple[AuditEntry, RecordTemplate]]) -> list[AuditRecord]:
+        """Write the records (not yet synced: see :meth:`_await_durable` and :meth:`_sync_locked`).
+
+        Their fields were encoded before the lock (:meth:`_prepare`): here they only get their place in the chain.
+        """
         now = datetime.now(UTC)
         moment = format_time(now)
         seq, head = self._seq, self._head
         lines, records = [], []
-        for entry in entries:
-            details = entry.details or {}
-            body = {
-                "seq": seq + 1,
-                "time": moment,
-                "log": self.identity.log_id,
-                "actor": entry.actor,
-                "action": entry.action,
-                "resource": entry.resource,
-                "tenant": entry.tenant,
-                "outcome": entry.outcome,
-                "peer": entry.peer,
-                "details": details,
-                "prev": head,
-            }
-            line, chain_hash = encode_record(body)
+        for entry, template in prepared:
+            line, chain_hash = template.line(seq + 1, moment, head)
             lines.append(line)
             records.append(
                 AuditRecord(
@@ -430,7 +452,7 @@ class AuditLog:
                     tenant=entry.tenant,
                     outcome=entry.outcome,
                     peer=entry.peer,
-                    details=details,
+                    details=entry.details or {},
                     prev=head,
                     hash=chain_hash,
                 )

@@ -14,6 +14,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from json.encoder import encode_basestring_ascii
 
 from .errors import AuditLogCorrupt
 
@@ -35,18 +36,46 @@ def body_hash(body: Mapping[str, object]) -> str:
     return hashlib.sha256(LEAF_PREFIX + canonical(body)).hexdigest()
 
 
-def encode_record(body: Mapping[str, object]) -> tuple[bytes, str]:
-    """A record's stored line (newline included) and chain hash, from its body, encoding it once.
+class RecordTemplate:
+    """A record's fields but its place in the chain (``seq``, ``time``, ``prev``), encoded ahead of it.
 
-    The same bytes as ``canonical({**body, "hash": body_hash(body)})``: in
-    sorted order ``hash`` comes right before the top-level ``log``, whose
-    ``,"log":`` is the rightmost in the line (only scalars follow ``details``,
-    and quotes inside strings are escaped).
+    :meth:`line` then makes the stored line and chain hash by joining bytes:
+    ``canonical(body)`` of the whole body, with ``hash`` put where sorted order
+    puts it (between ``details`` and ``log``), the same bytes as
+    ``canonical({**body, "hash": body_hash(body)})``, so the work left for the
+    log's lock is one hash. Canonical JSON of an object is its sorted members
+    joined, so members encoded one by one join to the object's encoding.
     """
-    encoded = canonical(body)
-    chain_hash = hashlib.sha256(LEAF_PREFIX + encoded).hexdigest()
-    cut = encoded.rindex(b',"log":')
-    return encoded[:cut] + b',"hash":"' + chain_hash.encode() + b'"' + encoded[cut:] + b"\n", chain_hash
+
+    __slots__ = ("_head", "_log_to_prev", "_resource_to_seq", "_tenant_to_time")
+
+    def __init__(
+        self, *, log: str, actor: str, action: str, resource: str, tenant: str, outcome: str, peer: str, details: dict
+    ):
+        self._head = b'{"action":' + _text(action) + b',"actor":' + _text(actor) + b',"details":' + canonical(details)
+        self._log_to_prev = b',"log":' + _text(log) + b',"outcome":' + _text(outcome) + b',"peer":' + _text(peer)
+        self._log_to_prev += b',"prev":'
+        self._resource_to_seq = b',"resource":' + _text(resource) + b',"seq":'
+        self._tenant_to_time = b',"tenant":' + _text(tenant) + b',"time":'
+
+    def line(self, seq: int, time: str, prev: str) -> tuple[bytes, str]:
+        """The stored line (newline included) and chain hash of the record at ``seq`` after ``prev``."""
+        rest = (
+            self._log_to_prev
+            + _text(prev)
+            + self._resource_to_seq
+            + str(int(seq)).encode()
+            + self._tenant_to_time
+            + _text(time)
+            + b"}"
+        )
+        chain_hash = hashlib.sha256(LEAF_PREFIX + self._head + rest).hexdigest()
+        return self._head + b',"hash":"' + chain_hash.encode() + b'"' + rest + b"\n", chain_hash
+
+
+def _text(value: str) -> bytes:
+    """``canonical(value)`` of a string, by the escaper the canonical encoder itself uses for strings."""
+    return encode_basestring_ascii(value).encode()
 
 
 def canonical_line_hash(line: bytes, stored_hash: str) -> str:
@@ -55,8 +84,9 @@ def canonical_line_hash(line: bytes, stored_hash: str) -> str:
     Equal to :func:`body_hash` of the parsed body, without re-encoding it: in
     canonical JSON the top-level ``"hash"`` field is the last one that is not
     a scalar's value, and quotes inside strings are escaped, so cutting the
-    rightmost ``,"hash":"..."`` leaves exactly ``canonical(body)``. Only valid
-    for a line already checked to be canonical.
+    rightmost ``,"hash":"..."`` leaves exactly ``canonical(body)``. On any other
+    line it is the hash of the line's bytes as they stand, which matches the
+    stored hash only where whoever wrote it computed it over those bytes.
     """
     head, _, tail = line.rpartition(b',"hash":' + canonical(stored_hash))
     return hashlib.sha256(LEAF_PREFIX + head + tail).hexdigest()

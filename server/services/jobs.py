@@ -20,7 +20,8 @@ from cantata.server.errors import InvalidRequest
 from cantata.server.jobspec import InvalidField, dataset_source, parse_job_spec, processes
 from cantata.server.lifecycle import JobLifecycle
 from cantata.server.metrics_store import MetricsStore, UnknownMetric
-from cantata.server.ports import AuditSink, DataSourceDirectory
+from cantata.server.ports import DataSourceDirectory
+from cantata.server.request_audit import RequestAudit
 from cantata.server.store import JobRecord, QuotaExceeded, RequestIdReused, Store
 
 LOG_POLL = 0.5  # seconds between looks at a followed job's log files
@@ -73,7 +74,7 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         lifecycle: JobLifecycle,
         log_path: Callable[[str, int], Path],
         spec_defaults: Callable[[str], dict],
-        audit: AuditSink,
+        audit: RequestAudit,
         data_sources: DataSourceDirectory,
         broadcast: EventBroadcast,
         deletion: JobDeletion,
@@ -84,6 +85,7 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         self._lifecycle = lifecycle
         self._log_path = log_path
         self._spec_defaults = spec_defaults  # tenant -> parse_job_spec's keyword arguments
+        self._recorder = audit
         self._audit = audit.append
         self._data_source_exists = data_sources.exists
         self._broadcast = broadcast
@@ -126,8 +128,8 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
             raise DataSourceNotFound(f"dataset: data source {source!r} not found")
         with self._store.database.transaction():  # the job exists only once its record is durable
             job, created = self._store.submit_job(self._store.tenant(tenant_name), request.request_id, spec, digest)
-            if created:
-                self._audit(
+            if created:  # its sync shared with concurrent submits, and not under the database's lock
+                self._recorder.append_before_commit(
                     caller(context).uri,
                     Action.JOB_SUBMITTED,
                     resource=job.id,
@@ -142,7 +144,8 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
                 )
         return job_info(job)
 
-    def GetJob(self, request, context):
+    async def GetJob(self, request, context):
+        """On the event loop, without a thread: one read by primary key, from this thread's reader."""
         return job_info(self._job(context, request.job_id))
 
     def GetMetrics(self, request, context):
