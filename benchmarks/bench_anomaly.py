@@ -18,10 +18,15 @@ screening time as a fraction of the round time, over the grid and for two
 rounds of the full setup on the complete graph (7 peers screened per worker).
 
     .venv/bin/python benchmarks/bench_anomaly.py [--quick] [--seeds 3] [--processes 2]
+        [--rerun screened --reuse PREVIOUS.json]
 
 Writes ``benchmarks/results/bench_anomaly.json`` and ``bench_anomaly.png`` (``--quick``: a temporary
-folder, or ``--out``). The committed results are a ``--quick`` run: the full grid (13x the
-inner compute of a quick run, about 3 hours on 2 idle cores) was not run.
+folder, or ``--out``). ``--rerun`` runs only the named defences and reads the others' runs back
+from an earlier report of the same setup and seeds (after a change to one defence only). The
+committed results are a ``--quick`` run whose screened runs (102) were made after the echo and
+opposed-pair checks and whose other 255 runs come from the run before (same code path); the full
+grid (13x the inner compute of a quick run, about 3.5 hours on 2 idle cores: the simulation is
+compute-bound, one batched forward/backward over the 8 workers per inner step) was not run.
 """
 
 from __future__ import annotations

@@ -229,3 +229,15 @@ def test_honest_echoes_stay_far_below_the_threshold(own, generator):
         screener.screen_round({1: own}, own, canary=canary[:-1])
     with pytest.raises(ValueError):
         ScreeningConfig(echo_reject=0.0)
+
+
+def test_an_echo_within_the_honest_noise_of_a_far_vector_is_left_to_the_other_checks(own, generator):
+    """The echo of a vector independent of the canary has spread ||d|| / (sqrt(D) ||canary||): far vectors echo more."""
+    canary = make_canary(own, CANARY_SCALE, generator)
+    orthogonal = torch.randn(own.shape, generator=generator)
+    orthogonal -= torch.dot(orthogonal, canary) / torch.dot(canary, canary) * canary
+    far = own + 0.6 * canary + orthogonal * (100 * canary.norm() / orthogonal.norm())  # echo 0.6, noise ~0.76
+    near = own + 0.6 * canary + orthogonal * (canary.norm() / orthogonal.norm())  # echo 0.6, noise ~0.008
+    results = UpdateScreener(LAYOUT).screen_round({1: far, 2: near}, own, canary=canary)
+    assert results[1].checks[0].check == "finite"
+    assert results[2].checks[0].check == "echo" and results[2].checks[0].score == pytest.approx(0.6, abs=1e-3)

@@ -32,8 +32,10 @@ it, a small random vector that only it knows), a fifth check comes first:
   around 0 (about ``||update - own|| / (sqrt(D) ||canary||)``). A vector
   crafted from the receiver's payload, as dissensus and the other omniscient
   attacks craft theirs, carries the canary: dissensus
-  ``y - epsilon * (x_h - y)`` echoes it ``1 + epsilon`` times. Above
-  ``echo_reject`` the update is rejected.
+  ``y - epsilon * (x_h - y)`` echoes it ``1 + epsilon`` times. An update
+  whose echo is above ``echo_reject`` and at least ``echo_min_z`` times that
+  honest noise is rejected, so a small model (few parameters, a noisier
+  echo) does not lose honest peers to it.
 
 Only values from updates that were not rejected enter a peer's history, so an
 attacker that is rejected from the first round never shapes its reference.
@@ -125,6 +127,7 @@ class ScreeningConfig:
     layer_min_spread: float = 0.1
     min_layer_size: int = 1024
     echo_reject: float = 0.5
+    echo_min_z: float = 5.0
 
     def __post_init__(self) -> None:
         if self.window < 1 or not 0 <= self.warmup <= self.window:
@@ -138,8 +141,8 @@ class ScreeningConfig:
             raise ValueError("prior and minimum spreads must be > 0, min_relative_spread >= 0")
         if self.min_layer_size < 1:
             raise ValueError("min_layer_size must be >= 1")
-        if self.echo_reject <= 0:
-            raise ValueError("echo_reject must be > 0")
+        if self.echo_reject <= 0 or self.echo_min_z <= 0:
+            raise ValueError("echo_reject and echo_min_z must be > 0")
 
 
 @dataclass(frozen=True)
@@ -268,23 +271,31 @@ class UpdateScreener:
                 # a vector whose squares overflow float32 cannot be measured: rejected as well
                 results[peer] = ScreeningResult(peer, (CheckResult("finite", max(count, 1.0), Verdict.REJECT),))
                 continue
-            if echoes is not None and echoes[row] > self.config.echo_reject:
-                results[peer] = ScreeningResult(peer, (CheckResult("echo", echoes[row], Verdict.REJECT),))
+            if echoes is not None and self._echoed(echoes[0][row], echoes[1], difference_squared.item()):
+                results[peer] = ScreeningResult(peer, (CheckResult("echo", echoes[0][row], Verdict.REJECT),))
                 continue
             results[peer] = self._judge(peer, layers[row], difference_squared, own_layers, own_squared, dots[row])
         return results
 
     @staticmethod
-    def _echoes(stacked: torch.Tensor, reference: torch.Tensor, canary: torch.Tensor) -> list[float]:
-        """Per row, ``<row - reference, canary> / ||canary||^2`` (0 for a zero canary)."""
+    def _echoes(stacked: torch.Tensor, reference: torch.Tensor, canary: torch.Tensor) -> tuple[list[float], float]:
+        """Per row, ``<row - reference, canary> / ||canary||^2`` (0 for a zero canary), and ``||canary||^2``."""
         canary = canary.detach().to(torch.float32)
         if canary.shape != reference.shape:
             raise ValueError(f"canary must have the shape of own, {tuple(reference.shape)}")
         squared = torch.dot(canary, canary).item()
         if squared == 0:
-            return [0.0] * stacked.shape[0]
+            return [0.0] * stacked.shape[0], 0.0
         dots = (stacked @ canary).to(torch.float64) - torch.dot(reference, canary).item()
-        return (dots / squared).tolist()
+        return (dots / squared).tolist(), squared
+
+    def _echoed(self, echo: float, canary_squared: float, difference_squared: float) -> bool:
+        """Above ``echo_reject``, and ``echo_min_z`` times the echo of a vector independent of the canary.
+
+        That echo is ``N(0, ||d||^2 / (D ||canary||^2))`` for ``d = update - own`` in ``D`` dimensions.
+        """
+        noise = math.sqrt(difference_squared / (self.layout.size * canary_squared)) if canary_squared else math.inf
+        return echo > self.config.echo_reject and echo > self.config.echo_min_z * noise
 
     def _layer_square_sums(self, rows: torch.Tensor) -> torch.Tensor:
         """``[k, L]`` float64 sums of squares of each row's layers."""
