@@ -218,7 +218,7 @@ class Canaries:
 class UpdateScreen:
     """The round's screen as ``GASLoCOuter`` calls it: check each decoded update, clip or drop it, report.
 
-    The ``echo`` check looks for this worker's canary (``proposal.sent - y``)
+    The ``echo`` check looks for this worker's canary (``proposal.canary``)
     in each payload; among the rest, two peers whose pulls oppose each other
     are capped to the nearer one's distance and mixed both or neither
     (``find_opposition``). A rejected or quarantined peer is treated like a
@@ -230,7 +230,9 @@ class UpdateScreen:
         self._screener = UpdateScreener(LayerLayout.from_module(model), WORKER_SCREENING)
 
     def __call__(self, proposal: Proposal, decoded: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
-        anchor, own, canary = proposal.theta, proposal.y - proposal.theta, proposal.sent - proposal.y
+        # the sent point less the canary: the compression error stays in (it is in the peers' points too)
+        canary = proposal.canary
+        anchor, own = proposal.theta, (proposal.sent if canary is None else proposal.sent - canary) - proposal.theta
         by_process = {self._cfg.gossip_process(g): update for g, update in decoded.items()}
         results = self._screener.screen_round(by_process, own, anchor=anchor, canary=canary)
         opposition = find_opposition(
@@ -552,6 +554,8 @@ def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.E
                         f"the workers' own models {own_mean:.4f} +- {own_std:.4f}"
                     )
             sync_parameters(model, group)
+            if not gossips:  # the group's other ranks now hold rank 0's consensus: evaluate that
+                val_loss = evaluate(model, feed, spec.eval_batches)
             if lead:
                 reporter.eval(spec.steps, val_loss)
             save(spec.steps)

@@ -106,6 +106,7 @@ class Proposal:
     peers: tuple[int, ...]
     pseudo_gradient_norm: float
     weight: float = 1.0  # inner steps done (time-budgeted rounds); equal weights are plain gossip
+    canary: torch.Tensor | None = None  # what was added to y before it was encoded (``Canary``)
 
 
 class OuterStep:
@@ -139,9 +140,10 @@ class OuterStep:
             raise ValueError(f"weight must be a positive number, got {weight}")
         g = theta_after - theta_t
         y = theta_t + self.outer_lr * g
-        wire, sent = self.compressor.compress(y if self.canary is None else y + self.canary(y - theta_t))
+        canary = None if self.canary is None else self.canary(y - theta_t)
+        wire, sent = self.compressor.compress(y if canary is None else y + canary)
         peers = tuple(self.topology.neighbors(self.worker_index, t))
-        return Proposal(t, theta_t, y, sent, with_weight(wire, weight), peers, float(g.norm()), weight)
+        return Proposal(t, theta_t, y, sent, with_weight(wire, weight), peers, float(g.norm()), weight, canary)
 
     def finish(
         self, proposal: Proposal, received: Mapping[int, torch.Tensor], screen: Screen | None = None
