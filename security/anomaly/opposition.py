@@ -68,7 +68,8 @@ def find_opposition(pulls: Mapping[int, torch.Tensor], threshold: float = OPPOSE
     stacked = torch.stack([pulls[p].detach().reshape(-1).to(torch.float64) for p in peers])
     norms = torch.linalg.vector_norm(stacked, dim=1)
     cosines = (stacked @ stacked.T) / (norms[:, None] * norms[None, :]).clamp_min(1e-30)
-    pairs, caps = [], {}
+    pairs: list[tuple[int, int]] = []
+    caps: dict[int, float] = {}
     for a, b in itertools.combinations(range(len(peers)), 2):
         if cosines[a, b].item() < threshold:
             pairs.append((peers[a], peers[b]))
