@@ -39,9 +39,12 @@ from cantata.security.anomaly import (
     Verdict,
     WorkerMomentum,
     clipped_gossip,
+    find_opposition,
+    make_canary,
     multi_krum,
     trimmed_mean,
 )
+from cantata.security.anomaly.screening import CANARY_SCALE
 from cantata.trainer.attacks import OWN_FRAME_ATTACKS, AttackView, craft
 from cantata.trainer.gasloc.topology import make_topology
 
@@ -212,6 +215,7 @@ class Simulation:
         setup, n = self.setup, self.setup.workers
         generator = torch.Generator().manual_seed(spec.seed)
         attack_noise = torch.Generator().manual_seed(spec.seed + 1)
+        canaries = torch.Generator().manual_seed(spec.seed + 2)
         topology = make_topology(spec.topology, n, seed=spec.seed)
         byzantine = spec.byzantine
         honest = [i for i in range(n) if i not in byzantine]
@@ -236,6 +240,8 @@ class Simulation:
                 y = theta + setup.outer_lr * (params.detach() - theta)
                 if spec.defence == "centered_clipping":
                     sent = torch.stack([theta[j] + momenta[j].update(y[j] - theta[j]) for j in range(n)])
+                elif spec.defence == "screened":  # each worker sends its point plus a secret canary (echo check)
+                    sent = y + torch.stack([make_canary(y[j] - theta[j], CANARY_SCALE, canaries) for j in range(n)])
                 else:
                     sent = y
                 mixing = topology.mixing_matrix(round).to(torch.float32)
@@ -331,20 +337,28 @@ class Simulation:
             if defence == "krum":
                 return theta_i + multi_krum(rows, tolerated, selected=1)
             return theta_i + centered[i](rows)
-        kept, caps = [], []
         screened_at = time.perf_counter()
         open_peers = [j for j in messages if not quarantines[i].is_quarantined(j)]
-        screenings = screeners[i].screen_round({j: messages[j] for j in open_peers}, y_i - theta_i, anchor=theta_i)
+        screenings = screeners[i].screen_round(
+            {j: messages[j] for j in open_peers}, y_i - theta_i, anchor=theta_i, canary=sent_i - y_i
+        )
+        echoed = {j for j in open_peers if screenings[j].checks[0].check == "echo"}
+        opposition = find_opposition({j: messages[j] - sent_i for j in open_peers if j not in echoed})
+        accepted = set()
+        for j in open_peers:
+            events = quarantines[i].record(round, screenings[j])
+            result.quarantined += [(i, j, round) for e in events if e.kind is AnomalyKind.PEER_QUARANTINED]
+            if screenings[j].verdict is not Verdict.REJECT:
+                accepted.add(j)
+        accepted = opposition.whole_pairs(accepted)
+        kept, caps = [], []
         for j, message in messages.items():
             verdict = Verdict.REJECT
-            if j in screenings:
-                screening = screenings[j]
-                events = quarantines[i].record(round, screening)
-                result.quarantined += [(i, j, round) for e in events if e.kind is AnomalyKind.PEER_QUARANTINED]
-                verdict = screening.verdict
-                if verdict is not Verdict.REJECT:
-                    kept.append(message)
-                    caps.append(screening.clip_norm)
+            if j in accepted:
+                verdict = screenings[j].verdict
+                kept.append(message)
+                limits = [c for c in (screenings[j].clip_norm, opposition.caps.get(j)) if c is not None]
+                caps.append(min(limits) if limits else None)
             if j in spec.byzantine and spec.attack.attacks(j, round):
                 result.byzantine_messages += 1
                 result.byzantine_blocked += verdict is Verdict.REJECT
@@ -355,4 +369,8 @@ class Simulation:
                 result.honest_clipped += verdict is Verdict.CLIP
         result.screening_seconds += time.perf_counter() - screened_at
         step = mixing[i, next(iter(messages))].item()
-        return clipped_gossip(y_i, kept, [1.0] * len(kept), step, AdaptiveRadius(tolerated), caps)
+        # ClippedGossip's radius bounds b liars among at least 2b + 1 neighbours; among fewer (the ring's
+        # two) it would clip an honest neighbour every round, and the echo and opposition checks bound them
+        radius = AdaptiveRadius(tolerated if len(messages) > 2 * tolerated else 0)
+        # differences from the point it sent (canary included), so the workers' mean is kept
+        return y_i - sent_i + clipped_gossip(sent_i, kept, [1.0] * len(kept), step, radius, caps)

@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from cantata.security.anomaly import LayerLayout, ScreeningConfig, UpdateScreener, Verdict
+from cantata.security.anomaly import LayerLayout, ScreeningConfig, UpdateScreener, Verdict, make_canary
+from cantata.security.anomaly.screening import CANARY_SCALE
 
 torch.set_num_threads(1)
 
@@ -196,3 +197,47 @@ def test_mismatched_shapes_and_bad_configs_are_refused(own):
         ScreeningConfig(cosine_clip=-0.5, cosine_reject=-0.1)
     with pytest.raises(ValueError):
         UpdateScreener(LAYOUT, ScreeningConfig(min_layer_size=10**6))
+
+
+def test_a_vector_crafted_from_the_receivers_payload_echoes_its_canary_and_is_rejected(own, generator):
+    """Dissensus mirrors the honest neighbour's pull around the receiver's payload: the canary comes back."""
+    anchor = torch.randn(LAYOUT.size, generator=generator)
+    y = anchor + own
+    canary = make_canary(own, CANARY_SCALE, generator)
+    sent = y + canary
+    neighbour = anchor + honest(own, generator)  # made before it saw the receiver's payload
+    mirror = sent - 1.5 * (neighbour - sent)  # dissensus with epsilon 1.5 at equal weights
+    screener = UpdateScreener(LAYOUT)
+    results = screener.screen_round({1: neighbour, 2: mirror}, own, anchor=anchor, canary=canary)
+    assert results[1].verdict is Verdict.ACCEPT
+    assert results[1].checks[0].check == "finite"
+    assert results[2].verdict is Verdict.REJECT
+    assert results[2].checks[0].check == "echo" and results[2].checks[0].score == pytest.approx(2.5, abs=0.3)
+    # the same vectors without a canary: the mirror is not told apart by the other checks
+    plain = UpdateScreener(LAYOUT).screen_round({1: neighbour, 2: y - 1.5 * (neighbour - y)}, own, anchor=anchor)
+    assert plain[2].verdict is not Verdict.REJECT
+
+
+def test_honest_echoes_stay_far_below_the_threshold(own, generator):
+    canary = make_canary(own, CANARY_SCALE, generator)
+    assert canary.norm().item() == pytest.approx(CANARY_SCALE * own.norm().item(), rel=1e-4)
+    screener = UpdateScreener(LAYOUT)
+    for _ in range(30):
+        result = screener.screen_round({1: honest(own, generator)}, own, canary=canary)[1]
+        assert result.checks[0].check == "finite" and result.verdict is Verdict.ACCEPT
+    with pytest.raises(ValueError):
+        screener.screen_round({1: own}, own, canary=canary[:-1])
+    with pytest.raises(ValueError):
+        ScreeningConfig(echo_reject=0.0)
+
+
+def test_an_echo_within_the_honest_noise_of_a_far_vector_is_left_to_the_other_checks(own, generator):
+    """The echo of a vector independent of the canary has spread ||d|| / (sqrt(D) ||canary||): far vectors echo more."""
+    canary = make_canary(own, CANARY_SCALE, generator)
+    orthogonal = torch.randn(own.shape, generator=generator)
+    orthogonal -= torch.dot(orthogonal, canary) / torch.dot(canary, canary) * canary
+    far = own + 0.6 * canary + orthogonal * (100 * canary.norm() / orthogonal.norm())  # echo 0.6, noise ~0.76
+    near = own + 0.6 * canary + orthogonal * (canary.norm() / orthogonal.norm())  # echo 0.6, noise ~0.008
+    results = UpdateScreener(LAYOUT).screen_round({1: far, 2: near}, own, canary=canary)
+    assert results[1].checks[0].check == "finite"
+    assert results[2].checks[0].check == "echo" and results[2].checks[0].score == pytest.approx(0.6, abs=1e-3)

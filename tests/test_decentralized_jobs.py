@@ -201,13 +201,16 @@ def _worker_of(pid: int) -> int:
     return int(config.rsplit("worker-", 1)[1].split(".")[0])
 
 
-def test_time_budgeted_diloco_rounds_end_in_the_workers_consensus(tenant, tmp_path):
+@pytest.mark.parametrize("algorithm", ["diloco", "gasloc"])
+def test_time_budgeted_rounds_end_in_the_workers_consensus(tenant, tmp_path, algorithm):
     """A budget far below one step's time: every worker runs exactly one inner step per round, not local_steps.
 
-    At the end the workers average their parameters: each reports the same
-    digest, and the final checkpoint holds those very parameters.
+    Each worker's payload carries its steps as its weight (gasloc: on the
+    gossip wire; diloco: in the all-reduce). At the end the workers average
+    their parameters: each reports the same digest, and the final checkpoint
+    holds those very parameters.
     """
-    job = Job(name="budget", algorithm="diloco", round_time_s=1e-6, **{**SMALL, "workers": 3, "steps": 20})
+    job = Job(name="budget", algorithm=algorithm, round_time_s=1e-6, **{**SMALL, "workers": 3, "steps": 20})
     handle = tenant.submit(job)
     status = handle.wait()
     assert status.state == "SUCCEEDED", status.reason

@@ -3,6 +3,7 @@ import torch
 
 from cantata.security.anomaly import LayerLayout, ScreeningConfig, UpdateScreener, Verdict
 from cantata.trainer.gasloc import GASLoCOuter, OuterStep, Simulator, make_topology
+from cantata.trainer.gasloc.outer import WEIGHT_CAP, with_weight
 
 torch.set_num_threads(1)
 
@@ -148,7 +149,69 @@ def test_screening_sees_decoded_payloads_so_compression_cannot_hide_a_poisoned_u
     theta = torch.randn(dim, generator=torch.Generator().manual_seed(0))
     moves = torch.randn(3, dim, generator=torch.Generator().manual_seed(1)) * 0.01
     honest = sender.propose(0, theta, theta + moves[1]).wire
-    poisoned = sender.compressor.codec.encode(theta + 50 * moves[2])
+    poisoned = with_weight(sender.compressor.codec.encode(theta + 50 * moves[2]), 1.0)
     _, stats = receiver.round(0, theta, theta + moves[0], lambda r, peers, wire: {1: honest, 5: poisoned}, screen)
     assert seen == [{1: torch.float32, 5: torch.float32}]
     assert stats.mixed == (1,) and stats.skipped == (5,)
+
+
+def _weighted_gossip_round(n, thetas, after, weights, steps, t):
+    """Every worker's ``OuterStep.round`` with its weight, payloads handed over in memory."""
+    proposals = [steps[i].propose(t, thetas[i], after[i], float(weights[i])) for i in range(n)]
+    return [steps[i].finish(proposals[i], {j: proposals[j].wire for j in proposals[i].peers})[0] for i in range(n)]
+
+
+def test_weighted_gossip_on_the_complete_graph_is_nesterov_sgd_on_the_weighted_mean_pseudo_gradient():
+    """Steps done as weights: gossip on the complete graph equals the time-budgeted DiLoCo reference."""
+    n, dim, rounds, eta, gamma = 4, 257, 5, 0.7, 0.9
+    weights = torch.tensor([3.0, 1.0, 4.0, 2.0])  # within WEIGHT_CAP of each other
+    theta0 = torch.randn(dim, generator=torch.Generator().manual_seed(0))
+    references = [torch.nn.Parameter(theta0.clone()) for _ in range(2)]  # weighted, and unweighted for contrast
+    sgds = [torch.optim.SGD([r], lr=eta, momentum=gamma, nesterov=True) for r in references]
+    steps = [OuterStep(make_topology("complete", n), i, eta, gamma) for i in range(n)]
+    thetas = [theta0.clone() for _ in range(n)]
+    for t in range(rounds):
+        after = _inner_steps(thetas, t)
+        for reference, sgd, w in zip(references, sgds, (weights, torch.ones(n)), strict=True):
+            pseudo = torch.stack([a - reference.detach() for a in after])
+            reference.grad = -(w[:, None] * pseudo).sum(0) / w.sum()
+            sgd.step()
+        thetas = _weighted_gossip_round(n, thetas, after, weights, steps, t)
+        for theta in thetas:
+            assert torch.allclose(theta, references[0].detach(), atol=1e-5, rtol=0)
+    assert not torch.allclose(references[0].detach(), references[1].detach(), atol=1e-2)
+
+
+def test_weighted_gossip_on_the_ring_mixes_by_steps_and_equal_weights_are_plain_gossip():
+    n, dim = 6, 64
+    topology = make_topology("ring", n)
+    thetas = [torch.randn(dim, generator=torch.Generator().manual_seed(i)) for i in range(n)]
+    after = _inner_steps(thetas, 0)
+    ys = torch.stack(after)  # eta = 1
+    weights = torch.tensor([1.0, 2.0, 4.0, 1.0, 3.0, 1.0])  # within WEIGHT_CAP of each neighbour
+    steps = [OuterStep(topology, i, 1.0, 0.0) for i in range(n)]
+    mixed = _weighted_gossip_round(n, thetas, after, weights, steps, 0)
+    w = topology.mixing_matrix(0).to(torch.float32) * weights[None, :]
+    expected = (w / w.sum(1, keepdim=True)) @ ys
+    for i in range(n):
+        assert torch.allclose(mixed[i], expected[i], atol=1e-5)
+    plain = Simulator(topology, outer_lr=1.0, outer_momentum=0.0).round(0, thetas, after)[0]
+    fresh = [OuterStep(topology, i, 1.0, 0.0) for i in range(n)]
+    equal = _weighted_gossip_round(n, thetas, after, torch.full((n,), 4.0), fresh, 0)
+    assert all(torch.equal(a, b) for a, b in zip(plain, equal, strict=True))
+
+
+def test_a_claimed_weight_is_capped_and_a_bad_one_skips_the_peer():
+    topology = make_topology("ring", 6)
+    receiver, liar = OuterStep(topology, 0, 1.0, 0.0), OuterStep(topology, 1, 1.0, 0.0)
+    theta, own, far = torch.zeros(3), torch.zeros(3), torch.ones(3)
+    huge = liar.propose(0, theta, far, weight=1e9).wire
+    theta_next, stats = receiver.round(0, theta, own, lambda r, peers, wire: {1: huge}, weight=1.0)
+    alpha = topology.metropolis_step(0)
+    share = alpha * WEIGHT_CAP / ((1 - alpha) + alpha * WEIGHT_CAP)
+    assert stats.mixed == (1,) and torch.allclose(theta_next, torch.full((3,), share))
+    for bad in (float("nan"), -1.0, 0.0):
+        payload = with_weight(far, 1.0)
+        payload[-1] = bad
+        _, stats = OuterStep(topology, 0, 1.0, 0.0).round(0, theta, own, lambda r, p, w, x=payload: {1: x})
+        assert stats.skipped == (1, 5) and stats.mixed == ()

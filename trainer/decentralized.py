@@ -3,9 +3,9 @@
 Each worker trains its own copy of the model for H local steps (or, with
 ``round_time_s``, as many as fit in that time), then runs one outer round: it
 proposes y = theta_t + eta * g and either swaps y with this round's peers over
-its mutual-TLS gossip endpoint and screens what it received (gasloc), or
-averages y, weighted by inner steps done, with every worker by a ring
-all-reduce over the same endpoints (diloco); then it applies the accelerated
+its mutual-TLS gossip endpoint, screens what it received and mixes it (gasloc),
+or averages y with every worker by a ring all-reduce over the same endpoints
+(diloco), either way weighted by inner steps done; then it applies the accelerated
 outer step. Peers are found through the control plane; a dead or slow peer is
 skipped for the round (its weight goes back to self) once the round deadline
 (``round_deadline_s``, or adaptive) passes. A DiLoCo round whose all-reduce
@@ -46,14 +46,22 @@ from cantata.proto.jobfields import MAX_WORKERS
 from cantata.proto.vocabulary import Algorithm, Compression
 from cantata.security.anomaly.attack_policy import SpecOrigin, parse_attack_config
 from cantata.security.anomaly.clipping import clip
+from cantata.security.anomaly.opposition import find_opposition
 from cantata.security.anomaly.quarantine import AnomalyKind, Quarantine
-from cantata.security.anomaly.screening import LayerLayout, ScreeningConfig, UpdateScreener, Verdict
+from cantata.security.anomaly.screening import (
+    CANARY_SCALE,
+    LayerLayout,
+    ScreeningConfig,
+    UpdateScreener,
+    Verdict,
+    make_canary,
+)
 from cantata.security.pki import Bundle
 from cantata.trainer.attacks import AttackView, craft
 from cantata.trainer.checkpoint import JobCheckpoints
 from cantata.trainer.config import WorkerConfig
 from cantata.trainer.gasloc.deadline import FIRST_DEADLINE_S, RoundDeadline
-from cantata.trainer.gasloc.outer import GASLoCOuter, Proposal, flatten
+from cantata.trainer.gasloc.outer import GASLoCOuter, Proposal, flatten, split_weight, with_weight
 from cantata.trainer.gasloc.topology import make_topology
 from cantata.trainer.gossip import GossipNode
 from cantata.trainer.gossip.allreduce import AllReduceFailed, ring_allreduce
@@ -187,7 +195,8 @@ class GossipExchange:
         if self._attack is None or not self._attack.attacks(self._cfg.group, round_):
             return wire
         theta, codec = self._outer.theta, self._outer.step.compressor.codec
-        return codec.encode(self._crafted(codec.decode(wire, theta.numel())))
+        encoded, weight = split_weight(wire)
+        return with_weight(codec.encode(self._crafted(codec.decode(encoded, theta.numel()))), weight)
 
     def _maybe_attack_mean(self, round_: int, vector: torch.Tensor) -> torch.Tensor:
         """What an admin-planned attack puts into a diloco all-reduce instead of ``[w y, w]``."""
@@ -212,11 +221,24 @@ class GossipExchange:
         return theta + craft(self._attack, view, self._noise)
 
 
+class Canaries:
+    """The secret canary a gasloc worker adds to each point it sends (``make_canary``, own generator)."""
+
+    def __init__(self, seed: int):
+        self._generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, update: torch.Tensor) -> torch.Tensor:
+        return make_canary(update, CANARY_SCALE, self._generator)
+
+
 class UpdateScreen:
     """The round's screen as ``GASLoCOuter`` calls it: check each decoded update, clip or drop it, report.
 
-    A rejected or quarantined peer is treated like a skipped one, so the
-    mixing stays doubly stochastic.
+    The ``echo`` check looks for this worker's canary (``proposal.canary``)
+    in each payload; among the rest, two peers whose pulls oppose each other
+    are capped to the nearer one's distance and mixed both or neither
+    (``find_opposition``). A rejected or quarantined peer is treated like a
+    skipped one, so the mixing stays doubly stochastic.
     """
 
     def __init__(self, cfg: WorkerConfig, reporter: Reporter, model: torch.nn.Module, quarantine: Quarantine):
@@ -224,10 +246,23 @@ class UpdateScreen:
         self._screener = UpdateScreener(LayerLayout.from_module(model), WORKER_SCREENING)
 
     def __call__(self, proposal: Proposal, decoded: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
-        anchor, own = proposal.theta, proposal.sent - proposal.theta
+        # the sent point less the canary: the compression error stays in (it is in the peers' points too)
+        canary = proposal.canary
+        anchor, own = proposal.theta, (proposal.sent if canary is None else proposal.sent - canary) - proposal.theta
         by_process = {self._cfg.gossip_process(g): update for g, update in decoded.items()}
+        results = self._screener.screen_round(by_process, own, anchor=anchor, canary=canary)
+        opposition = find_opposition(
+            {p: u - proposal.sent for p, u in by_process.items() if results[p].checks[0].check != "echo"}
+        )
+        accepted = opposition.whole_pairs(
+            {
+                p
+                for p, r in results.items()
+                if r.verdict is not Verdict.REJECT and not self._quarantine.is_quarantined(p)
+            }
+        )
         kept = {}
-        for peer, result in self._screener.screen_round(by_process, own, anchor=anchor).items():
+        for peer, result in results.items():
             for event in self._quarantine.record(proposal.round, result):
                 check = max(result.checks, key=lambda c: c.verdict)
                 self._reporter.anomaly(
@@ -238,11 +273,12 @@ class UpdateScreen:
                     check.score,
                     quarantined=event.kind is AnomalyKind.PEER_QUARANTINED,
                 )
-            if result.verdict is Verdict.REJECT or self._quarantine.is_quarantined(peer):
+            if peer not in accepted or self._quarantine.is_quarantined(peer):
                 continue
             update = by_process[peer]
-            if result.verdict is Verdict.CLIP and result.clip_norm is not None:
-                update = proposal.sent + clip(update - proposal.sent, result.clip_norm)
+            caps = [c for c in (result.clip_norm, opposition.caps.get(peer)) if c is not None]
+            if caps:
+                update = proposal.sent + clip(update - proposal.sent, min(caps))
             kept[peer // self._cfg.ranks_per_worker] = update
         return kept
 
@@ -436,6 +472,7 @@ def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.E
                 outer_momentum=spec.outer_momentum,
                 gossip_step=spec.gossip_step if spec.HasField("gossip_step") else None,
                 compression="none" if diloco else spec.compression,
+                canary=None if diloco else Canaries(spec.seed + 7919 * cfg.worker),
             )
             if start:
                 outer.load_state_dict(shards["outer-0"])
@@ -492,7 +529,7 @@ def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.E
                     if diloco:
                         stats = outer.round_mean(t, exchange.allreduce, weight=float(done))
                     else:
-                        stats = outer.round(t, exchange, screen)
+                        stats = outer.round(t, exchange, screen, weight=float(done))
                     seconds = time.perf_counter() - exchanged
                     reporter.round(
                         t,
@@ -544,6 +581,8 @@ def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.E
                         f"the workers' own models {own_mean:.4f} +- {own_std:.4f}"
                     )
             sync_parameters(model, group)
+            if not gossips:  # the group's other ranks now hold rank 0's consensus: evaluate that
+                val_loss = evaluate(model, feed, spec.eval_batches)
             if lead:
                 reporter.eval(spec.steps, val_loss)
             save(spec.steps)

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
         parse_attack_config,
     )
     from .clipping import AdaptiveRadius, ClipRule, FixedRadius, clip, clipped_gossip
+    from .opposition import Opposition, find_opposition
     from .quarantine import AnomalyEvent, AnomalyKind, Quarantine, QuarantinePolicy
     from .screening import (
         CheckResult,
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
         ScreeningResult,
         UpdateScreener,
         Verdict,
+        make_canary,
     )
 
 _EXPORTS = {
@@ -49,6 +51,8 @@ _EXPORTS = {
     "FixedRadius": "clipping",
     "clip": "clipping",
     "clipped_gossip": "clipping",
+    "Opposition": "opposition",
+    "find_opposition": "opposition",
     "AnomalyEvent": "quarantine",
     "AnomalyKind": "quarantine",
     "Quarantine": "quarantine",
@@ -60,6 +64,7 @@ _EXPORTS = {
     "ScreeningResult": "screening",
     "UpdateScreener": "screening",
     "Verdict": "screening",
+    "make_canary": "screening",
 }
 
 
@@ -85,6 +90,7 @@ __all__ = [
     "FixedRadius",
     "InvalidAttackConfig",
     "LayerLayout",
+    "Opposition",
     "Quarantine",
     "QuarantinePolicy",
     "RobustWindow",
@@ -97,7 +103,9 @@ __all__ = [
     "clip",
     "clipped_gossip",
     "coordinate_median",
+    "find_opposition",
     "krum_scores",
+    "make_canary",
     "multi_krum",
     "parse_attack_config",
     "trimmed_mean",

@@ -6,7 +6,7 @@ works in the receiver's frame: ``update`` is the peer's vector minus the
 receiver's round-start parameters (for an all-reduce contribution: the peer's
 pseudo-gradient) and ``own`` is the receiver's own update in the same frame.
 
-Four checks, each giving a score and a verdict:
+Four checks, each giving a score and a verdict (and a fifth, below):
 
 - ``finite``: the number of NaN/Inf entries; any is a rejection, and the other
   checks are skipped since nothing else about the vector can be measured (a
@@ -22,6 +22,20 @@ Four checks, each giving a score and a verdict:
   much further the layer is from the receiver's than the whole vector is,
   each against the peer's history; the score is the largest z, so one
   poisoned matrix cannot hide inside a large, otherwise normal vector.
+
+With a ``canary`` (what the receiver added to its own point before sending
+it, a small random vector that only it knows), a fifth check comes first:
+
+- ``echo``: ``<update - own, canary> / ||canary||^2``, how much of the
+  receiver's own canary comes back in the peer's vector. An honest peer's
+  point was made before it saw the receiver's payload, so the echo is noise
+  around 0 (about ``||update - own|| / (sqrt(D) ||canary||)``). A vector
+  crafted from the receiver's payload, as dissensus and the other omniscient
+  attacks craft theirs, carries the canary: dissensus
+  ``y - epsilon * (x_h - y)`` echoes it ``1 + epsilon`` times. An update
+  whose echo is above ``echo_reject`` and at least ``echo_min_z`` times that
+  honest noise is rejected, so a small model (few parameters, a noisier
+  echo) does not lose honest peers to it.
 
 Only values from updates that were not rejected enter a peer's history, so an
 attacker that is rejected from the first round never shapes its reference.
@@ -40,6 +54,7 @@ import torch
 
 _MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its sigma
 _EPS = 1e-12
+CANARY_SCALE = 0.05  # canary norm over the own update's: echo noise about 0.1 here, negligible mixing noise
 
 
 class Verdict(IntEnum):
@@ -111,6 +126,8 @@ class ScreeningConfig:
     min_relative_spread: float = 0.3
     layer_min_spread: float = 0.1
     min_layer_size: int = 1024
+    echo_reject: float = 0.5
+    echo_min_z: float = 5.0
 
     def __post_init__(self) -> None:
         if self.window < 1 or not 0 <= self.warmup <= self.window:
@@ -124,6 +141,8 @@ class ScreeningConfig:
             raise ValueError("prior and minimum spreads must be > 0, min_relative_spread >= 0")
         if self.min_layer_size < 1:
             raise ValueError("min_layer_size must be >= 1")
+        if self.echo_reject <= 0 or self.echo_min_z <= 0:
+            raise ValueError("echo_reject and echo_min_z must be > 0")
 
 
 @dataclass(frozen=True)
@@ -181,6 +200,12 @@ class RobustWindow:
         return median, _MAD_TO_SIGMA * mad
 
 
+def make_canary(own: torch.Tensor, scale: float, generator: torch.Generator | None = None) -> torch.Tensor:
+    """A random vector of norm ``scale * ||own||`` for the receiver to add to the point it sends (``echo``)."""
+    direction = torch.randn(own.shape, generator=generator, dtype=torch.float32)
+    return direction * (scale * own.detach().to(torch.float32).norm() / direction.norm().clamp_min(_EPS))
+
+
 class UpdateScreener:
     """Screens the updates one worker receives, keeping a robust history per peer.
 
@@ -205,14 +230,19 @@ class UpdateScreener:
         return self.screen_round({peer: update}, own)[peer]
 
     def screen_round(
-        self, received: Mapping[int, torch.Tensor], own: torch.Tensor, anchor: torch.Tensor | None = None
+        self,
+        received: Mapping[int, torch.Tensor],
+        own: torch.Tensor,
+        anchor: torch.Tensor | None = None,
+        canary: torch.Tensor | None = None,
     ) -> dict[int, ScreeningResult]:
         """Screen one round's vectors from several peers against the same ``own`` update.
 
         With ``anchor`` (the receiver's round-start parameters) the received
         vectors are the peers' points and their updates are ``received - anchor``;
         without it they are the updates already. Either way no copy of the
-        updates is made.
+        updates is made. ``canary``: what the receiver's sent point adds to its
+        own (the ``echo`` check); None skips that check.
         """
         if own.dim() != 1 or own.numel() != self.layout.size:
             raise ValueError(f"own must be a vector of {self.layout.size} elements")
@@ -232,6 +262,7 @@ class UpdateScreener:
         dots = (stacked @ own).to(torch.float64)
         if anchor is not None:
             dots -= torch.dot(anchor.detach().to(torch.float32), own).item()
+        echoes = None if canary is None else self._echoes(stacked, reference, canary)
         results = {}
         for row, peer in enumerate(peers):
             difference_squared = layers[row].sum()
@@ -240,8 +271,31 @@ class UpdateScreener:
                 # a vector whose squares overflow float32 cannot be measured: rejected as well
                 results[peer] = ScreeningResult(peer, (CheckResult("finite", max(count, 1.0), Verdict.REJECT),))
                 continue
+            if echoes is not None and self._echoed(echoes[0][row], echoes[1], difference_squared.item()):
+                results[peer] = ScreeningResult(peer, (CheckResult("echo", echoes[0][row], Verdict.REJECT),))
+                continue
             results[peer] = self._judge(peer, layers[row], difference_squared, own_layers, own_squared, dots[row])
         return results
+
+    @staticmethod
+    def _echoes(stacked: torch.Tensor, reference: torch.Tensor, canary: torch.Tensor) -> tuple[list[float], float]:
+        """Per row, ``<row - reference, canary> / ||canary||^2`` (0 for a zero canary), and ``||canary||^2``."""
+        canary = canary.detach().to(torch.float32)
+        if canary.shape != reference.shape:
+            raise ValueError(f"canary must have the shape of own, {tuple(reference.shape)}")
+        squared = torch.dot(canary, canary).item()
+        if squared == 0:
+            return [0.0] * stacked.shape[0], 0.0
+        dots = (stacked @ canary).to(torch.float64) - torch.dot(reference, canary).item()
+        return (dots / squared).tolist(), squared
+
+    def _echoed(self, echo: float, canary_squared: float, difference_squared: float) -> bool:
+        """Above ``echo_reject``, and ``echo_min_z`` times the echo of a vector independent of the canary.
+
+        That echo is ``N(0, ||d||^2 / (D ||canary||^2))`` for ``d = update - own`` in ``D`` dimensions.
+        """
+        noise = math.sqrt(difference_squared / (self.layout.size * canary_squared)) if canary_squared else math.inf
+        return echo > self.config.echo_reject and echo > self.config.echo_min_z * noise
 
     def _layer_square_sums(self, rows: torch.Tensor) -> torch.Tensor:
         """``[k, L]`` float64 sums of squares of each row's layers."""

@@ -19,6 +19,20 @@ worker instead of ``n - 1`` times them. With weights ``w_i`` (inner steps done
 in a time-budgeted round) it is Nesterov SGD on ``-sum_i w_i g_i / sum_i w_i``;
 with equal weights, DiLoCo exactly.
 
+Gossip weights the same way. Every payload ends with its sender's weight
+``s_j`` (4 bytes), and worker i mixes ``z_i = sum_j W_ij s_j ŷ_j / sum_j
+W_ij s_j`` (``W`` the round's mixing matrix over the peers mixed, ``ŷ_i``
+its own sent value): ``z_i = y_i + sum_j p_ij (ŷ_j - ŷ_i)`` with ``p_ij =
+alpha s_j / ((1 - k alpha) s_i + alpha sum_k s_k)``. Equal weights give
+``p_ij = alpha``, plain gossip, exactly. On the complete graph with
+``alpha = 1/n`` it is the all-reduce's weighted mean, so the DiLoCo
+equivalence above holds with weights too. With unequal weights the mixing is
+row- but not column-stochastic: the workers' mean moves towards the workers
+that did more steps, which is the point of weighting, so the mean is kept
+exactly only when the weights are equal. A peer's claimed weight counts at
+most ``WEIGHT_CAP`` times the receiver's own, so a lying peer cannot take
+over the mix by claiming many steps.
+
 ``OuterStep`` works on flat float32 vectors and splits a round into
 ``propose`` (before the exchange) and ``finish`` (after it), so a simulator can
 run many workers in one process; ``GASLoCOuter`` wraps it for one worker's
@@ -27,6 +41,7 @@ run many workers in one process; ``GASLoCOuter`` wraps it for one worker's
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -41,9 +56,33 @@ Exchange = Callable[[int, list[int], torch.Tensor], Mapping[int, torch.Tensor]]
 AllReduce = Callable[[int, torch.Tensor], torch.Tensor | None]
 """``allreduce(round, vector) -> the sum of every worker's vector``, or None if it failed."""
 
+Canary = Callable[[torch.Tensor], torch.Tensor]
+"""``canary(y - theta_t) -> a small secret vector`` the worker adds to the point it sends, so that a
+payload crafted from it can be recognised (the screening's ``echo`` check); the mix differences
+are taken from the sent point, so the workers' mean is kept."""
+
 Screen = Callable[["Proposal", dict[int, torch.Tensor]], Mapping[int, torch.Tensor]]
 """``screen(proposal, decoded) -> {peer: value to mix}``: drops or clips the decoded
 payloads that fail screening; a dropped peer counts as skipped."""
+
+
+WEIGHT_CAP = 4.0  # a peer's claimed weight counts at most this many times the receiver's own
+
+
+def with_weight(wire: torch.Tensor, weight: float) -> torch.Tensor:
+    """``wire`` followed by ``weight`` as float32, in the wire's own dtype (4 bytes)."""
+    return torch.cat([wire, torch.tensor([weight], dtype=torch.float32).view(wire.dtype)])
+
+
+def split_weight(payload: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """``(wire, weight)`` of a payload made by ``with_weight``; ValueError unless the weight is finite and > 0."""
+    size = 4 // payload.element_size()
+    if payload.dim() != 1 or payload.numel() < size:
+        raise ValueError("payload too short to carry a weight")
+    weight = payload[-size:].clone().view(torch.float32).item()
+    if not (math.isfinite(weight) and weight > 0):
+        raise ValueError(f"payload weight {weight} is not a positive number")
+    return payload[:-size], weight
 
 
 @dataclass(frozen=True)
@@ -63,9 +102,11 @@ class Proposal:
     theta: torch.Tensor  # theta_t, used as z_{-1} in round 0
     y: torch.Tensor
     sent: torch.Tensor  # ŷ: y as the peers will decode it
-    wire: torch.Tensor
+    wire: torch.Tensor  # the payload: the encoded ŷ, then the weight
     peers: tuple[int, ...]
     pseudo_gradient_norm: float
+    weight: float = 1.0  # inner steps done (time-budgeted rounds); equal weights are plain gossip
+    canary: torch.Tensor | None = None  # what was added to y before it was encoded (``Canary``)
 
 
 class OuterStep:
@@ -80,6 +121,7 @@ class OuterStep:
         gossip_step: float | None = None,
         compression: str = "none",
         error_feedback: bool = True,
+        canary: Canary | None = None,
     ):
         if not 0 <= worker_index < topology.n:
             raise ValueError(f"worker {worker_index} is not in 0..{topology.n - 1}")
@@ -89,15 +131,19 @@ class OuterStep:
         self.outer_momentum = outer_momentum
         self.gossip_step = gossip_step
         self.compressor = Compressor(compression, error_feedback)
+        self.canary = canary
         self.z_prev: torch.Tensor | None = None
 
-    def propose(self, t: int, theta_t: torch.Tensor, theta_after: torch.Tensor) -> Proposal:
-        """Steps 1-2: the proposed point and its wire form for round ``t``."""
+    def propose(self, t: int, theta_t: torch.Tensor, theta_after: torch.Tensor, weight: float = 1.0) -> Proposal:
+        """Steps 1-2: the proposed point and its wire form for round ``t``, carrying ``weight``."""
+        if not (math.isfinite(weight) and weight > 0):
+            raise ValueError(f"weight must be a positive number, got {weight}")
         g = theta_after - theta_t
         y = theta_t + self.outer_lr * g
-        wire, sent = self.compressor.compress(y)
+        canary = None if self.canary is None else self.canary(y - theta_t)
+        wire, sent = self.compressor.compress(y if canary is None else y + canary)
         peers = tuple(self.topology.neighbors(self.worker_index, t))
-        return Proposal(t, theta_t, y, sent, wire, peers, float(g.norm()))
+        return Proposal(t, theta_t, y, sent, with_weight(wire, weight), peers, float(g.norm()), weight, canary)
 
     def finish(
         self, proposal: Proposal, received: Mapping[int, torch.Tensor], screen: Screen | None = None
@@ -110,21 +156,25 @@ class OuterStep:
         unexpected = set(received) - set(proposal.peers)
         if unexpected:
             raise ValueError(f"payloads from workers {sorted(unexpected)} that are not round {proposal.round} peers")
-        decoded = {}
+        decoded, weights = {}, {}
         for peer in proposal.peers:
             if peer not in received:
                 continue
             try:
-                decoded[peer] = self.compressor.decompress(received[peer], proposal.y.numel())
+                wire, weight = split_weight(received[peer])
+                decoded[peer] = self.compressor.decompress(wire, proposal.y.numel())
             except ValueError:  # malformed: the peer is skipped
                 continue
+            weights[peer] = min(weight, WEIGHT_CAP * proposal.weight)
         if screen is not None and decoded:
             decoded = dict(screen(proposal, decoded))
         alpha = self.topology.metropolis_step(proposal.round) if self.gossip_step is None else self.gossip_step
         z = proposal.y.clone()
         mixed = [peer for peer in proposal.peers if peer in decoded]
+        equal = all(weights[peer] == proposal.weight for peer in mixed)
+        total = (1 - alpha * len(mixed)) * proposal.weight + alpha * sum(weights[peer] for peer in mixed)
         for peer in mixed:
-            z.add_(decoded[peer] - proposal.sent, alpha=alpha)
+            z.add_(decoded[peer] - proposal.sent, alpha=alpha if equal else alpha * weights[peer] / total)
         theta_next = self._accelerate(proposal, z)
         stats = RoundStats(
             round=proposal.round,
@@ -155,9 +205,10 @@ class OuterStep:
         theta_after: torch.Tensor,
         exchange: Exchange,
         screen: Screen | None = None,
+        weight: float = 1.0,
     ) -> tuple[torch.Tensor, RoundStats]:
         """A whole round: propose, ``exchange`` with the round's peers, finish."""
-        proposal = self.propose(t, theta_t, theta_after)
+        proposal = self.propose(t, theta_t, theta_after, weight)
         received = exchange(t, list(proposal.peers), proposal.wire) if proposal.peers else {}
         return self.finish(proposal, received, screen)
 
@@ -208,16 +259,17 @@ class GASLoCOuter:
         gossip_step: float | None = None,
         compression: str = "none",
         error_feedback: bool = True,
+        canary: Canary | None = None,
     ):
         self.params = list(params)
         self.step = OuterStep(
-            topology, worker_index, outer_lr, outer_momentum, gossip_step, compression, error_feedback
+            topology, worker_index, outer_lr, outer_momentum, gossip_step, compression, error_feedback, canary
         )
         self.theta = flatten(self.params)
 
     @torch.no_grad()
-    def round(self, t: int, exchange: Exchange, screen: Screen | None = None) -> RoundStats:
-        theta_next, stats = self.step.round(t, self.theta, flatten(self.params), exchange, screen)
+    def round(self, t: int, exchange: Exchange, screen: Screen | None = None, weight: float = 1.0) -> RoundStats:
+        theta_next, stats = self.step.round(t, self.theta, flatten(self.params), exchange, screen, weight)
         self._write(theta_next)
         return stats
 
