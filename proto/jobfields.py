@@ -50,6 +50,8 @@ WARMUP_DIVISOR = 20  # the default warm-up: 5% of the steps
 MAX_GRAD_ACCUM = 1024
 MAX_EVAL_BATCHES = 10_000
 MAX_KEEP_LAST = 10_000
+TOKENIZER_PREFIX = "sha256:"
+MAX_VOCAB = 1 << 24
 DECENTRALIZED_DEFAULTS = {  # algorithm -> (local steps H, outer lr eta, outer momentum gamma, topology)
     Algorithm.DILOCO: (20, 0.7, 0.9, Topology.COMPLETE),
     Algorithm.GASLOC: (20, 1.0, 0.5, Topology.RING),
@@ -244,6 +246,22 @@ TRAINING_FIELDS: tuple[JobField, ...] = (
 FIELDS: tuple[JobField, ...] = (
     JobField("name", str, "the job's name, shown in listings", REQUIRED, max_length=128, required=True),
     JobField("model", str, "model configuration", Model.GPT_TINY.value, Model.GPT_TINY.value, choices=Model),
+    JobField(
+        "tokenizer",
+        str,
+        "sha256:HEX of the tokenizer.json the dataset was prepared with (`cantata data prepare --tokenizer` "
+        "prints it); every shard must record it",
+        "",
+        prefixes=(TOKENIZER_PREFIX,),
+        max_length=len(TOKENIZER_PREFIX) + 64,
+    ),
+    JobField(
+        "tokenizer_vocab",
+        int,
+        "the tokenizer's vocabulary size (with tokenizer); at most the model's vocabulary",
+        0,
+        range=Range(1, MAX_VOCAB),
+    ),
     JobField(
         "dataset",
         str,

@@ -92,8 +92,12 @@ def model_architecture(model: Model) -> str:
     return "cantata-gpt" if model in BYTE_GPTS else "cantata-decoder"
 
 
-def _qwen3(dim: int, layers: int, heads: int, ffn: int, *, tie: bool, vocab: int = 151936) -> dict[str, Shape]:
-    """Qwen3: head_dim 128, 8 key/value heads, RMSNorm of queries and keys, rope theta 1e6 (the published configs)."""
+def _decoder(dim: int, layers: int, heads: int, ffn: int, *, tie: bool, qwen3: bool) -> dict[str, Shape]:
+    """A shape of the published configs, with head_dim 128 and 8 key/value heads in both families.
+
+    Qwen3: vocabulary 151936, rope theta 1e6, RMSNorm of queries and keys;
+    Llama 3: vocabulary 128256, rope theta 500000.
+    """
     return {
         "dim": dim,
         "n_layers": layers,
@@ -101,30 +105,12 @@ def _qwen3(dim: int, layers: int, heads: int, ffn: int, *, tie: bool, vocab: int
         "n_kv_heads": 8,
         "head_dim": 128,
         "ffn_dim": ffn,
-        "vocab_size": vocab,
-        "block_size": 40960,
-        "rope_theta": 1_000_000.0,
-        "norm_eps": 1e-6,
+        "vocab_size": 151936 if qwen3 else 128256,
+        "block_size": 40960 if qwen3 else 8192,
+        "rope_theta": 1_000_000.0 if qwen3 else 500_000.0,
+        "norm_eps": 1e-6 if qwen3 else 1e-5,
         "tie_embeddings": tie,
-        "qk_norm": True,
-    }
-
-
-def _llama3(dim: int, layers: int, heads: int, ffn: int) -> dict[str, Shape]:
-    """Llama 3: head_dim 128, 8 key/value heads, vocabulary 128256, rope theta 500000, untied."""
-    return {
-        "dim": dim,
-        "n_layers": layers,
-        "n_heads": heads,
-        "n_kv_heads": 8,
-        "head_dim": 128,
-        "ffn_dim": ffn,
-        "vocab_size": 128256,
-        "block_size": 8192,
-        "rope_theta": 500_000.0,
-        "norm_eps": 1e-5,
-        "tie_embeddings": False,
-        "qk_norm": False,
+        "qk_norm": qwen3,
     }
 
 
@@ -133,16 +119,17 @@ _TINY = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 192
 MODEL_SHAPES: dict[Model, dict[str, Shape]] = {
     Model.GPT_TINY: {"n_layer": 2, "n_head": 4, "n_embd": 64, "block_size": 256, "vocab_size": 256},
     Model.GPT_SMALL: {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 512, "vocab_size": 256},
-    Model.LLAMA_TINY: {**_llama3(0, 0, 0, 0), **_TINY, "head_dim": 16},
-    Model.QWEN3_TINY: {**_qwen3(0, 0, 0, 0, tie=True), **_TINY, "head_dim": 32},  # heads x head_dim != dim, as in 32B
-    Model.QWEN3_0_6B: _qwen3(1024, 28, 16, 3072, tie=True),
-    Model.QWEN3_1_7B: _qwen3(2048, 28, 16, 6144, tie=True),
-    Model.QWEN3_4B: _qwen3(2560, 36, 32, 9728, tie=True),
-    Model.QWEN3_8B: _qwen3(4096, 36, 32, 12288, tie=False),
-    Model.QWEN3_14B: _qwen3(5120, 40, 40, 17408, tie=False),
-    Model.QWEN3_32B: _qwen3(5120, 64, 64, 25600, tie=False),
-    Model.LLAMA3_8B: _llama3(4096, 32, 32, 14336),
-    Model.LLAMA3_70B: _llama3(8192, 80, 64, 28672),
+    Model.LLAMA_TINY: {**_decoder(0, 0, 0, 0, tie=False, qwen3=False), **_TINY, "head_dim": 16},
+    # heads x head_dim != dim, as in Qwen3-0.6B and 32B
+    Model.QWEN3_TINY: {**_decoder(0, 0, 0, 0, tie=True, qwen3=True), **_TINY, "head_dim": 32},
+    Model.QWEN3_0_6B: _decoder(1024, 28, 16, 3072, tie=True, qwen3=True),
+    Model.QWEN3_1_7B: _decoder(2048, 28, 16, 6144, tie=True, qwen3=True),
+    Model.QWEN3_4B: _decoder(2560, 36, 32, 9728, tie=True, qwen3=True),
+    Model.QWEN3_8B: _decoder(4096, 36, 32, 12288, tie=False, qwen3=True),
+    Model.QWEN3_14B: _decoder(5120, 40, 40, 17408, tie=False, qwen3=True),
+    Model.QWEN3_32B: _decoder(5120, 64, 64, 25600, tie=False, qwen3=True),
+    Model.LLAMA3_8B: _decoder(4096, 32, 32, 14336, tie=False, qwen3=False),
+    Model.LLAMA3_70B: _decoder(8192, 80, 64, 28672, tie=False, qwen3=False),
 }
 
 

@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlparse
 from cantata.proto import jobfields
 from cantata.proto.jobfields import MAX_WORKERS
 from cantata.proto.v1 import common_pb2
-from cantata.proto.vocabulary import DECENTRALIZED, Algorithm, Compression, Topology
+from cantata.proto.vocabulary import DECENTRALIZED, MODEL_SHAPES, Algorithm, Compression, Model, Topology
 from cantata.server import memory
 from cantata.server.local_roots import within
 from cantata.storage.base import StoreConfigError, store_prefix
@@ -120,6 +120,7 @@ def parse_job_spec(
             "ranks_per_worker",
             "worker groups are for gasloc or diloco (allreduce already spreads one model over its workers)",
         )
+    check_vocabulary(s)
     check_dataset(s.dataset, roots, data_dir=data_dir)
     if s.checkpoint_store != default_store:
         default_dir = Path(unquote(urlparse(default_store).path)) if default_store.startswith("file://") else None
@@ -140,6 +141,24 @@ def parse_job_spec(
             f"{node_memory // memory.MIB} MiB: lower batch_size or seq_len",
         )
     return s
+
+
+def check_vocabulary(s: common_pb2.JobSpec) -> None:
+    """A named tokenizer comes with its vocabulary size, which must fit the model's (a builtin dataset is bytes)."""
+    vocab = int(MODEL_SHAPES[Model(s.model)]["vocab_size"])
+    if s.tokenizer:
+        _require(
+            re.fullmatch(r"sha256:[0-9a-f]{64}", s.tokenizer) is not None,
+            "tokenizer",
+            "must be sha256: and 64 lower-case hex digits, as cantata data prepare --tokenizer prints it",
+        )
+        _require(s.tokenizer_vocab > 0, "tokenizer_vocab", "give the tokenizer's vocabulary size with tokenizer")
+        _require(not s.dataset.startswith("builtin:"), "tokenizer", f"{s.dataset} is byte-level text, not tokenized")
+    _require(
+        s.tokenizer_vocab <= vocab,
+        "tokenizer_vocab",
+        f"{s.tokenizer_vocab} tokens do not fit model {s.model}, whose vocabulary is {vocab}",
+    )
 
 
 def dataset_source(dataset: str) -> str:

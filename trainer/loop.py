@@ -30,7 +30,7 @@ import torch.distributed as dist
 from cantata.proto.vocabulary import DECENTRALIZED, LrSchedule
 from cantata.trainer.checkpoint import JobCheckpoints, Scope, TrainingState, share_from_rank0
 from cantata.trainer.config import WorkerConfig
-from cantata.trainer.data import DataError, DataEvent, Feed, Utf8Policy, open_feed
+from cantata.trainer.data import DataError, DataEvent, Feed, Utf8Policy, Vocabulary, open_feed
 from cantata.trainer.model import LanguageModel, build_model
 from cantata.trainer.optim import build_optimizer
 from cantata.trainer.reporter import Reporter
@@ -85,8 +85,10 @@ def evaluate(model: LanguageModel, feed: Feed, batches: int) -> float:
     return sum(losses) / len(losses)
 
 
-def job_feed(cfg: WorkerConfig, reporter: Reporter, seq_len: int, *, rank: int, world: int) -> Feed:
+def job_feed(cfg: WorkerConfig, reporter: Reporter, seq_len: int, vocab_size: int, *, rank: int, world: int) -> Feed:
     """This worker's data feed; the lead relays first-pass progress, every worker its warnings.
+
+    Every object it reads is checked against the model's ``vocab_size`` and the job's tokenizer.
 
     The validation split of a built-in or ``file://`` dataset is read at once: one too small for
     ``eval_batches`` fails the job now (a ``DataError``, permanent) instead of at its first evaluation.
@@ -113,6 +115,7 @@ def job_feed(cfg: WorkerConfig, reporter: Reporter, seq_len: int, *, rank: int, 
         access=cfg.dataset_access,
         utf8_policy=Utf8Policy(spec.on_bad_utf8 or "skip"),
         on_event=relay,
+        vocabulary=Vocabulary(vocab_size, spec.tokenizer),
     )
     if not spec.dataset.startswith(LOCAL_DATASETS):
         return feed  # S3 and Azure: reading the split now would fetch objects again; checked at the first evaluation
@@ -298,7 +301,11 @@ class Trainer:
         """Train to ``spec.steps``; returns the final validation loss. Raises ``Stopped`` on cancel."""
         spec, strategy = self.spec, self.strategy
         processes = strategy.processes
-        with closing(job_feed(self.cfg, self.reporter, self.seq_len, rank=self.cfg.worker, world=processes)) as feed:
+        with closing(
+            job_feed(
+                self.cfg, self.reporter, self.seq_len, self.model.cfg.vocab_size, rank=self.cfg.worker, world=processes
+            )
+        ) as feed:
             self.feed = feed
             for name, scope, holder in (
                 ("model", Scope.LEAD, self.model),
