@@ -34,6 +34,7 @@ from cantata.proto.vocabulary import (
     Algorithm,
     Compression,
     LrSchedule,
+    MixedPrecision,
     Model,
     Optimizer,
     Topology,
@@ -243,6 +244,48 @@ TRAINING_FIELDS: tuple[JobField, ...] = (
     ),
 )
 
+_MESH = frozenset({Algorithm.SINGLE, Algorithm.ALLREDUCE})
+# The mesh of an allreduce job's workers: workers = dp_replicate x dp_shard x tp (checked in cantata.server.jobspec).
+MESH_FIELDS: tuple[JobField, ...] = (
+    JobField(
+        "dp_shard",
+        int,
+        "ranks each parameter, gradient and optimizer state is sharded over (FSDP2); decoder models",
+        0,
+        1,
+        range=Range(1, MAX_WORKERS),
+        algorithms=_MESH,
+    ),
+    JobField(
+        "tp",
+        int,
+        "tensor-parallel ranks (column/row-parallel attention and MLP); must divide the key/value heads",
+        0,
+        1,
+        range=Range(1, MAX_WORKERS),
+        algorithms=_MESH,
+    ),
+    JobField(
+        "dp_replicate",
+        int,
+        "replicas of the sharded model (HSDP: sharded inside a replica, averaged across)",
+        0,
+        1,
+        range=Range(1, MAX_WORKERS),
+        algorithms=_MESH,
+    ),
+    JobField("activation_checkpointing", bool, "recompute each decoder layer in the backward pass", False),
+    JobField(
+        "mixed_precision",
+        str,
+        "compute dtype of a sharded model (gradients are reduced in fp32)",
+        "",
+        MixedPrecision.FP32.value,
+        choices=MixedPrecision,
+        algorithms=_MESH,
+    ),
+)
+
 FIELDS: tuple[JobField, ...] = (
     JobField("name", str, "the job's name, shown in listings", REQUIRED, max_length=128, required=True),
     JobField("model", str, "model configuration", Model.GPT_TINY.value, Model.GPT_TINY.value, choices=Model),
@@ -447,6 +490,7 @@ FIELDS: tuple[JobField, ...] = (
         optional=True,
     ),
     *TRAINING_FIELDS,
+    *MESH_FIELDS,
 )
 FIELD = {f.name: f for f in FIELDS}
 

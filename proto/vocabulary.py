@@ -66,6 +66,13 @@ class LrSchedule(enum.StrEnum):
     CONSTANT = "constant"
 
 
+class MixedPrecision(enum.StrEnum):
+    """The dtype a sharded model computes in (gradients are reduced in fp32)."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+
+
 class Model(enum.StrEnum):
     """The model configurations the server accepts: two byte GPTs, then the Llama/Qwen3 decoder family."""
 

@@ -172,10 +172,12 @@ class TrainingState:
                 self._checkpoints.save_beside(step, self.shard_name(part), part.holder.state_dict())
         if not self._commits:
             return None
+        listed = [part for part in self._parts if part.scope is not Scope.PROCESS]
+        states = [part.holder.state_dict() for part in listed]  # on every rank: a sharded model's is collective
         shards = {
-            self.shard_name(part): part.holder.state_dict()
-            for part in self._parts
-            if part.scope is Scope.RANK or (part.scope is Scope.LEAD and self._rank == 0)
+            self.shard_name(part): state
+            for part, state in zip(listed, states, strict=True)
+            if part.scope is Scope.RANK or self._rank == 0
         }
         return self._checkpoints.save(step, self._rank, shards, self._group)
 

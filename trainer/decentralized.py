@@ -37,6 +37,7 @@ from collections.abc import Callable
 import grpc
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from cantata.proto.jobfields import MAX_WORKERS
@@ -310,6 +311,8 @@ class Decentralized:
         self.local_steps = spec.local_steps
         self.budget_s = spec.round_time_s if spec.HasField("round_time_s") else None
         self.processes = cfg.workers * cfg.ranks_per_worker
+        self.mesh: DeviceMesh | None = None  # a worker group holds whole models
+        self.data_rank, self.data_world = cfg.worker, self.processes
         self.gossips = cfg.group_rank == 0
         self.diloco = spec.algorithm == Algorithm.DILOCO
         self.node: GossipNode | None = None

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,7 @@ class Decoder(nn.Module):
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        self.checkpoint_layers = False  # activation checkpointing: recompute each layer in the backward pass
         self.reset_parameters()
 
     @torch.no_grad()
@@ -133,7 +135,7 @@ class Decoder(nn.Module):
         x = self.embed_tokens(idx)
         cos, sin = rotary(idx.shape[1], self.cfg.head_dim, self.cfg.rope_theta, idx.device)
         for layer in self.layers:
-            x = layer(x, cos, sin)
+            x = checkpoint(layer, x, cos, sin, use_reentrant=False) if self.checkpoint_layers else layer(x, cos, sin)
         logits = self.lm_head(self.norm(x))
         if targets is None:
             return logits, None

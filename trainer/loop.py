@@ -26,13 +26,16 @@ from typing import Protocol
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 
-from cantata.proto.vocabulary import DECENTRALIZED, LrSchedule
+from cantata.proto.vocabulary import DECENTRALIZED, LrSchedule, MixedPrecision
 from cantata.trainer.checkpoint import JobCheckpoints, Scope, TrainingState, share_from_rank0
 from cantata.trainer.config import WorkerConfig
 from cantata.trainer.data import DataError, DataEvent, Feed, Utf8Policy, Vocabulary, open_feed
+from cantata.trainer.decoder import Decoder
 from cantata.trainer.model import LanguageModel, build_model
 from cantata.trainer.optim import build_optimizer
+from cantata.trainer.parallel import FullState, Parallelism, data_rank, parallelize
 from cantata.trainer.reporter import Reporter
 
 
@@ -168,7 +171,10 @@ class Strategy(Protocol):
     commits: bool  # whether this process's group seals the job's checkpoints
     local_steps: int  # H: nominal optimizer steps per round
     budget_s: float | None  # a time budget for a round's inner steps instead of H of them
-    processes: int  # every process of the job: each reads its own part of the data
+    processes: int  # every process of the job
+    mesh: DeviceMesh | None  # an allreduce job's FSDP2/TP mesh (None: each rank holds the whole model)
+    data_rank: int  # this process's part of the data, of ``data_world`` (tensor-parallel peers share theirs)
+    data_world: int
 
     def prepare(self, model: LanguageModel, state: TrainingState) -> None:
         """Register the strategy's own checkpointed parts (before any restore)."""
@@ -196,7 +202,11 @@ def join_group(rendezvous: str, rank: int, world: int) -> dist.ProcessGroup | No
 
 
 class AllReduce:
-    """Single-process and data-parallel training: rounds of one step, gradients averaged by the optimizer."""
+    """Single-process and data-parallel training: rounds of one step.
+
+    Without a mesh the optimizer averages the gradients (like DDP); with one,
+    FSDP2 and tensor parallelism (:mod:`cantata.trainer.parallel`) do.
+    """
 
     local_steps = 1
     budget_s: float | None = None
@@ -206,6 +216,9 @@ class AllReduce:
         self.group = join_group(cfg.rendezvous, cfg.worker, cfg.workers)
         self.rank = cfg.worker
         self.processes = cfg.workers
+        parallelism = Parallelism.of(cfg.spec)
+        self.mesh = parallelism.mesh() if parallelism.world > 1 else None
+        self.data_rank, self.data_world = data_rank(self.mesh) if self.mesh is not None else (cfg.worker, cfg.workers)
 
     def prepare(self, model: LanguageModel, state: TrainingState) -> None:
         pass
@@ -283,13 +296,20 @@ class Trainer:
         spec = self.spec
         self.model = build_model(spec.model, spec.seed)
         self.seq_len = min(spec.seq_len, self.model.cfg.block_size)
-        self.optimizer = build_optimizer(
+        if isinstance(self.model, Decoder):
+            self.model.checkpoint_layers = spec.activation_checkpointing
+        if strategy.mesh is not None:
+            if not isinstance(self.model, Decoder):
+                raise ValueError(f"model {spec.model} cannot be sharded: use a decoder (llama-*, qwen3-*)")
+            precision = MixedPrecision(spec.mixed_precision or MixedPrecision.FP32)
+            parallelize(self.model, strategy.mesh, precision, spec.activation_checkpointing)
+        self.optimizer = build_optimizer(  # where the optimizer is built: on the sharded model, if any
             self.model,
             spec.optimizer,
             lr=spec.lr,
             weight_decay=spec.weight_decay,
             grad_clip=spec.grad_clip,
-            process_group=strategy.group,
+            process_group=strategy.group if strategy.mesh is None else None,  # with a mesh FSDP2 reduces gradients
         )
         self.schedule = Schedule.of(spec)
         checkpoints = JobCheckpoints(spec.checkpoint_store, cfg.tenant, cfg.job_id, cfg.checkpoint_keys, spec.keep_last)
@@ -300,19 +320,19 @@ class Trainer:
     def run(self) -> float:
         """Train to ``spec.steps``; returns the final validation loss. Raises ``Stopped`` on cancel."""
         spec, strategy = self.spec, self.strategy
-        processes = strategy.processes
-        with closing(
-            job_feed(
-                self.cfg, self.reporter, self.seq_len, self.model.cfg.vocab_size, rank=self.cfg.worker, world=processes
-            )
-        ) as feed:
+        vocab_size = self.model.cfg.vocab_size
+        feed = job_feed(
+            self.cfg, self.reporter, self.seq_len, vocab_size, rank=strategy.data_rank, world=strategy.data_world
+        )
+        with closing(feed):
             self.feed = feed
-            for name, scope, holder in (
-                ("model", Scope.LEAD, self.model),
-                ("optim", Scope.RANK, self.optimizer),
-                ("data", Scope.PROCESS, feed),
-            ):
-                self.state.register(name, scope, holder)
+            if strategy.mesh is None:
+                self.state.register("model", Scope.LEAD, self.model)
+                self.state.register("optim", Scope.RANK, self.optimizer)
+            else:  # full tensors: a checkpoint taken on one mesh loads on another
+                self.state.register("model", Scope.LEAD, FullState(self.model, self.optimizer, "model"))
+                self.state.register("optim", Scope.LEAD, FullState(self.model, self.optimizer, "optim"))
+            self.state.register("data", Scope.PROCESS, feed)
             strategy.prepare(self.model, self.state)
             start = self.state.latest_step()
             if start:
@@ -345,7 +365,7 @@ class Trainer:
         spec, strategy = self.spec, self.strategy
         local_steps = strategy.local_steps
         report_every = max(1, spec.steps // 100)
-        tokens_per_step = spec.batch_size * self.seq_len * spec.grad_accum * strategy.processes
+        tokens_per_step = spec.batch_size * self.seq_len * spec.grad_accum * strategy.data_world
         tick, steps_since = time.perf_counter(), 0
         for t in range(first, math.ceil(spec.steps / local_steps)):
             done, loss = self.inner_steps(t)
