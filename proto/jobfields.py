@@ -274,6 +274,14 @@ MESH_FIELDS: tuple[JobField, ...] = (
         range=Range(1, MAX_WORKERS),
         algorithms=_MESH,
     ),
+    JobField(
+        "init_from",
+        str,
+        "initial weights: file:///PATH of a .safetensors file, or a directory of them (Hugging Face names), "
+        "under an allowed root; loaded file by file, each rank keeping its shard",
+        "",
+        prefixes=("file://",),
+    ),
     JobField("activation_checkpointing", bool, "recompute each decoder layer in the backward pass", False),
     JobField(
         "mixed_precision",

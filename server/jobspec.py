@@ -132,6 +132,8 @@ def parse_job_spec(
     check_vocabulary(s)
     check_mesh(s)
     check_dataset(s.dataset, roots, data_dir=data_dir)
+    if s.init_from:
+        local_path(s.init_from, "init_from", roots, data_dir=data_dir)
     if s.checkpoint_store != default_store:
         default_dir = Path(unquote(urlparse(default_store).path)) if default_store.startswith("file://") else None
         check_store(

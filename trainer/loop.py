@@ -17,12 +17,15 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
+from urllib.parse import unquote, urlparse
 
 import torch
 import torch.distributed as dist
@@ -37,6 +40,7 @@ from cantata.trainer.model import LanguageModel, build_model
 from cantata.trainer.optim import build_optimizer
 from cantata.trainer.parallel import FullState, Parallelism, data_rank, parallelize
 from cantata.trainer.reporter import Reporter
+from cantata.trainer.weights import load_weights
 
 
 class Stopped(Exception):
@@ -326,6 +330,9 @@ class Trainer:
         )
         with closing(feed):
             self.feed = feed
+            start = self.state.latest_step()
+            if not start and spec.init_from:  # before the strategy takes its copy (the outer step's theta)
+                self.load_initial_weights()
             if strategy.mesh is None:
                 self.state.register("model", Scope.LEAD, self.model)
                 self.state.register("optim", Scope.RANK, self.optimizer)
@@ -334,7 +341,6 @@ class Trainer:
                 self.state.register("optim", Scope.LEAD, FullState(self.model, self.optimizer, "optim"))
             self.state.register("data", Scope.PROCESS, feed)
             strategy.prepare(self.model, self.state)
-            start = self.state.latest_step()
             if start:
                 self.state.restore(start)
             if start >= spec.steps:  # resumed from the final checkpoint: nothing left to train
@@ -359,6 +365,16 @@ class Trainer:
             if self.lead:
                 report_data_wait(self.reporter, feed, time.perf_counter() - began)
             return val_loss
+
+    def load_initial_weights(self) -> None:
+        """The job's ``init_from`` weights, from under the roots its datasets may come from."""
+        path = Path(os.path.abspath(unquote(urlparse(self.spec.init_from).path)))
+        if not any(path == root or root in path.parents for root in self.cfg.dataset_access.roots):
+            raise PermissionError(f"init_from {path} is outside the allowed roots")
+        files = load_weights(self.model, path)
+        note("init_from", f"initial weights from {path} ({files} files)", files=files)
+        if self.lead:
+            self.reporter.message(f"initial weights from {path} ({files} files)")
 
     def rounds(self, first: int) -> None:
         """Every round from ``first`` on: inner steps, the strategy's step after them, reports, evaluations, saves."""
