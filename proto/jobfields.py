@@ -245,8 +245,25 @@ TRAINING_FIELDS: tuple[JobField, ...] = (
 )
 
 _MESH = frozenset({Algorithm.SINGLE, Algorithm.ALLREDUCE})
-# The mesh of an allreduce job's workers: workers = dp_replicate x dp_shard x tp (checked in cantata.server.jobspec).
-MESH_FIELDS: tuple[JobField, ...] = (
+# Tokenizer, mesh and initial weights (issue 19). The mesh of an allreduce job's workers:
+# workers = dp_replicate x dp_shard x tp (checked in cantata.server.jobspec).
+MODEL_FIELDS: tuple[JobField, ...] = (
+    JobField(
+        "tokenizer",
+        str,
+        "sha256:HEX of the tokenizer.json the dataset was prepared with (`cantata data prepare --tokenizer` "
+        "prints it); every shard must record it",
+        "",
+        prefixes=(TOKENIZER_PREFIX,),
+        max_length=len(TOKENIZER_PREFIX) + 64,
+    ),
+    JobField(
+        "tokenizer_vocab",
+        int,
+        "the tokenizer's vocabulary size (with tokenizer); at most the model's vocabulary",
+        0,
+        range=Range(1, MAX_VOCAB),
+    ),
     JobField(
         "dp_shard",
         int,
@@ -274,14 +291,6 @@ MESH_FIELDS: tuple[JobField, ...] = (
         range=Range(1, MAX_WORKERS),
         algorithms=_MESH,
     ),
-    JobField(
-        "init_from",
-        str,
-        "initial weights: file:///PATH of a .safetensors file, or a directory of them (Hugging Face names), "
-        "under an allowed root; loaded file by file, each rank keeping its shard",
-        "",
-        prefixes=("file://",),
-    ),
     JobField("activation_checkpointing", bool, "recompute each decoder layer in the backward pass", False),
     JobField(
         "mixed_precision",
@@ -292,27 +301,19 @@ MESH_FIELDS: tuple[JobField, ...] = (
         choices=MixedPrecision,
         algorithms=_MESH,
     ),
+    JobField(
+        "init_from",
+        str,
+        "initial weights: file:///PATH of a .safetensors file, or a directory of them (Hugging Face names), "
+        "under an allowed root; loaded file by file, each rank keeping its shard",
+        "",
+        prefixes=("file://",),
+    ),
 )
 
 FIELDS: tuple[JobField, ...] = (
     JobField("name", str, "the job's name, shown in listings", REQUIRED, max_length=128, required=True),
     JobField("model", str, "model configuration", Model.GPT_TINY.value, Model.GPT_TINY.value, choices=Model),
-    JobField(
-        "tokenizer",
-        str,
-        "sha256:HEX of the tokenizer.json the dataset was prepared with (`cantata data prepare --tokenizer` "
-        "prints it); every shard must record it",
-        "",
-        prefixes=(TOKENIZER_PREFIX,),
-        max_length=len(TOKENIZER_PREFIX) + 64,
-    ),
-    JobField(
-        "tokenizer_vocab",
-        int,
-        "the tokenizer's vocabulary size (with tokenizer); at most the model's vocabulary",
-        0,
-        range=Range(1, MAX_VOCAB),
-    ),
     JobField(
         "dataset",
         str,
@@ -498,7 +499,7 @@ FIELDS: tuple[JobField, ...] = (
         optional=True,
     ),
     *TRAINING_FIELDS,
-    *MESH_FIELDS,
+    *MODEL_FIELDS,
 )
 FIELD = {f.name: f for f in FIELDS}
 
