@@ -112,6 +112,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.integration  # four gloo processes
 def test_a_2x2_mesh_trains_like_one_process_and_its_checkpoint_loads_on_a_4x1_mesh(tmp_path):
     reference = build_model(MODEL, seed=1)
     weights = _save_hf_style(reference, tmp_path / "weights")
