@@ -34,7 +34,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from cantata.proto.vocabulary import DECENTRALIZED, LrSchedule, MixedPrecision
 from cantata.trainer.checkpoint import JobCheckpoints, Scope, TrainingState, share_from_rank0
 from cantata.trainer.config import WorkerConfig
-from cantata.trainer.data import DataError, DataEvent, Feed, Utf8Policy, Vocabulary, open_feed
+from cantata.trainer.data import DataEvent, Feed, Utf8Policy, Vocabulary, open_feed
 from cantata.trainer.decoder import Decoder
 from cantata.trainer.model import LanguageModel, build_model
 from cantata.trainer.optim import build_optimizer
@@ -76,7 +76,7 @@ class Schedule:
 
 
 log = logging.getLogger("cantata.worker")
-LOCAL_DATASETS = ("builtin:", "file://")  # datasets whose validation split is checked when the job starts
+LOCAL_DATASETS = ("builtin:", "file://")  # datasets whose validation split is read when the job starts
 
 
 def note(event: str, message: str, *, level: int = logging.INFO, **fields: object) -> None:
@@ -97,8 +97,10 @@ def job_feed(cfg: WorkerConfig, reporter: Reporter, seq_len: int, vocab_size: in
 
     Every object it reads is checked against the model's ``vocab_size`` and the job's tokenizer.
 
-    The validation split of a built-in or ``file://`` dataset is read at once: one too small for
-    ``eval_batches`` fails the job now (a ``DataError``, permanent) instead of at its first evaluation.
+    A dataset too small for ``eval_batches`` fails the job now (a ``DataError``, permanent) instead
+    of at its first evaluation: a built-in or ``file://`` dataset's validation split is read at once;
+    an S3 or Azure one is checked from its listing (objects' sizes), so nothing is fetched twice, and
+    the first evaluation catches the rest (text that is skipped, say).
     """
 
     def relay(event: DataEvent) -> None:
@@ -124,23 +126,12 @@ def job_feed(cfg: WorkerConfig, reporter: Reporter, seq_len: int, vocab_size: in
         on_event=relay,
         vocabulary=Vocabulary(vocab_size, spec.tokenizer),
     )
-    if not spec.dataset.startswith(LOCAL_DATASETS):
-        return feed  # S3 and Azure: reading the split now would fetch objects again; checked at the first evaluation
     try:
-        check_validation_split(feed, spec.eval_batches)
+        feed.check_validation(spec.eval_batches, fetch=spec.dataset.startswith(LOCAL_DATASETS))
     except BaseException:
         feed.close()
         raise
     return feed
-
-
-def check_validation_split(feed: Feed, eval_batches: int) -> None:
-    """Read the validation batches now; a dataset without training windows at all says so first."""
-    try:
-        feed.validation(eval_batches)
-    except DataError:
-        feed.next_batch()  # raises the loader's own error for a dataset with no training window
-        raise
 
 
 def train_step(

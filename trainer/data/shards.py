@@ -45,6 +45,7 @@ HEADER_SIZE = HEADER.size
 TOKENIZER_HEADER = struct.Struct("<4sBBHQII32sI")
 DTYPES: dict[str, np.dtype] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 _BY_WIDTH = {dtype.itemsize: dtype for dtype in DTYPES.values()}
+MIN_TOKEN_WIDTH = min(_BY_WIDTH)  # bytes a token takes in the narrowest shard
 
 
 @dataclass(frozen=True)
