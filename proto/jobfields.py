@@ -34,6 +34,7 @@ from cantata.proto.vocabulary import (
     Algorithm,
     Compression,
     LrSchedule,
+    MixedPrecision,
     Model,
     Optimizer,
     Topology,
@@ -50,6 +51,8 @@ WARMUP_DIVISOR = 20  # the default warm-up: 5% of the steps
 MAX_GRAD_ACCUM = 1024
 MAX_EVAL_BATCHES = 10_000
 MAX_KEEP_LAST = 10_000
+TOKENIZER_PREFIX = "sha256:"
+MAX_VOCAB = 1 << 24
 DECENTRALIZED_DEFAULTS = {  # algorithm -> (local steps H, outer lr eta, outer momentum gamma, topology)
     Algorithm.DILOCO: (20, 0.7, 0.9, Topology.COMPLETE),
     Algorithm.GASLOC: (20, 1.0, 0.5, Topology.RING),
@@ -241,6 +244,73 @@ TRAINING_FIELDS: tuple[JobField, ...] = (
     ),
 )
 
+_MESH = frozenset({Algorithm.SINGLE, Algorithm.ALLREDUCE})
+# Tokenizer, mesh and initial weights (issue 19). The mesh of an allreduce job's workers:
+# workers = dp_replicate x dp_shard x tp (checked in cantata.server.jobspec).
+MODEL_FIELDS: tuple[JobField, ...] = (
+    JobField(
+        "tokenizer",
+        str,
+        "sha256:HEX of the tokenizer.json the dataset was prepared with (`cantata data prepare --tokenizer` "
+        "prints it); every shard must record it",
+        "",
+        prefixes=(TOKENIZER_PREFIX,),
+        max_length=len(TOKENIZER_PREFIX) + 64,
+    ),
+    JobField(
+        "tokenizer_vocab",
+        int,
+        "the tokenizer's vocabulary size (with tokenizer); at most the model's vocabulary",
+        0,
+        range=Range(1, MAX_VOCAB),
+    ),
+    JobField(
+        "dp_shard",
+        int,
+        "ranks each parameter, gradient and optimizer state is sharded over (FSDP2); decoder models",
+        0,
+        1,
+        range=Range(1, MAX_WORKERS),
+        algorithms=_MESH,
+    ),
+    JobField(
+        "tp",
+        int,
+        "tensor-parallel ranks (column/row-parallel attention and MLP); must divide the key/value heads",
+        0,
+        1,
+        range=Range(1, MAX_WORKERS),
+        algorithms=_MESH,
+    ),
+    JobField(
+        "dp_replicate",
+        int,
+        "replicas of the sharded model (HSDP: sharded inside a replica, averaged across)",
+        0,
+        1,
+        range=Range(1, MAX_WORKERS),
+        algorithms=_MESH,
+    ),
+    JobField("activation_checkpointing", bool, "recompute each decoder layer in the backward pass", False),
+    JobField(
+        "mixed_precision",
+        str,
+        "compute dtype of a sharded model (gradients are reduced in fp32)",
+        "",
+        MixedPrecision.FP32.value,
+        choices=MixedPrecision,
+        algorithms=_MESH,
+    ),
+    JobField(
+        "init_from",
+        str,
+        "initial weights: file:///PATH of a .safetensors file, or a directory of them (Hugging Face names), "
+        "under an allowed root; loaded file by file, each rank keeping its shard",
+        "",
+        prefixes=("file://",),
+    ),
+)
+
 FIELDS: tuple[JobField, ...] = (
     JobField("name", str, "the job's name, shown in listings", REQUIRED, max_length=128, required=True),
     JobField("model", str, "model configuration", Model.GPT_TINY.value, Model.GPT_TINY.value, choices=Model),
@@ -429,6 +499,7 @@ FIELDS: tuple[JobField, ...] = (
         optional=True,
     ),
     *TRAINING_FIELDS,
+    *MODEL_FIELDS,
 )
 FIELD = {f.name: f for f in FIELDS}
 

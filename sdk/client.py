@@ -31,7 +31,14 @@ from cantata.proto.v1 import (
     jobs_pb2,
     jobs_pb2_grpc,
 )
-from cantata.proto.vocabulary import DATA_SOURCE_SECRETS, MODEL_SHAPES, STATE_NAMES, Model, is_terminal
+from cantata.proto.vocabulary import (
+    DATA_SOURCE_SECRETS,
+    MODEL_SHAPES,
+    STATE_NAMES,
+    Model,
+    is_terminal,
+    model_architecture,
+)
 from cantata.sdk.errors import (
     InvalidArgument,
     InvalidJob,
@@ -62,7 +69,6 @@ DATA_SOURCE_KIND_NAMES = {value: name for name, value in DATA_SOURCE_KINDS.items
 DATASET_KEY_SIZE = 32
 CHECKPOINT_FORMATS = ("torch", "safetensors")
 CHECKPOINT_FORMAT_GROUP = "cantata.checkpoint_formats"  # entry points: format name -> converter(state, out, config)
-MODEL_ARCHITECTURE = "cantata-gpt"  # cantata.trainer.model.GPT: a byte-level GPT in the spirit of nanoGPT
 
 
 def _state_name(state: int) -> str | None:
@@ -800,7 +806,7 @@ class JobHandle:
 def checkpoint_config(model: str, *, job_id: str, step: int) -> dict[str, object]:
     """The ``config.json`` of a downloaded checkpoint: the architecture and shape of ``model``, the job and the step."""
     return {
-        "architecture": MODEL_ARCHITECTURE,
+        "architecture": model_architecture(Model(model)),
         "model": model,
         **MODEL_SHAPES[Model(model)],
         "job_id": job_id,

@@ -22,7 +22,16 @@ from urllib.parse import unquote, urlparse
 from cantata.proto import jobfields
 from cantata.proto.jobfields import MAX_WORKERS
 from cantata.proto.v1 import common_pb2
-from cantata.proto.vocabulary import DECENTRALIZED, Algorithm, Compression, Topology
+from cantata.proto.vocabulary import (
+    BYTE_GPTS,
+    DECENTRALIZED,
+    MODEL_SHAPES,
+    Algorithm,
+    Compression,
+    Model,
+    Optimizer,
+    Topology,
+)
 from cantata.server import memory
 from cantata.server.local_roots import within
 from cantata.storage.base import StoreConfigError, store_prefix
@@ -120,7 +129,11 @@ def parse_job_spec(
             "ranks_per_worker",
             "worker groups are for gasloc or diloco (allreduce already spreads one model over its workers)",
         )
+    check_vocabulary(s)
+    check_mesh(s)
     check_dataset(s.dataset, roots, data_dir=data_dir)
+    if s.init_from:
+        local_path(s.init_from, "init_from", roots, data_dir=data_dir)
     if s.checkpoint_store != default_store:
         default_dir = Path(unquote(urlparse(default_store).path)) if default_store.startswith("file://") else None
         check_store(
@@ -140,6 +153,46 @@ def parse_job_spec(
             f"{node_memory // memory.MIB} MiB: lower batch_size or seq_len",
         )
     return s
+
+
+def check_mesh(s: common_pb2.JobSpec) -> None:
+    """A mesh covers the job's workers exactly, shards a decoder, and splits its key/value heads evenly."""
+    mesh = s.dp_replicate * s.dp_shard * s.tp if s.algorithm in (Algorithm.SINGLE, Algorithm.ALLREDUCE) else 1
+    if mesh == 1:
+        return
+    _require(
+        mesh == s.workers,
+        "workers",
+        f"dp_replicate x dp_shard x tp = {mesh} ranks, so the job needs workers = {mesh}, not {s.workers}",
+    )
+    shape = MODEL_SHAPES[Model(s.model)]
+    _require(Model(s.model) not in BYTE_GPTS, "model", f"{s.model} is not sharded: use a decoder (llama-*, qwen3-*)")
+    _require(
+        int(shape["n_kv_heads"]) % s.tp == 0, "tp", f"must divide {s.model}'s {shape['n_kv_heads']} key/value heads"
+    )
+    _require(
+        s.optimizer != Optimizer.MUON or (s.dp_shard == 1 and s.tp == 1),
+        "optimizer",
+        "muon on sharded parameters needs Canzona on DTensor, which this server does not have yet: use adamw",
+    )
+
+
+def check_vocabulary(s: common_pb2.JobSpec) -> None:
+    """A named tokenizer comes with its vocabulary size, which must fit the model's (a builtin dataset is bytes)."""
+    vocab = int(MODEL_SHAPES[Model(s.model)]["vocab_size"])
+    if s.tokenizer:
+        _require(
+            re.fullmatch(r"sha256:[0-9a-f]{64}", s.tokenizer) is not None,
+            "tokenizer",
+            "must be sha256: and 64 lower-case hex digits, as cantata data prepare --tokenizer prints it",
+        )
+        _require(s.tokenizer_vocab > 0, "tokenizer_vocab", "give the tokenizer's vocabulary size with tokenizer")
+        _require(not s.dataset.startswith("builtin:"), "tokenizer", f"{s.dataset} is byte-level text, not tokenized")
+    _require(
+        s.tokenizer_vocab <= vocab,
+        "tokenizer_vocab",
+        f"{s.tokenizer_vocab} tokens do not fit model {s.model}, whose vocabulary is {vocab}",
+    )
 
 
 def dataset_source(dataset: str) -> str:

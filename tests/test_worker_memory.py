@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from cantata.proto.v1 import common_pb2
 from cantata.proto.vocabulary import Model
@@ -10,7 +11,7 @@ from cantata.sdk import errors
 from cantata.sdk.job import Job
 from cantata.server import memory
 from cantata.server.jobspec import InvalidField, parse_job_spec
-from cantata.trainer.model import MODELS
+from cantata.trainer.model import build_model
 from tests.platform import Platform
 
 NODE_MIB = 4096
@@ -29,11 +30,11 @@ def platform(tmp_path_factory):
         p.stop()
 
 
-def test_the_estimates_model_shapes_are_the_trainers():
-    assert set(memory.SHAPES) == set(MODELS) == set(memory.ACTIVATION_BYTES_PER_TOKEN)
-    for model, (layers, width, context) in memory.SHAPES.items():
-        cfg = MODELS[model]
-        assert (cfg.n_layer, cfg.n_embd, cfg.block_size) == (layers, width, context)
+@pytest.mark.parametrize("model", list(Model))
+def test_the_estimates_parameter_counts_are_the_trainers(model):
+    with torch.device("meta"):
+        built = build_model(model.value, seed=1)
+    assert memory.parameters(model) == sum(p.numel() for p in built.parameters())
 
 
 def _parse(node_memory: int, **fields) -> common_pb2.JobSpec:

@@ -1,18 +1,21 @@
 """A job's checkpoints as its workers write and read them: sealed, in the job's blob store.
 
-Every rank seals its own optimizer shard; the lead rank seals the model, then
-commits the manifest that makes the checkpoint exist (see
-``cantata.security.sealed_checkpoint``). In decentralized training, where
-one worker group commits for all, every rank also seals its data position
-beside the checkpoint (:meth:`JobCheckpoints.save_position`). The worker
+:class:`TrainingState` is the one registry of what a checkpoint holds: the
+lead rank seals the model (and a decentralized worker's outer state), every
+rank its own optimizer shard, then the lead commits the manifest that makes
+the checkpoint exist (see ``cantata.security.sealed_checkpoint``). Every
+process seals its data position beside the checkpoint, unlisted, since in
+decentralized training one worker group commits for all. The worker
 holds only its job's derived keys, handed over by the server in its 0600
 config file.
 """
 
 from __future__ import annotations
 
+import enum
 import json
-from typing import TypedDict
+from dataclasses import dataclass
+from typing import Any, Protocol, TypedDict
 
 import torch.distributed as dist
 
@@ -76,18 +79,113 @@ class JobCheckpoints:
         )
         return sum(info.sealed_size for info in infos)
 
-    def save_position(self, step: int, worker: int, state: dict) -> None:
-        """Seal ``worker``'s data position (a feed's plain ``state_dict()``) beside checkpoint ``step``."""
+    def save_beside(self, step: int, name: str, state: dict) -> None:
+        """Seal ``state`` (plain JSON values) beside checkpoint ``step``, unlisted in its manifest."""
         write_shard(
-            self._store,
-            step=step,
-            name=f"data-{worker}",
-            state=json.dumps(state).encode(),
-            kek=self._keys.current,
-            **self._where,
+            self._store, step=step, name=name, state=json.dumps(state).encode(), kek=self._keys.current, **self._where
         )
 
-    def load_position(self, step: int, worker: int) -> dict | None:
-        """The data position ``worker`` saved beside checkpoint ``step``, or None if it saved none."""
-        raw = read_unlisted_shard(self._store, step=step, name=f"data-{worker}", keys=self._keys, **self._where)
+    def load_beside(self, step: int, name: str) -> dict | None:
+        """What :meth:`save_beside` sealed as ``name`` at ``step``, or None if nothing was."""
+        raw = read_unlisted_shard(self._store, step=step, name=name, keys=self._keys, **self._where)
         return None if raw is None else json.loads(raw)
+
+
+class Scope(enum.Enum):
+    """Who seals a part of the training state, and under which shard name."""
+
+    LEAD = "lead"  # rank 0 of the committing group, listed as ``name``
+    RANK = "rank"  # every rank of the committing group, listed as ``name-RANK``
+    PROCESS = "process"  # every process of the job, sealed beside the checkpoint as ``name-PROCESS`` (JSON)
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any, /) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    scope: Scope
+    holder: Stateful
+
+
+class TrainingState:
+    """The registry of checkpointed state: every part is saved and restored the same way.
+
+    The trainer registers the model, the optimizer and the data position; a
+    strategy adds its own (the decentralized outer state). Only the ranks of
+    the committing group (every rank of an all-reduce job, worker group 0 of
+    a decentralized one) seal listed parts; ``PROCESS`` parts are sealed by
+    every process before the commit, so a checkpoint's own ranks always find
+    theirs.
+    """
+
+    def __init__(self, checkpoints: JobCheckpoints, *, rank: int, process: int, group, commits: bool):
+        self._checkpoints, self._rank, self._process, self._group = checkpoints, rank, process, group
+        self._commits = commits
+        self._parts: list[Part] = []
+        self._listed: dict[str, Any] = {}
+
+    def register(self, name: str, scope: Scope, holder: Stateful) -> None:
+        if any(part.name == name for part in self._parts):
+            raise ValueError(f"a part named {name!r} is already registered")
+        self._parts.append(Part(name, scope, holder))
+
+    def shard_name(self, part: Part) -> str:
+        return {Scope.LEAD: part.name, Scope.RANK: f"{part.name}-{self._rank}"}.get(
+            part.scope, f"{part.name}-{self._process}"
+        )
+
+    def latest_step(self) -> int:
+        """The newest verified checkpoint's step (0 if none), as rank 0 of the group sees it."""
+        return share_from_rank0(self._checkpoints.latest_step() or 0, self._group)
+
+    def restore(self, step: int) -> None:
+        """Load every listed part of checkpoint ``step`` (the ``PROCESS`` parts: :meth:`restore_beside`)."""
+        self._listed = self._checkpoints.load(step)
+        for part in self._parts:
+            if part.scope is not Scope.PROCESS:
+                part.holder.load_state_dict(self._listed[self.shard_name(part)])
+
+    def restore_beside(self, step: int) -> bool:
+        """Load the ``PROCESS`` parts this process sealed at ``step``; False (nothing loaded) if one is missing."""
+        states = {}
+        for part in self._parts:
+            if part.scope is Scope.PROCESS:
+                name = self.shard_name(part)
+                state = self._listed.get(name)  # listed by checkpoints older than this registry
+                states[part.name] = state if state is not None else self._checkpoints.load_beside(step, name)
+        if any(state is None for state in states.values()):
+            return False
+        for part in self._parts:
+            if part.scope is Scope.PROCESS:
+                part.holder.load_state_dict(states[part.name])
+        return True
+
+    def save(self, step: int) -> int | None:
+        """Seal this process's parts at ``step``; returns the committed size on the lead, else None."""
+        for part in self._parts:
+            if part.scope is Scope.PROCESS:
+                self._checkpoints.save_beside(step, self.shard_name(part), part.holder.state_dict())
+        if not self._commits:
+            return None
+        listed = [part for part in self._parts if part.scope is not Scope.PROCESS]
+        states = [part.holder.state_dict() for part in listed]  # on every rank: a sharded model's is collective
+        shards = {
+            self.shard_name(part): state
+            for part, state in zip(listed, states, strict=True)
+            if part.scope is Scope.RANK or self._rank == 0
+        }
+        return self._checkpoints.save(step, self._rank, shards, self._group)
+
+
+def share_from_rank0(value: int, group: dist.ProcessGroup | None) -> int:
+    """Rank 0's ``value`` on every rank of ``group``."""
+    if group is None:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0, group=group)
+    return box[0]

@@ -27,19 +27,17 @@ rounds from the control plane, reports) a group is its rank-0 process.
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import logging
 import math
 import threading
 import time
-from collections.abc import Mapping
-from contextlib import closing
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 
 import grpc
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from cantata.proto.jobfields import MAX_WORKERS
@@ -58,26 +56,14 @@ from cantata.security.anomaly.screening import (
 )
 from cantata.security.pki import Bundle
 from cantata.trainer.attacks import AttackView, craft
-from cantata.trainer.checkpoint import JobCheckpoints
+from cantata.trainer.checkpoint import Scope, TrainingState, share_from_rank0
 from cantata.trainer.config import WorkerConfig
 from cantata.trainer.gasloc.deadline import FIRST_DEADLINE_S, RoundDeadline
 from cantata.trainer.gasloc.outer import GASLoCOuter, Proposal, flatten, split_weight, with_weight
 from cantata.trainer.gasloc.topology import make_topology
 from cantata.trainer.gossip import GossipNode
 from cantata.trainer.gossip.allreduce import AllReduceFailed, ring_allreduce
-from cantata.trainer.loop import (
-    Schedule,
-    Stopped,
-    evaluate,
-    job_feed,
-    log_checkpoint,
-    log_eval,
-    log_progress,
-    report_data_wait,
-    train_step,
-)
-from cantata.trainer.model import GPT, build_model
-from cantata.trainer.optim import build_optimizer
+from cantata.trainer.loop import join_group
 from cantata.trainer.reporter import Reporter
 
 PEER_WAIT_S = 60.0
@@ -318,29 +304,6 @@ def wait_for_peers(reporter: Reporter, workers: int, timeout: float = PEER_WAIT_
         time.sleep(0.2)
 
 
-def join_worker_group(cfg: WorkerConfig) -> dist.ProcessGroup | None:
-    """The ``torch.distributed`` group of this process's worker group (None for a one-process worker)."""
-    if cfg.ranks_per_worker == 1:
-        return None
-    dist.init_process_group(
-        "gloo",
-        init_method=cfg.rendezvous,
-        rank=cfg.group_rank,
-        world_size=cfg.ranks_per_worker,
-        timeout=dt.timedelta(minutes=5),
-    )
-    return dist.group.WORLD
-
-
-def share_from_rank0(value: int, group: dist.ProcessGroup | None) -> int:
-    """Rank 0's ``value`` on every rank of the worker group."""
-    if group is None:
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0, group=group)
-    return box[0]
-
-
 def sync_parameters(model: torch.nn.Module, group: dist.ProcessGroup | None) -> None:
     """Give every rank of the worker group the parameters rank 0 holds after its outer step."""
     if group is None:
@@ -348,48 +311,6 @@ def sync_parameters(model: torch.nn.Module, group: dist.ProcessGroup | None) -> 
     flat = parameters_to_vector(model.parameters())
     dist.broadcast(flat, src=0, group=group)
     vector_to_parameters(flat, model.parameters())
-
-
-def inner_steps(
-    model: GPT,
-    optimizer,
-    feed,
-    schedule: Schedule,
-    plan: RoundPlan,
-    t: int,
-    should_stop,
-    group: dist.ProcessGroup | None,
-) -> tuple[int, float]:
-    """Round ``t``'s inner steps: ``local_steps`` of them, or as many as fit in the time budget (at least one).
-
-    The learning rate follows the nominal step ``t * H + h + 1``, held at the
-    round's last one for steps past H. Returns the steps done and the last loss.
-    """
-    began = time.perf_counter()
-    done = 0
-    while True:
-        if should_stop():
-            raise Stopped()
-        step = t * plan.local_steps + min(done, plan.local_steps - 1) + 1
-        lr = schedule.lr(min(step, plan.steps))
-        loss = train_step(model, optimizer, feed, step, lr, accumulate=plan.accumulate, trace=plan.trace)
-        done += 1
-        if plan.budget_s is None:
-            more = done < plan.local_steps
-        else:  # stop unless one more step at the mean pace so far fits; a group's ranks follow rank 0
-            elapsed = time.perf_counter() - began
-            more = bool(share_from_rank0(int(elapsed * (done + 1) / done <= plan.budget_s), group))
-        if not more:
-            return done, loss
-
-
-@dataclass(frozen=True)
-class RoundPlan:
-    local_steps: int  # H: nominal inner steps per round (rounds = ceil(steps / H))
-    steps: int
-    budget_s: float | None  # round_time_s: inner steps run for this long instead of H of them
-    trace: bool
-    accumulate: int = 1  # grad_accum: micro-batches per inner step
 
 
 def consensus(
@@ -425,172 +346,118 @@ def parameters_digest(model: torch.nn.Module) -> str:
     return hashlib.sha256(flatten(model.parameters()).numpy().tobytes()).hexdigest()[:16]
 
 
-def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.Event) -> float:
-    """Train to ``spec.steps`` in rounds of H local steps, then average; returns the consensus's validation loss."""
-    spec = cfg.spec
-    torch.set_num_threads(cfg.threads)
-    group = join_worker_group(cfg)
-    local_steps = spec.local_steps
-    plan = RoundPlan(
-        local_steps,
-        spec.steps,
-        spec.round_time_s if spec.HasField("round_time_s") else None,
-        spec.trace_samples,
-        spec.grad_accum,
-    )
-    diloco = spec.algorithm == Algorithm.DILOCO
-    model = build_model(spec.model, spec.seed)
-    seq_len = min(spec.seq_len, model.cfg.block_size)
-    optimizer = build_optimizer(
-        model,
-        spec.optimizer,
-        lr=spec.lr,
-        weight_decay=spec.weight_decay,
-        grad_clip=spec.grad_clip,
-        process_group=group,
-    )
-    schedule = Schedule.of(spec)
-    lead = cfg.worker == 0  # reports progress for the job
-    gossips = cfg.group_rank == 0
-    saves = cfg.group == 0  # worker group 0 writes the checkpoints, each rank its optimizer state
+class Decentralized:
+    """The strategy of gasloc and diloco: after each round of H inner steps, an outer step over gossip.
 
-    with closing(job_feed(cfg, reporter, seq_len, rank=cfg.worker, world=cfg.workers * cfg.ranks_per_worker)) as feed:
-        checkpoints = JobCheckpoints(spec.checkpoint_store, cfg.tenant, cfg.job_id, cfg.checkpoint_keys, spec.keep_last)
-        start = share_from_rank0(checkpoints.latest_step() or 0, group)
-        if start:
-            shards = checkpoints.load(start)
-            model.load_state_dict(shards["model"])
-            optimizer.load_state_dict(shards[f"optim-{cfg.group_rank}"])
-        node = None
-        first_round = start // local_steps
-        if gossips:
-            outer = GASLoCOuter(
-                model.parameters(),
-                make_topology(spec.topology, cfg.workers, spec.seed),
-                cfg.group,
-                outer_lr=spec.outer_lr,
-                outer_momentum=spec.outer_momentum,
-                gossip_step=spec.gossip_step if spec.HasField("gossip_step") else None,
-                compression="none" if diloco else spec.compression,
-                canary=None if diloco else Canaries(spec.seed + 7919 * cfg.worker),
-            )
-            if start:
-                outer.load_state_dict(shards["outer-0"])
+    Only a worker group's rank 0 gossips (and holds the outer state); the
+    group's ranks follow it. Worker group 0 seals the checkpoints.
+    """
+
+    def __init__(self, cfg: WorkerConfig, reporter: Reporter):
+        spec = cfg.spec
+        self.cfg, self.reporter = cfg, reporter
+        self.group = join_group(cfg.rendezvous, cfg.group_rank, cfg.ranks_per_worker)
+        self.rank = cfg.group_rank
+        self.commits = cfg.group == 0
+        self.local_steps = spec.local_steps
+        self.budget_s = spec.round_time_s if spec.HasField("round_time_s") else None
+        self.processes = cfg.workers * cfg.ranks_per_worker
+        self.mesh: DeviceMesh | None = None  # a worker group holds whole models
+        self.data_rank, self.data_world = cfg.worker, self.processes
+        self.gossips = cfg.group_rank == 0
+        self.diloco = spec.algorithm == Algorithm.DILOCO
+        self.node: GossipNode | None = None
+
+    def prepare(self, model: torch.nn.Module, state: TrainingState) -> None:
+        self.model = model
+        if not self.gossips:
+            return
+        spec, cfg = self.cfg.spec, self.cfg
+        self.outer = GASLoCOuter(
+            model.parameters(),
+            make_topology(spec.topology, cfg.workers, spec.seed),
+            cfg.group,
+            outer_lr=spec.outer_lr,
+            outer_momentum=spec.outer_momentum,
+            gossip_step=spec.gossip_step if spec.HasField("gossip_step") else None,
+            compression="none" if self.diloco else spec.compression,
+            canary=None if self.diloco else Canaries(spec.seed + 7919 * cfg.worker),
+        )
+        state.register("outer", Scope.RANK, self.outer)  # only rank 0 gossips: its shard is "outer-0"
+
+    def first_round(self, start: int) -> int:
+        """Start gossiping; a restarted worker whose job went on without it catches up to the job's round."""
+        cfg, first = self.cfg, start // self.local_steps
+        if self.gossips:
+            spec = cfg.spec
             bundle = Bundle(cfg.cert.read_bytes(), cfg.key.read_bytes(), cfg.ca.read_bytes())
-            deadline = RoundDeadline(spec.round_deadline_s if spec.HasField("round_deadline_s") else None)
-            node = GossipNode(
-                cfg.worker, cfg.job_id, bundle, deadline_s=deadline.seconds, on_refused=RefusalReports(reporter)
+            self.deadline = RoundDeadline(spec.round_deadline_s if spec.HasField("round_deadline_s") else None)
+            self.node = GossipNode(
+                cfg.worker,
+                cfg.job_id,
+                bundle,
+                deadline_s=self.deadline.seconds,
+                on_refused=RefusalReports(self.reporter),
             )
-            reporter.gossip_endpoint(node.start())
+            self.reporter.gossip_endpoint(self.node.start())
             quarantine = Quarantine(cfg.worker)
-            exchange = GossipExchange(cfg, node, reporter, outer, quarantine, deadline)
-            screen = UpdateScreen(cfg, reporter, model, quarantine)
-            current = wait_for_peers(reporter, cfg.workers)
-            if current:  # a restarted worker: the job went on without it, so catch up
-                first_round = max(first_round, current + 1)
-                reporter.message(f"worker {cfg.worker} rejoins at round {first_round} from checkpoint step {start}")
-            elif start and lead:
-                reporter.message(f"resumed from checkpoint at step {start}")
-        first_round = share_from_rank0(first_round, group)
+            self.exchange = GossipExchange(cfg, self.node, self.reporter, self.outer, quarantine, self.deadline)
+            self.screen = UpdateScreen(cfg, self.reporter, self.model, quarantine)
+            current = wait_for_peers(self.reporter, cfg.workers)
+            if current:
+                first = max(first, current + 1)
+                self.reporter.message(f"worker {cfg.worker} rejoins at round {first} from checkpoint step {start}")
+        return share_from_rank0(first, self.group)
 
-        rounds = math.ceil(spec.steps / local_steps)
-        tokens_per_step = spec.batch_size * seq_len * spec.grad_accum * cfg.workers * cfg.ranks_per_worker
-        val_loss = float("nan")
-        resumes_at_checkpoint = start and start == first_round * local_steps
-        position = checkpoints.load_position(start, cfg.worker) if resumes_at_checkpoint else None
-        if position is not None:
-            feed.load_state_dict(position)
-        elif first_round:  # rejoining later than the checkpoint (or it holds no position): that round's first batch
-            feed.seek(first_round * local_steps * spec.grad_accum)
+    def after_round(self, round_: int, steps_done: int) -> None:
+        """The outer step (gasloc gossip or diloco all-reduce), then the group's ranks take rank 0's parameters."""
+        if self.gossips:
+            assert self.node is not None
+            cfg = self.cfg
+            exchanged = time.perf_counter()
+            if self.diloco:
+                stats = self.outer.round_mean(round_, self.exchange.allreduce, weight=float(steps_done))
+            else:
+                stats = self.outer.round(round_, self.exchange, self.screen, weight=float(steps_done))
+            seconds = time.perf_counter() - exchanged
+            self.reporter.round(
+                round_,
+                [cfg.gossip_process(g) for g in stats.mixed],
+                [cfg.gossip_process(g) for g in stats.skipped],
+                seconds,
+                inner_steps=steps_done,
+                bytes_sent=self.node.bytes_sent,
+                deadline_s=self.deadline.seconds,
+                traffic=self.exchange.take_traffic(),
+            )
+            if not stats.skipped:
+                self.deadline.record(seconds)
+        sync_parameters(self.model, self.group)
 
-        def save(step: int) -> None:
-            checkpoints.save_position(step, cfg.worker, feed.state_dict())
-            if not saves:
-                return
-            shards = {f"optim-{cfg.group_rank}": optimizer.state_dict()}
-            if gossips:
-                shards.update({"model": model.state_dict(), "outer-0": outer.state_dict()})
-            saving = time.perf_counter()
-            size = checkpoints.save(step, cfg.group_rank, shards, group)
-            if lead:
-                assert size is not None  # the lead is rank 0, which commits
-                log_checkpoint(step, size, spec.keep_last)
-                reporter.checkpoint(step, spec.checkpoint_store, size, time.perf_counter() - saving)
-
-        try:
-            began = time.perf_counter()
-            for t in range(first_round, rounds):
-                tick, waited = time.perf_counter(), feed.wait_seconds
-                done, loss = inner_steps(
-                    model, optimizer, feed, schedule, plan, t, lambda: stop.is_set() or reporter.stop_requested, group
+    def finish(self, evaluate: Callable[[], float]) -> float:
+        """Average the workers' models with one all-reduce; returns the consensus's validation loss."""
+        cfg = self.cfg
+        val_loss = evaluate()
+        if self.gossips:
+            rounds = math.ceil(cfg.spec.steps / self.local_steps)
+            agreed = consensus(self.model, self.exchange, rounds, val_loss)
+            if agreed is None:
+                self.reporter.message(f"worker {cfg.worker}: the final average failed; it keeps its own model")
+            else:
+                workers, own_mean, own_std = agreed
+                val_loss = evaluate()
+                self.reporter.message(
+                    f"worker {cfg.worker} holds the consensus of {workers} workers "
+                    f"(parameters {parameters_digest(self.model)}): validation loss {val_loss:.4f}; "
+                    f"the workers' own models {own_mean:.4f} +- {own_std:.4f}"
                 )
-                if gossips:
-                    exchanged = time.perf_counter()
-                    if diloco:
-                        stats = outer.round_mean(t, exchange.allreduce, weight=float(done))
-                    else:
-                        stats = outer.round(t, exchange, screen, weight=float(done))
-                    seconds = time.perf_counter() - exchanged
-                    reporter.round(
-                        t,
-                        [cfg.gossip_process(g) for g in stats.mixed],
-                        [cfg.gossip_process(g) for g in stats.skipped],
-                        seconds,
-                        inner_steps=done,
-                        bytes_sent=node.bytes_sent if node is not None else 0,
-                        deadline_s=deadline.seconds,
-                        traffic=exchange.take_traffic(),
-                    )
-                    if not stats.skipped:
-                        deadline.record(seconds)
-                sync_parameters(model, group)
-                step = min((t + 1) * local_steps, spec.steps)
-                took = time.perf_counter() - tick
-                tokens_per_s = tokens_per_step * done / took
-                log_progress(step, spec.steps, loss, schedule.lr(step), tokens_per_s, optimizer.last_grad_norm)
-                if lead:
-                    reporter.progress(
-                        step,
-                        loss,
-                        tokens_per_s,
-                        schedule.lr(step),
-                        step_time_s=took / max(done, 1),
-                        data_wait_s=feed.wait_seconds - waited,
-                        grad_norm=optimizer.last_grad_norm,
-                    )
-                if step == spec.steps:
-                    break  # the last round's model is evaluated and saved as the consensus, below
-                if step // spec.eval_every > (step - local_steps) // spec.eval_every:
-                    val_loss = evaluate(model, feed, spec.eval_batches)
-                    log_eval(step, val_loss)
-                    if lead:
-                        reporter.eval(step, val_loss)
-                if step // spec.checkpoint_every > (step - local_steps) // spec.checkpoint_every:
-                    save(step)
-            val_loss = evaluate(model, feed, spec.eval_batches)
-            if gossips:
-                agreed = consensus(model, exchange, rounds, val_loss)
-                if agreed is None:
-                    reporter.message(f"worker {cfg.worker}: the final average failed; it keeps its own model")
-                else:
-                    workers, own_mean, own_std = agreed
-                    val_loss = evaluate(model, feed, spec.eval_batches)
-                    reporter.message(
-                        f"worker {cfg.worker} holds the consensus of {workers} workers "
-                        f"(parameters {parameters_digest(model)}): validation loss {val_loss:.4f}; "
-                        f"the workers' own models {own_mean:.4f} +- {own_std:.4f}"
-                    )
-            sync_parameters(model, group)
-            if not gossips:  # the group's other ranks now hold rank 0's consensus: evaluate that
-                val_loss = evaluate(model, feed, spec.eval_batches)
-            if lead:
-                reporter.eval(spec.steps, val_loss)
-            save(spec.steps)
-            if lead:
-                report_data_wait(reporter, feed, time.perf_counter() - began)
-            return val_loss
-        finally:
-            if node is not None:
-                node.stop()
-            if group is not None:
-                dist.destroy_process_group()
+        sync_parameters(self.model, self.group)
+        if not self.gossips:  # the group's other ranks now hold rank 0's consensus: evaluate that
+            val_loss = evaluate()
+        return val_loss
+
+    def close(self) -> None:
+        if self.node is not None:
+            self.node.stop()
+        if self.group is not None:
+            dist.destroy_process_group()

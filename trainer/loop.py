@@ -1,9 +1,15 @@
-"""The training loop of one worker: single-process or data-parallel all-reduce.
+"""The one trainer of a worker process, for every algorithm.
 
-Every worker builds the same model from the job's seed, reads its own
-batches from the job's data feed, and lets the optimizer synchronise gradients
-across the process group. The feed's position is part of every checkpoint, so
-a resumed run sees exactly the batches it would have seen.
+Every process builds the same model from the job's seed, reads its own
+batches from the job's data feed and runs rounds of inner optimizer steps (the
+optimizer synchronises gradients over the strategy's process group). A
+:class:`Strategy` says what a round is and what follows it: :class:`AllReduce`
+(single and allreduce jobs) has rounds of one step and nothing after them;
+:class:`~cantata.trainer.decentralized.Decentralized` (gasloc, diloco) has
+rounds of H steps followed by a gossip or all-reduce outer step, and a final
+consensus. What a checkpoint holds is one :class:`TrainingState` registry:
+the model, the optimizer, the data position, and whatever the strategy adds.
+A resumed run sees exactly the batches it would have seen.
 """
 
 from __future__ import annotations
@@ -11,21 +17,30 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
+import os
 import threading
 import time
+from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import unquote, urlparse
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 
-from cantata.proto.vocabulary import LrSchedule
-from cantata.trainer.checkpoint import JobCheckpoints
+from cantata.proto.vocabulary import DECENTRALIZED, LrSchedule, MixedPrecision
+from cantata.trainer.checkpoint import JobCheckpoints, Scope, TrainingState, share_from_rank0
 from cantata.trainer.config import WorkerConfig
-from cantata.trainer.data import DataEvent, Feed, Utf8Policy, open_feed
-from cantata.trainer.model import GPT, build_model
+from cantata.trainer.data import DataEvent, Feed, Utf8Policy, Vocabulary, open_feed
+from cantata.trainer.decoder import Decoder
+from cantata.trainer.model import LanguageModel, build_model
 from cantata.trainer.optim import build_optimizer
+from cantata.trainer.parallel import FullState, Parallelism, data_rank, parallelize
 from cantata.trainer.reporter import Reporter
+from cantata.trainer.weights import load_weights
 
 
 class Stopped(Exception):
@@ -70,15 +85,17 @@ def note(event: str, message: str, *, level: int = logging.INFO, **fields: objec
 
 
 @torch.no_grad()
-def evaluate(model: GPT, feed: Feed, batches: int) -> float:
+def evaluate(model: LanguageModel, feed: Feed, batches: int) -> float:
     model.eval()
     losses = [model(batch.inputs, batch.targets)[1].item() for batch in feed.validation(batches)]
     model.train()
     return sum(losses) / len(losses)
 
 
-def job_feed(cfg: WorkerConfig, reporter: Reporter, seq_len: int, *, rank: int, world: int) -> Feed:
+def job_feed(cfg: WorkerConfig, reporter: Reporter, seq_len: int, vocab_size: int, *, rank: int, world: int) -> Feed:
     """This worker's data feed; the lead relays first-pass progress, every worker its warnings.
+
+    Every object it reads is checked against the model's ``vocab_size`` and the job's tokenizer.
 
     A dataset too small for ``eval_batches`` fails the job now (a ``DataError``, permanent) instead
     of at its first evaluation: a built-in or ``file://`` dataset's validation split is read at once;
@@ -107,6 +124,7 @@ def job_feed(cfg: WorkerConfig, reporter: Reporter, seq_len: int, *, rank: int, 
         access=cfg.dataset_access,
         utf8_policy=Utf8Policy(spec.on_bad_utf8 or "skip"),
         on_event=relay,
+        vocabulary=Vocabulary(vocab_size, spec.tokenizer),
     )
     try:
         feed.check_validation(spec.eval_batches, fetch=spec.dataset.startswith(LOCAL_DATASETS))
@@ -116,7 +134,9 @@ def job_feed(cfg: WorkerConfig, reporter: Reporter, seq_len: int, *, rank: int, 
     return feed
 
 
-def train_step(model: GPT, optimizer, feed: Feed, step: int, lr: float, *, accumulate: int, trace: bool) -> float:
+def train_step(
+    model: LanguageModel, optimizer, feed: Feed, step: int, lr: float, *, accumulate: int, trace: bool
+) -> float:
     """One optimizer step over ``accumulate`` micro-batches of the feed; returns their mean loss.
 
     With ``trace`` (the job asked for its data lineage) a line per micro-batch names its samples.
@@ -136,6 +156,93 @@ def train_step(model: GPT, optimizer, feed: Feed, step: int, lr: float, *, accum
     if not math.isfinite(loss_value):
         note("warning", f"step {step}: loss is {loss_value}", level=logging.WARNING, step=step)
     return loss_value
+
+
+class Strategy(Protocol):
+    """What a round is and what happens after it; the trainer runs the inner steps."""
+
+    group: dist.ProcessGroup | None  # the ranks that train one model together (the optimizer averages over them)
+    rank: int  # this process's rank in ``group``
+    commits: bool  # whether this process's group seals the job's checkpoints
+    local_steps: int  # H: nominal optimizer steps per round
+    budget_s: float | None  # a time budget for a round's inner steps instead of H of them
+    processes: int  # every process of the job
+    mesh: DeviceMesh | None  # an allreduce job's FSDP2/TP mesh (None: each rank holds the whole model)
+    data_rank: int  # this process's part of the data, of ``data_world`` (tensor-parallel peers share theirs)
+    data_world: int
+
+    def prepare(self, model: LanguageModel, state: TrainingState) -> None:
+        """Register the strategy's own checkpointed parts (before any restore)."""
+
+    def first_round(self, start: int) -> int:
+        """The round this process starts at, resuming from checkpoint step ``start`` (0: none)."""
+
+    def after_round(self, round_: int, steps_done: int) -> None:
+        """Runs after every round's inner steps (the decentralized outer step)."""
+
+    def finish(self, evaluate: Callable[[], float]) -> float:
+        """After the last round: the final model's validation loss."""
+
+    def close(self) -> None: ...
+
+
+def join_group(rendezvous: str, rank: int, world: int) -> dist.ProcessGroup | None:
+    """The gloo process group of ``world`` processes (None for one process)."""
+    if world == 1:
+        return None
+    dist.init_process_group(
+        "gloo", init_method=rendezvous, rank=rank, world_size=world, timeout=dt.timedelta(minutes=5)
+    )
+    return dist.group.WORLD
+
+
+class AllReduce:
+    """Single-process and data-parallel training: rounds of one step.
+
+    Without a mesh the optimizer averages the gradients (like DDP); with one,
+    FSDP2 and tensor parallelism (:mod:`cantata.trainer.parallel`) do.
+    """
+
+    local_steps = 1
+    budget_s: float | None = None
+    commits = True
+
+    def __init__(self, cfg: WorkerConfig):
+        self.group = join_group(cfg.rendezvous, cfg.worker, cfg.workers)
+        self.rank = cfg.worker
+        self.processes = cfg.workers
+        parallelism = Parallelism.of(cfg.spec)
+        self.mesh = parallelism.mesh() if parallelism.world > 1 else None
+        self.data_rank, self.data_world = data_rank(self.mesh) if self.mesh is not None else (cfg.worker, cfg.workers)
+
+    def prepare(self, model: LanguageModel, state: TrainingState) -> None:
+        pass
+
+    def first_round(self, start: int) -> int:
+        return start
+
+    def after_round(self, round_: int, steps_done: int) -> None:
+        pass
+
+    def finish(self, evaluate: Callable[[], float]) -> float:
+        return evaluate()
+
+    def close(self) -> None:
+        if self.group is not None:
+            dist.destroy_process_group()
+
+
+def strategy_of(cfg: WorkerConfig, reporter: Reporter) -> Strategy:
+    if cfg.spec.algorithm in DECENTRALIZED:
+        from cantata.trainer.decentralized import Decentralized  # its gossip stack loads only when used
+
+        return Decentralized(cfg, reporter)
+    return AllReduce(cfg)
+
+
+def crossed(step: int, done: int, every: int) -> bool:
+    """Whether the last ``done`` steps, ending at ``step``, passed a multiple of ``every``."""
+    return step // every > (step - done) // every
 
 
 def log_progress(step: int, steps: int, loss: float, lr: float, tokens_per_s: float, grad_norm: float | None) -> None:
@@ -173,87 +280,175 @@ def report_data_wait(reporter: Reporter, feed: Feed, train_seconds: float) -> No
         )
 
 
-def train(cfg: WorkerConfig, reporter: Reporter, stop: threading.Event) -> float:
-    """Train to ``spec.steps``; returns the final validation loss. Raises ``Stopped`` on cancel."""
-    spec = cfg.spec
-    torch.set_num_threads(cfg.threads)
-    group = None
-    if cfg.workers > 1:
-        dist.init_process_group(
-            "gloo", init_method=cfg.rendezvous, rank=cfg.worker, world_size=cfg.workers, timeout=dt.timedelta(minutes=5)
+class Trainer:
+    """One worker process's training, from its checkpoint (if any) to ``spec.steps``."""
+
+    feed: Feed  # open while ``run`` runs
+
+    def __init__(self, cfg: WorkerConfig, reporter: Reporter, stop: threading.Event, strategy: Strategy):
+        self.cfg, self.spec, self.reporter, self.stop, self.strategy = cfg, cfg.spec, reporter, stop, strategy
+        self.lead = cfg.worker == 0  # reports progress for the job
+        spec = self.spec
+        self.model = build_model(spec.model, spec.seed)
+        self.seq_len = min(spec.seq_len, self.model.cfg.block_size)
+        if isinstance(self.model, Decoder):
+            self.model.checkpoint_layers = spec.activation_checkpointing
+        if strategy.mesh is not None:
+            if not isinstance(self.model, Decoder):
+                raise ValueError(f"model {spec.model} cannot be sharded: use a decoder (llama-*, qwen3-*)")
+            precision = MixedPrecision(spec.mixed_precision or MixedPrecision.FP32)
+            parallelize(self.model, strategy.mesh, precision, spec.activation_checkpointing)
+        self.optimizer = build_optimizer(  # where the optimizer is built: on the sharded model, if any
+            self.model,
+            spec.optimizer,
+            lr=spec.lr,
+            weight_decay=spec.weight_decay,
+            grad_clip=spec.grad_clip,
+            process_group=strategy.group if strategy.mesh is None else None,  # with a mesh FSDP2 reduces gradients
         )
-        group = dist.group.WORLD
-    lead = cfg.worker == 0
-    model = build_model(spec.model, spec.seed)
-    seq_len = min(spec.seq_len, model.cfg.block_size)
-    optimizer = build_optimizer(
-        model,
-        spec.optimizer,
-        lr=spec.lr,
-        weight_decay=spec.weight_decay,
-        grad_clip=spec.grad_clip,
-        process_group=group,
-    )
-    with closing(job_feed(cfg, reporter, seq_len, rank=cfg.worker, world=cfg.workers)) as feed:
-        schedule = Schedule.of(spec)
-
+        self.schedule = Schedule.of(spec)
         checkpoints = JobCheckpoints(spec.checkpoint_store, cfg.tenant, cfg.job_id, cfg.checkpoint_keys, spec.keep_last)
-        start = checkpoints.latest_step() or 0
-        if start:
-            shards = checkpoints.load(start)
-            model.load_state_dict(shards["model"])
-            optimizer.load_state_dict(shards[f"optim-{cfg.worker}"])
-            feed.load_state_dict(shards[f"data-{cfg.worker}"])
-            note("resumed", f"resumed from checkpoint at step {start}", step=start)
-            if lead:
-                reporter.message(f"resumed from checkpoint at step {start}")
+        self.state = TrainingState(
+            checkpoints, rank=strategy.rank, process=cfg.worker, group=strategy.group, commits=strategy.commits
+        )
 
+    def run(self) -> float:
+        """Train to ``spec.steps``; returns the final validation loss. Raises ``Stopped`` on cancel."""
+        spec, strategy = self.spec, self.strategy
+        vocab_size = self.model.cfg.vocab_size
+        feed = job_feed(
+            self.cfg, self.reporter, self.seq_len, vocab_size, rank=strategy.data_rank, world=strategy.data_world
+        )
+        with closing(feed):
+            self.feed = feed
+            start = self.state.latest_step()
+            if not start and spec.init_from:  # before the strategy takes its copy (the outer step's theta)
+                self.load_initial_weights()
+            if strategy.mesh is None:
+                self.state.register("model", Scope.LEAD, self.model)
+                self.state.register("optim", Scope.RANK, self.optimizer)
+            else:  # full tensors: a checkpoint taken on one mesh loads on another
+                self.state.register("model", Scope.LEAD, FullState(self.model, self.optimizer, "model"))
+                self.state.register("optim", Scope.LEAD, FullState(self.model, self.optimizer, "optim"))
+            self.state.register("data", Scope.PROCESS, feed)
+            strategy.prepare(self.model, self.state)
+            if start:
+                self.state.restore(start)
+            if start >= spec.steps:  # resumed from the final checkpoint: nothing left to train
+                return self.evaluate()
+            first_round = strategy.first_round(start)
+            local_steps = strategy.local_steps
+            at_checkpoint = bool(start) and start == first_round * local_steps
+            if at_checkpoint:
+                note("resumed", f"resumed from checkpoint at step {start}", step=start)
+                if self.lead:
+                    self.reporter.message(f"resumed from checkpoint at step {start}")
+            if not (at_checkpoint and self.state.restore_beside(start)) and first_round:
+                # rejoining later than the checkpoint (or it holds no position): where that round's batches begin
+                feed.seek(first_round * local_steps * spec.grad_accum)
+            began = time.perf_counter()
+            self.rounds(first_round)
+            val_loss = strategy.finish(self.evaluate)
+            log_eval(spec.steps, val_loss)
+            if self.lead:
+                self.reporter.eval(spec.steps, val_loss)
+            self.save(spec.steps)
+            if self.lead:
+                report_data_wait(self.reporter, feed, time.perf_counter() - began)
+            return val_loss
+
+    def load_initial_weights(self) -> None:
+        """The job's ``init_from`` weights, from under the roots its datasets may come from."""
+        path = Path(os.path.abspath(unquote(urlparse(self.spec.init_from).path)))
+        if not any(path == root or root in path.parents for root in self.cfg.dataset_access.roots):
+            raise PermissionError(f"init_from {path} is outside the allowed roots")
+        files = load_weights(self.model, path)
+        note("init_from", f"initial weights from {path} ({files} files)", files=files)
+        if self.lead:
+            self.reporter.message(f"initial weights from {path} ({files} files)")
+
+    def rounds(self, first: int) -> None:
+        """Every round from ``first`` on: inner steps, the strategy's step after them, reports, evaluations, saves."""
+        spec, strategy = self.spec, self.strategy
+        local_steps = strategy.local_steps
         report_every = max(1, spec.steps // 100)
-        tokens_per_step = spec.batch_size * seq_len * spec.grad_accum * cfg.workers
-        tick = began = time.perf_counter()
-        waited = feed.wait_seconds
-        val_loss = float("nan")
-        for step in range(start + 1, spec.steps + 1):
-            if stop.is_set() or reporter.stop_requested:
-                raise Stopped()
-            lr = schedule.lr(step)
-            loss = train_step(model, optimizer, feed, step, lr, accumulate=spec.grad_accum, trace=spec.trace_samples)
-
-            if step % report_every == 0 or step == spec.steps:
+        tokens_per_step = spec.batch_size * self.seq_len * spec.grad_accum * strategy.data_world
+        tick, steps_since, waited = time.perf_counter(), 0, self.feed.wait_seconds
+        for t in range(first, math.ceil(spec.steps / local_steps)):
+            done, loss = self.inner_steps(t)
+            strategy.after_round(t, done)
+            step = min((t + 1) * local_steps, spec.steps)
+            steps_since += done
+            if crossed(step, local_steps, report_every) or step == spec.steps:
                 now = time.perf_counter()
-                done = step - max(start, step - report_every)
-                tokens_per_s = tokens_per_step * done / (now - tick)
-                log_progress(step, spec.steps, loss, lr, tokens_per_s, optimizer.last_grad_norm)
-                if lead:
-                    reporter.progress(
+                tokens_per_s = tokens_per_step * steps_since / (now - tick)
+                lr = self.schedule.lr(step)
+                log_progress(step, spec.steps, loss, lr, tokens_per_s, self.optimizer.last_grad_norm)
+                if self.lead:
+                    self.reporter.progress(
                         step,
                         loss,
                         tokens_per_s,
                         lr,
-                        step_time_s=(now - tick) / done,
-                        data_wait_s=feed.wait_seconds - waited,
-                        grad_norm=optimizer.last_grad_norm,
+                        step_time_s=(now - tick) / max(steps_since, 1),
+                        data_wait_s=self.feed.wait_seconds - waited,
+                        grad_norm=self.optimizer.last_grad_norm,
                     )
-                tick, waited = now, feed.wait_seconds
-            if step % spec.eval_every == 0 or step == spec.steps:
-                val_loss = evaluate(model, feed, spec.eval_batches)
+                tick, steps_since, waited = now, 0, self.feed.wait_seconds
+            if step == spec.steps:
+                return  # the final model is evaluated and saved after the strategy's finish
+            if crossed(step, local_steps, spec.eval_every):
+                val_loss = self.evaluate()
                 log_eval(step, val_loss)
-                if lead:
-                    reporter.eval(step, val_loss)
-            if step % spec.checkpoint_every == 0 or step == spec.steps:
-                shards = {f"optim-{cfg.worker}": optimizer.state_dict(), f"data-{cfg.worker}": feed.state_dict()}
-                if lead:
-                    shards["model"] = model.state_dict()
-                saving = time.perf_counter()
-                size = checkpoints.save(step, cfg.worker, shards, group)
-                if lead:
-                    assert size is not None  # the lead is rank 0, which commits
-                    log_checkpoint(step, size, spec.keep_last)
-                    reporter.checkpoint(step, spec.checkpoint_store, size, time.perf_counter() - saving)
-        if lead:
-            report_data_wait(reporter, feed, time.perf_counter() - began)
-        if math.isnan(val_loss):  # resumed from the final checkpoint: nothing left to train
-            val_loss = evaluate(model, feed, spec.eval_batches)
-    if group is not None:
-        dist.destroy_process_group()
-    return val_loss
+                if self.lead:
+                    self.reporter.eval(step, val_loss)
+            if crossed(step, local_steps, spec.checkpoint_every):
+                self.save(step)
+
+    def inner_steps(self, t: int) -> tuple[int, float]:
+        """Round ``t``'s inner steps: ``local_steps`` of them, or as many as fit in the time budget (at least one).
+
+        The learning rate follows the nominal step ``t * H + h + 1``, held at the
+        round's last one for steps past H. Returns the steps done and the last loss.
+        """
+        spec, strategy = self.spec, self.strategy
+        local_steps, budget_s = strategy.local_steps, strategy.budget_s
+        began = time.perf_counter()
+        done = 0
+        while True:
+            if self.stop.is_set() or self.reporter.stop_requested:
+                raise Stopped()
+            step = t * local_steps + min(done, local_steps - 1) + 1
+            lr = self.schedule.lr(min(step, spec.steps))
+            loss = train_step(
+                self.model, self.optimizer, self.feed, step, lr, accumulate=spec.grad_accum, trace=spec.trace_samples
+            )
+            done += 1
+            if budget_s is None:
+                more = done < local_steps
+            else:  # stop unless one more step at the mean pace so far fits; a group's ranks follow rank 0
+                elapsed = time.perf_counter() - began
+                more = bool(share_from_rank0(int(elapsed * (done + 1) / done <= budget_s), strategy.group))
+            if not more:
+                return done, loss
+
+    def evaluate(self) -> float:
+        return evaluate(self.model, self.feed, self.spec.eval_batches)
+
+    def save(self, step: int) -> None:
+        saving = time.perf_counter()
+        size = self.state.save(step)
+        if self.lead:
+            assert size is not None  # the lead is rank 0 of the committing group
+            log_checkpoint(step, size, self.spec.keep_last)
+            self.reporter.checkpoint(step, self.spec.checkpoint_store, size, time.perf_counter() - saving)
+
+
+def train(cfg: WorkerConfig, reporter: Reporter, stop: threading.Event) -> float:
+    """Train the job to ``spec.steps`` as its algorithm says; returns the final validation loss."""
+    torch.set_num_threads(cfg.threads)
+    strategy = strategy_of(cfg, reporter)
+    try:
+        return Trainer(cfg, reporter, stop, strategy).run()
+    finally:
+        strategy.close()

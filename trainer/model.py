@@ -1,4 +1,5 @@
-"""A small GPT over bytes (vocabulary 256), in the spirit of nanoGPT."""
+"""The models a job trains, by name: a small GPT over bytes (vocabulary 256, in the spirit of nanoGPT)
+and the Llama/Qwen3 decoder family (:mod:`cantata.trainer.decoder`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from cantata.proto.vocabulary import MODEL_SHAPES, Model
+from cantata.proto.vocabulary import BYTE_GPTS, MODEL_SHAPES, Model
+from cantata.trainer.decoder import Decoder, DecoderConfig
 
 
 @dataclass(frozen=True)
@@ -21,7 +23,10 @@ class GPTConfig:
     vocab_size: int = 256
 
 
-MODELS = {model: GPTConfig(**shape) for model, shape in MODEL_SHAPES.items()}
+MODELS: dict[Model, GPTConfig | DecoderConfig] = {
+    model: GPTConfig(**shape) if model in BYTE_GPTS else DecoderConfig(**shape)  # type: ignore[arg-type]
+    for model, shape in MODEL_SHAPES.items()
+}
 
 
 class CausalSelfAttention(nn.Module):
@@ -83,7 +88,11 @@ class GPT(nn.Module):
         return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
 
-def build_model(name: str, seed: int) -> GPT:
+LanguageModel = GPT | Decoder  # forward(idx, targets) -> (logits, loss); .cfg has block_size and vocab_size
+
+
+def build_model(name: str, seed: int) -> LanguageModel:
     """The named model with deterministic initial weights (same on every worker)."""
     torch.manual_seed(seed)
-    return GPT(MODELS[Model(name)])
+    cfg = MODELS[Model(name)]
+    return GPT(cfg) if isinstance(cfg, GPTConfig) else Decoder(cfg)

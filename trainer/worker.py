@@ -101,7 +101,6 @@ def train_job(config: Path, reporter: Reporter, stop: threading.Event) -> int:
     """Train the job of ``config`` and report how it ended; returns the exit code."""
     # Loaded once the heartbeat beats: importing torch can outlast the server's heartbeat timeout.
     from cantata.trainer.config import WorkerConfig
-    from cantata.trainer.decentralized import train_decentralized
     from cantata.trainer.loop import Stopped, train
 
     cfg = WorkerConfig.load(config)
@@ -121,8 +120,7 @@ def train_job(config: Path, reporter: Reporter, stop: threading.Event) -> int:
     )
     try:
         reporter.started()
-        loop = train_decentralized if cfg.spec.algorithm in DECENTRALIZED else train
-        final_val_loss = loop(cfg, reporter, stop)
+        final_val_loss = train(cfg, reporter, stop)
         log.info(
             "worker %d: finished, validation loss %.4f",
             cfg.worker,

@@ -40,12 +40,15 @@ if TYPE_CHECKING:
         ShardHeaderError,
         ShardTruncatedError,
         TextEncodingError,
+        TokenizerError,
+        VocabularyError,
     )
     from cantata.trainer.data.feed import DatasetAccess, Feed, open_feed
     from cantata.trainer.data.loader import DataEvent, DataLoader, ValidationSet
     from cantata.trainer.data.sealing import DatasetKey
     from cantata.trainer.data.sources import Dataset, DatasetURI, SourceCredentials, open_dataset
     from cantata.trainer.data.text import Utf8Policy
+    from cantata.trainer.data.tokenizer import TextTokenizer, Vocabulary
 
 _HOMES = {
     "Batch": "batch",
@@ -64,6 +67,8 @@ _HOMES = {
     "ShardHeaderError": "errors",
     "ShardTruncatedError": "errors",
     "TextEncodingError": "errors",
+    "TokenizerError": "errors",
+    "VocabularyError": "errors",
     "DatasetAccess": "feed",
     "Feed": "feed",
     "open_feed": "feed",
@@ -76,6 +81,8 @@ _HOMES = {
     "SourceCredentials": "sources",
     "open_dataset": "sources",
     "Utf8Policy": "text",
+    "TextTokenizer": "tokenizer",
+    "Vocabulary": "tokenizer",
 }
 
 __all__ = [
@@ -102,8 +109,12 @@ __all__ = [
     "SourceCredentials",
     "TextCorpus",
     "TextEncodingError",
+    "TextTokenizer",
+    "TokenizerError",
     "Utf8Policy",
     "ValidationSet",
+    "Vocabulary",
+    "VocabularyError",
     "load_builtin_corpus",
     "open_dataset",
     "open_feed",

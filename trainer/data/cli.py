@@ -29,7 +29,9 @@ def _say(message: str) -> None:
 def cmd_prepare(args) -> int:
     from cantata.trainer.data.prepare import prepare_shards
     from cantata.trainer.data.shards import dtype_for
+    from cantata.trainer.data.tokenizer import TextTokenizer
 
+    tokenizer = TextTokenizer.from_file(Path(args.tokenizer)) if args.tokenizer else None
     result = prepare_shards(
         Path(args.source),
         Path(args.out),
@@ -38,12 +40,21 @@ def cmd_prepare(args) -> int:
         utf8_policy=Utf8Policy(args.on_bad_utf8),
         warn=lambda message: _say(f"warning: {message}"),
         progress=_say if not args.json else lambda message: None,
+        tokenizer=tokenizer,
     )
-    summary = {"shards": [str(p) for p in result.shards], "tokens": result.tokens, "files": result.files}
+    summary: dict[str, object] = {
+        "shards": [str(p) for p in result.shards],
+        "tokens": result.tokens,
+        "files": result.files,
+    }
+    if result.tokenizer is not None:  # what a job training on these shards names
+        summary.update(tokenizer=result.tokenizer.name, tokenizer_vocab=result.tokenizer.vocab_size)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
         print(f"wrote {len(result.shards)} shards ({result.tokens:,} tokens from {result.files} files) to {args.out}")
+        if result.tokenizer is not None:
+            print(f"tokenizer {result.tokenizer.name} (vocabulary {result.tokenizer.vocab_size}): give both to the job")
     return 0
 
 
@@ -115,6 +126,11 @@ def register(groups: dict[str, argparse._SubParsersAction]) -> None:
     p.add_argument("--out", required=True, help="directory for the shards (must hold none yet)")
     p.add_argument("--dtype", choices=TOKEN_DTYPES, default="uint16", help="token width (default uint16)")
     p.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard")
+    p.add_argument(
+        "--tokenizer",
+        metavar="FILE",
+        help="a tokenizer.json (Hugging Face tokenizers) to encode with, recorded in every shard; default: UTF-8 bytes",
+    )
     p.add_argument(
         "--on-bad-utf8",
         choices=[p.value for p in Utf8Policy],

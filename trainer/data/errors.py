@@ -49,3 +49,11 @@ class SealedShardError(ShardError):
 
 class TextEncodingError(DataError):
     """A text file is not valid UTF-8 (or a JSON Lines record has no ``text`` string)."""
+
+
+class VocabularyError(DataError):
+    """A dataset's tokens do not fit the job: an id past the model's vocabulary, or another tokenizer's shard."""
+
+
+class TokenizerError(DataError):
+    """A tokenizer.json that the ``tokenizers`` library cannot load."""

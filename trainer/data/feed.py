@@ -18,11 +18,12 @@ from typing import Protocol
 
 from cantata.trainer.data.batch import Batch
 from cantata.trainer.data.corpus import BatchSampler, load_builtin_corpus
-from cantata.trainer.data.errors import DataError
+from cantata.trainer.data.errors import DataError, VocabularyError
 from cantata.trainer.data.loader import DataEvent, DataLoader, ValidationSet
 from cantata.trainer.data.sealing import DatasetKey
 from cantata.trainer.data.sources import BUILTIN_PYSTDLIB, SourceCredentials, open_dataset
 from cantata.trainer.data.text import Utf8Policy
+from cantata.trainer.data.tokenizer import Vocabulary
 
 VALIDATION_RANK = -1  # the corpus sampler's stream shared by every rank
 
@@ -147,9 +148,15 @@ def open_feed(
     access: DatasetAccess,
     utf8_policy: Utf8Policy,
     on_event: Callable[[DataEvent], None],
+    vocabulary: Vocabulary | None = None,
 ) -> Feed:
-    """The feed of data-parallel ``rank`` of ``world`` (raises a ``DataError`` naming what is wrong)."""
+    """The feed of data-parallel ``rank`` of ``world`` (raises a ``DataError`` naming what is wrong).
+
+    With a ``vocabulary`` every object read is checked against it (see :class:`Vocabulary`).
+    """
     if dataset == BUILTIN_PYSTDLIB:
+        if vocabulary is not None and vocabulary.tokenizer:
+            raise VocabularyError(f"{dataset} is byte-level text, but the job names tokenizer {vocabulary.tokenizer}")
         return CorpusFeed(batch_size=batch_size, seq_len=seq_len, seed=seed, rank=rank)
     source = open_dataset(
         dataset,
@@ -157,6 +164,7 @@ def open_feed(
         credentials=access.credentials,
         dataset_key=access.dataset_key,
         utf8_policy=utf8_policy,
+        vocabulary=vocabulary,
     )
     loader = DataLoader(
         source, batch_size=batch_size, seq_len=seq_len, seed=seed, rank=rank, world=world, on_event=on_event

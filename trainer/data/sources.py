@@ -53,8 +53,9 @@ from cantata.trainer.data.errors import (
 )
 from cantata.trainer.data.sealing import SEALED_SUFFIX, DatasetKey, unseal
 from cantata.trainer.data.shards import HEADER_SIZE as SHARD_HEADER_SIZE
-from cantata.trainer.data.shards import MIN_TOKEN_WIDTH, SHARD_SUFFIX, decode_shard
+from cantata.trainer.data.shards import MIN_TOKEN_WIDTH, SHARD_SUFFIX, open_shard
 from cantata.trainer.data.text import TEXT_SUFFIXES, Utf8Policy, tokenize_object
+from cantata.trainer.data.tokenizer import Vocabulary
 
 BUILTIN_PYSTDLIB = "builtin:pystdlib"
 _ACCESS_CODES = {
@@ -292,8 +293,10 @@ class Dataset:
         text_suffixes: tuple[str, ...],
         dataset_key: DatasetKey | None,
         utf8_policy: Utf8Policy,
+        vocabulary: Vocabulary | None = None,
     ) -> None:
         self.uri = uri
+        self._vocabulary = vocabulary
         self._objects = objects
         self._text_suffixes = text_suffixes
         self._dataset_key = dataset_key
@@ -318,7 +321,7 @@ class Dataset:
         return None
 
     def max_tokens(self, obj: DataObject) -> int:
-        """An upper bound on ``obj``'s tokens from its listed size alone (exact for an unsealed ``uint16`` shard).
+        """An upper bound on ``obj``'s tokens from its listed size alone (exact for an unsealed version-1 ``uint16`` shard).
 
         A shard stores at least two bytes a token after its header (a sealed one adds
         its own overhead); text yields at most one token a byte.
@@ -331,16 +334,24 @@ class Dataset:
         return f"{self._objects.uri.rstrip('/')}/{obj.key}"
 
     def tokens(self, obj: DataObject, warn: Callable[[str], None]) -> np.ndarray:
-        """Fetch one object and return its verified tokens."""
+        """Fetch one object and return its verified tokens (checked against the vocabulary, if one was given)."""
         data = self._objects.read(obj.key)
         name = self.location(obj)
-        if obj.kind is ObjectKind.SHARD:
-            return decode_shard(data, name)
+        if obj.kind is ObjectKind.TEXT:
+            tokens = tokenize_object(data, name, self._utf8_policy, warn)
+            if self._vocabulary is not None:
+                self._vocabulary.check_text(tokens, name)
+            return tokens
         if obj.kind is ObjectKind.SEALED_SHARD:
             assert self._dataset_key is not None
-            plain_key = obj.key.removesuffix(SEALED_SUFFIX)
-            return decode_shard(unseal(data, self._dataset_key, plain_key, name), name)
-        return tokenize_object(data, name, self._utf8_policy, warn)
+            header, tokens = open_shard(
+                unseal(data, self._dataset_key, obj.key.removesuffix(SEALED_SUFFIX), name), name
+            )
+        else:
+            header, tokens = open_shard(data, name)
+        if self._vocabulary is not None:
+            self._vocabulary.check_shard(header, tokens, name)
+        return tokens
 
 
 def open_dataset(
@@ -350,6 +361,7 @@ def open_dataset(
     credentials: SourceCredentials | None = None,
     dataset_key: DatasetKey | None = None,
     utf8_policy: Utf8Policy = Utf8Policy.SKIP,
+    vocabulary: Vocabulary | None = None,
     **store_options: Any,
 ) -> Dataset:
     """Resolve ``uri`` and list its objects (raising a :class:`DataError` naming what is wrong)."""
@@ -357,7 +369,14 @@ def open_dataset(
     if parsed.scheme == "builtin":
         root = Path(parsed.location)
         directory = LocalDirectory(root, uri, frozenset({"site-packages"}), trusted_root=True)
-        return Dataset(uri, directory, text_suffixes=(".py",), dataset_key=dataset_key, utf8_policy=utf8_policy)
+        return Dataset(
+            uri,
+            directory,
+            text_suffixes=(".py",),
+            dataset_key=dataset_key,
+            utf8_policy=utf8_policy,
+            vocabulary=vocabulary,
+        )
     if parsed.scheme == "file":
         path = Path(os.path.abspath(parsed.location))
         if ".." in Path(parsed.location).parts or not _within(path, [Path(r) for r in allowed_roots]):
@@ -368,6 +387,7 @@ def open_dataset(
             text_suffixes=TEXT_SUFFIXES,
             dataset_key=dataset_key,
             utf8_policy=utf8_policy,
+            vocabulary=vocabulary,
         )
     if parsed.source:
         if credentials is None or credentials.name != parsed.source:
@@ -378,5 +398,10 @@ def open_dataset(
     with translated_store_errors(f"opening dataset {uri}"):
         store = open_store(parsed.store_uri, **store_options)
     return Dataset(
-        uri, StoreObjects(store), text_suffixes=TEXT_SUFFIXES, dataset_key=dataset_key, utf8_policy=utf8_policy
+        uri,
+        StoreObjects(store),
+        text_suffixes=TEXT_SUFFIXES,
+        dataset_key=dataset_key,
+        utf8_policy=utf8_policy,
+        vocabulary=vocabulary,
     )

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 from cantata.proto.vocabulary import Optimizer
 
@@ -77,8 +78,7 @@ class TrainingOptimizer:
         if self.world_size > 1:
             self._all_reduce_mean(self._all_params if self.grad_clip else self._synced_params, stats)
         if self.grad_clip:
-            norm = torch.nn.utils.clip_grad_norm_([p for p in self._all_params if p.grad is not None], self.grad_clip)
-            self.last_grad_norm = float(norm)
+            self.last_grad_norm = clip_global_norm([p for p in self._all_params if p.grad is not None], self.grad_clip)
         if self.muon is not None:
             muon_stats = self.muon.step(lr=self.lr, weight_decay=self.weight_decay)
             stats.compute_seconds += muon_stats.compute_seconds
@@ -178,6 +178,26 @@ def build_optimizer(
         muon_config=muon_config,
         grad_clip=grad_clip,
     )
+
+
+def clip_global_norm(params: Sequence[Tensor], max_norm: float) -> float:
+    """Scale the gradients so that their global norm is at most ``max_norm``; returns the norm before.
+
+    Sharded (DTensor) gradients may live on different meshes (FSDP's data-parallel one, FSDP and
+    tensor parallelism's 2-D one), which ``clip_grad_norm_`` cannot stack: each one's squared norm
+    is reduced over its own mesh first.
+    """
+    total = torch.zeros(())
+    for param in params:
+        square = torch.linalg.vector_norm(param.grad) ** 2
+        total += square.full_tensor() if isinstance(square, DTensor) else square
+    norm = float(total.sqrt())
+    scale = max_norm / (norm + 1e-6)
+    if scale < 1:
+        for param in params:
+            assert param.grad is not None
+            param.grad.mul_(scale)
+    return norm
 
 
 def _adamw_groups(named_params: Sequence[tuple[str, Tensor]], weight_decay: float) -> list[dict]:

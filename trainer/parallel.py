@@ -1,0 +1,133 @@
+"""A job's mesh of ranks on PyTorch's own building blocks: FSDP2, tensor parallelism, activation checkpointing.
+
+``Parallelism`` (from the job's ``dp_replicate``, ``dp_shard`` and ``tp``)
+builds a ``DeviceMesh`` of shape ``(dp_replicate, dp_shard, tp)``. A decoder
+is parallelized the torchtitan way: each layer's attention and MLP projections
+get column/row tensor-parallel plans over ``tp`` (query and key norms act on a
+rank's own heads, as sequence-parallel modules whose weight gradients are
+summed), then every layer and the root are sharded with ``fully_shard`` over
+the data-parallel dimensions (HSDP when ``dp_replicate`` > 1). Ranks of one
+tensor-parallel group read the same batches: the data is split over the
+data-parallel ranks only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from cantata.proto.vocabulary import MixedPrecision
+from cantata.trainer.decoder import Decoder
+
+DIMS = ("dp_replicate", "dp_shard", "tp")
+PRECISIONS = {MixedPrecision.FP32: torch.float32, MixedPrecision.BF16: torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+
+    @classmethod
+    def of(cls, spec) -> Parallelism:
+        return cls(spec.dp_replicate or 1, spec.dp_shard or 1, spec.tp or 1)
+
+    @property
+    def world(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.tp
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the model is split at all (else plain data parallelism, as before meshes)."""
+        return self.dp_shard > 1 or self.tp > 1
+
+    def mesh(self) -> DeviceMesh:
+        """The job's mesh over the default process group (gloo on CPU)."""
+        return init_device_mesh("cpu", (self.dp_replicate, self.dp_shard, self.tp), mesh_dim_names=DIMS)
+
+
+def data_rank(mesh: DeviceMesh) -> tuple[int, int]:
+    """This rank's (index, count) among the data-parallel ranks: tensor-parallel peers share their batches."""
+    replicate, shard = mesh["dp_replicate"], mesh["dp_shard"]
+    return replicate.get_local_rank() * shard.size() + shard.get_local_rank(), replicate.size() * shard.size()
+
+
+def tensor_parallel(model: Decoder, mesh: DeviceMesh) -> None:
+    """Column-parallel q/k/v and gate/up, row-parallel o and down: one all-reduce per attention and per MLP."""
+    for layer in model.layers:
+        plan = {
+            "self_attn.q_proj": ColwiseParallel(),
+            "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(),
+            "self_attn.o_proj": RowwiseParallel(),
+            "mlp.gate_proj": ColwiseParallel(),
+            "mlp.up_proj": ColwiseParallel(),
+            "mlp.down_proj": RowwiseParallel(),
+        }
+        if model.cfg.qk_norm:  # (b, t, heads, head_dim): each rank normalises its own heads
+            plan |= {
+                name: SequenceParallel(sequence_dim=2, use_local_output=True)
+                for name in ("self_attn.q_norm", "self_attn.k_norm")
+            }
+        parallelize_module(layer, mesh, plan)
+
+
+def parallelize(model: Decoder, mesh: DeviceMesh, precision: MixedPrecision, checkpointing: bool) -> None:
+    """Shard ``model`` in place over ``mesh`` (see the module docstring)."""
+    if mesh["tp"].size() > 1:
+        if model.cfg.n_kv_heads % mesh["tp"].size():
+            raise ValueError(
+                f"tp {mesh['tp'].size()} does not divide the model's {model.cfg.n_kv_heads} key/value heads"
+            )
+        tensor_parallel(model, mesh["tp"])
+    model.checkpoint_layers = checkpointing
+    dp = mesh["dp_replicate", "dp_shard"]
+    policy = MixedPrecisionPolicy(param_dtype=PRECISIONS[precision], reduce_dtype=torch.float32)
+    for layer in model.layers:
+        fully_shard(layer, mesh=dp, mp_policy=policy)
+    fully_shard(model, mesh=dp, mp_policy=policy)
+
+
+class FullState:
+    """The model's and optimizer's state as full tensors (gathered on save, scattered on load).
+
+    Registered as the checkpoint's ``model`` and ``optim`` parts in place of
+    the per-rank ones, so a checkpoint taken on one mesh loads on any other.
+    Saving and loading are collective: every rank calls them.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer, part: str):
+        self._model, self._optimizer, self._part = model, optimizer, part
+        self._options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        self._loading = StateDictOptions(full_state_dict=True)  # every rank read the checkpoint: each takes its shard
+
+    def state_dict(self) -> dict:
+        if self._part == "model":
+            return get_model_state_dict(self._model, options=self._options)
+        state = get_optimizer_state_dict(self._model, self._optimizer.adamw, options=self._options)
+        return {"adamw": state, "step": self._optimizer.steps, "lr": self._optimizer.lr}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self._part == "model":
+            set_model_state_dict(self._model, state, options=self._loading)
+            return
+        set_optimizer_state_dict(self._model, self._optimizer.adamw, state["adamw"], options=self._loading)
+        self._optimizer.steps = state["step"]
+        self._optimizer.set_lr(state["lr"])
