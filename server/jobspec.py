@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlparse
 from cantata.proto import jobfields
 from cantata.proto.jobfields import MAX_WORKERS
 from cantata.proto.v1 import common_pb2
-from cantata.proto.vocabulary import DECENTRALIZED, Algorithm, Compression, Topology
+from cantata.proto.vocabulary import DECENTRALIZED, Algorithm, Compression, Optimizer, Topology
 from cantata.server import memory
 from cantata.server.local_roots import within
 from cantata.storage.base import StoreConfigError, store_prefix
@@ -106,6 +106,9 @@ def parse_job_spec(
             "compression",
             "diloco's ring all-reduce adds partial sums on the way, which int8 codes cannot carry (use bf16)",
         )
+    if s.optimizer != Optimizer.MUON:  # before the defaults, which fill these in for muon only
+        for f in jobfields.MUON_FIELDS:
+            _require(not jobfields.is_set(f, jobfields.value_of(s, f)), f.name, "only with optimizer 'muon'")
     jobfields.fill_defaults(s)
     s.checkpoint_store = s.checkpoint_store or default_store
     _require(s.algorithm != Algorithm.SINGLE or s.workers == 1, "workers", "algorithm 'single' runs one worker")

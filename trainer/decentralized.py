@@ -68,7 +68,7 @@ from cantata.trainer.loop import (
     train_step,
 )
 from cantata.trainer.model import GPT, build_model
-from cantata.trainer.optim import build_optimizer
+from cantata.trainer.optim import build_optimizer, spec_settings
 from cantata.trainer.reporter import Reporter
 
 PEER_WAIT_S = 60.0
@@ -396,6 +396,7 @@ def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.E
         weight_decay=spec.weight_decay,
         grad_clip=spec.grad_clip,
         process_group=group,
+        **spec_settings(spec),
     )
     schedule = Schedule.of(spec)
     lead = cfg.worker == 0  # reports progress for the job

@@ -24,7 +24,7 @@ from cantata.trainer.checkpoint import JobCheckpoints
 from cantata.trainer.config import WorkerConfig
 from cantata.trainer.data import DataError, DataEvent, Feed, Utf8Policy, open_feed
 from cantata.trainer.model import GPT, build_model
-from cantata.trainer.optim import build_optimizer
+from cantata.trainer.optim import build_optimizer, spec_settings
 from cantata.trainer.reporter import Reporter
 
 
@@ -202,6 +202,7 @@ def train(cfg: WorkerConfig, reporter: Reporter, stop: threading.Event) -> float
         weight_decay=spec.weight_decay,
         grad_clip=spec.grad_clip,
         process_group=group,
+        **spec_settings(spec),
     )
     with closing(job_feed(cfg, reporter, seq_len, rank=cfg.worker, world=cfg.workers)) as feed:
         schedule = Schedule.of(spec)
