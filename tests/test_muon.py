@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from cantata.trainer.optim import Muon, MuonConfig, build_optimizer
-from cantata.trainer.optim.dp import DataParallelMuon
 from cantata.trainer.optim.cost import newton_schulz_flops, update_cost
+from cantata.trainer.optim.dp import DataParallelMuon
 from cantata.trainer.optim.muon import newton_schulz, rms_matched_lr
 from cantata.trainer.optim.routing import route_parameters
 
@@ -158,6 +158,7 @@ def test_parameters_without_gradient_are_not_stepped(name):
     assert not torch.equal(model.qkv.weight, Moe().qkv.weight)
     if name == "muon":
         assert optimizer.last_stats.updated_matrices == 2  # qkv and the experts
+        assert optimizer.step_metrics()["optimizer/updated_matrices"] == 2
 
 
 def test_cost_units_weigh_fused_parts_and_experts():

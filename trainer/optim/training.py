@@ -121,6 +121,16 @@ class TrainingOptimizer:
         self.last_stats = stats
         return stats
 
+    def step_metrics(self) -> dict[str, float]:
+        """The last step's statistics (`last_stats`) as named numbers, for the job's metrics."""
+        stats = self.last_stats
+        return {
+            "optimizer/update_compute_s": stats.compute_seconds,
+            "optimizer/sent_bytes": float(stats.wire_bytes),
+            "optimizer/collective_elements": float(stats.collective_elements),
+            "optimizer/updated_matrices": float(stats.updated_matrices),
+        }
+
     def zero_grad(self) -> None:
         self.adamw.zero_grad(set_to_none=True)
         if self.muon is not None:
