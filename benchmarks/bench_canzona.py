@@ -283,6 +283,7 @@ def optimizer_step(world: int, layers: int, steps: int) -> dict:
     }
 
 
+@torch.no_grad()
 def _redundant_fsdp(params, momenta, boxes, config) -> StepStats:
     """Every rank all-gathers every gradient, runs every matrix's update and keeps its own piece."""
     stats = StepStats()

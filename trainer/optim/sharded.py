@@ -159,9 +159,7 @@ class ShardedMuon:
         self.stages = [tuple(stage) for stage in stages]
         self.owner = {item: owner for stage in self.stages for item, owner in stage}
         self.owned = sorted(i for i, owner in self.owner.items() if owner == self.rank)
-        self.momentum = {
-            i: torch.zeros(self.items[i].full_shape, dtype=_local(self.items[i].param).dtype) for i in self.owned
-        }
+        self.momentum = {i: _local(self.items[i].param).new_zeros(self.items[i].full_shape) for i in self.owned}
 
     @property
     def names(self) -> list[str]:

@@ -151,7 +151,7 @@ class TensorParallelMuon:
         self.capacity = max(costs) if capacity is None else capacity
         self.groups = greedy_rollback_groups(costs, self.world_size, self.capacity)
         self.host_momentum = {
-            item: torch.zeros(self.matrices[item].full_shape, dtype=self.matrices[item].shard.dtype)
+            item: self.matrices[item].shard.new_zeros(self.matrices[item].full_shape)
             for group in self.groups
             for item, host in zip(group.items, group.hosts, strict=True)
             if host == self.rank
@@ -192,7 +192,7 @@ class TensorParallelMuon:
             numel = m.shard.numel()
             pieces = [rows[r, offset : offset + numel].view(m.shard.shape) for r in range(self.world_size)]
             offset += numel
-            momentum = self.replicated_momentum.setdefault(index, torch.zeros(m.full_shape, dtype=m.shard.dtype))
+            momentum = self.replicated_momentum.setdefault(index, m.shard.new_zeros(m.full_shape))
             with stats.computing():
                 direction = muon_direction(torch.cat(pieces, dim=m.shard_dim), momentum, self.config)
             stats.updated_matrices += 1
