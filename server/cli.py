@@ -20,7 +20,11 @@ def cmd_init(args) -> int:
     from cantata.server.bootstrap import init_data_dir
 
     profile = init_data_dir(
-        Path(args.data_dir), listen=args.listen, enroll_listen=args.enroll_listen or "", admin=args.admin
+        Path(args.data_dir),
+        listen=args.listen,
+        enroll_listen=args.enroll_listen or "",
+        admin=args.admin,
+        dashboard_listen=args.dashboard_listen or "",
     )
     print(f"initialised {args.data_dir}: CA at {Path(args.data_dir) / 'ca.pem'}, listening on {args.listen}")
     print(f"admin profile {args.admin!r} written to {profile}")
@@ -67,6 +71,7 @@ def register(groups: dict[str, argparse._SubParsersAction]) -> None:
         "--enroll-listen", help="HOST:PORT for enrollment without a client certificate (default: the --listen port + 1)"
     )
     p.add_argument("--admin", default="admin", help="name of the first admin (and its profile)")
+    p.add_argument("--dashboard-listen", help="HOST:PORT for the read-only web dashboard over HTTPS (default: none)")
     p.set_defaults(func=cmd_init)
     p = server.add_parser("start", help="serve until SIGTERM/SIGINT")
     p.add_argument("--data-dir", required=True)
