@@ -5,12 +5,25 @@ padded collective volume of the start-point plan, layer-wise ping-pong,
 alpha in {0, 0.5, 1} and the ideal LPT packing, for Qwen3-0.6B/8B/32B at
 D in {4, 8, 32, 64} with 400M-element buckets.
 
+Part 1b (pure computation, real Qwen3 shapes, the job's default 40M-element
+buckets): elements the DP step hands to its collectives over the gradient's,
+padded reduce-scatter/all-gather (D x the largest slice of each bucket) against
+the exact-size reduce/broadcast slices DP-Canzona issues (`owner_slices`); and
+the plans of both cost units ("flops", "numel"), each scored in NS-FLOPs and
+in elements max/mean.
+
 Part 2 (gloo, one thread per process, Qwen3 shapes scaled down by 8): the
 optimizer step of (i) redundant DDP compute, (ii) Moonlight (reduce-scatter,
 all-gather of the full gradient, redundant compute), (iii) layer-wise
 ping-pong ownership, (iv) alpha-balanced DP-Canzona, and (v) TP with a
 synchronous all-gather baseline vs the micro-group pipeline. Compute is
 per-rank thread CPU time, so it stays meaningful when processes share cores.
+
+Part 3 (gloo, Qwen3-8B and -32B layer shapes scaled down by 8, `--fsdp-layers`
+layers, each matrix an `nn.Linear` sharded by FSDP2's `fully_shard`): the
+critical path of Canzona on DTensor (`ShardedMuon`, alpha=1) against redundant
+Muon (every rank all-gathers every gradient and computes every matrix) and
+Megatron's layer-wise ping-pong ownership run by the same engine.
 
     .venv/bin/python benchmarks/bench_canzona.py            # all 36 layers of Qwen3-8B/8
     .venv/bin/python benchmarks/bench_canzona.py --quick    # 4 layers, 1 timed step
@@ -31,11 +44,15 @@ import harness
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 
 from cantata.trainer.optim.buckets import build_buckets
-from cantata.trainer.optim.cost import newton_schulz_flops
-from cantata.trainer.optim.dp import DataParallelMuon
-from cantata.trainer.optim.muon import MuonConfig, muon_update_
+from cantata.trainer.optim.cost import COST_UNITS, newton_schulz_flops, update_cost
+from cantata.trainer.optim.dp import DataParallelMuon, collective_elements
+from cantata.trainer.optim.muon import MuonConfig, apply_direction, muon_direction, muon_update_
 from cantata.trainer.optim.partition import (
     alpha_balanced_plan,
     alpha_targets_plan,
@@ -46,6 +63,7 @@ from cantata.trainer.optim.partition import (
 )
 from cantata.trainer.optim.profiling import StepStats, ring_bytes
 from cantata.trainer.optim.qwen3 import qwen3_matrix_shapes
+from cantata.trainer.optim.sharded import ShardedMuon, piece_box
 from cantata.trainer.optim.tp import ShardedMatrix, TensorParallelMuon
 
 PLAN_BUCKET = 400_000_000
@@ -80,6 +98,53 @@ def plan_quality() -> list[dict]:
                 }
             row["plans"]["ideal LPT"] = {"compute_max_over_mean": max_over_mean(ideal_lpt_loads(costs, world))}
             rows.append(row)
+    return rows
+
+
+JOB_BUCKET = 40_000_000  # the job's default canzona_bucket_elements
+
+
+def collective_volume() -> list[dict]:
+    """Elements one DP step hands to reduce-scatter (or reduce) over the gradient's, padded against exact."""
+    rows = []
+    for model in ("1.7B", "8B", "32B"):
+        shapes = qwen3_matrix_shapes(model)
+        numels = [r * c for r, c in shapes]
+        costs = [newton_schulz_flops(s) for s in shapes]
+        buckets = build_buckets(numels, JOB_BUCKET)
+        for world in (8, 16, 32, 64):
+            plan = alpha_balanced_plan(buckets, costs, world, 1.0)
+            rows.append(
+                {
+                    "model": model,
+                    "D": world,
+                    "buckets": len(buckets),
+                    "padded_over_gradient": plan.padded_elements() / sum(numels),
+                    "exact_over_gradient": collective_elements(plan) / sum(numels),
+                }
+            )
+    return rows
+
+
+def cost_units() -> list[dict]:
+    """Plans balanced in each cost unit, each scored in Newton-Schulz FLOPs and in elements."""
+    rows = []
+    for model in ("0.6B", "1.7B", "8B", "32B"):
+        shapes = qwen3_matrix_shapes(model)
+        numels = [r * c for r, c in shapes]
+        flops = [update_cost(s, unit="flops") for s in shapes]
+        buckets = build_buckets(numels, JOB_BUCKET)
+        for world in (8, 64):
+            for alpha in (0.5, 1.0):
+                row = {"model": model, "D": world, "alpha": alpha, "units": {}}
+                for unit in COST_UNITS:
+                    plan = alpha_balanced_plan(buckets, [update_cost(s, unit=unit) for s in shapes], world, alpha)
+                    row["units"][unit] = {
+                        "flops_max_over_mean": max_over_mean(plan.rank_costs(flops)),
+                        "elements_max_over_mean": max_over_mean(plan.rank_elements()),
+                    }
+                row["ideal_lpt_flops"] = max_over_mean(ideal_lpt_loads(flops, world))
+                rows.append(row)
     return rows
 
 
@@ -218,6 +283,69 @@ def optimizer_step(world: int, layers: int, steps: int) -> dict:
     }
 
 
+@torch.no_grad()
+def _redundant_fsdp(params, momenta, boxes, config) -> StepStats:
+    """Every rank all-gathers every gradient, runs every matrix's update and keeps its own piece."""
+    stats = StepStats()
+    for param, momentum, box in zip(params, momenta, boxes, strict=True):
+        full = param.grad.full_tensor()
+        stats.collective_elements += param.grad.to_local().numel()
+        with stats.computing():
+            direction = muon_direction(full, momentum, config)
+            apply_direction(param.to_local(), direction[box], lr=LR, weight_decay=WEIGHT_DECAY)
+        stats.updated_matrices += 1
+    return stats
+
+
+def _fsdp_worker(rank: int, world: int, init_file: str, out_file: str, model: str, layers: int, steps: int) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+    config = MuonConfig()
+    shapes = qwen3_matrix_shapes(model, scale_down=SCALE_DOWN, layers=layers)
+    torch.manual_seed(0)
+    linears = nn.ModuleList([nn.Linear(cols, rows, bias=False) for rows, cols in shapes])
+    for linear in linears:
+        fully_shard(linear, mesh=mesh)
+    params = [linear.weight for linear in linears]
+    boxes = [piece_box(p.shape, (world,), (rank,), p.placements) for p in params]
+    for param, grad, box in zip(params, _grads(shapes, 0), boxes, strict=True):
+        param.grad = DTensor.from_local(grad[box].contiguous(), mesh, param.placements)
+    numels = [r * c for r, c in shapes]
+    buckets = build_buckets(numels, STEP_BUCKET)
+    named = [(f"m{i}", p) for i, p in enumerate(params)]
+    results = {}
+    momenta = [torch.zeros(p.shape) for p in params]
+    results["redundant Muon"] = _timed(functools.partial(_redundant_fsdp, params, momenta, boxes, config), steps)
+    del momenta
+    engines = {
+        "layer-wise ownership": ShardedMuon(named, mesh=mesh, plan=layerwise_pingpong_plan(buckets, world)),
+        "Canzona α=1": ShardedMuon(named, mesh=mesh, bucket_elements=STEP_BUCKET),
+    }
+    for label, engine in engines.items():
+        results[label] = _timed(functools.partial(engine.step, lr=LR, weight_decay=WEIGHT_DECAY), steps)
+    if rank == 0:
+        Path(out_file).write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+def fsdp_step(model: str, world: int, layers: int, steps: int) -> dict:
+    with tempfile.TemporaryDirectory() as scratch:
+        out_file = Path(scratch) / "result.json"
+        args = (world, str(Path(scratch) / "init"), str(out_file), model, layers, steps)
+        mp.spawn(_fsdp_worker, args=args, nprocs=world)
+        results = json.loads(out_file.read_text())
+    redundant, canzona = results["redundant Muon"], results["Canzona α=1"]
+    return {
+        "model": model,
+        "D": world,
+        "variants": results,
+        "canzona_speedup_over_redundant": redundant["compute_max_s"] / canzona["compute_max_s"],
+        "canzona_speedup_over_layerwise": results["layer-wise ownership"]["compute_max_s"] / canzona["compute_max_s"],
+        "canzona_critical_path_over_ideal": canzona["compute_max_s"] / (redundant["compute_mean_s"] / world),
+    }
+
+
 def plot(plans: list[dict], steps: list[dict], layers: int, path: Path) -> None:
     import matplotlib
 
@@ -255,14 +383,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="4 layers and 1 timed step instead of 36 layers and 2")
     parser.add_argument("--layers", type=int, help="override the number of Qwen3-8B/8 layers")
+    parser.add_argument("--fsdp-layers", type=int, default=2, help="layers of Qwen3-8B/8 and -32B/8 in part 3")
     harness.add_output_argument(parser)
     args = parser.parse_args()
     layers = args.layers or (4 if args.quick else 36)
     steps = 1 if args.quick else 2
     plans = plan_quality()
     runs = [optimizer_step(world, layers, steps) for world in (2, 4)]
+    fsdp = [fsdp_step(model, world, args.fsdp_layers, steps) for model in ("8B", "32B") for world in (2, 4)]
     report = {
         "plan_quality": {"bucket_elements": PLAN_BUCKET, "rows": plans},
+        "collective_volume": {"bucket_elements": JOB_BUCKET, "alpha": 1.0, "rows": collective_volume()},
+        "cost_units": {"bucket_elements": JOB_BUCKET, "default": "flops", "rows": cost_units()},
+        "fsdp_step": {
+            "shapes": f"Qwen3 layer shapes scaled down by {SCALE_DOWN}",
+            "layers": args.fsdp_layers,
+            "timed_steps": steps,
+            "bucket_elements": STEP_BUCKET,
+            "backend": "gloo, CPU, one thread per process, FSDP2 fully_shard per matrix",
+            "compute_clock": "thread CPU time",
+            "runs": fsdp,
+        },
         "optimizer_step": {
             "model": f"Qwen3-8B scaled down by {SCALE_DOWN}",
             "layers": layers,
@@ -278,6 +419,12 @@ def main() -> None:
     out = harness.output_dir(args.out, args.quick)
     print(f"wrote {harness.write_results('canzona', report, out)}")
     plot(plans, runs, layers, harness.result_file(out, "canzona", ".png"))
+    for run in fsdp:
+        print(f"FSDP2 Qwen3-{run['model']}/8 D={run['D']}")
+        for name, v in run["variants"].items():
+            print(
+                f"  {name:24s} compute max {v['compute_max_s']:.3f}s mean {v['compute_mean_s']:.3f}s wall {v['wall_s']:.3f}s"
+            )
     for run in runs:
         print(f"D={run['D']}  ideal total/D = {run['ideal_compute_s']:.3f}s")
         for name, v in run["variants"].items():

@@ -123,6 +123,102 @@ def canzona_step(load: Callable[[str], dict]) -> list[str]:
     ]
 
 
+@table("canzona_volume")
+def canzona_volume(load: Callable[[str], dict]) -> list[str]:
+    volume = load("canzona")["collective_volume"]
+    ranks = sorted({r["D"] for r in volume["rows"]})
+    lines = header("model", *(f"{d} ranks: padded" for d in ranks), *(f"{d} ranks: exact" for d in ranks))
+    for model in dict.fromkeys(r["model"] for r in volume["rows"]):
+        cells = {r["D"]: r for r in volume["rows"] if r["model"] == model}
+        lines.append(
+            row(
+                f"Qwen3-{model}",
+                *(f"{cells[d]['padded_over_gradient']:.2f}×" for d in ranks),
+                *(f"{cells[d]['exact_over_gradient']:.2f}×" for d in ranks),
+            )
+        )
+    misses = [
+        f"Qwen3-{r['model']} at {r['D']} ranks moves {r['exact_over_gradient']:.2f}× the gradient (target ≤ 1.1×)"
+        for r in volume["rows"]
+        if r["exact_over_gradient"] > 1.1
+    ]
+    return [
+        "Elements a data-parallel Muon step hands to its reduce (and again to its broadcast), over the gradient's, "
+        f"real Qwen3 shapes, {volume['bucket_elements'] / 1e6:.0f}M-element buckets, α={volume['alpha']:g}: "
+        "padded reduce-scatter/all-gather against the exact owner slices DP-Canzona issues:",
+        "",
+        *lines,
+        "",
+        missed(misses),
+        reproduce(f"bench_canzona.py --layers {load('canzona')['optimizer_step']['layers']}", " (with the step below)"),
+    ]
+
+
+@table("canzona_cost_unit")
+def canzona_cost_unit(load: Callable[[str], dict]) -> list[str]:
+    units = load("canzona")["cost_units"]
+    lines = header(
+        "model", "ranks", "α", "flops plan: FLOPs", "numel plan: FLOPs", "flops plan: elements", "numel plan: elements",
+        "ideal LPT: FLOPs",
+    )  # fmt: skip
+    for r in units["rows"]:
+        flops, numel = r["units"]["flops"], r["units"]["numel"]
+        lines.append(
+            row(
+                f"Qwen3-{r['model']}",
+                r["D"],
+                f"{r['alpha']:g}",
+                f"{flops['flops_max_over_mean']:.2f}",
+                f"{numel['flops_max_over_mean']:.2f}",
+                f"{flops['elements_max_over_mean']:.2f}",
+                f"{numel['elements_max_over_mean']:.2f}",
+                f"{r['ideal_lpt_flops']:.2f}",
+            )
+        )
+    return [
+        "Max/mean over ranks of Newton–Schulz FLOPs and of elements, for plans balanced in each cost unit "
+        f"(`canzona_cost_unit`; default `{units['default']}`), {units['bucket_elements'] / 1e6:.0f}M-element buckets:",
+        "",
+        *lines,
+        "",
+        reproduce(f"bench_canzona.py --layers {load('canzona')['optimizer_step']['layers']}", " (with the step below)"),
+    ]
+
+
+@table("canzona_fsdp")
+def canzona_fsdp(load: Callable[[str], dict]) -> list[str]:
+    fsdp = load("canzona")["fsdp_step"]
+    runs = fsdp["runs"]
+    columns = [f"Qwen3-{r['model']}, {r['D']} ranks" for r in runs]
+    lines = header("variant", *columns)
+    for variant in runs[0]["variants"]:
+        lines.append(row(variant, *(f"{r['variants'][variant]['compute_max_s']:.2f}" for r in runs)))
+    lines.append(
+        row("Canzona: speed-up over redundant", *(f"{r['canzona_speedup_over_redundant']:.2f}×" for r in runs))
+    )
+    lines.append(
+        row("Canzona: speed-up over layer-wise", *(f"{r['canzona_speedup_over_layerwise']:.2f}×" for r in runs))
+    )
+    lines.append(row("Canzona: critical path / ideal", *(f"{r['canzona_critical_path_over_ideal']:.2f}" for r in runs)))
+    misses = [
+        f"Canzona on Qwen3-{r['model']} at {r['D']} ranks is {r['canzona_speedup_over_redundant']:.2f}× redundant "
+        f"(target {0.8 * r['D']:.1f}×)"
+        for r in runs
+        if r["canzona_speedup_over_redundant"] < 0.8 * r["D"]
+    ]
+    return [
+        f"Optimizer step on FSDP2 (`fully_shard`), {fsdp['shapes']} ({fsdp['layers']} layers), {fsdp['backend']}; "
+        f"critical-path compute per step ({fsdp['compute_clock']}, the slowest rank, s):",
+        "",
+        *lines,
+        "",
+        missed(misses),
+        reproduce(
+            f"bench_canzona.py --layers {load('canzona')['optimizer_step']['layers']} --fsdp-layers {fsdp['layers']}"
+        ),
+    ]
+
+
 GASLOC_METHODS = {
     "allreduce": "all-reduce",
     "diloco": "DiLoCo",

@@ -33,9 +33,11 @@ from cantata.proto.vocabulary import (
     REQUEST_ID,
     Algorithm,
     Compression,
+    CostUnit,
     LrSchedule,
     MixedPrecision,
     Model,
+    NsDtype,
     Optimizer,
     Topology,
     Utf8Policy,
@@ -311,6 +313,59 @@ MODEL_FIELDS: tuple[JobField, ...] = (
     ),
 )
 
+
+def _with_muon(value: Any) -> Rule:
+    return Rule(f"{_text(value)} with muon", lambda spec: value if spec.optimizer == Optimizer.MUON else None)
+
+
+MAX_BUCKET_ELEMENTS = 10**10
+# Muon and Canzona (optimizer "muon" only; the server refuses them with "adamw").
+MUON_FIELDS: tuple[JobField, ...] = (
+    JobField(
+        "canzona_alpha",
+        float,
+        "Canzona's balance of its ownership plan: 1 balances Newton-Schulz compute across ranks, 0 communication",
+        None,
+        _with_muon(1.0),
+        range=Range(0, 1),
+        optional=True,
+    ),
+    JobField(
+        "canzona_bucket_elements",
+        int,
+        "elements per gradient bucket of Canzona's plan (parameters are never split)",
+        0,
+        _with_muon(40_000_000),
+        range=Range(1, MAX_BUCKET_ELEMENTS),
+    ),
+    JobField(
+        "canzona_cost_unit",
+        str,
+        "how Canzona weighs a matrix: Newton-Schulz FLOPs, or elements as the authors' code does",
+        "",
+        _with_muon(CostUnit.FLOPS.value),
+        choices=CostUnit,
+    ),
+    JobField(
+        "muon_momentum",
+        float,
+        "Muon's (Nesterov) momentum",
+        None,
+        _with_muon(0.95),
+        range=Range(0, 1, high_open=True),
+        optional=True,
+    ),
+    JobField("muon_ns_steps", int, "Newton-Schulz iterations per update", 0, _with_muon(5), range=Range(1, 99)),
+    JobField(
+        "muon_ns_dtype",
+        str,
+        "precision of the Newton-Schulz iteration (bfloat16 as on GPUs; float32 reproduces exactly)",
+        "",
+        _with_muon(NsDtype.FLOAT32.value),
+        choices=NsDtype,
+    ),
+)
+
 FIELDS: tuple[JobField, ...] = (
     JobField("name", str, "the job's name, shown in listings", REQUIRED, max_length=128, required=True),
     JobField("model", str, "model configuration", Model.GPT_TINY.value, Model.GPT_TINY.value, choices=Model),
@@ -500,6 +555,7 @@ FIELDS: tuple[JobField, ...] = (
     ),
     *TRAINING_FIELDS,
     *MODEL_FIELDS,
+    *MUON_FIELDS,
 )
 FIELD = {f.name: f for f in FIELDS}
 

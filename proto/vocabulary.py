@@ -32,6 +32,20 @@ class Optimizer(enum.StrEnum):
     MUON = "muon"
 
 
+class CostUnit(enum.StrEnum):
+    """How Canzona's partitioner weighs a matrix's Muon update."""
+
+    FLOPS = "flops"  # Newton-Schulz FLOPs: what the update costs to compute
+    NUMEL = "numel"  # elements, as the authors' partitioner counts them
+
+
+class NsDtype(enum.StrEnum):
+    """The precision of Muon's Newton-Schulz iteration."""
+
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+
+
 class Topology(enum.StrEnum):
     """The gossip graph of a gasloc job."""
 

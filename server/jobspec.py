@@ -115,6 +115,9 @@ def parse_job_spec(
             "compression",
             "diloco's ring all-reduce adds partial sums on the way, which int8 codes cannot carry (use bf16)",
         )
+    if s.optimizer != Optimizer.MUON:  # before the defaults, which fill these in for muon only
+        for f in jobfields.MUON_FIELDS:
+            _require(not jobfields.is_set(f, jobfields.value_of(s, f)), f.name, "only with optimizer 'muon'")
     jobfields.fill_defaults(s)
     s.checkpoint_store = s.checkpoint_store or default_store
     _require(s.algorithm != Algorithm.SINGLE or s.workers == 1, "workers", "algorithm 'single' runs one worker")

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from cantata.trainer.optim import Muon, MuonConfig, build_optimizer
+from cantata.trainer.optim.cost import newton_schulz_flops, update_cost
 from cantata.trainer.optim.dp import DataParallelMuon
 from cantata.trainer.optim.muon import newton_schulz, rms_matched_lr
 from cantata.trainer.optim.routing import route_parameters
@@ -77,8 +78,97 @@ def test_sharded_engine_on_one_process_equals_muon():
 
 
 def test_rejects_parameters_that_are_not_matrices():
-    with pytest.raises(ValueError, match="2-D"):
+    with pytest.raises(ValueError, match="matrices or stacks"):
         Muon([torch.zeros(3, requires_grad=True)])
+    with pytest.raises(ValueError, match="do not add up"):
+        Muon([{"params": [torch.zeros(6, 4, requires_grad=True)], "splits": (4, 4)}])
+
+
+def test_fused_projection_is_orthogonalized_as_its_sub_matrices():
+    """A qkv of rows (8, 4, 4) steps exactly as q, k and v would as three separate matrices."""
+    parts = [torch.randn(rows, 8, generator=torch.Generator().manual_seed(rows)) for rows in (8, 4, 4)]
+    fused = torch.cat(parts).requires_grad_()
+    separate = [p.clone().requires_grad_() for p in parts]
+    fused_muon = Muon([{"params": [fused], "splits": (8, 4, 4)}], lr=0.02)
+    separate_muon = Muon(separate, lr=0.02)
+    for step in range(5):
+        grads = [torch.randn(p.shape, generator=torch.Generator().manual_seed(100 + step + p.shape[0])) for p in parts]
+        fused.grad, _ = torch.cat(grads), [setattr(p, "grad", g) for p, g in zip(separate, grads, strict=True)]
+        fused_muon.step()
+        separate_muon.step()
+    assert torch.allclose(fused.detach(), torch.cat([p.detach() for p in separate]), rtol=0, atol=1e-6)
+    split, whole = torch.cat(parts).requires_grad_(), torch.cat(parts).requires_grad_()
+    split.grad = whole.grad = fused.grad
+    Muon([{"params": [split], "splits": (8, 4, 4)}], lr=0.02).step()
+    Muon([whole], lr=0.02).step()  # one Newton-Schulz over the fused matrix is a different update
+    assert not torch.allclose(split, whole, rtol=0, atol=1e-4)
+
+
+def test_expert_stack_is_updated_as_a_batch_of_matrices():
+    experts = torch.randn(3, 8, 12, generator=torch.Generator().manual_seed(5)).requires_grad_()
+    singles = [e.clone().requires_grad_() for e in experts.detach()]
+    batched, separate = Muon([experts], lr=0.02), Muon(singles, lr=0.02)
+    for step in range(5):
+        grad = torch.randn(3, 8, 12, generator=torch.Generator().manual_seed(step))
+        experts.grad = grad
+        for single, g in zip(singles, grad, strict=True):
+            single.grad = g.clone()
+        batched.step()
+        separate.step()
+    assert torch.allclose(experts.detach(), torch.stack([s.detach() for s in singles]), rtol=0, atol=1e-5)
+
+
+class Moe(nn.Module):
+    muon_splits = {"qkv.weight": (8, 4, 4)}  # noqa: RUF012 - a declaration read by the router
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(8, 16, bias=False)
+        self.experts = nn.Parameter(torch.randn(2, 8, 8))
+        self.conv = nn.Conv1d(8, 8, 3)
+        self.idle = nn.Linear(8, 8, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.qkv(x)[..., :8] @ self.experts[0]
+
+
+def test_routing_sends_expert_stacks_to_muon_and_reads_declared_splits():
+    routing = route_parameters(Moe())
+    assert [name for name, _ in routing.muon] == ["experts", "qkv.weight", "idle.weight"]
+    assert "conv.weight" in {name for name, _ in routing.adamw}
+    assert routing.splits == {"qkv.weight": (8, 4, 4)}
+    with pytest.raises(ValueError, match="not updated by Muon"):
+        route_parameters(Moe(), splits={"conv.weight": (4, 4)})
+    with pytest.raises(ValueError, match="names no parameter"):
+        route_parameters(Moe(), splits={"kqv.*": (8, 8)})
+
+
+@pytest.mark.parametrize("name", ["muon", "adamw"])
+def test_parameters_without_gradient_are_not_stepped(name):
+    """No weight decay and no momentum on a parameter that received no gradient (torch's AdamW and Muon)."""
+    torch.manual_seed(0)
+    model = Moe()
+    idle = model.idle.weight.detach().clone()
+    optimizer = build_optimizer(model, name, lr=0.01, weight_decay=0.5)
+    for step in range(3):
+        optimizer.zero_grad()
+        model(torch.randn(2, 8, generator=torch.Generator().manual_seed(step))).sum().backward()
+        optimizer.step()
+    assert torch.equal(model.idle.weight, idle)
+    assert not torch.equal(model.qkv.weight, Moe().qkv.weight)
+    if name == "muon":
+        assert optimizer.last_stats.updated_matrices == 2  # qkv and the experts
+        assert optimizer.step_metrics()["optimizer/updated_matrices"] == 2
+
+
+def test_cost_units_weigh_fused_parts_and_experts():
+    assert update_cost((24, 8), unit="numel") == 192
+    assert update_cost((24, 8), unit="flops", splits=(8, 16)) == newton_schulz_flops((8, 8)) + newton_schulz_flops(
+        (16, 8)
+    )
+    assert update_cost((3, 8, 16), unit="flops") == 3 * newton_schulz_flops((8, 16))
+    with pytest.raises(ValueError, match="cost unit"):
+        update_cost((8, 8), unit="bytes")
 
 
 class Gpt(nn.Module):

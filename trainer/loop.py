@@ -37,7 +37,7 @@ from cantata.trainer.config import WorkerConfig
 from cantata.trainer.data import DataEvent, Feed, Utf8Policy, Vocabulary, open_feed
 from cantata.trainer.decoder import Decoder
 from cantata.trainer.model import LanguageModel, build_model
-from cantata.trainer.optim import build_optimizer
+from cantata.trainer.optim import build_optimizer, spec_settings
 from cantata.trainer.parallel import FullState, Parallelism, data_rank, parallelize
 from cantata.trainer.reporter import Reporter
 from cantata.trainer.weights import load_weights
@@ -305,6 +305,7 @@ class Trainer:
             weight_decay=spec.weight_decay,
             grad_clip=spec.grad_clip,
             process_group=strategy.group if strategy.mesh is None else None,  # with a mesh FSDP2 reduces gradients
+            **spec_settings(spec),
         )
         self.schedule = Schedule.of(spec)
         checkpoints = JobCheckpoints(spec.checkpoint_store, cfg.tenant, cfg.job_id, cfg.checkpoint_keys, spec.keep_last)

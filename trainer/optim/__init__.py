@@ -1,19 +1,23 @@
 """Optimizers for Cantata training: Muon and Canzona's load-balanced distributed Muon.
 
-The training loop uses `build_optimizer`; `merge_optimizer_shards` reshards a
+The training loop uses `build_optimizer` (with `spec_settings(spec)` for a job's Muon and
+Canzona fields; `mesh=` for a model sharded with FSDP2 and tensor parallelism); `merge_optimizer_shards` reshards a
 checkpoint to a different data-parallel world size.
 """
 
 from .checkpoint import ShardSetError, merge_optimizer_shards
 from .muon import Muon, MuonConfig
-from .training import OPTIMIZERS, TrainingOptimizer, build_optimizer
+from .sharded import ShardedMuon
+from .training import OPTIMIZERS, TrainingOptimizer, build_optimizer, spec_settings
 
 __all__ = [
     "OPTIMIZERS",
     "Muon",
     "MuonConfig",
     "ShardSetError",
+    "ShardedMuon",
     "TrainingOptimizer",
     "build_optimizer",
     "merge_optimizer_shards",
+    "spec_settings",
 ]

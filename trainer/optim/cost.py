@@ -16,3 +16,23 @@ def soap_flops(shape: tuple[int, int], precondition_frequency: int = 10) -> floa
     per_step = 2 * rows * rows * cols + 2 * cols * cols * rows
     eigenbasis = 7.3 * (rows**3 + cols**3) / precondition_frequency
     return float(per_step + eigenbasis)
+
+
+COST_UNITS = ("flops", "numel")
+
+
+def update_cost(
+    shape: tuple[int, ...], *, unit: str = "flops", splits: tuple[int, ...] = (), ns_steps: int = 5
+) -> float:
+    """What one Muon update of a parameter weighs for the partitioner.
+
+    "flops" counts Newton-Schulz FLOPs of each sub-matrix (a fused projection's parts and a stack's
+    experts run separately); "numel" counts elements, as the authors' partitioner does.
+    """
+    if unit not in COST_UNITS:
+        raise ValueError(f"cost unit must be one of {COST_UNITS}, got {unit!r}")
+    batch = shape[0] if len(shape) == 3 else 1
+    rows, cols = shape[-2], shape[-1]
+    if unit == "numel":
+        return float(batch * rows * cols)
+    return float(batch * sum(newton_schulz_flops((part, cols), ns_steps) for part in (splits or (rows,))))

@@ -1,16 +1,20 @@
 """DP-Canzona: data-parallel Muon where each matrix is updated whole by one owner rank.
 
-Per bucket: a padded reduce-scatter delivers to every rank the averaged
-gradients of exactly the matrices it owns; the owner runs the Muon update with
-no communication; a padded all-gather returns the new parameters to every rank.
-All reduce-scatters are launched at once, so later buckets travel while the
-first ones are being computed, and each all-gather starts as soon as its
-bucket is done. Momentum lives only on the owner (ZeRO-1).
+Per bucket, the matrices each rank owns lie side by side in one exact-size
+slice (no padding). Every slice is summed onto its owner with `reduce`, the
+owner runs the Muon update with no communication, and a `broadcast` from the
+owner returns the new parameters to every rank. All reduces are launched at
+once, so later buckets travel while the first ones are being computed, and each
+bucket's broadcasts start as soon as it is done. The collectives move exactly
+the gradient's elements, however uneven the slices; padded reduce-scatter and
+all-gather would move D times the largest slice of every bucket, which on
+Qwen3 with whole-matrix ownership is up to D times the gradient. Momentum lives
+only on the owner (ZeRO-1).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -18,39 +22,50 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .buckets import build_buckets
-from .cost import newton_schulz_flops
-from .muon import MuonConfig, muon_update_
+from .cost import update_cost
+from .muon import MuonConfig, check_splits, muon_update_
 from .partition import ShardingPlan, alpha_balanced_plan
-from .profiling import StepStats, ring_bytes
+from .profiling import StepStats
 
 STATE_FORMAT = "cantata.canzona-dp/1"
 
 
 @dataclass(frozen=True)
-class _Slot:
-    """Where a parameter sits in its bucket's padded buffer: owner's row, offset within the row."""
+class OwnerSlice:
+    """The parameters one owner holds in a bucket, side by side from `start` of the bucket's buffer."""
 
-    param: int
     owner: int
-    offset: int
+    start: int
+    params: tuple[int, ...]
+    numel: int
 
 
-@dataclass(frozen=True)
-class _BucketLayout:
-    slots: tuple[_Slot, ...]
-    row_elements: int
-
-
-def _layouts(plan: ShardingPlan, numels: Sequence[int]) -> list[_BucketLayout]:
+def owner_slices(plan: ShardingPlan) -> list[list[OwnerSlice]]:
+    """Per bucket, the non-empty slice of every owner in rank order: the exact collectives a step issues."""
     layouts = []
     for bucket, owners in zip(plan.buckets, plan.owners, strict=True):
-        fill = [0] * plan.world_size
-        slots = []
-        for param, owner in zip(bucket.params, owners, strict=True):
-            slots.append(_Slot(param, owner, fill[owner]))
-            fill[owner] += numels[param]
-        layouts.append(_BucketLayout(tuple(slots), max(fill)))
+        slices, start = [], 0
+        for rank in range(plan.world_size):
+            mine = [(p, n) for p, n, o in zip(bucket.params, bucket.numels, owners, strict=True) if o == rank]
+            if mine:
+                numel = sum(n for _, n in mine)
+                slices.append(OwnerSlice(rank, start, tuple(p for p, _ in mine), numel))
+                start += numel
+        layouts.append(slices)
     return layouts
+
+
+def collective_elements(plan: ShardingPlan) -> int:
+    """Elements one step hands to reduce (and again to broadcast): the gradient's, exactly."""
+    return sum(s.numel for slices in owner_slices(plan) for s in slices)
+
+
+def received_gradients(params: Sequence[Tensor], group: dist.ProcessGroup | None) -> list[bool]:
+    """Whether any rank of `group` holds a gradient of each parameter (one small all-reduce)."""
+    flags = torch.tensor([p.grad is not None for p in params], dtype=torch.int32)
+    if group is not None and dist.get_world_size(group) > 1:
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
+    return [bool(flag) for flag in flags]
 
 
 class DataParallelMuon:
@@ -58,6 +73,8 @@ class DataParallelMuon:
 
     `process_group=None` means a single process (every matrix is owned locally).
     Every rank must construct it with the same parameters in the same order.
+    A 3-D parameter is a stack of expert matrices; `splits` maps a name to the row
+    counts of a fused projection's sub-matrices.
     """
 
     def __init__(
@@ -67,56 +84,70 @@ class DataParallelMuon:
         process_group: dist.ProcessGroup | None = None,
         alpha: float = 1.0,
         bucket_elements: int = 40_000_000,
+        cost_unit: str = "flops",
         config: MuonConfig = MuonConfig(),
+        splits: Mapping[str, tuple[int, ...]] | None = None,
         plan: ShardingPlan | None = None,
     ) -> None:
         self.names = [name for name, _ in named_params]
         self.params = [param for _, param in named_params]
-        for name, param in named_params:
-            if param.ndim != 2:
-                raise ValueError(f"Muon updates 2-D matrices only; {name!r} has shape {tuple(param.shape)}")
+        self.splits = [tuple((splits or {}).get(name, ())) for name in self.names]
+        for name, param, parts in zip(self.names, self.params, self.splits, strict=True):
+            check_splits(name, tuple(param.shape), parts)
         self.group = process_group
         self.rank = dist.get_rank(process_group) if process_group is not None else 0
         self.world_size = dist.get_world_size(process_group) if process_group is not None else 1
         self.config = config
         numels = [p.numel() for p in self.params]
         if plan is None:
-            costs = [newton_schulz_flops((p.shape[0], p.shape[1]), config.ns_steps) for p in self.params]
+            costs = [
+                update_cost(tuple(p.shape), unit=cost_unit, splits=parts, ns_steps=config.ns_steps)
+                for p, parts in zip(self.params, self.splits, strict=True)
+            ]
             plan = alpha_balanced_plan(build_buckets(numels, bucket_elements), costs, self.world_size, alpha)
         if plan.world_size != self.world_size:
             raise ValueError(f"plan is for {plan.world_size} ranks, group has {self.world_size}")
         self.plan = plan
-        self._layouts = _layouts(plan, numels)
+        self._slices = owner_slices(plan)
         self.owned = sorted(p for p, owner in plan.owner_by_param().items() if owner == self.rank)
         self.momentum = {index: torch.zeros_like(self.params[index]) for index in self.owned}
 
     @torch.no_grad()
     def step(self, *, lr: float, weight_decay: float) -> StepStats:
-        """Average gradients, update owned matrices, and leave identical parameters on every rank."""
+        """Average gradients, update owned matrices that received a gradient on some rank, and leave
+        identical parameters on every rank (matrices with no gradient anywhere are not touched)."""
         stats = StepStats()
+        active = received_gradients(self.params, self.group)
         if self.world_size == 1:
             for index in self.owned:
-                self._update(index, self._grad(index), lr, weight_decay, stats)
+                if active[index]:
+                    self._update(index, self._grad(index), lr, weight_decay, stats)
             return stats
-        scattered = [self._launch_reduce_scatter(layout, stats) for layout in self._layouts]
-        gathers = []
-        for layout, (shard, work) in zip(self._layouts, scattered, strict=True):
+        reduced = [self._launch_reduce(slices, stats) for slices in self._slices]
+        broadcasts = []
+        for slices, (buffer, works) in zip(self._slices, reduced, strict=True):
+            for work in works:
+                work.wait()
+            for piece in slices:
+                if piece.owner == self.rank:
+                    offset = piece.start
+                    for index in piece.params:
+                        view = buffer[offset : offset + self.params[index].numel()].view(self.params[index].shape)
+                        offset += self.params[index].numel()
+                        if active[index]:
+                            view.div_(self.world_size)
+                            self._update(index, view, lr, weight_decay, stats)
+                        view.copy_(self.params[index])
+                broadcasts.append((buffer, piece, self._collective(dist.broadcast, buffer, piece, stats)))
+        for buffer, piece, work in broadcasts:
             work.wait()
-            shard.div_(self.world_size)
-            for slot in layout.slots:
-                if slot.owner == self.rank:
-                    view = self._view(shard, slot)
-                    self._update(slot.param, view, lr, weight_decay, stats)
-                    view.copy_(self.params[slot.param])
-            gathered = shard.new_empty(self.world_size * layout.row_elements)
-            gathers.append((layout, gathered, dist.all_gather_single(gathered, shard, group=self.group, async_op=True)))
-            stats.wire_bytes += ring_bytes(layout.row_elements, self.world_size, shard.element_size())
-        for layout, gathered, work in gathers:
-            work.wait()
-            for slot in layout.slots:
-                if slot.owner != self.rank:
-                    row = gathered[slot.owner * layout.row_elements : (slot.owner + 1) * layout.row_elements]
-                    self.params[slot.param].copy_(self._view(row, slot))
+            if piece.owner != self.rank:
+                offset = piece.start
+                for index in piece.params:
+                    self.params[index].copy_(
+                        buffer[offset : offset + self.params[index].numel()].view_as(self.params[index])
+                    )
+                    offset += self.params[index].numel()
         return stats
 
     def state_dict(self) -> dict:
@@ -148,20 +179,24 @@ class DataParallelMuon:
                 )
             self.momentum[index].copy_(saved)
 
-    def _launch_reduce_scatter(self, layout: _BucketLayout, stats: StepStats) -> tuple[Tensor, dist.Work]:
-        reference = self.params[layout.slots[0].param]
-        padded = reference.new_zeros(self.world_size * layout.row_elements)
-        for slot in layout.slots:
-            start = slot.owner * layout.row_elements + slot.offset
-            padded[start : start + self.params[slot.param].numel()].copy_(self._grad(slot.param).reshape(-1))
-        shard = reference.new_empty(layout.row_elements)
-        work = dist.reduce_scatter_single(shard, padded, group=self.group, async_op=True)
-        stats.wire_bytes += ring_bytes(layout.row_elements, self.world_size, padded.element_size())
-        return shard, work
+    def _launch_reduce(self, slices: list[OwnerSlice], stats: StepStats) -> tuple[Tensor, list[dist.Work]]:
+        reference = self.params[slices[0].params[0]]
+        buffer = reference.new_empty(sum(piece.numel for piece in slices))
+        offset = 0
+        for piece in slices:
+            for index in piece.params:
+                buffer[offset : offset + self.params[index].numel()].copy_(self._grad(index).reshape(-1))
+                offset += self.params[index].numel()
+        return buffer, [self._collective(dist.reduce, buffer, piece, stats) for piece in slices]
 
-    def _view(self, row: Tensor, slot: _Slot) -> Tensor:
-        param = self.params[slot.param]
-        return row[slot.offset : slot.offset + param.numel()].view(param.shape)
+    def _collective(self, operation, buffer: Tensor, piece: OwnerSlice, stats: StepStats) -> dist.Work:
+        """`reduce` to, or `broadcast` from, the slice's owner, asynchronously."""
+        root = dist.get_global_rank(self.group, piece.owner) if self.group is not None else piece.owner
+        work = operation(buffer[piece.start : piece.start + piece.numel], root, group=self.group, async_op=True)
+        assert work is not None  # async_op=True
+        stats.collective_elements += piece.numel
+        stats.wire_bytes += piece.numel * buffer.element_size()  # a pipelined tree or ring: about one copy per rank
+        return work
 
     def _grad(self, index: int) -> Tensor:
         grad = self.params[index].grad
@@ -170,6 +205,12 @@ class DataParallelMuon:
     def _update(self, index: int, grad: Tensor, lr: float, weight_decay: float, stats: StepStats) -> None:
         with stats.computing():
             muon_update_(
-                self.params[index], grad, self.momentum[index], lr=lr, weight_decay=weight_decay, config=self.config
+                self.params[index],
+                grad,
+                self.momentum[index],
+                lr=lr,
+                weight_decay=weight_decay,
+                config=self.config,
+                splits=self.splits[index],
             )
         stats.updated_matrices += 1

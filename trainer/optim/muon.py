@@ -40,53 +40,94 @@ class MuonConfig:
 
 
 def newton_schulz(matrix: Tensor, config: MuonConfig) -> Tensor:
-    """Approximately orthogonalize a 2-D matrix with the quintic Newton-Schulz iteration."""
-    if matrix.ndim != 2:
-        raise ValueError(f"Newton-Schulz needs a 2-D matrix, got shape {tuple(matrix.shape)}")
+    """Approximately orthogonalize a matrix, or each matrix of a [batch, rows, cols] stack, with the
+    quintic Newton-Schulz iteration."""
+    if matrix.ndim not in (2, 3):
+        raise ValueError(f"Newton-Schulz needs a matrix or a stack of matrices, got shape {tuple(matrix.shape)}")
     a, b, c = config.ns_coefficients
     x = matrix.to(config.ns_dtype)
-    tall = matrix.size(0) > matrix.size(1)
+    tall = matrix.size(-2) > matrix.size(-1)
     if tall:
-        x = x.T
-    x = x / x.norm().clamp(min=config.eps)
-    for _ in range(config.ns_steps):
-        gram = x @ x.T
-        polynomial = torch.addmm(gram, gram, gram, beta=b, alpha=c)
-        x = torch.addmm(x, polynomial, x, beta=a)
-    return x.T if tall else x
+        x = x.mT
+    if x.ndim == 2:
+        x = x / x.norm().clamp(min=config.eps)
+        for _ in range(config.ns_steps):
+            gram = x @ x.T
+            polynomial = torch.addmm(gram, gram, gram, beta=b, alpha=c)
+            x = torch.addmm(x, polynomial, x, beta=a)
+    else:
+        x = x / torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True).clamp(min=config.eps)
+        for _ in range(config.ns_steps):
+            gram = x @ x.mT
+            polynomial = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+            x = torch.baddbmm(x, polynomial, x, beta=a)
+    return x.mT if tall else x
+
+
+def rms_scale(shape: torch.Size | tuple[int, ...]) -> float:
+    """The factor that gives an orthogonalized update AdamW's RMS: 0.2 * sqrt(max(A, B)) of one whole matrix."""
+    rows, cols = shape[-2], shape[-1]
+    return 0.2 * math.sqrt(max(rows, cols))
 
 
 def rms_matched_lr(lr: float, shape: torch.Size | tuple[int, ...]) -> float:
     """Learning rate that gives the update AdamW's RMS: lr * 0.2 * sqrt(max(A, B)) of the full shape."""
-    rows, cols = shape[0], shape[1]
-    return lr * 0.2 * math.sqrt(max(rows, cols))
+    return lr * rms_scale(shape)
 
 
-def orthogonalized_momentum(grad: Tensor, momentum_buffer: Tensor, config: MuonConfig) -> Tensor:
-    """Advance the momentum buffer in place and return the orthogonalized (Nesterov) direction."""
+def check_splits(name: str, shape: tuple[int, ...], splits: tuple[int, ...]) -> None:
+    """A fused projection's sub-matrix row counts must be positive and add up to its rows (dim -2)."""
+    if len(shape) not in (2, 3):
+        raise ValueError(f"Muon updates matrices or stacks of them; {name!r} has shape {tuple(shape)}")
+    if splits and (min(splits) <= 0 or sum(splits) != shape[-2]):
+        raise ValueError(f"{name!r}: split sizes {splits} do not add up to its {shape[-2]} rows")
+
+
+def orthogonalized(direction: Tensor, config: MuonConfig, splits: tuple[int, ...] = ()) -> Tensor:
+    """Newton-Schulz of each sub-matrix (rows split by `splits`; all rows when empty), each RMS-scaled by its
+    own shape: a fused qkv or gate/up projection is orthogonalized as its separate matrices."""
+    blocks = direction.split(list(splits), dim=-2) if splits else (direction,)
+    return torch.cat(
+        [newton_schulz(block, config).to(block.dtype) * rms_scale(block.shape) for block in blocks], dim=-2
+    )
+
+
+def muon_direction(grad: Tensor, momentum_buffer: Tensor, config: MuonConfig, splits: tuple[int, ...] = ()) -> Tensor:
+    """Advance the momentum buffer in place and return the (Nesterov) step direction, orthogonalized and
+    RMS-scaled; the step is -lr times it. `grad` is the whole matrix (or stack), never a slice of it."""
     momentum_buffer.lerp_(grad, 1 - config.momentum)
     direction = grad.lerp(momentum_buffer, config.momentum) if config.nesterov else momentum_buffer
-    return newton_schulz(direction, config)
+    return orthogonalized(direction, config, splits)
 
 
-def apply_update(
-    param: Tensor, direction: Tensor, *, lr: float, weight_decay: float, full_shape: tuple[int, ...]
-) -> None:
-    """Decoupled weight decay, then step along `direction` (a whole matrix or its shard of `full_shape`)."""
+def apply_direction(param: Tensor, direction: Tensor, *, lr: float, weight_decay: float) -> None:
+    """Decoupled weight decay, then step along `direction` (of a whole matrix, or the matching piece of it)."""
     param.mul_(1 - lr * weight_decay)
-    param.add_(direction.to(param.dtype), alpha=-rms_matched_lr(lr, full_shape))
+    param.add_(direction.to(param.dtype), alpha=-lr)
 
 
 def muon_update_(
-    param: Tensor, grad: Tensor, momentum_buffer: Tensor, *, lr: float, weight_decay: float, config: MuonConfig
+    param: Tensor,
+    grad: Tensor,
+    momentum_buffer: Tensor,
+    *,
+    lr: float,
+    weight_decay: float,
+    config: MuonConfig,
+    splits: tuple[int, ...] = (),
 ) -> None:
-    """One Muon step on a whole matrix, in place."""
-    direction = orthogonalized_momentum(grad, momentum_buffer, config)
-    apply_update(param, direction, lr=lr, weight_decay=weight_decay, full_shape=param.shape)
+    """One Muon step on a whole matrix (or stack of expert matrices), in place."""
+    direction = muon_direction(grad, momentum_buffer, config, splits)
+    apply_direction(param, direction, lr=lr, weight_decay=weight_decay)
 
 
 class Muon(torch.optim.Optimizer):
-    """Single-process Muon for 2-D hidden matrices (pair it with AdamW for the rest)."""
+    """Single-process Muon for hidden matrices (pair it with AdamW for the rest).
+
+    A 3-D parameter is a stack of expert matrices, each orthogonalized on its own. A param group's
+    "splits" option (row counts, default none) marks its parameters as fused projections whose
+    sub-matrices are orthogonalized separately, e.g. {"params": [qkv], "splits": (q, k, v)}.
+    """
 
     def __init__(
         self,
@@ -99,12 +140,12 @@ class Muon(torch.optim.Optimizer):
             raise ValueError(f"lr must be >= 0, got {lr}")
         if weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
-        super().__init__(params, {"lr": lr, "weight_decay": weight_decay})
+        super().__init__(params, {"lr": lr, "weight_decay": weight_decay, "splits": ()})
         self.config = config
         for group in self.param_groups:
+            group["splits"] = tuple(group["splits"])
             for p in group["params"]:
-                if p.ndim != 2:
-                    raise ValueError(f"Muon updates 2-D matrices only, got shape {tuple(p.shape)}")
+                check_splits("parameter", tuple(p.shape), group["splits"])
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -126,5 +167,6 @@ class Muon(torch.optim.Optimizer):
                     lr=group["lr"],
                     weight_decay=group["weight_decay"],
                     config=self.config,
+                    splits=group["splits"],
                 )
         return loss

@@ -11,11 +11,19 @@ from dataclasses import dataclass
 @dataclass
 class StepStats:
     """Compute is this thread's CPU time in updates (robust to oversubscribed cores); bytes
-    count what this rank sends under ring collectives."""
+    count what this rank sends under ring collectives; collective elements count what this rank
+    hands to collectives (its send buffers, padding included)."""
 
     compute_seconds: float = 0.0
     wire_bytes: int = 0
     updated_matrices: int = 0
+    collective_elements: int = 0
+
+    def add(self, other: StepStats) -> None:
+        self.compute_seconds += other.compute_seconds
+        self.wire_bytes += other.wire_bytes
+        self.updated_matrices += other.updated_matrices
+        self.collective_elements += other.collective_elements
 
     @contextmanager
     def computing(self) -> Iterator[None]:

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor, Shard
 
 from .cost import newton_schulz_flops
-from .muon import MuonConfig, apply_update, orthogonalized_momentum
+from .muon import MuonConfig, apply_direction, muon_direction
 from .profiling import StepStats, ring_bytes
 
 
@@ -151,7 +151,7 @@ class TensorParallelMuon:
         self.capacity = max(costs) if capacity is None else capacity
         self.groups = greedy_rollback_groups(costs, self.world_size, self.capacity)
         self.host_momentum = {
-            item: torch.zeros(self.matrices[item].full_shape, dtype=self.matrices[item].shard.dtype)
+            item: self.matrices[item].shard.new_zeros(self.matrices[item].full_shape)
             for group in self.groups
             for item, host in zip(group.items, group.hosts, strict=True)
             if host == self.rank
@@ -192,12 +192,12 @@ class TensorParallelMuon:
             numel = m.shard.numel()
             pieces = [rows[r, offset : offset + numel].view(m.shard.shape) for r in range(self.world_size)]
             offset += numel
-            momentum = self.replicated_momentum.setdefault(index, torch.zeros(m.full_shape, dtype=m.shard.dtype))
+            momentum = self.replicated_momentum.setdefault(index, m.shard.new_zeros(m.full_shape))
             with stats.computing():
-                direction = orthogonalized_momentum(torch.cat(pieces, dim=m.shard_dim), momentum, self.config)
+                direction = muon_direction(torch.cat(pieces, dim=m.shard_dim), momentum, self.config)
             stats.updated_matrices += 1
             own = direction.chunk(self.world_size, dim=m.shard_dim)[self.rank]
-            apply_update(m.shard, own, lr=lr, weight_decay=weight_decay, full_shape=m.full_shape)
+            apply_direction(m.shard, own, lr=lr, weight_decay=weight_decay)
         return stats
 
     def _launch_gather(self, group: MicroGroup, stats: StepStats) -> _InFlight:
@@ -229,7 +229,7 @@ class TensorParallelMuon:
             offset += m.shard.numel()
             with stats.computing():
                 directions.append(
-                    orthogonalized_momentum(torch.cat(pieces, dim=m.shard_dim), self.host_momentum[item], self.config)
+                    muon_direction(torch.cat(pieces, dim=m.shard_dim), self.host_momentum[item], self.config)
                 )
             stats.updated_matrices += 1
         return directions
@@ -266,4 +266,4 @@ class TensorParallelMuon:
                 m = self.matrices[item]
                 piece = scattered.received[offset : offset + m.shard.numel()].view(m.shard.shape)
                 offset += m.shard.numel()
-                apply_update(m.shard, piece, lr=lr, weight_decay=weight_decay, full_shape=m.full_shape)
+                apply_direction(m.shard, piece, lr=lr, weight_decay=weight_decay)

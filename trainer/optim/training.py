@@ -1,31 +1,43 @@
-"""The optimizer object the training loop drives: AdamW or Muon, single process or data parallel.
+"""The optimizer object the training loop drives: AdamW or Muon, single process, data parallel or on a mesh.
 
-With a process group the optimizer owns gradient synchronisation: "adamw"
-all-reduces (averages) every gradient like DDP; "muon" averages the AdamW-routed
-gradients the same way and runs DP-Canzona for the hidden matrices. Clipping
-(``grad_clip``) needs the norm of the averaged gradient, so with it set every
-gradient is averaged first (DP-Canzona's reduce-scatter of equal gradients then
-changes nothing) and the global norm is clipped on every rank alike.
+With a process group (replicated model) the optimizer owns gradient
+synchronisation: "adamw" all-reduces (averages) every gradient like DDP; "muon"
+averages the AdamW-routed gradients the same way and runs DP-Canzona for the
+hidden matrices. Clipping (``grad_clip``) needs the norm of the averaged
+gradient, so with it set every gradient is averaged first (DP-Canzona's reduce
+of equal gradients then changes nothing) and the global norm is clipped on every
+rank alike.
+
+With a device mesh (a model sharded by ``fully_shard`` and ``parallelize_module``)
+FSDP2 has already averaged the gradients: "muon" runs Canzona on DTensor
+(`ShardedMuon`) for the hidden matrices and AdamW updates the rest shard by shard.
+
+A parameter that received no gradient on any rank is not stepped: no momentum,
+no weight decay (as torch's AdamW and Muon skip a ``None`` gradient).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from cantata.proto.vocabulary import Optimizer
+from cantata.proto.vocabulary import NsDtype, Optimizer
 
-from .dp import DataParallelMuon
+from .cost import COST_UNITS
+from .dp import DataParallelMuon, received_gradients
 from .muon import MuonConfig
 from .profiling import StepStats, ring_bytes
 from .routing import DEFAULT_ADAMW_PATTERNS, ParameterRouting, route_parameters
+from .sharded import ShardedMuon
 
 STATE_FORMAT = "cantata.training-optimizer/1"
 OPTIMIZERS = tuple(name.value for name in Optimizer)
+NS_DTYPES = {NsDtype.FLOAT32: torch.float32, NsDtype.BFLOAT16: torch.bfloat16}
 
 
 class TrainingOptimizer:
@@ -43,13 +55,25 @@ class TrainingOptimizer:
         bucket_elements: int,
         muon_config: MuonConfig,
         grad_clip: float = 0.0,
+        cost_unit: str = "flops",
+        mesh: DeviceMesh | None = None,
+        tp_dim: str | None = None,
     ) -> None:
         if name not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {name!r}; choose one of {OPTIMIZERS}")
+        if cost_unit not in COST_UNITS:
+            raise ValueError(f"cost unit must be one of {COST_UNITS}, got {cost_unit!r}")
+        if mesh is not None and process_group is not None:
+            raise ValueError("give a process group (replicated model) or a device mesh (sharded model), not both")
         self.name = name
+        self.mesh = mesh
         self.group = process_group
-        self.world_size = dist.get_world_size(process_group) if process_group is not None else 1
-        self.rank = dist.get_rank(process_group) if process_group is not None else 0
+        self.muon: DataParallelMuon | ShardedMuon | None = None
+        if mesh is not None:
+            self.world_size, self.rank = mesh.size(), mesh.get_rank()
+        else:
+            self.world_size = dist.get_world_size(process_group) if process_group is not None else 1
+            self.rank = dist.get_rank(process_group) if process_group is not None else 0
         self.lr = lr
         self.weight_decay = weight_decay
         self.grad_clip = grad_clip
@@ -60,34 +84,51 @@ class TrainingOptimizer:
         self._synced_params = [param for _, param in elementwise]
         self._all_params = [param for _, param in routing.muon + routing.adamw]
         self.adamw = torch.optim.AdamW(_adamw_groups(elementwise, weight_decay), lr=lr)
-        self.muon = (
-            DataParallelMuon(
+        if name == "muon" and mesh is not None:
+            self.muon = ShardedMuon(
+                routing.muon,
+                mesh=mesh,
+                tp_dim=tp_dim,
+                alpha=alpha,
+                bucket_elements=bucket_elements,
+                cost_unit=cost_unit,
+                config=muon_config,
+                splits=routing.splits,
+            )
+        elif name == "muon":
+            self.muon = DataParallelMuon(
                 routing.muon,
                 process_group=process_group,
                 alpha=alpha,
                 bucket_elements=bucket_elements,
+                cost_unit=cost_unit,
                 config=muon_config,
+                splits=routing.splits,
             )
-            if name == "muon"
-            else None
-        )
 
     @torch.no_grad()
     def step(self) -> StepStats:
         stats = StepStats()
-        if self.world_size > 1:
+        if self.world_size > 1 and self.mesh is None:
             self._all_reduce_mean(self._all_params if self.grad_clip else self._synced_params, stats)
         if self.grad_clip:
             self.last_grad_norm = clip_global_norm([p for p in self._all_params if p.grad is not None], self.grad_clip)
         if self.muon is not None:
-            muon_stats = self.muon.step(lr=self.lr, weight_decay=self.weight_decay)
-            stats.compute_seconds += muon_stats.compute_seconds
-            stats.wire_bytes += muon_stats.wire_bytes
-            stats.updated_matrices += muon_stats.updated_matrices
+            stats.add(self.muon.step(lr=self.lr, weight_decay=self.weight_decay))
         self.adamw.step()
         self.steps += 1
         self.last_stats = stats
         return stats
+
+    def step_metrics(self) -> dict[str, float]:
+        """The last step's statistics (`last_stats`) as named numbers, for the job's metrics."""
+        stats = self.last_stats
+        return {
+            "optimizer/update_compute_s": stats.compute_seconds,
+            "optimizer/sent_bytes": float(stats.wire_bytes),
+            "optimizer/collective_elements": float(stats.collective_elements),
+            "optimizer/updated_matrices": float(stats.updated_matrices),
+        }
 
     def zero_grad(self) -> None:
         self.adamw.zero_grad(set_to_none=True)
@@ -135,6 +176,8 @@ class TrainingOptimizer:
         self.set_lr(state["lr"])
 
     def _all_reduce_mean(self, params: Sequence[Tensor], stats: StepStats) -> None:
+        """Average the gradients of the parameters that received one on some rank; the others stay None."""
+        params = [p for p, received in zip(params, received_gradients(params, self.group), strict=True) if received]
         if not params:
             return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
@@ -142,6 +185,7 @@ class TrainingOptimizer:
         dist.all_reduce(flat, group=self.group)
         flat.div_(self.world_size)
         stats.wire_bytes += 2 * ring_bytes(-(-flat.numel() // self.world_size), self.world_size, flat.element_size())
+        stats.collective_elements += flat.numel()
         offset = 0
         for param in params:
             param.grad = flat[offset : offset + param.numel()].view_as(param).clone()
@@ -157,19 +201,26 @@ def build_optimizer(
     process_group: dist.ProcessGroup | None = None,
     alpha: float = 1.0,
     bucket_elements: int = 40_000_000,
+    cost_unit: str = "flops",
     muon_config: MuonConfig = MuonConfig(),
     grad_clip: float = 0.0,
     muon_patterns: tuple[str, ...] = (),
     adamw_patterns: tuple[str, ...] = DEFAULT_ADAMW_PATTERNS,
+    splits: Mapping[str, Sequence[int]] | None = None,
+    mesh: DeviceMesh | None = None,
+    tp_dim: str | None = None,
 ) -> TrainingOptimizer:
-    """AdamW or Muon (hidden matrices; AdamW for the rest) for `model`, data parallel over `process_group`.
+    """AdamW or Muon (hidden matrices; AdamW for the rest) for `model`.
 
-    Name patterns (fnmatch) override the routing rule; see `route_parameters`. `grad_clip` > 0 clips the
-    global norm of the (averaged) gradients to it.
+    A replicated model is data parallel over `process_group`; a model sharded with `fully_shard`
+    (and `parallelize_module` on the mesh dim `tp_dim`) gives its `mesh` instead. Name patterns
+    (fnmatch) override the routing rule and `splits` declares fused projections (added to the
+    model's `muon_splits`); see `route_parameters`. `grad_clip` > 0 clips the global norm of the
+    (averaged) gradients to it.
     """
     return TrainingOptimizer(
         name,
-        route_parameters(model, muon_patterns=muon_patterns, adamw_patterns=adamw_patterns),
+        route_parameters(model, muon_patterns=muon_patterns, adamw_patterns=adamw_patterns, splits=splits),
         lr=lr,
         weight_decay=weight_decay,
         process_group=process_group,
@@ -177,6 +228,9 @@ def build_optimizer(
         bucket_elements=bucket_elements,
         muon_config=muon_config,
         grad_clip=grad_clip,
+        cost_unit=cost_unit,
+        mesh=mesh,
+        tp_dim=tp_dim,
     )
 
 
@@ -217,3 +271,18 @@ def _plain(value):
     if isinstance(value, (list, tuple)):
         return [_plain(item) for item in value]
     return value
+
+
+def spec_settings(spec) -> dict:
+    """`build_optimizer`'s Muon and Canzona keywords from a parsed `JobSpec` (an unset field: the default)."""
+    momentum = spec.muon_momentum if spec.HasField("muon_momentum") else MuonConfig.momentum
+    return {
+        "alpha": spec.canzona_alpha if spec.HasField("canzona_alpha") else 1.0,
+        "bucket_elements": spec.canzona_bucket_elements or 40_000_000,
+        "cost_unit": spec.canzona_cost_unit or "flops",
+        "muon_config": MuonConfig(
+            momentum=momentum,
+            ns_steps=spec.muon_ns_steps or MuonConfig.ns_steps,
+            ns_dtype=NS_DTYPES[spec.muon_ns_dtype or NsDtype.FLOAT32],
+        ),
+    }
