@@ -43,7 +43,8 @@ from cantata.server.enrollment import RefusalDigest
 from cantata.server.errors import ErrorInterceptor
 from cantata.server.health import HealthService
 from cantata.server.heartbeats import Heartbeats
-from cantata.server.launcher import WorkerLauncher
+from cantata.server.executors import Executor
+from cantata.server.executors.local import LocalExecutor
 from cantata.server.lifecycle import JobLifecycle
 from cantata.server.memory import node_capacity, runtime_budget
 from cantata.server.request_audit import RequestAudit
@@ -108,6 +109,22 @@ class ControlPlane:
             ],
         )
 
+    def _executor(self, secrets: SecretsBroker, connect_host: str) -> Executor:
+        """The executor ``server.json`` names: where and how workers start."""
+        return LocalExecutor(
+            self.paths.jobs,
+            self.ca,
+            f"{connect_host}:{self.port}",
+            dt.timedelta(hours=self.settings.worker_cert_hours),
+            secrets=secrets,
+            certificates=self.store,
+            grace=self.settings.cancel_grace_seconds,
+            identities=Identities(self.settings.worker_uid_base, self.settings.worker_uid_count),
+            memory_limit=lambda job: runtime_budget(job.spec, self.settings.worker_memory_mib),
+            warm=self.settings.warm_workers,
+            slots=self.settings.max_workers_on_node,
+        )
+
     def start(self) -> int:
         """Bind, start the scheduler and serve; returns the bound port."""
         self._serving.start()
@@ -133,18 +150,7 @@ class ControlPlane:
         roots = self.paths.local_roots(self.settings)
         lock_data_dir(self.paths.root, passable=(self.paths.jobs, self.paths.checkpoints))
         secrets = SecretsBroker(self.keyring, self.data_sources, self.recorder, dataset_roots=roots.datasets)
-        launcher = WorkerLauncher(
-            self.paths.jobs,
-            self.ca,
-            f"{connect_host}:{self.port}",
-            dt.timedelta(hours=self.settings.worker_cert_hours),
-            secrets=secrets,
-            certificates=self.store,
-            grace=self.settings.cancel_grace_seconds,
-            identities=Identities(self.settings.worker_uid_base, self.settings.worker_uid_count),
-            memory_limit=lambda job: runtime_budget(job.spec, self.settings.worker_memory_mib),
-            warm=self.settings.warm_workers,
-        )
+        launcher = self._executor(secrets, connect_host)
         launcher.start()
         lifecycle = JobLifecycle(
             self.store,
@@ -162,7 +168,6 @@ class ControlPlane:
             launcher,
             lifecycle,
             heartbeats,
-            slots=self.settings.max_workers_on_node,
             audit_failure=self.recorder.probe,
         )
         self.store.on_queue_change = self.scheduler.wake

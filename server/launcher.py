@@ -36,18 +36,12 @@ from google.protobuf import json_format
 from cantata.security.pki import CertificateAuthority, Principal, gossip_server_name
 from cantata.security.process_sandbox import SpawnRequest
 from cantata.server.config import write_private
+from cantata.server.executors.base import WorkerExit
 from cantata.server.groups import group_size, processes
 from cantata.server.ports import CertificateRegistry, SecretsBroker
 from cantata.server.sandbox import Identities, Identity, base_environment, give, prepare_job_folder, store_environment
 from cantata.server.store import JobRecord
 from cantata.server.zygote import Zygote
-
-
-@dataclass
-class WorkerExit:
-    job_id: str
-    worker: int
-    returncode: int
 
 
 @dataclass

@@ -13,7 +13,7 @@ import math
 import sqlite3
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -564,18 +564,20 @@ class Store:
             ]
             return [self._job(db, i) for i in ids]
 
-    def queue_head(self) -> JobRecord | None:
+    def queue_head(self, skip: Collection[str] = ()) -> JobRecord | None:
         """The next job to place: each tenant's oldest queued job, the tenant with the fewest active jobs first.
 
         Ties go to the job queued first. One query over the queued jobs' heads, whatever the queue's length.
+        Jobs in ``skip`` (those the cluster cannot run as it is) are passed over.
         """
         with self.database.read() as db:
             row = db.execute(
                 "SELECT head.id FROM (SELECT id, tenant, MIN(created_at) AS since FROM jobs "
-                f"WHERE state={int(common_pb2.QUEUED)} GROUP BY tenant) AS head "
+                f"WHERE state={int(common_pb2.QUEUED)} AND id NOT IN ({','.join('?' * len(skip))}) GROUP BY tenant) AS head "
                 f"LEFT JOIN (SELECT tenant, COUNT(*) AS active FROM jobs WHERE state IN ({_in(ACTIVE)}) "
                 "GROUP BY tenant) AS busy ON busy.tenant = head.tenant "
-                "ORDER BY COALESCE(busy.active, 0), head.since, head.id LIMIT 1"
+                "ORDER BY COALESCE(busy.active, 0), head.since, head.id LIMIT 1",
+                tuple(skip),
             ).fetchone()
             return self._job(db, row[0]) if row else None
 
@@ -609,6 +611,19 @@ class Store:
                 for r in rows
                 if dt.datetime.fromisoformat(r["updated_at"]) < now - dt.timedelta(days=r["retention_days"])
             ]
+
+    def set_waiting(self, job_id: str, reason: str) -> None:
+        """Say why a queued job is not placed yet (an event, once per new reason)."""
+        with self._tx() as db:
+            job = self._job(db, job_id)
+            if job.state != common_pb2.QUEUED or job.reason == reason:
+                return
+            db.execute("UPDATE jobs SET reason=?, updated_at=? WHERE id=?", (reason, utcnow(), job_id))
+            self._append_event(
+                db,
+                job_id,
+                jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, total_steps=job.spec.steps, message=f"waiting: {reason}"),
+            )
 
     def transition(self, job_id: str, state: common_pb2.JobState, reason: str = "", *, message: str = "") -> bool:
         """Move a job to ``state`` if allowed from its current state.
