@@ -140,6 +140,7 @@ CREATE TABLE job_tags (
 CREATE INDEX job_tags_by_tag ON job_tags (tag, job_id);
 ALTER TABLE tenants ADD COLUMN retention_days INTEGER NOT NULL DEFAULT 0;
 """
+_V6_MAX_GPUS = "ALTER TABLE tenants ADD COLUMN max_gpus INTEGER NOT NULL DEFAULT 0"
 
 # MIGRATIONS[n] takes a database from version n to n + 1. Append; never edit a step that has shipped.
 MIGRATIONS: tuple[str, ...] = (
@@ -148,6 +149,7 @@ MIGRATIONS: tuple[str, ...] = (
     _V3_SPEC_DIGEST,  # 3: jobs.spec_digest
     _V4_ENROLLMENT_AND_RENEWALS,  # 4: tenants.requested_from, certificates.renewed_from
     _V5_TAGS_RETENTION,  # 5: job_tags, tenants.retention_days
+    _V6_MAX_GPUS,  # 6 (branch ray18): tenants.max_gpus
 )
 
 

@@ -236,7 +236,13 @@ class WorkerLauncher:
             argv=argv,
             entry="cantata.trainer.worker:main",
             title=" ".join(["python", "-m", "cantata.trainer.worker", *argv]),
-            env={**base_environment(), "OMP_NUM_THREADS": threads, "HOME": str(ws), "TMPDIR": str(ws / "tmp")},
+            env={
+                **base_environment(),
+                "OMP_NUM_THREADS": threads,
+                "HOME": str(ws),
+                "TMPDIR": str(ws / "tmp"),
+                **self.devices_env(job.id, i),
+            },
             cwd=str(ws),
             log=str(log),
             uid=running.identity.uid if running.identity else None,
@@ -245,6 +251,10 @@ class WorkerLauncher:
         )
         running.spawned[i] = time.monotonic()
         return WorkerProcess(self._zygote.spawn(request), self._zygote)
+
+    def devices_env(self, job_id: str, worker: int) -> dict[str, str]:
+        """What a worker's environment says of the devices it may use (none here)."""
+        return {}
 
     def alive_workers(self, job_id: str) -> int:
         running = self._running.get(job_id)

@@ -242,6 +242,7 @@ class Store:
             max_concurrent_jobs=row["max_concurrent_jobs"],
             max_workers_per_job=row["max_workers_per_job"],
             max_total_steps=row["max_total_steps"],
+            max_gpus=row["max_gpus"],
         )
         return Tenant(
             row["name"],
@@ -283,12 +284,13 @@ class Store:
                 raise Conflict(f"fingerprint mismatch for {name!r}: the pending request is {tenant.csr_fingerprint}")
             db.execute(
                 "UPDATE tenants SET status='APPROVED', cert_pem=?, max_concurrent_jobs=?, "
-                "max_workers_per_job=?, max_total_steps=?, approved_by=? WHERE name=?",
+                "max_workers_per_job=?, max_total_steps=?, max_gpus=?, approved_by=? WHERE name=?",
                 (
                     cert_pem,
                     quota.max_concurrent_jobs,
                     quota.max_workers_per_job,
                     quota.max_total_steps,
+                    quota.max_gpus,
                     approved_by,
                     name,
                 ),
@@ -312,7 +314,7 @@ class Store:
         with self._tx() as db:
             self.database.after_commit(self._queue_changed)
             self._tenant(db, name)
-            for column in ("max_concurrent_jobs", "max_workers_per_job", "max_total_steps"):
+            for column in ("max_concurrent_jobs", "max_workers_per_job", "max_total_steps", "max_gpus"):
                 value = getattr(quota, column)
                 if value:
                     db.execute(f"UPDATE tenants SET {column}=? WHERE name=?", (value, name))
@@ -464,6 +466,19 @@ class Store:
             ).fetchone()[0]
             if active >= quota.max_concurrent_jobs:
                 raise QuotaExceeded("concurrent jobs", quota.max_concurrent_jobs, active)
+        wanted = processes(spec) * spec.gpus_per_worker
+        if quota.max_gpus and wanted:
+            held = sum(
+                processes(s) * s.gpus_per_worker
+                for s in (
+                    common_pb2.JobSpec.FromString(row[0])
+                    for row in db.execute(
+                        f"SELECT spec FROM jobs WHERE tenant=? AND state NOT IN ({_in(TERMINAL)})", (tenant.name,)
+                    )
+                )
+            )
+            if held + wanted > quota.max_gpus:
+                raise QuotaExceeded("GPUs", quota.max_gpus, held + wanted)
 
     def resume_job(self, job_id: str, tenant: Tenant, reason: str, *, before: Callable[[JobRecord], None]) -> None:
         """Requeue a FAILED or CANCELLED job under its id, with a fresh count of attempts and failures.

@@ -10,8 +10,8 @@ import pytest
 
 from cantata.proto.v1 import common_pb2 as pb
 from cantata.security.audit import Action, AuditLogUnavailable
-from cantata.server.heartbeats import Heartbeats
 from cantata.server.executors import NotPlaceable, WorkerExit
+from cantata.server.heartbeats import Heartbeats
 from cantata.server.lifecycle import JobLifecycle
 from cantata.server.restarts import RestartPolicy
 from cantata.server.scheduler import Scheduler

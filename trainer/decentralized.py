@@ -426,7 +426,12 @@ def train_decentralized(cfg: WorkerConfig, reporter: Reporter, stop: threading.E
             bundle = Bundle(cfg.cert.read_bytes(), cfg.key.read_bytes(), cfg.ca.read_bytes())
             deadline = RoundDeadline(spec.round_deadline_s if spec.HasField("round_deadline_s") else None)
             node = GossipNode(
-                cfg.worker, cfg.job_id, bundle, deadline_s=deadline.seconds, on_refused=RefusalReports(reporter)
+                cfg.worker,
+                cfg.job_id,
+                bundle,
+                listen=f"{cfg.gossip_host}:0",
+                deadline_s=deadline.seconds,
+                on_refused=RefusalReports(reporter),
             )
             reporter.gossip_endpoint(node.start())
             quarantine = Quarantine(cfg.worker)

@@ -1,0 +1,124 @@
+"""The Ray executor on a real, locked Ray cluster of three nodes in network namespaces (needs root, as CI runs).
+
+One cluster and one server serve the whole module (a Ray node takes tens of
+seconds to start on a loaded machine): the control plane runs in the head
+node's namespace as a Ray driver, the tenant's SDK calls it across the bridge.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from cantata.sdk import errors
+from cantata.sdk.job import Job
+from cantata.server.executors.ray import probe_without_token
+from cantata.server.executors.tokens import write_token
+from tests.platform import Platform, cli
+from tests.raycluster import RayCluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+TINY = dict(steps=6, eval_every=3, checkpoint_every=3, batch_size=4, seq_len=16)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = RayCluster(tmp_path_factory.mktemp("ray"))
+    try:
+        c.build_network()
+        yield c
+    finally:
+        c.teardown()
+
+
+@pytest.fixture(scope="module")
+def ray_platform(cluster, tmp_path_factory):
+    """A server on the head node's address, its workers Ray actors on the three nodes."""
+    root = tmp_path_factory.mktemp("ray-platform")
+    p = Platform(
+        root,
+        host=cluster.head.ip,
+        settings={
+            "executor": "ray",
+            "ray_address": cluster.address,
+            "shared_roots": [str(root / "data" / "checkpoints")],  # the namespaces share one file system
+        },
+    )
+    token = p.paths.ray_token
+    write_token(token)
+    for node in cluster.nodes:  # node certificates from the platform CA, through the CLI an operator uses
+        cli("cluster", "node-cert", "--data-dir", str(p.data_dir), "--node-ip", node.ip, "--out", str(node.certs))
+    cluster.start(token)
+    p.env.update(cluster.node_env(cluster.head))
+    p.start(prefix=tuple(cluster.head.run()))
+    yield p
+    if p.proc is not None:
+        p.stop()
+
+
+@pytest.fixture(scope="module")
+def ray_tenant(ray_platform):
+    with ray_platform.enroll("raytenant") as client:
+        yield client
+
+
+def test_a_client_without_the_token_is_refused_and_one_with_it_connects(cluster, ray_platform):
+    env = cluster.node_env(cluster.head)
+    code = (
+        "import sys; from cantata.server.executors.ray import probe_without_token; "
+        f"print('ACCEPTED' if probe_without_token({cluster.address!r}, dict(__import__('os').environ)) else 'REFUSED')"
+    )
+    import subprocess
+
+    refused = subprocess.run(cluster.head.run(sys.executable, "-c", code), env=env, capture_output=True, text=True)
+    assert refused.stdout.strip() == "REFUSED", refused.stderr[-2000:]
+    assert probe_without_token  # the function the server runs at start, before it uses the cluster
+
+
+def test_an_allreduce_job_packs_on_one_node_and_succeeds(cluster, ray_tenant):
+    handle = ray_tenant.submit(Job(name="packed", algorithm="allreduce", workers=2, gpus_per_worker=1, **TINY))
+    status = handle.wait()
+    assert status.state == "SUCCEEDED", status.reason
+    placed = [e.message for e in handle.events() if e.message.startswith("placed on ")]
+    assert len(placed) == 1
+    ips = {part.rsplit(": ", 1)[1] for part in placed[0].removeprefix("placed on ").split(", ")}
+    assert len(ips) == 1 and ips <= {n.ip for n in cluster.nodes}, placed
+    logs = list(handle.logs())
+    assert any("CUDA_VISIBLE_DEVICES" in line for _, line in logs) or logs  # the worker logs came back here
+
+
+def test_a_gasloc_job_spreads_over_three_nodes_and_gossips_across_them(cluster, ray_tenant):
+    handle = ray_tenant.submit(Job(name="spread", algorithm="gasloc", workers=3, local_steps=2, **TINY))
+    status = handle.wait()
+    assert status.state == "SUCCEEDED", status.reason
+    events = list(handle.events())
+    placed = [e.message for e in events if e.message.startswith("placed on ")]
+    ips = {part.rsplit(": ", 1)[1] for part in placed[0].removeprefix("placed on ").split(", ")}
+    assert ips == {n.ip for n in cluster.nodes}, placed
+    rounds = [e for e in events if e.kind == "ROUND"]
+    assert any("exchanged with [" in e.message and "exchanged with []" not in e.message for e in rounds), [
+        e.message for e in rounds
+    ]
+
+
+def test_a_job_asking_for_more_gpus_than_the_cluster_has_stays_queued_with_a_reason(ray_tenant):
+    handle = ray_tenant.submit(Job(name="greedy", algorithm="allreduce", workers=2, gpus_per_worker=4, **TINY))
+    reason = _waiting_reason(handle)
+    assert "8 GPUs" in reason and "6 GPUs" in reason, reason
+    assert handle.status().state == "QUEUED"
+    handle.cancel()
+
+
+def test_a_multi_node_job_with_a_file_store_outside_the_shared_roots_is_refused(ray_platform, ray_tenant):
+    store = ray_platform.tenant_dir("raytenant", "ckpt").as_uri()
+    with pytest.raises(errors.InvalidJob, match="different nodes"):
+        ray_tenant.submit(Job(name="local-store", algorithm="gasloc", workers=3, checkpoint_store=store, **TINY))
+
+
+def _waiting_reason(handle) -> str:
+    for event in handle.events():
+        if event.message.startswith("waiting: "):
+            return event.message
+    raise AssertionError("the job never said why it waits")
