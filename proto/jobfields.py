@@ -240,6 +240,14 @@ TRAINING_FIELDS: tuple[JobField, ...] = (
         3,
         range=Range(1, MAX_KEEP_LAST),
     ),
+    JobField(
+        "gpus_per_worker",
+        int,
+        "GPUs each worker process gets (its CUDA_VISIBLE_DEVICES); 0 trains on the CPU",
+        0,
+        0,
+        range=Range(1, MAX_GPUS_PER_WORKER),
+    ),
 )
 
 FIELDS: tuple[JobField, ...] = (
@@ -379,14 +387,6 @@ FIELDS: tuple[JobField, ...] = (
         0,
         1,
         range=Range(1, MAX_RANKS_PER_WORKER),
-    ),
-    JobField(
-        "gpus_per_worker",
-        int,
-        "GPUs each worker process gets (its CUDA_VISIBLE_DEVICES); 0 trains on the CPU",
-        0,
-        0,
-        range=Range(1, MAX_GPUS_PER_WORKER),
     ),
     JobField(
         "min_workers",

@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,7 @@ class RayCluster:
     subnet: int = field(default_factory=lambda: 100 + os.getpid() % 100)
     nodes: list[Node] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
 
     @property
     def tag(self) -> str:
@@ -107,31 +109,36 @@ class RayCluster:
             "RAY_USAGE_STATS_ENABLED": "0",
         }
         ray = str(Path(sys.executable).parent / "ray")
-        for node in self.nodes:
-            where = (
-                ["--head", f"--port={RAY_PORT}", "--include-dashboard=false"]
-                if node is self.head
-                else [f"--address={self.address}"]
-            )
-            started = subprocess.run(
-                node.run(
-                    ray,
-                    "start",
-                    *where,
-                    f"--node-ip-address={node.ip}",
-                    f"--num-cpus={cpus}",
-                    f"--num-gpus={gpus}",
-                    "--disable-usage-stats",
-                    f"--temp-dir={self.root / f'ray{node.index}'}",
-                ),
-                env=self.node_env(node),
-                capture_output=True,
-                text=True,
-            )
-            if started.returncode != 0:
-                raise RuntimeError(
-                    f"ray start on node {node.index} failed:\n{started.stdout[-3000:]}\n{started.stderr[-3000:]}"
-                )
+        self._ray_start(ray, self.head, ["--head", f"--port={RAY_PORT}", "--include-dashboard=false"], cpus, gpus)
+        others = [
+            threading.Thread(target=self._ray_start, args=(ray, node, [f"--address={self.address}"], cpus, gpus))
+            for node in self.nodes[1:]
+        ]
+        for thread in others:
+            thread.start()
+        for thread in others:
+            thread.join()
+        if self.failures:
+            raise RuntimeError("\n".join(self.failures))
+
+    def _ray_start(self, ray: str, node: Node, where: list[str], cpus: int, gpus: int) -> None:
+        started = subprocess.run(
+            node.run(
+                ray,
+                "start",
+                *where,
+                f"--node-ip-address={node.ip}",
+                f"--num-cpus={cpus}",
+                f"--num-gpus={gpus}",
+                "--disable-usage-stats",
+                f"--temp-dir={self.root / f'ray{node.index}'}",
+            ),
+            env=self.node_env(node),
+            capture_output=True,
+            text=True,
+        )
+        if started.returncode != 0:
+            self.failures.append(f"ray start on node {node.index}:\n{started.stdout[-3000:]}\n{started.stderr[-3000:]}")
 
     def kill_node(self, node: Node) -> None:
         """Kill every process of ``node``'s namespace (its raylet and workers): the node is lost."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
+import os
 import threading
 import time
 from contextlib import closing
@@ -23,6 +24,7 @@ from cantata.proto.vocabulary import LrSchedule
 from cantata.trainer.checkpoint import JobCheckpoints
 from cantata.trainer.config import WorkerConfig
 from cantata.trainer.data import DataError, DataEvent, Feed, Utf8Policy, open_feed
+from cantata.trainer.device import Device, pick_device
 from cantata.trainer.model import GPT, build_model
 from cantata.trainer.optim import build_optimizer
 from cantata.trainer.reporter import Reporter
@@ -61,7 +63,13 @@ class Schedule:
 
 
 log = logging.getLogger("cantata.worker")
+CPU = Device("cpu")
 LOCAL_DATASETS = ("builtin:", "file://")  # datasets whose validation split is checked when the job starts
+
+
+def visible_devices() -> str:
+    """What the executor gave this worker: its CUDA_VISIBLE_DEVICES."""
+    return f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')!r}"
 
 
 def note(event: str, message: str, *, level: int = logging.INFO, **fields: object) -> None:
@@ -70,9 +78,13 @@ def note(event: str, message: str, *, level: int = logging.INFO, **fields: objec
 
 
 @torch.no_grad()
-def evaluate(model: GPT, feed: Feed, batches: int) -> float:
+def evaluate(model: GPT, feed: Feed, batches: int, device: Device = CPU) -> float:
     model.eval()
-    losses = [model(batch.inputs, batch.targets)[1].item() for batch in feed.validation(batches)]
+    with device.autocast():
+        losses = [
+            model(batch.inputs.to(device.torch), batch.targets.to(device.torch))[1].item()
+            for batch in feed.validation(batches)
+        ]
     model.train()
     return sum(losses) / len(losses)
 
@@ -125,7 +137,9 @@ def check_validation_split(feed: Feed, eval_batches: int) -> None:
         raise
 
 
-def train_step(model: GPT, optimizer, feed: Feed, step: int, lr: float, *, accumulate: int, trace: bool) -> float:
+def train_step(
+    model: GPT, optimizer, feed: Feed, step: int, lr: float, *, accumulate: int, trace: bool, device: Device = CPU
+) -> float:
     """One optimizer step over ``accumulate`` micro-batches of the feed; returns their mean loss.
 
     With ``trace`` (the job asked for its data lineage) a line per micro-batch names its samples.
@@ -136,7 +150,8 @@ def train_step(model: GPT, optimizer, feed: Feed, step: int, lr: float, *, accum
         batch = feed.next_batch()
         if trace:
             print(f"samples step={step} ids={','.join(map(str, batch.sample_ids.tolist()))}", flush=True)
-        _, loss = model(batch.inputs, batch.targets)
+        with device.autocast():
+            _, loss = model(batch.inputs.to(device.torch), batch.targets.to(device.torch))
         (loss / accumulate).backward()
         total += loss.item()
     optimizer.step()
@@ -186,14 +201,20 @@ def train(cfg: WorkerConfig, reporter: Reporter, stop: threading.Event) -> float
     """Train to ``spec.steps``; returns the final validation loss. Raises ``Stopped`` on cancel."""
     spec = cfg.spec
     torch.set_num_threads(cfg.threads)
+    device = pick_device(spec.gpus_per_worker)
+    note("device", f"training on {device.kind} ({visible_devices()}), collectives over {device.backend}")
     group = None
     if cfg.workers > 1:
         dist.init_process_group(
-            "gloo", init_method=cfg.rendezvous, rank=cfg.worker, world_size=cfg.workers, timeout=dt.timedelta(minutes=5)
+            device.backend,
+            init_method=cfg.rendezvous,
+            rank=cfg.worker,
+            world_size=cfg.workers,
+            timeout=dt.timedelta(minutes=5),
         )
         group = dist.group.WORLD
     lead = cfg.worker == 0
-    model = build_model(spec.model, spec.seed)
+    model = build_model(spec.model, spec.seed).to(device.torch)
     seq_len = min(spec.seq_len, model.cfg.block_size)
     optimizer = build_optimizer(
         model,
@@ -225,7 +246,9 @@ def train(cfg: WorkerConfig, reporter: Reporter, stop: threading.Event) -> float
             if stop.is_set() or reporter.stop_requested:
                 raise Stopped()
             lr = schedule.lr(step)
-            loss = train_step(model, optimizer, feed, step, lr, accumulate=spec.grad_accum, trace=spec.trace_samples)
+            loss = train_step(
+                model, optimizer, feed, step, lr, accumulate=spec.grad_accum, trace=spec.trace_samples, device=device
+            )
 
             if step % report_every == 0 or step == spec.steps:
                 now = time.perf_counter()
@@ -236,7 +259,7 @@ def train(cfg: WorkerConfig, reporter: Reporter, stop: threading.Event) -> float
                     reporter.progress(step, loss, tokens_per_s, lr)
                 tick = now
             if step % spec.eval_every == 0 or step == spec.steps:
-                val_loss = evaluate(model, feed, spec.eval_batches)
+                val_loss = evaluate(model, feed, spec.eval_batches, device)
                 log_eval(step, val_loss)
                 if lead:
                     reporter.eval(step, val_loss)
@@ -252,7 +275,7 @@ def train(cfg: WorkerConfig, reporter: Reporter, stop: threading.Event) -> float
         if lead:
             report_data_wait(reporter, feed, time.perf_counter() - began)
         if math.isnan(val_loss):  # resumed from the final checkpoint: nothing left to train
-            val_loss = evaluate(model, feed, spec.eval_batches)
+            val_loss = evaluate(model, feed, spec.eval_batches, device)
     if group is not None:
         dist.destroy_process_group()
     return val_loss

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -47,6 +48,7 @@ from cantata.server.ports import CertificateRegistry, SecretsBroker
 from cantata.server.sandbox import Identities, base_environment, prepare_job_folder, store_environment
 from cantata.server.store import JobRecord
 
+log = logging.getLogger(__name__)
 NAMESPACE = "cantata"
 READY_TIMEOUT_S = 120.0  # a placement group whose resources were free is placed in far less
 PROBE_TIMEOUT_S = 60.0
@@ -78,6 +80,7 @@ def check_locked(address: str, env: dict[str, str] | None = None) -> None:
         raise RayClusterError(f"RAY_USE_TLS=1 needs {', '.join(missing)}")
     if probe_without_token(address, env):
         raise RayClusterError(f"the Ray cluster at {address} accepts a client without its token: refusing to use it")
+    log.info("the Ray cluster at %s refused a client without its token", address)
 
 
 def probe_without_token(address: str, env: dict[str, str], timeout: float = PROBE_TIMEOUT_S) -> bool:
@@ -154,7 +157,7 @@ class RayExecutor:
         self._memory_limit = memory_limit
         self._note = note  # a line in the job's events (where it was placed)
         self._jobs: dict[str, _Job] = {}
-        self._resources: tuple[float, dict, dict] = (0.0, {}, {})
+        self._resources: tuple[float, dict, dict, dict] = (0.0, {}, {}, {})
         self._remote: Any = None  # the WorkerHost actor class, once made remote
 
     # ---- the cluster --------------------------------------------------------
@@ -165,14 +168,20 @@ class RayExecutor:
         ray.init(address=self._address, namespace=NAMESPACE, logging_level="WARNING", log_to_driver=False)
         self._server = self._server_address(ray.util.get_node_ip_address())
 
-    def _cluster(self) -> tuple[dict, dict]:
+    def _cluster(self) -> tuple[dict, dict, dict]:
+        """The cluster's total and free resources, and the most of each that one live node has."""
         import ray
 
-        at, total, free = self._resources
+        at, total, free, largest = self._resources
         if time.monotonic() - at > RESOURCES_TTL_S:
             total, free = ray.cluster_resources(), ray.available_resources()
-            self._resources = (time.monotonic(), total, free)
-        return total, free
+            largest = {}
+            for node in ray.nodes():
+                if node.get("Alive"):
+                    for resource, amount in node.get("Resources", {}).items():
+                        largest[resource] = max(largest.get(resource, 0.0), amount)
+            self._resources = (time.monotonic(), total, free, largest)
+        return total, free, largest
 
     @staticmethod
     def bundle(job: JobRecord) -> dict[str, float]:
@@ -186,8 +195,14 @@ class RayExecutor:
 
     def placement(self, job: JobRecord) -> None:
         n = processes(job.spec)
-        total, free = self._cluster()
+        total, free, largest = self._cluster()
         for resource, amount in self.bundle(job).items():
+            if amount > largest.get(resource, 0.0):
+                raise NotPlaceable(
+                    f"each worker needs {_amount(resource, amount)}; no node of the Ray cluster has that many",
+                    never=True,
+                    retry=True,
+                )
             wanted = amount * n
             if wanted > total.get(resource, 0.0):
                 raise NotPlaceable(
@@ -212,7 +227,7 @@ class RayExecutor:
         strategy = "SPREAD" if decentralized(job.spec) else "PACK"
         group = placement_group([self.bundle(job)] * n, strategy=strategy, name=f"cantata-{job.id}")
         running = self._jobs[job.id] = _Job(group, attack=attack)
-        self._resources = (0.0, {}, {})
+        self._resources = (0.0, {}, {}, {})
         actors: dict[int, Any] = {}
         try:
             identity = self._identities.acquire(job.id)
@@ -423,7 +438,7 @@ class RayExecutor:
                 pass
             ray.kill(w.actor, no_restart=True)
         remove_placement_group(running.group)
-        self._resources = (0.0, {}, {})
+        self._resources = (0.0, {}, {}, {})
         self._identities.release(job_id)
 
     def terminate(self, job_id: str) -> None:
