@@ -53,6 +53,7 @@ class RayCluster:
     nodes: list[Node] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
+    _joining: list[threading.Thread] = field(default_factory=list)
 
     @property
     def tag(self) -> str:
@@ -100,7 +101,7 @@ class RayCluster:
         }
 
     def start(self, token_path: Path, gpus: int = 2, cpus: int = 2) -> None:
-        """Start the head, then the two other nodes, each in its namespace; wait until all three are alive."""
+        """Start the head in its namespace, and the two other nodes in the background (see :meth:`wait_nodes`)."""
         self.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("RAY_")},
             "RAY_AUTH_MODE": "token",
@@ -110,13 +111,18 @@ class RayCluster:
         }
         ray = str(Path(sys.executable).parent / "ray")
         self._ray_start(ray, self.head, ["--head", f"--port={RAY_PORT}", "--include-dashboard=false"], cpus, gpus)
-        others = [
+        if self.failures:
+            raise RuntimeError("\n".join(self.failures))
+        self._joining = [
             threading.Thread(target=self._ray_start, args=(ray, node, [f"--address={self.address}"], cpus, gpus))
             for node in self.nodes[1:]
         ]
-        for thread in others:
+        for thread in self._joining:
             thread.start()
-        for thread in others:
+
+    def wait_nodes(self) -> None:
+        """Until the other nodes' ``ray start`` returned; raises if one failed."""
+        for thread in self._joining:
             thread.join()
         if self.failures:
             raise RuntimeError("\n".join(self.failures))

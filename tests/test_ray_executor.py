@@ -48,9 +48,10 @@ def ray_platform(cluster, tmp_path_factory):
     write_token(token)
     for node in cluster.nodes:  # node certificates from the platform CA, through the CLI an operator uses
         cli("cluster", "node-cert", "--data-dir", str(p.data_dir), "--node-ip", node.ip, "--out", str(node.certs))
-    cluster.start(token)
+    cluster.start(token)  # the head; the other two join while the server starts
     p.env.update(cluster.node_env(cluster.head))
     p.start(prefix=tuple(cluster.head.run()))
+    cluster.wait_nodes()
     yield p
     if p.proc is not None:
         p.stop()

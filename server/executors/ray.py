@@ -165,7 +165,7 @@ class RayExecutor:
         import ray
 
         check_locked(self._address)
-        ray.init(address=self._address, namespace=NAMESPACE, logging_level="WARNING", log_to_driver=False)
+        ray.init(address=self._address, namespace=NAMESPACE, logging_level=logging.WARNING, log_to_driver=False)
         self._server = self._server_address(ray.util.get_node_ip_address())
 
     def _cluster(self) -> tuple[dict, dict, dict]:
