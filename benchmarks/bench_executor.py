@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         clients = {}
         try:
             cluster.build_network(count=1)
-            platforms["local"] = Platform(root / "local", settings={"max_workers_on_node": SLOTS})
+            local = platforms["local"] = Platform(root / "local", settings={"max_workers_on_node": SLOTS})
+            local.start()  # each Platform points CANTATA_HOME at its own: one after the other
+            clients["local"] = local.enroll("bench-local", **quota)
             ray = platforms["ray"] = Platform(
                 root / "ray",
                 host=cluster.head.ip,
@@ -96,10 +98,8 @@ def main(argv: list[str] | None = None) -> int:
             cli("cluster", "node-cert", "--data-dir", str(ray.data_dir), "--node-ip", node.ip, "--out", str(node.certs))
             cluster.start(ray.paths.ray_token, gpus=0, cpus=SLOTS)
             ray.env.update(cluster.node_env(node))
-            platforms["local"].start()
             ray.start(prefix=tuple(node.run()))
-            for name, platform in platforms.items():
-                clients[name] = platform.enroll(f"bench-{name}", **quota)
+            clients["ray"] = ray.enroll("bench-ray", **quota)
             first = harness.interleave(
                 {name: (lambda trial, c=client: first_step(c)) for name, client in clients.items()}, trials, warmup=1
             )

@@ -15,6 +15,7 @@ from cantata.server.executors.ray import RayClusterError, check_locked
 from cantata.server.executors.tokens import write_token
 from tests.platform import Platform, cli
 from tests.raycluster import RayCluster
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -130,3 +131,36 @@ def _waiting_reason(handle) -> str:
         if event.message.startswith("waiting: "):
             return event.message
     raise AssertionError("the job never said why it waits")
+
+
+def test_a_gasloc_job_outlives_a_lost_node_its_worker_placed_again_on_another(cluster, ray_tenant):
+    # Last in the module: the node stays lost. Its raylet and every process in its namespace are killed.
+    handle = ray_tenant.submit(
+        Job(name="node-loss", algorithm="gasloc", workers=3, local_steps=2, **{**TINY, "steps": 400})
+    )
+    placed = _placement(handle)
+    wait_for(lambda: any(e.kind == "ROUND" and e.step >= 4 for e in _events_so_far(handle)))
+    lost = cluster.nodes[2]
+    victim = next(w for w, ip in placed.items() if ip == lost.ip)
+    cluster.kill_node(lost)
+    status = handle.wait()
+    assert status.state == "SUCCEEDED", status.reason
+    messages = [e.message for e in handle.events()]
+    assert any(f"worker {victim} exited with code -9" in m and "restarting it" in m for m in messages), messages
+    again = [m for m in messages if m.startswith(f"worker {victim} placed on ")]
+    assert again and again[-1].removeprefix(f"worker {victim} placed on ") in {cluster.nodes[0].ip, cluster.nodes[1].ip}
+
+
+def _placement(handle) -> dict[int, str]:
+    """Worker -> node address, from the job's "placed on" event."""
+    for event in handle.events():
+        if event.message.startswith("placed on "):
+            parts = event.message.removeprefix("placed on ").split(", ")
+            return {int(p.split(":")[0].removeprefix("worker ")): p.rsplit(": ", 1)[1] for p in parts}
+    raise AssertionError("the job was never placed")
+
+
+def _events_so_far(handle):
+    from tests.test_server_faults import _events_until_now
+
+    return _events_until_now(handle._client, handle.id)
