@@ -113,12 +113,13 @@ class RayCluster:
         self._ray_start(ray, self.head, ["--head", f"--port={RAY_PORT}", "--include-dashboard=false"], cpus, gpus)
         if self.failures:
             raise RuntimeError("\n".join(self.failures))
-        self._joining = [
-            threading.Thread(target=self._ray_start, args=(ray, node, [f"--address={self.address}"], cpus, gpus))
-            for node in self.nodes[1:]
-        ]
-        for thread in self._joining:
-            thread.start()
+        # One after the other (two raylets registering at once on a loaded machine time out more often).
+        others = [(node, [f"--address={self.address}"]) for node in self.nodes[1:]]
+        joining = threading.Thread(
+            target=lambda: [self._ray_start(ray, node, where, cpus, gpus) for node, where in others]
+        )
+        joining.start()
+        self._joining = [joining]
 
     def wait_nodes(self) -> None:
         """Until the other nodes' ``ray start`` returned; raises if one failed."""
@@ -127,24 +128,29 @@ class RayCluster:
         if self.failures:
             raise RuntimeError("\n".join(self.failures))
 
-    def _ray_start(self, ray: str, node: Node, where: list[str], cpus: int, gpus: int) -> None:
-        started = subprocess.run(
-            node.run(
-                ray,
-                "start",
-                *where,
-                f"--node-ip-address={node.ip}",
-                f"--num-cpus={cpus}",
-                f"--num-gpus={gpus}",
-                "--disable-usage-stats",
-                f"--temp-dir={self.root / f'ray{node.index}'}",
-            ),
-            env=self.node_env(node),
-            capture_output=True,
-            text=True,
-        )
-        if started.returncode != 0:
-            self.failures.append(f"ray start on node {node.index}:\n{started.stdout[-3000:]}\n{started.stderr[-3000:]}")
+    def _ray_start(self, ray: str, node: Node, where: list[str], cpus: int, gpus: int, attempts: int = 3) -> None:
+        """``ray start`` in ``node``'s namespace; again from scratch if it timed out (Ray waits 30 s for a
+        raylet to register, which a loaded machine can exceed)."""
+        for attempt in range(attempts):
+            started = subprocess.run(
+                node.run(
+                    ray,
+                    "start",
+                    *where,
+                    f"--node-ip-address={node.ip}",
+                    f"--num-cpus={cpus}",
+                    f"--num-gpus={gpus}",
+                    "--disable-usage-stats",
+                    f"--temp-dir={self.root / f'ray{node.index}-{attempt}'}",
+                ),
+                env=self.node_env(node),
+                capture_output=True,
+                text=True,
+            )
+            if started.returncode == 0:
+                return
+            self.kill_node(node)
+        self.failures.append(f"ray start on node {node.index}:\n{started.stdout[-3000:]}\n{started.stderr[-3000:]}")
 
     def kill_node(self, node: Node) -> None:
         """Kill every process of ``node``'s namespace (its raylet and workers): the node is lost."""

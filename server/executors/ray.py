@@ -23,6 +23,7 @@ refuses a cluster that accepts a client without the token.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -125,6 +126,7 @@ class _Job:
     exited: dict[int, int] = field(default_factory=dict)
     killed: set[int] = field(default_factory=set)
     kill_at: float | None = None
+    generations: dict[int, int] = field(default_factory=dict)  # actors started for each worker, less one
 
 
 class RayExecutor:
@@ -259,8 +261,10 @@ class RayExecutor:
         bundle = self.bundle(job)
         if self._remote is None:
             self._remote = ray.remote(host_class)
+        running = self._jobs[job.id]
+        running.generations[i] = running.generations.get(i, -1) + 1  # a killed actor's name is freed later
         return self._remote.options(
-            name=f"cantata-{job.id}-{i}",
+            name=f"cantata-{job.id}-{i}.{running.generations[i]}",
             namespace=NAMESPACE,
             num_cpus=0,  # the bundle holds the resources; the actor itself asks for none beyond them
             num_gpus=bundle["GPU"],
@@ -494,15 +498,13 @@ class RayExecutor:
         """Nothing secret is kept here (see :meth:`scrub`)."""
 
     def kill_orphan(self, pid: int, job_id: str) -> None:
-        """A crashed driver's actors end with it (they are not detached); kill any left by name."""
+        """A crashed driver's actors end with it (they are not detached); kill any the job left, by name."""
         import ray
 
-        for i in range(64):
-            try:
-                actor = ray.get_actor(f"cantata-{job_id}-{i}", namespace=NAMESPACE)
-            except ValueError:
-                return
-            ray.kill(actor, no_restart=True)
+        for name in ray.util.list_named_actors():
+            if name.startswith(f"cantata-{job_id}-"):
+                with contextlib.suppress(ValueError):
+                    ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
 
     def stop_all(self) -> None:
         import ray
