@@ -51,14 +51,18 @@ def write_profile(name: str, address: str, enroll_address: str, ca_pem: bytes, c
     return folder
 
 
-def init_data_dir(root: Path, *, listen: str, enroll_listen: str = "", admin: str = "admin") -> Path:
+def init_data_dir(
+    root: Path, *, listen: str, enroll_listen: str = "", admin: str = "admin", dashboard_listen: str = ""
+) -> Path:
     """Create a new data directory; refuse to overwrite an existing one."""
     paths = DataDir(root)
     if paths.exists():
         raise FileExistsError(f"{root} already holds a Cantata server")
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o700)
-    settings = ServerSettings(listen=listen, enroll_listen=enroll_listen or enrollment_address(listen))
+    settings = ServerSettings(
+        listen=listen, enroll_listen=enroll_listen or enrollment_address(listen), dashboard_listen=dashboard_listen
+    )
 
     ca = CertificateAuthority.create()
     paths.ca_cert.write_bytes(ca.cert_pem)

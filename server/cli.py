@@ -24,7 +24,11 @@ def cmd_init(args) -> int:
     from cantata.server.bootstrap import init_data_dir
 
     profile = init_data_dir(
-        Path(args.data_dir), listen=args.listen, enroll_listen=args.enroll_listen or "", admin=args.admin
+        Path(args.data_dir),
+        listen=args.listen,
+        enroll_listen=args.enroll_listen or "",
+        admin=args.admin,
+        dashboard_listen=args.dashboard_listen or "",
     )
     print(f"initialised {args.data_dir}: CA at {Path(args.data_dir) / 'ca.pem'}, listening on {args.listen}")
     print(f"admin profile {args.admin!r} written to {profile}")
@@ -92,6 +96,7 @@ def register(groups: dict[str, argparse._SubParsersAction]) -> None:
     )
     p.add_argument("--admin", default="admin", help="name of the first admin (and its profile)")
     p.add_argument("--ray-token", action="store_true", help="also mint a Ray cluster token into DATA_DIR/ray/token")
+    p.add_argument("--dashboard-listen", help="HOST:PORT for the read-only web dashboard over HTTPS (default: none)")
     p.set_defaults(func=cmd_init)
     p = server.add_parser("start", help="serve until SIGTERM/SIGINT")
     p.add_argument("--data-dir", required=True)

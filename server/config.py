@@ -74,6 +74,10 @@ class ServerSettings:
     shared_roots: list[str] = field(
         default_factory=list
     )  # file:// roots every node mounts: multi-node jobs may use them
+    dashboard_listen: str = ""  # HOST:PORT of the read-only web dashboard (HTTPS); empty: no dashboard
+    dashboard_url: str = ""  # its address in login links (default: https:// and the dashboard_listen address)
+    dashboard_link_seconds: float = 60.0  # a login link works once, for this long
+    dashboard_session_hours: float = 8.0  # a browser's session lasts this long (a restart also ends it)
 
 
 def enrollment_limits(settings: ServerSettings) -> EnrollmentLimits:
