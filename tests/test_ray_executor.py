@@ -136,7 +136,13 @@ def _waiting_reason(handle) -> str:
 def test_a_gasloc_job_outlives_a_lost_node_its_worker_placed_again_on_another(cluster, ray_tenant):
     # Last in the module: the node stays lost. Its raylet and every process in its namespace are killed.
     handle = ray_tenant.submit(
-        Job(name="node-loss", algorithm="gasloc", workers=3, local_steps=2, **{**TINY, "steps": 400})
+        Job(
+            name="node-loss",
+            algorithm="gasloc",
+            workers=3,
+            local_steps=2,
+            **{**TINY, "steps": 300, "eval_every": 100, "checkpoint_every": 50},
+        )
     )
     placed = _placement(handle)
     wait_for(lambda: any(e.kind == "ROUND" and e.step >= 4 for e in _events_so_far(handle)))
