@@ -718,6 +718,36 @@ def worker_start(load: Callable[[str], dict]) -> list[str]:
     ]
 
 
+@table("executor")
+def executor(load: Callable[[str], dict]) -> list[str]:
+    result = load("executor")
+    first, drain, per_job = result["first_step_median_s"], result["drain_s"], result["drain_per_job_s"]
+    return [
+        "The local executor vs the Ray executor (a one-node Ray cluster with token authentication and TLS, in a"
+        f" network namespace), two servers side by side on the same machine, {result['slots']} worker slots each"
+        f" (load average {result['machine']['load_average_1m']} on the 2 cores at the end of the run):",
+        "",
+        *header("", "local", "Ray", "Ray / local"),
+        row(
+            f"submit to first step, 2-worker job (median of {result['trials']})",
+            f"{first['local']:.2f} s",
+            f"{first['ray']:.2f} s",
+            f"{result['first_step_ray_over_local']:.2f}×",
+        ),
+        row(
+            f"drain {result['jobs']} queued one-step jobs",
+            f"{drain['local']:.1f} s ({per_job['local']:.2f} s a job)",
+            f"{drain['ray']:.1f} s ({per_job['ray']:.2f} s a job)",
+            f"{result['drain_ray_over_local']:.2f}×",
+        ),
+        "",
+        f"Ray's overhead: {result['ray_overhead_per_job_s']:.2f} s a job while draining (a placement group, a fresh"
+        " actor process and a zygote per worker, which imports torch itself).",
+        "",
+        reproduce("bench_executor.py", " (as root: it builds a network namespace)", quick=result["quick"]),
+    ]
+
+
 def render(name: str, results: Path = RESULTS) -> str:
     """The body of one README region, from the results JSON."""
 

@@ -46,6 +46,7 @@ from cantata.proto.vocabulary import (
 MAX_STEPS = 10_000_000
 MAX_WORKERS = 256  # worker processes of one job, all groups together
 MAX_RANKS_PER_WORKER = 64
+MAX_GPUS_PER_WORKER = 16
 MAX_FAILURES, DEFAULT_MAX_FAILURES = 100, 3
 MAX_TAGS = 16
 TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:=/-]{0,63}")
@@ -243,6 +244,14 @@ TRAINING_FIELDS: tuple[JobField, ...] = (
         0,
         3,
         range=Range(1, MAX_KEEP_LAST),
+    ),
+    JobField(
+        "gpus_per_worker",
+        int,
+        "GPUs each worker process gets (its CUDA_VISIBLE_DEVICES); 0 trains on the CPU",
+        0,
+        0,
+        range=Range(1, MAX_GPUS_PER_WORKER),
     ),
 )
 

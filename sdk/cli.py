@@ -108,7 +108,8 @@ def _tenant_line(t) -> str:
     cert = f"  cert {t.certificate_serial} until {t.certificate_expires[:10]}" if t.certificate_serial else ""
     return (
         f"{t.name:<20} {t.status:<10} jobs {t.running_jobs}/{t.max_concurrent_jobs or '-'}  "
-        f"workers<={t.max_workers_per_job or '-'}  steps<={t.max_total_steps or '-'}  {t.fingerprint}{cert}"
+        f"workers<={t.max_workers_per_job or '-'}  steps<={t.max_total_steps or '-'}  gpus<={t.max_gpus or '-'}  "
+        f"{t.fingerprint}{cert}"
     )
 
 
@@ -127,6 +128,7 @@ def cmd_admin_approve(args) -> int:
             max_concurrent_jobs=args.max_jobs,
             max_workers_per_job=args.max_workers,
             max_total_steps=args.max_steps,
+            max_gpus=args.max_gpus,
         )
     _print(args, asdict(t), [f"approved {t.name}: " + _tenant_line(t)])
     return 0
@@ -139,6 +141,7 @@ def cmd_admin_set_quota(args) -> int:
             max_concurrent_jobs=args.max_jobs,
             max_workers_per_job=args.max_workers,
             max_total_steps=args.max_steps,
+            max_gpus=args.max_gpus,
         )
     _print(args, asdict(t), [f"quota of {t.name}: " + _tenant_line(t)])
     return 0
@@ -681,6 +684,7 @@ def _build_admin(root: argparse._SubParsersAction, groups: dict) -> None:
     p.add_argument("--max-jobs", type=int, default=0, help="concurrent jobs (0: server default)")
     p.add_argument("--max-workers", type=int, default=0, help="workers per job (0: server default)")
     p.add_argument("--max-steps", type=int, default=0, help="steps per job (0: server default)")
+    p.add_argument("--max-gpus", type=int, default=0, help="GPUs of all unfinished jobs together (0: no limit)")
     _client_flags(p, "admin")
     p.set_defaults(func=cmd_admin_approve)
     p = tenants.add_parser("set-quota", help="change a tenant's limits (0 keeps a limit)")
@@ -688,6 +692,7 @@ def _build_admin(root: argparse._SubParsersAction, groups: dict) -> None:
     p.add_argument("--max-jobs", type=int, default=0)
     p.add_argument("--max-workers", type=int, default=0)
     p.add_argument("--max-steps", type=int, default=0)
+    p.add_argument("--max-gpus", type=int, default=0)
     _client_flags(p, "admin")
     p.set_defaults(func=cmd_admin_set_quota)
     p = tenants.add_parser("set-retention", help="how long a tenant's ended jobs are kept before deletion")

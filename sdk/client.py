@@ -260,6 +260,7 @@ class Tenant:
     certificate_serial: str
     certificate_expires: str
     retention_days: int = 0
+    max_gpus: int = 0
 
     @classmethod
     def from_proto(cls, t: admin_pb2.TenantInfo) -> Tenant:
@@ -275,6 +276,7 @@ class Tenant:
             t.certificate_serial,
             t.certificate_expires,
             t.retention_days,
+            t.quota.max_gpus,
         )
 
 
@@ -676,23 +678,32 @@ class Client:
         max_concurrent_jobs: int = 0,
         max_workers_per_job: int = 0,
         max_total_steps: int = 0,
+        max_gpus: int = 0,
     ) -> Tenant:
         quota = common_pb2.Quota(
             max_concurrent_jobs=max_concurrent_jobs,
             max_workers_per_job=max_workers_per_job,
             max_total_steps=max_total_steps,
+            max_gpus=max_gpus,
         )
         request = admin_pb2.ApproveTenantRequest(name=name, csr_fingerprint=fingerprint, quota=quota)
         return Tenant.from_proto(self._call(self._admin.ApproveTenant, request))
 
     def set_quota(
-        self, name: str, *, max_concurrent_jobs: int = 0, max_workers_per_job: int = 0, max_total_steps: int = 0
+        self,
+        name: str,
+        *,
+        max_concurrent_jobs: int = 0,
+        max_workers_per_job: int = 0,
+        max_total_steps: int = 0,
+        max_gpus: int = 0,
     ) -> Tenant:
         """Change a tenant's limits; zero keeps a limit as it is."""
         quota = common_pb2.Quota(
             max_concurrent_jobs=max_concurrent_jobs,
             max_workers_per_job=max_workers_per_job,
             max_total_steps=max_total_steps,
+            max_gpus=max_gpus,
         )
         return Tenant.from_proto(self._call(self._admin.SetQuota, admin_pb2.SetQuotaRequest(name=name, quota=quota)))
 

@@ -29,6 +29,7 @@ from cantata.proto.v1 import (
     checkpoints_pb2_grpc,
     dashboard_pb2_grpc,
     datasources_pb2_grpc,
+    jobs_pb2,
     jobs_pb2_grpc,
     tenancy_pb2_grpc,
     worker_pb2_grpc,
@@ -44,9 +45,10 @@ from cantata.server.datasource_store import DataSourceStore
 from cantata.server.deletion import JobDeletion, RetentionSweeper
 from cantata.server.enrollment import RefusalDigest
 from cantata.server.errors import ErrorInterceptor
+from cantata.server.executors import Executor
+from cantata.server.executors.local import LocalExecutor
 from cantata.server.health import HealthService
 from cantata.server.heartbeats import Heartbeats
-from cantata.server.launcher import WorkerLauncher
 from cantata.server.lifecycle import JobLifecycle
 from cantata.server.memory import node_capacity, runtime_budget
 from cantata.server.metrics_endpoint import MetricsEndpoint
@@ -83,10 +85,24 @@ log = logging.getLogger(__name__)
 class ControlPlane:
     """One server process: ``start()``, then ``stop()`` (also on SIGTERM/SIGINT)."""
 
-    def __init__(self, data_dir: Path, listen: str | None = None):
+    def __init__(
+        self,
+        data_dir: Path,
+        listen: str | None = None,
+        executor: str | None = None,
+        ray_address: str | None = None,
+        gpus: int | None = None,
+    ):
         self.paths = DataDir(Path(data_dir))
         self.settings: ServerSettings = self.paths.load_settings()
         self.listen = listen or self.settings.listen
+        self.executor = executor or self.settings.executor
+        self.ray_address = ray_address or self.settings.ray_address
+        self.gpus = self.settings.gpus if gpus is None else gpus
+        if self.executor not in ("local", "ray"):
+            raise ValueError(f"unknown executor {self.executor!r} (local or ray)")
+        if self.executor == "ray" and not self.ray_address:
+            raise ValueError("the ray executor needs --ray-address HOST:PORT (or ray_address in server.json)")
         self.ca = CertificateAuthority.load(self.paths.ca_cert.read_bytes(), self.paths.ca_key.read_bytes())
         self.database = Database(self.paths.database)
         self.broadcast = EventBroadcast()
@@ -136,6 +152,45 @@ class ControlPlane:
             ],
         )
 
+    def _executor(self, secrets: SecretsBroker, connect_host: str) -> Executor:
+        """The executor ``server.json`` (or ``server start``) names: where and how workers start."""
+        identities = Identities(self.settings.worker_uid_base, self.settings.worker_uid_count)
+        memory_limit = lambda job: runtime_budget(job.spec, self.settings.worker_memory_mib)  # noqa: E731
+        if self.executor == "ray":
+            from cantata.server.executors.ray import RayExecutor
+
+            wildcard = self.listen.rpartition(":")[0] in ("0.0.0.0", "", "[::]")  # noqa: S104 (workers dial the node's address)
+            return RayExecutor(
+                self.ray_address,
+                self.paths.jobs,
+                self.ca,
+                lambda node_ip: f"{node_ip if wildcard else connect_host}:{self.port}",
+                dt.timedelta(hours=self.settings.worker_cert_hours),
+                secrets=secrets,
+                certificates=self.store,
+                grace=self.settings.cancel_grace_seconds,
+                identities=identities,
+                memory_limit=memory_limit,
+                note=self._note,
+            )
+        return LocalExecutor(
+            self.paths.jobs,
+            self.ca,
+            f"{connect_host}:{self.port}",
+            dt.timedelta(hours=self.settings.worker_cert_hours),
+            secrets=secrets,
+            certificates=self.store,
+            grace=self.settings.cancel_grace_seconds,
+            identities=identities,
+            memory_limit=memory_limit,
+            warm=self.settings.warm_workers,
+            slots=self.settings.max_workers_on_node,
+            gpus=self.gpus,
+        )
+
+    def _note(self, job_id: str, message: str) -> None:
+        self.store.append_event(job_id, jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, message=message))
+
     def start(self) -> int:
         """Bind, start the scheduler and serve; returns the bound port."""
         self._serving.start()
@@ -161,18 +216,7 @@ class ControlPlane:
         roots = self.paths.local_roots(self.settings)
         lock_data_dir(self.paths.root, passable=(self.paths.jobs, self.paths.checkpoints))
         secrets = SecretsBroker(self.keyring, self.data_sources, self.recorder, dataset_roots=roots.datasets)
-        launcher = WorkerLauncher(
-            self.paths.jobs,
-            self.ca,
-            f"{connect_host}:{self.port}",
-            dt.timedelta(hours=self.settings.worker_cert_hours),
-            secrets=secrets,
-            certificates=self.store,
-            grace=self.settings.cancel_grace_seconds,
-            identities=Identities(self.settings.worker_uid_base, self.settings.worker_uid_count),
-            memory_limit=lambda job: runtime_budget(job.spec, self.settings.worker_memory_mib),
-            warm=self.settings.warm_workers,
-        )
+        launcher = self._executor(secrets, connect_host)
         launcher.start()
         lifecycle = JobLifecycle(
             self.store,
@@ -190,7 +234,6 @@ class ControlPlane:
             launcher,
             lifecycle,
             heartbeats,
-            slots=self.settings.max_workers_on_node,
             audit_failure=self.recorder.probe,
         )
         self.store.on_queue_change = self.scheduler.wake
@@ -204,6 +247,7 @@ class ControlPlane:
             interval=self.settings.orphan_sweep_seconds,
         )
         node_memory = node_capacity(self.settings.node_memory_mib)
+        shared_roots = [Path(r).resolve() for r in self.settings.shared_roots] if self.executor == "ray" else None
 
         def spec_defaults(tenant: str) -> dict:
             return {
@@ -212,6 +256,7 @@ class ControlPlane:
                 "store_roots": roots.stores(tenant),
                 "data_dir": roots.data_dir,
                 "node_memory": node_memory,
+                "shared_roots": shared_roots,
             }
 
         deletion = JobDeletion(self.store, self.recorder, launcher.workspace, launcher.is_running)

@@ -13,7 +13,11 @@ from pathlib import Path
 from cantata.logformat import LOG_FORMAT_ENV, LogFormat, log_format
 from cantata.storage.logs import LEVEL_ENV
 
-COMMAND_HELP = {"server": "run a control-plane server", "audit": "prove the audit log intact and report on it"}
+COMMAND_HELP = {
+    "server": "run a control-plane server",
+    "audit": "prove the audit log intact and report on it",
+    "cluster": "credentials of the Ray cluster the server runs jobs on",
+}
 
 
 def cmd_init(args) -> int:
@@ -28,6 +32,24 @@ def cmd_init(args) -> int:
     )
     print(f"initialised {args.data_dir}: CA at {Path(args.data_dir) / 'ca.pem'}, listening on {args.listen}")
     print(f"admin profile {args.admin!r} written to {profile}")
+    if args.ray_token:
+        from cantata.server.config import DataDir
+        from cantata.server.executors.tokens import write_token
+
+        path = DataDir(Path(args.data_dir)).ray_token
+        write_token(path)
+        print(f"Ray cluster token written to {path} (give it to every Ray node as RAY_AUTH_TOKEN_PATH)")
+    return 0
+
+
+def cmd_node_cert(args) -> int:
+    from cantata.server.config import DataDir
+    from cantata.server.executors.tokens import write_node_certificate
+
+    paths = DataDir(Path(args.data_dir))
+    out = Path(args.out)
+    serial = write_node_certificate(paths, args.node_ip, out, days=args.days)
+    print(f"node certificate {serial:x} for {args.node_ip} written to {out} (node.pem, node.key, ca.pem)")
     return 0
 
 
@@ -40,7 +62,9 @@ def cmd_start(args) -> int:
     logformat.configure(fmt)
     os.environ[LOG_FORMAT_ENV] = fmt  # the workers log in the same format
     os.environ[LEVEL_ENV] = set_third_party_log_level(args.third_party_log_level)  # the workers inherit it
-    plane = ControlPlane(Path(args.data_dir), listen=args.listen)
+    plane = ControlPlane(
+        Path(args.data_dir), listen=args.listen, executor=args.executor, ray_address=args.ray_address, gpus=args.gpus
+    )
     port = plane.start()
     print(f"cantata server listening on port {port} (data dir {args.data_dir})", flush=True)
     plane.serve_forever()
@@ -71,11 +95,15 @@ def register(groups: dict[str, argparse._SubParsersAction]) -> None:
         "--enroll-listen", help="HOST:PORT for enrollment without a client certificate (default: the --listen port + 1)"
     )
     p.add_argument("--admin", default="admin", help="name of the first admin (and its profile)")
+    p.add_argument("--ray-token", action="store_true", help="also mint a Ray cluster token into DATA_DIR/ray/token")
     p.add_argument("--dashboard-listen", help="HOST:PORT for the read-only web dashboard over HTTPS (default: none)")
     p.set_defaults(func=cmd_init)
     p = server.add_parser("start", help="serve until SIGTERM/SIGINT")
     p.add_argument("--data-dir", required=True)
     p.add_argument("--listen", help="override the address recorded by init")
+    p.add_argument("--executor", choices=["local", "ray"], help="where workers run (default: server.json, else local)")
+    p.add_argument("--ray-address", help="HOST:PORT of the Ray cluster's GCS (default: server.json)")
+    p.add_argument("--gpus", type=int, help="GPUs of this node for the local executor (default: count them)")
     p.add_argument(
         "--log-format",
         choices=[f.value for f in LogFormat],
@@ -91,6 +119,19 @@ def register(groups: dict[str, argparse._SubParsersAction]) -> None:
     p = server.add_parser("rotate-cert", help="issue a new server certificate; picked up without a restart")
     p.add_argument("--data-dir", required=True)
     p.set_defaults(func=cmd_rotate_cert)
+
+
+def register_cluster(groups: dict[str, argparse._SubParsersAction]) -> None:
+    """``cantata cluster node-cert``: a Ray node's TLS certificate from the platform CA."""
+    cluster = (
+        groups["root"].add_parser("cluster", help=COMMAND_HELP["cluster"]).add_subparsers(dest="sub", required=True)
+    )
+    p = cluster.add_parser("node-cert", help="issue a Ray node's TLS certificate (RAY_USE_TLS) from the platform CA")
+    p.add_argument("--data-dir", required=True)
+    p.add_argument("--node-ip", required=True, help="the node's cluster address (its certificate names it)")
+    p.add_argument("--out", required=True, help="folder for node.pem, node.key (0600) and ca.pem")
+    p.add_argument("--days", type=int, default=365)
+    p.set_defaults(func=cmd_node_cert)
 
 
 def register_audit(groups: dict[str, argparse._SubParsersAction]) -> None:

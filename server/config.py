@@ -8,6 +8,7 @@ D/state.db           SQLite control-plane state
 D/master.key         master key of the tenant keyring (0600), unless $CANTATA_MASTER_KEY is set
 D/keyring.sealed     tenants' key-encryption keys, encrypted under the master key
 D/audit/             tamper-evident audit log and its signing keys
+D/ray/token          the Ray cluster's token (``server init --ray-token``), 0600
 D/jobs/<job-id>/     per-job workspaces (worker configs, certificates, logs), 0700, the job's uid's
 D/checkpoints/       the default local checkpoint store (<tenant>/<job>/...)
 
@@ -69,6 +70,12 @@ class ServerSettings:
     worker_uid_count: int = 1000
     node_memory_mib: int = 0  # memory for workers on this node (0: the machine's); bigger jobs are refused
     worker_memory_mib: int = 0  # a worker's memory limit past its loaded size (0: twice its estimate + 1 GiB)
+    gpus: int = -1  # GPUs of this node for the local executor (-1: torch.cuda.device_count() in a subprocess)
+    executor: str = "local"  # where workers run: "local" (children of this server) or "ray" (a Ray cluster)
+    ray_address: str = ""  # the Ray cluster's GCS, HOST:PORT (executor "ray")
+    shared_roots: list[str] = field(
+        default_factory=list
+    )  # file:// roots every node mounts: multi-node jobs may use them
     dashboard_listen: str = ""  # HOST:PORT of the read-only web dashboard (HTTPS); empty: no dashboard
     dashboard_url: str = ""  # its address in login links (default: https:// and the dashboard_listen address)
     dashboard_link_seconds: float = 60.0  # a login link works once, for this long
@@ -139,6 +146,10 @@ class DataDir:
         """The tenant keyring, under $CANTATA_MASTER_KEY if set, else ``master.key``."""
         master = MasterKey.from_env() if os.environ.get(MASTER_KEY_ENV) else MasterKey.from_file(self.master_key)
         return LocalKeyring(self.keyring, master)
+
+    @property
+    def ray_token(self) -> Path:
+        return self.root / "ray" / "token"
 
     @property
     def audit(self) -> Path:

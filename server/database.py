@@ -141,6 +141,7 @@ CREATE TABLE job_tags (
 CREATE INDEX job_tags_by_tag ON job_tags (tag, job_id);
 ALTER TABLE tenants ADD COLUMN retention_days INTEGER NOT NULL DEFAULT 0;
 """
+_V8_MAX_GPUS = "ALTER TABLE tenants ADD COLUMN max_gpus INTEGER NOT NULL DEFAULT 0"
 
 # 6 (branch metrics21): each job's metrics history (server/metrics_store.py); peer -1 is "not per peer".
 _V6_METRICS = """
@@ -170,6 +171,7 @@ MIGRATIONS: tuple[str, ...] = (
     _V5_TAGS_RETENTION,  # 5: job_tags, tenants.retention_days
     _V6_METRICS,  # 6: metrics
     _V7_QUEUE_INDEX,  # 7: jobs_by_state
+    _V8_MAX_GPUS,  # 8: tenants.max_gpus
 )
 
 

@@ -96,12 +96,15 @@ def parse_job_spec(
     store_roots: list[Path] | None = None,
     data_dir: Path | None = None,
     node_memory: int = 0,
+    shared_roots: list[Path] | None = None,
 ) -> common_pb2.JobSpec:
     """Return a copy of ``spec`` with defaults filled in, or raise ``InvalidField``.
 
     ``roots`` hold the tenant's ``file://`` datasets, ``store_roots`` (default: ``roots``) its
     ``file://`` checkpoint stores besides ``default_store``; nothing in ``data_dir`` is either. A
     job whose workers need more than ``node_memory`` bytes in all (0: unchecked) is refused.
+    ``shared_roots`` (on a cluster; None: one machine) are the ``file://`` roots every node mounts:
+    a job of more than one worker process may span nodes, so its ``file://`` store must lie under one.
     """
     s = common_pb2.JobSpec()
     s.CopyFrom(spec)
@@ -145,6 +148,15 @@ def parse_job_spec(
             roots if store_roots is None else store_roots,
             data_dir=data_dir,
             store_dir=default_dir,
+        )
+    if shared_roots is not None and processes(s) > 1 and s.checkpoint_store.startswith("file://"):
+        path = Path(os.path.abspath(unquote(urlparse(s.checkpoint_store).path)))
+        _require(
+            any(within(path, root) for root in shared_roots),
+            "checkpoint_store",
+            f"the job's {processes(s)} worker processes may run on different nodes of the cluster, and a file:// "
+            "store outside the shared roots is on one node only: use s3://, az:// or a file:// root every "
+            "node mounts (shared_roots in server.json)",
         )
     if node_memory:
         need = memory.worker_estimate(s) * processes(s)

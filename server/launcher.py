@@ -36,18 +36,12 @@ from google.protobuf import json_format
 from cantata.security.pki import CertificateAuthority, Principal, gossip_server_name
 from cantata.security.process_sandbox import SpawnRequest
 from cantata.server.config import write_private
+from cantata.server.executors.base import WorkerExit
 from cantata.server.groups import group_size, processes
 from cantata.server.ports import CertificateRegistry, SecretsBroker
 from cantata.server.sandbox import Identities, Identity, base_environment, give, prepare_job_folder, store_environment
 from cantata.server.store import JobRecord
 from cantata.server.zygote import Zygote
-
-
-@dataclass
-class WorkerExit:
-    job_id: str
-    worker: int
-    returncode: int
 
 
 @dataclass
@@ -242,7 +236,13 @@ class WorkerLauncher:
             argv=argv,
             entry="cantata.trainer.worker:main",
             title=" ".join(["python", "-m", "cantata.trainer.worker", *argv]),
-            env={**base_environment(), "OMP_NUM_THREADS": threads, "HOME": str(ws), "TMPDIR": str(ws / "tmp")},
+            env={
+                **base_environment(),
+                "OMP_NUM_THREADS": threads,
+                "HOME": str(ws),
+                "TMPDIR": str(ws / "tmp"),
+                **self.devices_env(job.id, i),
+            },
             cwd=str(ws),
             log=str(log),
             uid=running.identity.uid if running.identity else None,
@@ -251,6 +251,10 @@ class WorkerLauncher:
         )
         running.spawned[i] = time.monotonic()
         return WorkerProcess(self._zygote.spawn(request), self._zygote)
+
+    def devices_env(self, job_id: str, worker: int) -> dict[str, str]:
+        """What a worker's environment says of the devices it may use (none here)."""
+        return {}
 
     def alive_workers(self, job_id: str) -> int:
         running = self._running.get(job_id)

@@ -1,9 +1,9 @@
-"""Placement: put queued jobs on free worker slots, and pass what the launcher sees to the job lifecycle.
+"""Placement: start queued jobs when the executor has room, and pass what the executor sees to the job lifecycle.
 
-Which job runs next, on how many slots, is decided here; what a placement or
-a worker's exit means for the job is the lifecycle's
-(:mod:`cantata.server.lifecycle`); starting and signalling processes is the
-launcher's. One background thread ticks every ``interval`` seconds: reap
+Which job runs next is decided here; whether it fits now, where it runs and
+how its processes start is the executor's (:mod:`cantata.server.executors`);
+what a placement or a worker's exit means for the job is the lifecycle's
+(:mod:`cantata.server.lifecycle`). One background thread ticks every ``interval`` seconds: reap
 exited workers, settle jobs whose workers are all gone, kill workers silent
 past the heartbeat timeout (:mod:`cantata.server.heartbeats`), then place
 queued jobs, but only after something that can change a placement: a job
@@ -13,7 +13,9 @@ yet. Placement looks only at the queue's heads, the oldest queued job of each
 tenant (:meth:`~cantata.server.store.Store.queue_head`): the tenant with the
 fewest active jobs goes first, so one with a thousand queued jobs does not
 starve one with a single job, and a quiet server's cost does not grow with its
-queue. A job whose earlier workers are still stopping (a restart, a resume, a
+queue. A head that does not fit yet waits (with its reason recorded), and so
+do the jobs behind it; one that cannot fit on the executor as it is (more GPUs
+than the cluster has) waits with its reason while the others pass it. A job whose earlier workers are still stopping (a restart, a resume, a
 deferred start) waits, and so do the jobs behind it.
 
 While the audit log cannot be written (``audit_failure`` says why) a tick does
@@ -31,9 +33,8 @@ from collections.abc import Callable
 
 from cantata.proto.v1 import common_pb2 as pb
 from cantata.security.audit import AuditLogUnavailable
-from cantata.server.groups import processes
+from cantata.server.executors import Executor, NotPlaceable
 from cantata.server.heartbeats import Heartbeats
-from cantata.server.launcher import WorkerLauncher
 from cantata.server.lifecycle import JobLifecycle
 from cantata.server.store import ACTIVE, JobRecord, Store
 
@@ -44,11 +45,10 @@ class Scheduler:
     def __init__(
         self,
         store: Store,
-        launcher: WorkerLauncher,
+        launcher: Executor,
         lifecycle: JobLifecycle,
         heartbeats: Heartbeats,
         *,
-        slots: int,
         interval: float = 0.2,
         audit_failure: Callable[[], str | None] = lambda: None,
     ):
@@ -56,7 +56,6 @@ class Scheduler:
         self._launcher = launcher
         self._lifecycle = lifecycle
         self._heartbeats = heartbeats
-        self._slots = slots
         self._interval = interval
         self._audit_failure = audit_failure
         self._exits: list = []  # reaped worker exits not yet handled
@@ -130,15 +129,22 @@ class Scheduler:
             self._lifecycle.worker_silent(job_id, worker, seconds)
 
     def _place(self) -> None:
-        free = self._slots - self._launcher.running_workers()
         tried: set[str] = set()
-        while (job := self._store.queue_head()) is not None:
+        unfit: set[str] = set()  # heads the executor as it is can never run: the others pass them
+        while (job := self._store.queue_head(unfit)) is not None:
             if job.id in tried:  # its launch failed and it was queued again: once per pass
                 self._place_due = True
                 return
             tried.add(job.id)
-            if processes(job.spec) > free:
-                return  # no overtaking by smaller jobs: a worker's exit brings the next try
+            try:
+                self._launcher.placement(job)
+            except NotPlaceable as exc:
+                self._store.set_waiting(job.id, str(exc))
+                self._place_due = self._place_due or exc.retry  # else a worker's exit brings the next try
+                if exc.never:
+                    unfit.add(job.id)
+                    continue
+                return  # no overtaking by smaller jobs
             if not self._lifecycle.due(job):
                 self._place_due = True  # nor while it waits to restart: try again next tick
                 return
@@ -163,4 +169,3 @@ class Scheduler:
                 self._lifecycle.placement_deferred(job, str(exc))
                 self._place_due = True
                 return
-            free -= processes(job.spec)

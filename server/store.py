@@ -13,7 +13,7 @@ import math
 import sqlite3
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -160,13 +160,18 @@ def _in(values: frozenset[int]) -> str:
 
 # The scheduler's look at the queue: each tenant's oldest queued job, the tenant with the fewest active jobs
 # first; every part of it a seek in the index jobs_by_state, so it costs the same whatever the queue's length.
-QUEUE_HEAD = (
-    "SELECT head.id FROM (SELECT t.name AS tenant, (SELECT q.id FROM jobs q "
-    f"WHERE q.state={int(common_pb2.QUEUED)} AND q.tenant=t.name ORDER BY q.created_at, q.id LIMIT 1) "
-    "AS id FROM tenants t) AS head JOIN jobs ON jobs.id = head.id "
-    "ORDER BY (SELECT COUNT(*) FROM jobs a "
-    f"WHERE a.state IN ({_in(ACTIVE)}) AND a.tenant = head.tenant), jobs.created_at, jobs.id LIMIT 1"
-)
+# ``skipped`` placeholders name queued jobs to pass over (those the cluster cannot run as it is).
+def queue_head_query(skipped: int) -> str:
+    return (
+        "SELECT head.id FROM (SELECT t.name AS tenant, (SELECT q.id FROM jobs q "
+        f"WHERE q.state={int(common_pb2.QUEUED)} AND q.tenant=t.name AND q.id NOT IN ({','.join('?' * skipped)}) "
+        "ORDER BY q.created_at, q.id LIMIT 1) AS id FROM tenants t) AS head JOIN jobs ON jobs.id = head.id "
+        "ORDER BY (SELECT COUNT(*) FROM jobs a "
+        f"WHERE a.state IN ({_in(ACTIVE)}) AND a.tenant = head.tenant), jobs.created_at, jobs.id LIMIT 1"
+    )
+
+
+QUEUE_HEAD = queue_head_query(0)
 # A tenant's unfinished jobs (the concurrent-jobs quota), counted in the index without reading the jobs.
 UNFINISHED_OF_TENANT = f"SELECT COUNT(*) FROM jobs WHERE state IN ({_in(ACTIVE | {common_pb2.QUEUED})}) AND tenant=?"
 
@@ -259,6 +264,7 @@ class Store:
             max_concurrent_jobs=row["max_concurrent_jobs"],
             max_workers_per_job=row["max_workers_per_job"],
             max_total_steps=row["max_total_steps"],
+            max_gpus=row["max_gpus"],
         )
         return Tenant(
             row["name"],
@@ -300,12 +306,13 @@ class Store:
                 raise Conflict(f"fingerprint mismatch for {name!r}: the pending request is {tenant.csr_fingerprint}")
             db.execute(
                 "UPDATE tenants SET status='APPROVED', cert_pem=?, max_concurrent_jobs=?, "
-                "max_workers_per_job=?, max_total_steps=?, approved_by=? WHERE name=?",
+                "max_workers_per_job=?, max_total_steps=?, max_gpus=?, approved_by=? WHERE name=?",
                 (
                     cert_pem,
                     quota.max_concurrent_jobs,
                     quota.max_workers_per_job,
                     quota.max_total_steps,
+                    quota.max_gpus,
                     approved_by,
                     name,
                 ),
@@ -329,7 +336,7 @@ class Store:
         with self._tx() as db:
             self.database.after_commit(self._queue_changed)
             self._tenant(db, name)
-            for column in ("max_concurrent_jobs", "max_workers_per_job", "max_total_steps"):
+            for column in ("max_concurrent_jobs", "max_workers_per_job", "max_total_steps", "max_gpus"):
                 value = getattr(quota, column)
                 if value:
                     db.execute(f"UPDATE tenants SET {column}=? WHERE name=?", (value, name))
@@ -479,6 +486,19 @@ class Store:
             active = db.execute(UNFINISHED_OF_TENANT, (tenant.name,)).fetchone()[0]
             if active >= quota.max_concurrent_jobs:
                 raise QuotaExceeded("concurrent jobs", quota.max_concurrent_jobs, active)
+        wanted = processes(spec) * spec.gpus_per_worker
+        if quota.max_gpus and wanted:
+            held = sum(
+                processes(s) * s.gpus_per_worker
+                for s in (
+                    common_pb2.JobSpec.FromString(row[0])
+                    for row in db.execute(
+                        f"SELECT spec FROM jobs WHERE tenant=? AND state NOT IN ({_in(TERMINAL)})", (tenant.name,)
+                    )
+                )
+            )
+            if held + wanted > quota.max_gpus:
+                raise QuotaExceeded("GPUs", quota.max_gpus, held + wanted)
 
     def resume_job(self, job_id: str, tenant: Tenant, reason: str, *, before: Callable[[JobRecord], None]) -> None:
         """Requeue a FAILED or CANCELLED job under its id, with a fresh count of attempts and failures.
@@ -584,14 +604,15 @@ class Store:
         with self.database.read() as db:
             return {int(r[0]): int(r[1]) for r in db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state")}
 
-    def queue_head(self) -> JobRecord | None:
+    def queue_head(self, skip: Collection[str] = ()) -> JobRecord | None:
         """The next job to place: each tenant's oldest queued job, the tenant with the fewest active jobs first.
 
         Ties go to the job queued first. Each tenant's head and active jobs are index seeks (``jobs_by_state``),
-        so the look costs the same whatever the queue's length.
+        so the look costs the same whatever the queue's length. Jobs in ``skip`` (those the cluster cannot run
+        as it is) are passed over.
         """
         with self.database.read() as db:
-            row = db.execute(QUEUE_HEAD).fetchone()
+            row = db.execute(queue_head_query(len(skip)), tuple(skip)).fetchone()
             return self._job(db, row[0]) if row else None
 
     def delete_job(self, job_id: str, *, before: Callable[[JobRecord], None]) -> JobRecord:
@@ -624,6 +645,19 @@ class Store:
                 for r in rows
                 if dt.datetime.fromisoformat(r["updated_at"]) < now - dt.timedelta(days=r["retention_days"])
             ]
+
+    def set_waiting(self, job_id: str, reason: str) -> None:
+        """Say why a queued job is not placed yet (an event, once per new reason)."""
+        with self._tx() as db:
+            job = self._job(db, job_id)
+            if job.state != common_pb2.QUEUED or job.reason == reason:
+                return
+            db.execute("UPDATE jobs SET reason=?, updated_at=? WHERE id=?", (reason, utcnow(), job_id))
+            self._append_event(
+                db,
+                job_id,
+                jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, total_steps=job.spec.steps, message=f"waiting: {reason}"),
+            )
 
     def transition(self, job_id: str, state: common_pb2.JobState, reason: str = "", *, message: str = "") -> bool:
         """Move a job to ``state`` if allowed from its current state.

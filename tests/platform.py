@@ -72,14 +72,14 @@ class Platform:
     ``settings`` override fields of the ``server.json`` that ``server init`` wrote.
     """
 
-    def __init__(self, root: Path, env: dict | None = None, settings: dict | None = None):
+    def __init__(self, root: Path, env: dict | None = None, settings: dict | None = None, host: str = "127.0.0.1"):
         self.root = passable(root)
         self.data_dir = root / "data"
         self.home = root / "home"
         self.paths = DataDir(self.data_dir)
         self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.enroll_address = f"127.0.0.1:{free_port()}"
+        self.address = f"{host}:{self.port}"
+        self.enroll_address = f"{host}:{free_port()}"
         self.env = {**os.environ, **(env or {}), "CANTATA_HOME": str(self.home)}
         os.environ["CANTATA_HOME"] = str(self.home)
         self.proc: subprocess.Popen | None = None
@@ -106,11 +106,16 @@ class Platform:
         folder.mkdir(parents=True, exist_ok=True)
         return folder
 
-    def start(self, *options: str) -> None:
-        """Start the server (``options``: more ``cantata server start`` flags) and wait until it serves."""
+    def start(self, *options: str, prefix: tuple[str, ...] = ()) -> None:
+        """Start the server (``options``: more ``cantata server start`` flags; ``prefix``: a command it runs
+        under, such as ``ip netns exec NS``) and wait until it serves."""
         self.log = open(self.root / "server.log", "ab")  # noqa: SIM115 (the server writes to it until it stops)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cantata.sdk.cli", "server", "start", "--data-dir", str(self.data_dir), *options],
+            [
+                *prefix,
+                *[sys.executable, "-m", "cantata.sdk.cli", "server", "start", "--data-dir", str(self.data_dir)],
+                *options,
+            ],
             stdout=self.log,
             stderr=subprocess.STDOUT,
             env=self.env,

@@ -10,8 +10,8 @@ import pytest
 
 from cantata.proto.v1 import common_pb2 as pb
 from cantata.security.audit import Action, AuditLogUnavailable
+from cantata.server.executors import NotPlaceable, WorkerExit
 from cantata.server.heartbeats import Heartbeats
-from cantata.server.launcher import WorkerExit
 from cantata.server.lifecycle import JobLifecycle
 from cantata.server.restarts import RestartPolicy
 from cantata.server.scheduler import Scheduler
@@ -150,7 +150,10 @@ class FakeLauncher:
         self.released.append(job_id)
 
     def running_workers(self) -> int:
-        return 8  # no free slot: nothing is placed
+        return 8
+
+    def placement(self, job) -> None:
+        raise NotPlaceable("no free slot")  # nothing is placed
 
     def live_workers(self) -> list[tuple[str, int, float]]:
         return []  # none to check for heartbeats
@@ -161,7 +164,7 @@ def test_the_scheduler_waits_while_the_log_is_down_and_then_settles_what_a_faile
 ):
     job = _running(lifecycle, store, workers, _submit(store))
     launcher = FakeLauncher(exits=[WorkerExit(job.id, 1, 9)])
-    scheduler = Scheduler(store, launcher, lifecycle, Heartbeats(60), slots=8, audit_failure=audit.failure)  # type: ignore[arg-type]
+    scheduler = Scheduler(store, launcher, lifecycle, Heartbeats(60), audit_failure=audit.failure)  # type: ignore[arg-type]
     audit.down = True
     scheduler.tick()
     assert launcher.polls == 0  # paused: the exit waits in the launcher

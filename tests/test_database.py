@@ -147,11 +147,12 @@ def test_a_version_1_database_migrates_to_failure_counts_and_spec_digests(tmp_pa
 
     db = Database(path)
     assert (
-        db.version == len(MIGRATIONS) == 7
-    )  # through the failures (2), digest (3), enrollment (4), tags/retention (5), metrics (6), queue index (7)
+        db.version == len(MIGRATIONS) == 8
+    )  # through the failures (2), digest (3), enrollment (4), tags/retention (5), metrics (6), queue index (7), max_gpus (8)
     store = Store(db)
     acme = store.tenant("acme")
     assert acme.retention_days == 0  # kept for ever, as before retention existed
+    assert acme.quota.max_gpus == 0  # no GPU limit, as before GPUs were counted
     assert [j.id for j in store.jobs(tag="x")] == []  # the tag index exists and the old job has none
     assert store.submit_job(acme, "request-0001", spec, "digest-a")[0].id == "job-1"  # compared by its spec
     with pytest.raises(RequestIdReused, match="request-0001"):
@@ -262,7 +263,7 @@ def test_a_version_3_database_gains_request_sources_and_renewal_links(tmp_path: 
     db.close()
 
     db = Database(path)
-    assert db.version == len(MIGRATIONS) == 7  # every later step too (6: metrics, 7: queue index)
+    assert db.version == len(MIGRATIONS) == 8  # every later step too (6: metrics, 7: queue index, 8: max_gpus)
     store = Store(db)
     store.add_tenancy_request("new-co", b"csr", "sha256:y", source="203.0.113.7")
     seen: list[tuple[int, int]] = []

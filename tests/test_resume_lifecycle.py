@@ -241,6 +241,9 @@ class Launcher:
     def running_workers(self) -> int:
         return 0
 
+    def placement(self, job: JobRecord) -> None:
+        pass  # room for every job
+
     def is_running(self, job_id: str) -> bool:
         return job_id in self.stopping
 
@@ -259,7 +262,7 @@ def test_a_job_resumed_while_its_earlier_workers_stop_waits_for_them(lifecycle, 
     launcher = Launcher(stopping={job.id})
     # As in the server, the launcher is both the scheduler's and the lifecycle's view of the processes.
     placing = JobLifecycle(store, Audit(), launcher, restarts=RestartPolicy(0, 0.0, 0.0))  # type: ignore[arg-type]
-    scheduler = Scheduler(store, launcher, placing, Heartbeats(60), slots=8)  # type: ignore[arg-type]
+    scheduler = Scheduler(store, launcher, placing, Heartbeats(60))  # type: ignore[arg-type]
     scheduler.tick()
     assert launcher.launched == [] and store.job(job.id).state == pb.QUEUED
     launcher.stopping.clear()

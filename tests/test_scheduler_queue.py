@@ -9,19 +9,25 @@ from pathlib import Path
 import pytest
 
 from cantata.proto.v1 import common_pb2 as pb
+from cantata.server.executors import NotPlaceable
 from cantata.server.heartbeats import Heartbeats
 from cantata.server.lifecycle import JobLifecycle
 from cantata.server.restarts import RestartPolicy
 from cantata.server.scheduler import Scheduler
-from cantata.server.store import QUEUE_HEAD, UNFINISHED_OF_TENANT, JobRecord, Store
+from cantata.server.store import UNFINISHED_OF_TENANT, JobRecord, Store, queue_head_query
 from tests.test_resume_lifecycle import Audit, Workers
 
 
 @dataclass
 class Launcher:
-    """The launcher as the scheduler sees it: each launched job holds one slot until ended here."""
+    """The executor as the scheduler sees it: each launched job holds one of ``slots`` until ended here."""
 
+    slots: int
     launched: list[str] = field(default_factory=list)
+
+    def placement(self, job: JobRecord) -> None:
+        if len(self.launched) >= self.slots:
+            raise NotPlaceable("no free slot")
 
     def poll(self) -> list:
         return []
@@ -59,9 +65,9 @@ def _submit(store: Store, tenant: str, n: int) -> list[str]:
 
 
 def _scheduler(store: Store, slots: int) -> tuple[Scheduler, Launcher]:
-    launcher = Launcher()
+    launcher = Launcher(slots)
     lifecycle = JobLifecycle(store, Audit(), Workers(), restarts=RestartPolicy(0, 0.0, 0.0))  # type: ignore[arg-type]
-    scheduler = Scheduler(store, launcher, lifecycle, Heartbeats(60), slots=slots)  # type: ignore[arg-type]
+    scheduler = Scheduler(store, launcher, lifecycle, Heartbeats(60))  # type: ignore[arg-type]
     store.on_queue_change = scheduler.wake
     return scheduler, launcher
 
@@ -83,7 +89,7 @@ def test_placement_runs_on_a_change_and_not_on_every_tick(store):
     assert launcher.launched == [first]
     queued_quietly = store.queue_head
     looks: list[int] = []
-    store.queue_head = lambda: looks.append(1) or queued_quietly()  # type: ignore[method-assign]
+    store.queue_head = lambda skip=(): looks.append(1) or queued_quietly(skip)  # type: ignore[method-assign]
     for _ in range(5):
         scheduler.tick()
     assert looks == []  # an idle tick does not look at the queue at all
@@ -92,7 +98,11 @@ def test_placement_runs_on_a_change_and_not_on_every_tick(store):
     assert launcher.launched == [first, second] and len(looks) >= 1
 
 
-@pytest.mark.parametrize("query", [QUEUE_HEAD, UNFINISHED_OF_TENANT], ids=["queue head", "quota count"])
+@pytest.mark.parametrize(
+    "query",
+    [queue_head_query(0), queue_head_query(2), UNFINISHED_OF_TENANT],
+    ids=["queue head", "queue head passing two jobs over", "quota count"],
+)
 def test_the_looks_at_the_queue_seek_the_index_instead_of_scanning_the_jobs(store, query):
     _submit(store, "busy", 50)
     with store.database.read() as db:

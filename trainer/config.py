@@ -4,6 +4,7 @@ The file (mode 0600, deleted once the job's workers are gone) holds::
 
     {"job_id": ..., "tenant": ..., "attempt": ..., "worker": ..., "workers": ...,
      "threads": ..., "rendezvous": ..., "server": ..., "ca": ..., "cert": ..., "key": ...,
+     "gossip_host": ... (the node's cluster address; absent: 127.0.0.1),
      "spec": {JobSpec as JSON},
      "attack": {...} | null,
      "checkpoint_keys": {"tenant": ..., "job_id": ..., "keys": {VERSION: base64}},
@@ -48,6 +49,7 @@ class WorkerConfig:
     checkpoint_keys: JobKeys = field(repr=False)  # this job's derived checkpoint keys, from the server
     dataset_access: DatasetAccess  # where file:// datasets may live; the data source's secrets
     attack: dict | None = None  # evaluation only: set by an admin, never by the tenant
+    gossip_host: str = "127.0.0.1"  # the address the gossip endpoint binds (named in the worker's certificate)
 
     @property
     def ranks_per_worker(self) -> int:
@@ -87,6 +89,7 @@ class WorkerConfig:
             checkpoint_keys=JobKeys.from_dict(raw["checkpoint_keys"]),
             dataset_access=_dataset_access(raw["data"]),
             attack=raw.get("attack"),
+            gossip_host=raw.get("gossip_host", "127.0.0.1"),
         )
 
 

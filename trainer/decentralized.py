@@ -63,7 +63,7 @@ from cantata.trainer.gasloc.outer import GASLoCOuter, Proposal, flatten, split_w
 from cantata.trainer.gasloc.topology import make_topology
 from cantata.trainer.gossip import GossipNode
 from cantata.trainer.gossip.allreduce import AllReduceFailed, ring_allreduce
-from cantata.trainer.loop import join_group
+from cantata.trainer.loop import CPU, join_group
 from cantata.trainer.reporter import Reporter
 
 PEER_WAIT_S = 60.0
@@ -367,6 +367,7 @@ class Decentralized:
         self.gossips = cfg.group_rank == 0
         self.diloco = spec.algorithm == Algorithm.DILOCO
         self.node: GossipNode | None = None
+        self.device = CPU  # gossip and its outer step run on the CPU
 
     def prepare(self, model: torch.nn.Module, state: TrainingState) -> None:
         self.model = model
@@ -396,6 +397,7 @@ class Decentralized:
                 cfg.worker,
                 cfg.job_id,
                 bundle,
+                listen=f"{cfg.gossip_host}:0",
                 deadline_s=self.deadline.seconds,
                 on_refused=RefusalReports(self.reporter),
             )

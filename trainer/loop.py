@@ -36,6 +36,7 @@ from cantata.trainer.checkpoint import JobCheckpoints, Scope, TrainingState, sha
 from cantata.trainer.config import WorkerConfig
 from cantata.trainer.data import DataEvent, Feed, Utf8Policy, Vocabulary, open_feed
 from cantata.trainer.decoder import Decoder
+from cantata.trainer.device import Device, pick_device
 from cantata.trainer.model import LanguageModel, build_model
 from cantata.trainer.optim import build_optimizer, spec_settings
 from cantata.trainer.parallel import FullState, Parallelism, data_rank, parallelize
@@ -76,7 +77,13 @@ class Schedule:
 
 
 log = logging.getLogger("cantata.worker")
+CPU = Device("cpu")
 LOCAL_DATASETS = ("builtin:", "file://")  # datasets whose validation split is read when the job starts
+
+
+def visible_devices() -> str:
+    """What the executor gave this worker: its CUDA_VISIBLE_DEVICES."""
+    return f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')!r}"
 
 
 def note(event: str, message: str, *, level: int = logging.INFO, **fields: object) -> None:
@@ -85,9 +92,13 @@ def note(event: str, message: str, *, level: int = logging.INFO, **fields: objec
 
 
 @torch.no_grad()
-def evaluate(model: LanguageModel, feed: Feed, batches: int) -> float:
+def evaluate(model: LanguageModel, feed: Feed, batches: int, device: Device = CPU) -> float:
     model.eval()
-    losses = [model(batch.inputs, batch.targets)[1].item() for batch in feed.validation(batches)]
+    with device.autocast():
+        losses = [
+            model(batch.inputs.to(device.torch), batch.targets.to(device.torch))[1].item()
+            for batch in feed.validation(batches)
+        ]
     model.train()
     return sum(losses) / len(losses)
 
@@ -135,7 +146,15 @@ def job_feed(cfg: WorkerConfig, reporter: Reporter, seq_len: int, vocab_size: in
 
 
 def train_step(
-    model: LanguageModel, optimizer, feed: Feed, step: int, lr: float, *, accumulate: int, trace: bool
+    model: LanguageModel,
+    optimizer,
+    feed: Feed,
+    step: int,
+    lr: float,
+    *,
+    accumulate: int,
+    trace: bool,
+    device: Device = CPU,
 ) -> float:
     """One optimizer step over ``accumulate`` micro-batches of the feed; returns their mean loss.
 
@@ -147,7 +166,8 @@ def train_step(
         batch = feed.next_batch()
         if trace:
             print(f"samples step={step} ids={','.join(map(str, batch.sample_ids.tolist()))}", flush=True)
-        _, loss = model(batch.inputs, batch.targets)
+        with device.autocast():
+            _, loss = model(batch.inputs.to(device.torch), batch.targets.to(device.torch))
         (loss / accumulate).backward()
         total += loss.item()
     optimizer.step()
@@ -170,6 +190,7 @@ class Strategy(Protocol):
     mesh: DeviceMesh | None  # an allreduce job's FSDP2/TP mesh (None: each rank holds the whole model)
     data_rank: int  # this process's part of the data, of ``data_world`` (tensor-parallel peers share theirs)
     data_world: int
+    device: Device  # where the model trains
 
     def prepare(self, model: LanguageModel, state: TrainingState) -> None:
         """Register the strategy's own checkpointed parts (before any restore)."""
@@ -186,12 +207,12 @@ class Strategy(Protocol):
     def close(self) -> None: ...
 
 
-def join_group(rendezvous: str, rank: int, world: int) -> dist.ProcessGroup | None:
-    """The gloo process group of ``world`` processes (None for one process)."""
+def join_group(rendezvous: str, rank: int, world: int, backend: str = "gloo") -> dist.ProcessGroup | None:
+    """The process group of ``world`` processes (None for one process)."""
     if world == 1:
         return None
     dist.init_process_group(
-        "gloo", init_method=rendezvous, rank=rank, world_size=world, timeout=dt.timedelta(minutes=5)
+        backend, init_method=rendezvous, rank=rank, world_size=world, timeout=dt.timedelta(minutes=5)
     )
     return dist.group.WORLD
 
@@ -208,10 +229,12 @@ class AllReduce:
     commits = True
 
     def __init__(self, cfg: WorkerConfig):
-        self.group = join_group(cfg.rendezvous, cfg.worker, cfg.workers)
+        parallelism = Parallelism.of(cfg.spec)
+        # a GPU job's replicated model trains on its GPU over NCCL; a mesh (FSDP2/TP) stays on the CPU for now
+        self.device = pick_device(cfg.spec.gpus_per_worker) if parallelism.world == 1 else CPU
+        self.group = join_group(cfg.rendezvous, cfg.worker, cfg.workers, self.device.backend)
         self.rank = cfg.worker
         self.processes = cfg.workers
-        parallelism = Parallelism.of(cfg.spec)
         self.mesh = parallelism.mesh() if parallelism.world > 1 else None
         self.data_rank, self.data_world = data_rank(self.mesh) if self.mesh is not None else (cfg.worker, cfg.workers)
 
@@ -289,7 +312,9 @@ class Trainer:
         self.cfg, self.spec, self.reporter, self.stop, self.strategy = cfg, cfg.spec, reporter, stop, strategy
         self.lead = cfg.worker == 0  # reports progress for the job
         spec = self.spec
-        self.model = build_model(spec.model, spec.seed)
+        self.device = strategy.device
+        note("device", f"training on {self.device.kind} ({visible_devices()}), collectives over {self.device.backend}")
+        self.model = build_model(spec.model, spec.seed).to(self.device.torch)
         self.seq_len = min(spec.seq_len, self.model.cfg.block_size)
         if isinstance(self.model, Decoder):
             self.model.checkpoint_layers = spec.activation_checkpointing
@@ -422,7 +447,14 @@ class Trainer:
             step = t * local_steps + min(done, local_steps - 1) + 1
             lr = self.schedule.lr(min(step, spec.steps))
             loss = train_step(
-                self.model, self.optimizer, self.feed, step, lr, accumulate=spec.grad_accum, trace=spec.trace_samples
+                self.model,
+                self.optimizer,
+                self.feed,
+                step,
+                lr,
+                accumulate=spec.grad_accum,
+                trace=spec.trace_samples,
+                device=self.device,
             )
             done += 1
             if budget_s is None:
@@ -434,7 +466,7 @@ class Trainer:
                 return done, loss
 
     def evaluate(self) -> float:
-        return evaluate(self.model, self.feed, self.spec.eval_batches)
+        return evaluate(self.model, self.feed, self.spec.eval_batches, self.device)
 
     def save(self, step: int) -> None:
         saving = time.perf_counter()

@@ -98,7 +98,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
 
     def ApproveTenant(self, request, context):
         quota = common_pb2.Quota(**self._default_quota)
-        for f in ("max_concurrent_jobs", "max_workers_per_job", "max_total_steps"):
+        for f in ("max_concurrent_jobs", "max_workers_per_job", "max_total_steps", "max_gpus"):
             value = getattr(request.quota, f)
             if value < 0:
                 raise InvalidRequest(f"quota {f} must be >= 0", field=f"quota.{f}")
@@ -156,7 +156,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         )
 
     def SetQuota(self, request, context):
-        for f in ("max_concurrent_jobs", "max_workers_per_job", "max_total_steps"):
+        for f in ("max_concurrent_jobs", "max_workers_per_job", "max_total_steps", "max_gpus"):
             if getattr(request.quota, f) < 0:
                 raise InvalidRequest(f"quota {f} must be >= 0", field=f"quota.{f}")
         with self._store.database.transaction():  # changed only once its record is durable
@@ -288,4 +288,5 @@ def _quota_dict(quota: common_pb2.Quota) -> dict:
         "max_concurrent_jobs": quota.max_concurrent_jobs,
         "max_workers_per_job": quota.max_workers_per_job,
         "max_total_steps": quota.max_total_steps,
+        "max_gpus": quota.max_gpus,
     }

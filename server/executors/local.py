@@ -1,0 +1,81 @@
+"""The local executor: a job's workers are child processes of this server, forked from its zygote.
+
+It is :class:`~cantata.server.launcher.WorkerLauncher` (the sandbox, the
+per-worker certificates and configs), plus placement on this node: at most
+``slots`` worker processes at once, and the node's GPUs, each worker of a job
+with ``gpus_per_worker`` getting devices of its own through
+``CUDA_VISIBLE_DEVICES``. The GPUs are counted once at start, by
+``torch.cuda.device_count()`` in a subprocess (the server never imports
+torch), or given by ``server start --gpus``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from cantata.server.executors.base import NotPlaceable
+from cantata.server.groups import processes
+from cantata.server.launcher import WorkerLauncher
+from cantata.server.store import JobRecord
+
+NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one folder per GPU the driver sees; absent without the driver
+
+
+def count_gpus() -> int:
+    """The GPUs torch sees on this node (0 without an NVIDIA driver, without starting torch)."""
+    if not NVIDIA_GPUS.is_dir():
+        return 0
+    code = "import torch; print(torch.cuda.device_count())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    return int(done.stdout.strip().splitlines()[-1])
+
+
+class LocalExecutor(WorkerLauncher):
+    """Workers on this machine: ``slots`` processes and ``gpus`` GPUs at most (-1: count them)."""
+
+    def __init__(self, *args, slots: int, gpus: int = -1, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._slots = slots
+        self.gpus = count_gpus() if gpus < 0 else gpus
+        self._free_gpus = list(range(self.gpus))
+        self._devices: dict[str, dict[int, list[int]]] = {}  # job -> process index -> its GPUs
+
+    def placement(self, job: JobRecord) -> None:
+        wanted = processes(job.spec)
+        if wanted > self._slots:
+            raise NotPlaceable(f"needs {wanted} worker processes; this node runs at most {self._slots}", never=True)
+        gpus = wanted * job.spec.gpus_per_worker
+        if gpus > self.gpus:
+            raise NotPlaceable(f"needs {gpus} GPUs; this node has {self.gpus}", never=True)
+        free = self._slots - self.running_workers()
+        if wanted > free:
+            raise NotPlaceable(f"waiting for {wanted} worker slots ({free} free)")
+        if gpus > len(self._free_gpus):
+            raise NotPlaceable(f"waiting for {gpus} GPUs ({len(self._free_gpus)} free)")
+
+    def launch(self, job: JobRecord, *, attack: dict | None = None) -> dict[int, int]:
+        per_worker = job.spec.gpus_per_worker
+        if per_worker:
+            self._devices[job.id] = {
+                i: [self._free_gpus.pop(0) for _ in range(per_worker)] for i in range(processes(job.spec))
+            }
+        try:
+            return super().launch(job, attack=attack)
+        except BaseException:
+            self._give_back(job.id)
+            raise
+
+    def devices_env(self, job_id: str, worker: int) -> dict[str, str]:
+        devices = self._devices.get(job_id, {}).get(worker)
+        return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devices))} if devices else {}
+
+    def release(self, job_id: str) -> None:
+        super().release(job_id)
+        self._give_back(job_id)
+
+    def _give_back(self, job_id: str) -> None:
+        for devices in self._devices.pop(job_id, {}).values():
+            self._free_gpus.extend(devices)
+        self._free_gpus.sort()

@@ -1,0 +1,76 @@
+"""GPUs: the max_gpus quota at submit, and the local executor's share of the node's GPUs (no worker starts here)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from cantata.proto.v1 import common_pb2 as pb
+from cantata.server.executors import NotPlaceable
+from cantata.server.executors.local import LocalExecutor
+from cantata.server.sandbox import Identities
+from cantata.server.store import JobRecord, QuotaExceeded, Store
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    store = Store(tmp_path / "state.db")
+    store.add_tenancy_request("acme", b"csr", "sha256:acme")
+    store.approve_tenant("acme", "sha256:acme", b"cert", pb.Quota(max_gpus=4), "root")
+    yield store
+    store.close()
+
+
+def _spec(workers: int, gpus: int) -> pb.JobSpec:
+    return pb.JobSpec(name="g", workers=workers, ranks_per_worker=1, steps=10, gpus_per_worker=gpus)
+
+
+def _submit(store: Store, n: int, workers: int, gpus: int) -> JobRecord:
+    return store.submit_job(store.tenant("acme"), f"request-{n:04d}", _spec(workers, gpus))[0]
+
+
+def test_max_gpus_counts_every_unfinished_job_of_the_tenant(store):
+    assert store.tenant("acme").quota.max_gpus == 4
+    first = _submit(store, 1, workers=2, gpus=1)
+    _submit(store, 2, workers=1, gpus=2)  # 4 of 4
+    with pytest.raises(QuotaExceeded, match="GPUs") as refused:
+        _submit(store, 3, workers=1, gpus=1)
+    assert (refused.value.limit, refused.value.used) == (4, 5)
+    _submit(store, 4, workers=3, gpus=0)  # CPU jobs do not count
+    store.transition(first.id, pb.CANCELLED, "cancelled")
+    _submit(store, 5, workers=2, gpus=1)  # the ended job's GPUs are free again
+
+
+def _executor(tmp_path: Path, gpus: int) -> LocalExecutor:
+    return LocalExecutor(
+        tmp_path / "jobs",
+        None,  # type: ignore[arg-type]  # placement needs no CA, secrets or certificates
+        "127.0.0.1:1",
+        dt.timedelta(hours=1),
+        secrets=None,  # type: ignore[arg-type]
+        certificates=None,  # type: ignore[arg-type]
+        grace=1.0,
+        identities=Identities(61000, 10, root=False),
+        memory_limit=lambda job: 0,
+        slots=8,
+        gpus=gpus,
+    )
+
+
+def test_the_local_executor_places_gpu_jobs_on_the_gpus_it_has(tmp_path, store):
+    executor = _executor(tmp_path, gpus=2)
+    executor.placement(_submit(store, 1, workers=2, gpus=1))  # fits
+    with pytest.raises(NotPlaceable, match="needs 3 GPUs; this node has 2") as never:
+        executor.placement(_Queued(_spec(workers=3, gpus=1)))  # type: ignore[arg-type]
+    assert never.value.never  # the others pass it, and it waits with its reason
+    assert _executor(tmp_path, gpus=0).gpus == 0
+
+
+@dataclass
+class _Queued:
+    """What placement reads of a queued job: its spec."""
+
+    spec: pb.JobSpec

@@ -1,0 +1,172 @@
+"""The Ray executor on a real, locked Ray cluster of three nodes in network namespaces (needs root, as CI runs).
+
+One cluster and one server serve the whole module (a Ray node takes tens of
+seconds to start on a loaded machine): the control plane runs in the head
+node's namespace as a Ray driver, the tenant's SDK calls it across the bridge.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cantata.sdk import errors
+from cantata.sdk.job import Job
+from cantata.server.executors.ray import RayClusterError, check_locked
+from cantata.server.executors.tokens import write_token
+from tests.platform import Platform, cli
+from tests.raycluster import RayCluster
+from tests.waiting import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+TINY = dict(steps=6, eval_every=3, checkpoint_every=3, batch_size=4, seq_len=16)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = RayCluster(tmp_path_factory.mktemp("ray"))
+    try:
+        c.build_network()
+        yield c
+    finally:
+        c.teardown()
+
+
+@pytest.fixture(scope="module")
+def ray_platform(cluster, tmp_path_factory):
+    """A server on the head node's address, its workers Ray actors on the three nodes."""
+    root = tmp_path_factory.mktemp("ray-platform")
+    p = Platform(
+        root,
+        host=cluster.head.ip,
+        settings={
+            "executor": "ray",
+            "ray_address": cluster.address,
+            "shared_roots": [str(root / "data" / "checkpoints")],  # the namespaces share one file system
+        },
+    )
+    token = p.paths.ray_token
+    write_token(token)
+    for node in cluster.nodes:  # node certificates from the platform CA, through the CLI an operator uses
+        cli("cluster", "node-cert", "--data-dir", str(p.data_dir), "--node-ip", node.ip, "--out", str(node.certs))
+    cluster.start(token)  # the head; the other two join while the server starts
+    p.env.update(cluster.node_env(cluster.head))
+    p.start(prefix=tuple(cluster.head.run()))
+    cluster.wait_nodes()
+    yield p
+    if p.proc is not None:
+        p.stop()
+
+
+@pytest.fixture(scope="module")
+def ray_tenant(ray_platform):
+    with ray_platform.enroll("raytenant", max_gpus=8) as client:
+        yield client
+
+
+def test_the_server_uses_the_cluster_only_once_it_refused_a_client_without_the_token(cluster, ray_platform):
+    # At start the server ran a driver with TLS but no token against the cluster, and went on only because
+    # the cluster answered with its authentication error (check_locked): the proof is in its log.
+    assert f"the Ray cluster at {cluster.address} refused a client without its token" in ray_platform.server_log()
+
+
+def test_the_lock_check_refuses_an_environment_without_token_auth_or_tls(cluster):
+    env = cluster.node_env(cluster.head)
+    with pytest.raises(RayClusterError, match="RAY_AUTH_MODE=token"):
+        check_locked(cluster.address, {**env, "RAY_AUTH_MODE": "disabled"})
+    with pytest.raises(RayClusterError, match="RAY_USE_TLS=1"):
+        check_locked(cluster.address, {k: v for k, v in env.items() if k != "RAY_USE_TLS"})
+
+
+def test_an_allreduce_job_packs_on_one_node_and_succeeds(cluster, ray_tenant):
+    handle = ray_tenant.submit(Job(name="packed", algorithm="allreduce", workers=2, gpus_per_worker=1, **TINY))
+    status = handle.wait()
+    assert status.state == "SUCCEEDED", status.reason
+    placed = [e.message for e in handle.events() if e.message.startswith("placed on ")]
+    assert len(placed) == 1
+    ips = {part.rsplit(": ", 1)[1] for part in placed[0].removeprefix("placed on ").split(", ")}
+    assert len(ips) == 1 and ips <= {n.ip for n in cluster.nodes}, placed
+    # Each worker got a GPU of its own from Ray (the nodes have 2 fake ones): its log, copied back here, says which.
+    devices = {
+        w: line.split("CUDA_VISIBLE_DEVICES=")[1].split(")")[0] for w, line in handle.logs() if "training on" in line
+    }
+    assert set(devices) == {0, 1} and len(set(devices.values())) == 2 and "''" not in devices.values(), devices
+
+
+def test_a_gasloc_job_spreads_over_three_nodes_and_gossips_across_them(cluster, ray_tenant):
+    handle = ray_tenant.submit(Job(name="spread", algorithm="gasloc", workers=3, local_steps=2, **TINY))
+    status = handle.wait()
+    assert status.state == "SUCCEEDED", status.reason
+    events = list(handle.events())
+    placed = [e.message for e in events if e.message.startswith("placed on ")]
+    ips = {part.rsplit(": ", 1)[1] for part in placed[0].removeprefix("placed on ").split(", ")}
+    assert ips == {n.ip for n in cluster.nodes}, placed
+    rounds = [e for e in events if e.kind == "ROUND"]
+    assert any("exchanged with [" in e.message and "exchanged with []" not in e.message for e in rounds), [
+        e.message for e in rounds
+    ]
+
+
+def test_a_job_asking_for_more_gpus_than_the_cluster_has_stays_queued_with_a_reason(ray_tenant):
+    handle = ray_tenant.submit(Job(name="greedy", algorithm="allreduce", workers=4, gpus_per_worker=2, **TINY))
+    reason = _waiting_reason(handle)
+    assert "needs 8 GPUs; the Ray cluster has 6 GPUs" in reason, reason
+    assert handle.status().state == "QUEUED"
+    handle.cancel()
+
+
+def test_a_multi_node_job_with_a_file_store_outside_the_shared_roots_is_refused(ray_platform, ray_tenant):
+    store = ray_platform.tenant_dir("raytenant", "ckpt").as_uri()
+    with pytest.raises(errors.InvalidJob, match="different nodes"):
+        ray_tenant.submit(Job(name="local-store", algorithm="gasloc", workers=3, checkpoint_store=store, **TINY))
+
+
+def test_a_tenant_over_its_gpu_quota_is_refused(ray_tenant):
+    with pytest.raises(errors.QuotaExceeded, match="GPUs"):
+        ray_tenant.submit(Job(name="over", algorithm="allreduce", workers=3, gpus_per_worker=3, **TINY))
+
+
+def _waiting_reason(handle) -> str:
+    for event in handle.events():
+        if event.message.startswith("waiting: "):
+            return event.message
+    raise AssertionError("the job never said why it waits")
+
+
+def test_a_gasloc_job_outlives_a_lost_node_its_worker_placed_again_on_another(cluster, ray_tenant):
+    # Last in the module: the node stays lost. Its raylet and every process in its namespace are killed.
+    handle = ray_tenant.submit(
+        Job(
+            name="node-loss",
+            algorithm="gasloc",
+            workers=3,
+            local_steps=2,
+            **{**TINY, "steps": 300, "eval_every": 100, "checkpoint_every": 50},
+        )
+    )
+    placed = _placement(handle)
+    wait_for(lambda: any(e.kind == "ROUND" and e.step >= 4 for e in _events_so_far(handle)))
+    lost = cluster.nodes[2]
+    victim = next(w for w, ip in placed.items() if ip == lost.ip)
+    cluster.kill_node(lost)
+    status = handle.wait()
+    assert status.state == "SUCCEEDED", status.reason
+    messages = [e.message for e in handle.events()]
+    assert any(f"worker {victim} exited with code -9" in m and "restarting it" in m for m in messages), messages
+    again = [m for m in messages if m.startswith(f"worker {victim} placed on ")]
+    assert again and again[-1].removeprefix(f"worker {victim} placed on ") in {cluster.nodes[0].ip, cluster.nodes[1].ip}
+
+
+def _placement(handle) -> dict[int, str]:
+    """Worker -> node address, from the job's "placed on" event."""
+    for event in handle.events():
+        if event.message.startswith("placed on "):
+            parts = event.message.removeprefix("placed on ").split(", ")
+            return {int(p.split(":")[0].removeprefix("worker ")): p.rsplit(": ", 1)[1] for p in parts}
+    raise AssertionError("the job was never placed")
+
+
+def _events_so_far(handle):
+    from tests.test_server_faults import _events_until_now
+
+    return _events_until_now(handle._client, handle.id)
