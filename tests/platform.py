@@ -69,10 +69,20 @@ def readable(path: Path) -> Path:
 class Platform:
     """Owns one server process; can stop it gracefully, kill it and restart it.
 
-    ``settings`` override fields of the ``server.json`` that ``server init`` wrote.
+    ``settings`` override fields of the ``server.json`` that ``server init`` wrote; ``host`` is the
+    address it listens on (clients on this machine still reach it on loopback); ``init`` adds
+    ``server init`` flags.
     """
 
-    def __init__(self, root: Path, env: dict | None = None, settings: dict | None = None):
+    def __init__(
+        self,
+        root: Path,
+        env: dict | None = None,
+        settings: dict | None = None,
+        *,
+        host: str = "127.0.0.1",
+        init: tuple[str, ...] = (),
+    ):
         self.root = passable(root)
         self.data_dir = root / "data"
         self.home = root / "home"
@@ -89,9 +99,10 @@ class Platform:
             "--data-dir",
             str(self.data_dir),
             "--listen",
-            self.address,
+            self.address.replace("127.0.0.1", host),
             "--enroll-listen",
-            self.enroll_address,
+            self.enroll_address.replace("127.0.0.1", host),
+            *init,
             env=self.env,
         )
         self.ca_pem = (self.data_dir / "ca.pem").read_bytes()
