@@ -66,6 +66,7 @@ from cantata.server.tls import RotatingCredentials
 
 MAX_MESSAGE_BYTES = 4 << 20
 RPC_THREADS = 32  # unary calls and the blocking steps of streams run in this many threads
+ON_STOP = ("leave", "requeue")  # what a stopping server does with running jobs
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +74,12 @@ log = logging.getLogger(__name__)
 class ControlPlane:
     """One server process: ``start()``, then ``stop()`` (also on SIGTERM/SIGINT)."""
 
-    def __init__(self, data_dir: Path, listen: str | None = None):
+    def __init__(self, data_dir: Path, listen: str | None = None, on_stop: str | None = None):
         self.paths = DataDir(Path(data_dir))
         self.settings: ServerSettings = self.paths.load_settings()
+        self.on_stop = on_stop or self.settings.on_stop
+        if self.on_stop not in ON_STOP:
+            raise ValueError(f"on_stop must be one of {', '.join(ON_STOP)}, not {self.on_stop!r}")
         self.listen = listen or self.settings.listen
         self.ca = CertificateAuthority.load(self.paths.ca_cert.read_bytes(), self.paths.ca_key.read_bytes())
         self.database = Database(self.paths.database)
@@ -259,7 +263,8 @@ class ControlPlane:
         return self.port
 
     def stop(self, grace: float = 5.0) -> None:
-        """Graceful stop: refuse new calls, stop jobs (requeued to resume), save state."""
+        """Graceful stop: refuse new calls, save state; leave running jobs to the next server (``on_stop``
+        "leave": an upgrade), or stop them and requeue them to resume from their checkpoints ("requeue")."""
         if self._stopping.is_set():
             return
         self._stopping.set()
@@ -268,13 +273,13 @@ class ControlPlane:
             self._serving.run(self.health.enter_graceful_shutdown())
             self._serving.run(self._enrollment.stop(grace))
             self._serving.run(self._server.stop(grace))
-            self.scheduler.shutdown()
+            self.scheduler.shutdown(leave_jobs=self.on_stop == "leave")
             self.sweeper.shutdown()
             self.retention.shutdown()
         self.refusals.close()  # the counts of open windows, before the log closes
         self._serving.stop()
         try:
-            self.audit.append("server", Action.SERVER_STOPPED)
+            self.audit.append("server", Action.SERVER_STOPPED, details={"jobs": self.on_stop})
         except AuditLogUnavailable:
             log.error("stopping without a server_stopped record: the audit log cannot be written")
         self.audit.close()

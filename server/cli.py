@@ -17,10 +17,14 @@ COMMAND_HELP = {"server": "run a control-plane server", "audit": "prove the audi
 
 
 def cmd_init(args) -> int:
-    from cantata.server.bootstrap import init_data_dir
+    from cantata.server.bootstrap import init_data_dir, parse_advertise
 
     profile = init_data_dir(
-        Path(args.data_dir), listen=args.listen, enroll_listen=args.enroll_listen or "", admin=args.admin
+        Path(args.data_dir),
+        listen=args.listen,
+        enroll_listen=args.enroll_listen or "",
+        admin=args.admin,
+        advertise=parse_advertise(args.advertise) if args.advertise else [],
     )
     print(f"initialised {args.data_dir}: CA at {Path(args.data_dir) / 'ca.pem'}, listening on {args.listen}")
     print(f"admin profile {args.admin!r} written to {profile}")
@@ -36,7 +40,7 @@ def cmd_start(args) -> int:
     logformat.configure(fmt)
     os.environ[LOG_FORMAT_ENV] = fmt  # the workers log in the same format
     os.environ[LEVEL_ENV] = set_third_party_log_level(args.third_party_log_level)  # the workers inherit it
-    plane = ControlPlane(Path(args.data_dir), listen=args.listen)
+    plane = ControlPlane(Path(args.data_dir), listen=args.listen, on_stop=args.on_stop)
     port = plane.start()
     print(f"cantata server listening on port {port} (data dir {args.data_dir})", flush=True)
     plane.serve_forever()
@@ -45,14 +49,18 @@ def cmd_start(args) -> int:
 
 
 def cmd_rotate_cert(args) -> int:
-    from cantata.server.bootstrap import server_names
+    from cantata.server.bootstrap import parse_advertise, server_names
     from cantata.server.config import DataDir
     from cantata.server.tls import rotate_server_certificate
 
     paths = DataDir(Path(args.data_dir))
-    dns, ips = server_names(paths.load_settings().listen)
+    settings = paths.load_settings()
+    if args.advertise is not None:  # recorded, so that the next rotation names the same
+        settings.advertise = parse_advertise(args.advertise) if args.advertise else []
+        paths.save_settings(settings)
+    dns, ips = server_names(settings.listen, settings.advertise)
     serial = rotate_server_certificate(paths, dns, ips)
-    print(f"new server certificate {serial:x}; a running server uses it for new connections")
+    print(f"new server certificate {serial:x} for {', '.join(dns + ips)}; a running server uses it for new connections")
     return 0
 
 
@@ -67,10 +75,23 @@ def register(groups: dict[str, argparse._SubParsersAction]) -> None:
         "--enroll-listen", help="HOST:PORT for enrollment without a client certificate (default: the --listen port + 1)"
     )
     p.add_argument("--admin", default="admin", help="name of the first admin (and its profile)")
+    p.add_argument(
+        "--advertise",
+        metavar="HOST[,IP...]",
+        help="names and addresses clients and nodes reach the server by, put in its certificate "
+        "(besides localhost and a non-wildcard --listen host)",
+    )
     p.set_defaults(func=cmd_init)
     p = server.add_parser("start", help="serve until SIGTERM/SIGINT")
     p.add_argument("--data-dir", required=True)
     p.add_argument("--listen", help="override the address recorded by init")
+    p.add_argument(
+        "--on-stop",
+        choices=["leave", "requeue"],
+        help="on SIGTERM/SIGINT, leave running jobs training for the next server to re-adopt (an upgrade), or "
+        "stop them and queue them again to resume from their checkpoints (default: server.json's on_stop, "
+        "else leave)",
+    )
     p.add_argument(
         "--log-format",
         choices=[f.value for f in LogFormat],
@@ -85,6 +106,12 @@ def register(groups: dict[str, argparse._SubParsersAction]) -> None:
     p.set_defaults(func=cmd_start)
     p = server.add_parser("rotate-cert", help="issue a new server certificate; picked up without a restart")
     p.add_argument("--data-dir", required=True)
+    p.add_argument(
+        "--advertise",
+        metavar="HOST[,IP...]",
+        help="names and addresses clients and nodes reach the server by, put in its certificate "
+        '(default: those recorded by init or the last rotation; "" for none)',
+    )
     p.set_defaults(func=cmd_rotate_cert)
 
 

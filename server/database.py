@@ -141,6 +141,14 @@ CREATE INDEX job_tags_by_tag ON job_tags (tag, job_id);
 ALTER TABLE tenants ADD COLUMN retention_days INTEGER NOT NULL DEFAULT 0;
 """
 
+# restart18: each worker's process start time (clock ticks since boot, /proc/<pid>/stat), so that a restarted
+# server re-adopts a worker by pid and start time and never a process that reused its pid; and the sequence
+# number of the last report applied from it, so that a report sent again after an outage is applied once.
+_V6_WORKER_ADOPTION = """
+ALTER TABLE workers ADD COLUMN started_at INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE workers ADD COLUMN last_seq INTEGER NOT NULL DEFAULT 0;
+"""
+
 # MIGRATIONS[n] takes a database from version n to n + 1. Append; never edit a step that has shipped.
 MIGRATIONS: tuple[str, ...] = (
     _V1_STORE + _V1_DATA_SOURCES,  # 1: the unversioned schema of the store and the data sources, as it was
@@ -148,6 +156,7 @@ MIGRATIONS: tuple[str, ...] = (
     _V3_SPEC_DIGEST,  # 3: jobs.spec_digest
     _V4_ENROLLMENT_AND_RENEWALS,  # 4: tenants.requested_from, certificates.renewed_from
     _V5_TAGS_RETENTION,  # 5: job_tags, tenants.retention_days
+    _V6_WORKER_ADOPTION,  # 6 (restart18): workers.started_at, workers.last_seq
 )
 
 
