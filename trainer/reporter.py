@@ -122,12 +122,18 @@ class Reporter:
             self._pending.append(worker_pb2.WorkerReport(job_id=self._job_id, worker=self._worker, seq=seq, **payload))
             self._changed.notify_all()
 
-    def flush(self) -> None:
-        """Wait until every queued report is delivered; raises :class:`ReportsLost` if one cannot be."""
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued report is delivered (False if ``timeout`` passed first).
+
+        Raises :class:`ReportsLost` if one cannot be delivered.
+        """
         with self._changed:
-            self._changed.wait_for(lambda: self._error is not None or not (self._pending or self._sending))
+            done = self._changed.wait_for(
+                lambda: self._error is not None or not (self._pending or self._sending), timeout
+            )
             if self._error is not None:
                 raise self._error
+            return done
 
     def _send_pending(self) -> None:
         while True:
@@ -248,10 +254,10 @@ class Reporter:
         )
         return dict(reply.peers), reply.round, dict(reply.rounds)
 
-    def close(self) -> None:
-        """Deliver what is queued (as long as ``retry_for`` allows), then stop sending."""
+    def close(self, wait: float | None = None) -> None:
+        """Deliver what is queued (for at most ``wait`` seconds, else as long as ``retry_for`` allows), then stop."""
         with contextlib.suppress(ReportsLost):
-            self.flush()
+            self.flush(wait)
         with self._changed:
             self._closed.set()
             self._changed.notify_all()
