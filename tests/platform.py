@@ -69,8 +69,8 @@ def readable(path: Path) -> Path:
 class Platform:
     """Owns one server process; can stop it gracefully, kill it and restart it.
 
-    ``settings`` override fields of the ``server.json`` that ``server init`` wrote; ``host`` is the
-    address it listens on (clients on this machine still reach it on loopback); ``init`` adds
+    ``settings`` override fields of the ``server.json`` that ``server init`` wrote; ``listen_host`` is
+    the address it listens on (clients on this machine still reach it on loopback); ``init`` adds
     ``server init`` flags.
     """
 
@@ -80,7 +80,7 @@ class Platform:
         env: dict | None = None,
         settings: dict | None = None,
         *,
-        host: str = "127.0.0.1",
+        listen_host: str = "127.0.0.1",
         init: tuple[str, ...] = (),
     ):
         self.root = passable(root)
@@ -99,9 +99,9 @@ class Platform:
             "--data-dir",
             str(self.data_dir),
             "--listen",
-            self.address.replace("127.0.0.1", host),
+            self.address.replace("127.0.0.1", listen_host),
             "--enroll-listen",
-            self.enroll_address.replace("127.0.0.1", host),
+            self.enroll_address.replace("127.0.0.1", listen_host),
             *init,
             env=self.env,
         )

@@ -51,7 +51,7 @@ def netns() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def remote_platform(tmp_path_factory, netns):
     p = Platform(
-        tmp_path_factory.mktemp("advertised"), host="0.0.0.0", init=("--advertise", f"cantata.test,{SERVER_IP}")
+        tmp_path_factory.mktemp("advertised"), listen_host="0.0.0.0", init=("--advertise", f"cantata.test,{SERVER_IP}")
     )
     p.start()
     yield p

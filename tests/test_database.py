@@ -147,8 +147,8 @@ def test_a_version_1_database_migrates_to_failure_counts_and_spec_digests(tmp_pa
 
     db = Database(path)
     assert (
-        db.version == len(MIGRATIONS) == 5
-    )  # through the failures (2), digest (3), enrollment (4) and tags/retention (5) steps
+        db.version == len(MIGRATIONS) == 6
+    )  # through the failures (2), digest (3), enrollment (4), tags/retention (5) and worker adoption (6) steps
     store = Store(db)
     acme = store.tenant("acme")
     assert acme.retention_days == 0  # kept for ever, as before retention existed
@@ -262,7 +262,7 @@ def test_a_version_3_database_gains_request_sources_and_renewal_links(tmp_path: 
     db.close()
 
     db = Database(path)
-    assert db.version == len(MIGRATIONS) == 5
+    assert db.version == len(MIGRATIONS) == 6
     store = Store(db)
     store.add_tenancy_request("new-co", b"csr", "sha256:y", source="203.0.113.7")
     seen: list[tuple[int, int]] = []
