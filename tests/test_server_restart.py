@@ -25,7 +25,7 @@ from tests.platform import Platform
 from tests.test_jobs import _pids_of
 from tests.waiting import wait_for
 
-STEPS = 200
+STEPS = 400  # long enough that a fast machine is still training when the test acts
 JOB = dict(model="gpt-tiny", steps=STEPS, eval_every=100, checkpoint_every=25, batch_size=4, seq_len=16)
 STEP_LINE = re.compile(rb"step (\d+)/\d+ loss")
 
