@@ -19,7 +19,6 @@ import pytest
 
 from cantata.sdk.job import Job
 from cantata.security.audit import Action, read_records, verify
-from cantata.server.launcher import worker_pids
 from cantata.server.process_identity import running, start_time
 from tests.platform import Platform
 from tests.test_jobs import _pids_of
@@ -37,8 +36,7 @@ def platform(tmp_path_factory):
     yield p
     if p.proc is not None:
         p.stop()
-    for pid in worker_pids(f"{p.data_dir / 'jobs'}/"):  # what a failed test left running
-        os.killpg(pid, signal.SIGKILL)
+    p.kill_workers()  # what a test that failed while its server was down left running
 
 
 def _logged_step(platform: Platform, job_id: str) -> int:
@@ -82,7 +80,7 @@ def test_a_job_trains_on_while_its_server_is_down_and_the_restarted_server_adopt
     if how == "sigkill":
         platform.kill()
     else:
-        assert platform.stop() == 0  # on_stop defaults to "leave": an upgrade
+        assert platform.stop(leave_workers=True) == 0  # on_stop defaults to "leave": an upgrade
         stopped = [r for r in read_records(platform.data_dir / "audit") if r.action == Action.SERVER_STOPPED][-1]
         assert stopped.details == {"jobs": "leave"}
     down_at = _logged_step(platform, handle.id)
