@@ -6,6 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 AZURITE := node_modules/.bin/azurite
+CHROMIUM := /usr/bin/chromium
 
 .PHONY: demo test test-fast lint proto proto-check venv clean
 
@@ -20,10 +21,14 @@ $(STAMP): pyproject.toml
 $(AZURITE):
 	npm install --no-save --no-audit --no-fund --silent azurite@3
 
+# The dashboard's browser tests drive Debian's chromium through Playwright (never `playwright install`).
+$(CHROMIUM):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium
+
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh
 
-test: $(STAMP) $(AZURITE)
+test: $(STAMP) $(AZURITE) $(CHROMIUM)
 	$(PY) -m cantata.proto.codegen --check
 	PATH="$(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$$PATH" $(PY) -m pytest -q
 

@@ -590,6 +590,7 @@ COMMANDS = {  # the built-in commands and their help; plugins add to these and a
     "checkpoints": "a job's checkpoints",
     "data": "tenant datasets: data sources, preparing and uploading shards",
     "profile": "client profiles: list them, choose the default",
+    "dashboard": "a one-time link that signs your browser in to the web dashboard",
     "completion": 'print the shell completion script: eval "$(cantata completion bash)"',
 }
 
@@ -821,6 +822,36 @@ def _build_profile(root: argparse._SubParsersAction, groups: dict) -> None:
     p.set_defaults(func=cmd_profile_use)
 
 
+def cmd_dashboard(args) -> int:
+    """``cantata dashboard``: print (and with ``--open``, open) a one-time login link."""
+    with _client(args) as client:
+        login = client.dashboard_login()
+    left = max(0, int((login.expires - dt.datetime.now(dt.UTC)).total_seconds()))
+    _print(
+        args,
+        {"url": login.url, "expires": login.expires.isoformat()},
+        [login.url, f"(single use, valid for {left} s)"],
+    )
+    if args.open:
+        import webbrowser
+
+        if not webbrowser.open(login.url):
+            raise CommandError("no browser could be opened here: open the link above yourself")
+    return 0
+
+
+def _build_dashboard(root: argparse._SubParsersAction, groups: dict) -> None:
+    p = root.add_parser(
+        "dashboard",
+        help=COMMANDS["dashboard"],
+        description="Asks the server (over mutual TLS) for a login link bound to the profile's identity; "
+        "it expires after a minute and works once. The browser then holds a session cookie.",
+    )
+    p.add_argument("--open", action="store_true", help="open the link in the default browser too")
+    _client_flags(p, None)
+    p.set_defaults(func=cmd_dashboard)
+
+
 def _build_completion(root: argparse._SubParsersAction, groups: dict) -> None:
     p = root.add_parser("completion", help=COMMANDS["completion"])
     p.add_argument("shell", choices=["bash", "zsh", "fish", "tcsh", "powershell"])
@@ -834,6 +865,7 @@ BUILDERS = {
     "checkpoints": _build_checkpoints,
     "data": _build_data,
     "profile": _build_profile,
+    "dashboard": _build_dashboard,
     "completion": _build_completion,
 }
 

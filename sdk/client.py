@@ -24,6 +24,8 @@ from cantata.proto.v1 import (
     checkpoints_pb2,
     checkpoints_pb2_grpc,
     common_pb2,
+    dashboard_pb2,
+    dashboard_pb2_grpc,
     datasources_pb2,
     datasources_pb2_grpc,
     jobs_pb2,
@@ -300,6 +302,14 @@ def data_source_request(
     )
 
 
+@dataclass(frozen=True)
+class DashboardLogin:
+    """A login link for the web dashboard: usable once, until ``expires``."""
+
+    url: str
+    expires: dt.datetime
+
+
 def _read(path_or_pem: str | os.PathLike | bytes) -> bytes:
     return path_or_pem if isinstance(path_or_pem, bytes) else Path(path_or_pem).read_bytes()
 
@@ -325,6 +335,7 @@ class Client:
         self._admin = admin_pb2_grpc.AdminStub(self._channel)
         self._audit = audit_pb2_grpc.AuditStub(self._channel)
         self._data_sources = datasources_pb2_grpc.DataSourcesStub(self._channel)
+        self._dashboard = dashboard_pb2_grpc.DashboardStub(self._channel)
 
     @classmethod
     def from_profile(cls, name: str, **kwargs) -> Client:
@@ -588,6 +599,12 @@ class Client:
             request.page_token = reply.next_page_token
             if not request.page_token:
                 return
+
+    # ---- web dashboard ---------------------------------------------------
+    def dashboard_login(self) -> DashboardLogin:
+        """A one-time link that signs a browser in to the web dashboard as this client's principal."""
+        reply = self._call(self._dashboard.CreateDashboardLogin, dashboard_pb2.CreateDashboardLoginRequest())
+        return DashboardLogin(reply.url, reply.expires.ToDatetime(tzinfo=dt.UTC))
 
     # ---- administration ------------------------------------------------
     def tenants(self, status: str = "") -> builtins.list[Tenant]:

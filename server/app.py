@@ -18,6 +18,7 @@ import logging
 import signal
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -26,6 +27,7 @@ from cantata.proto.v1 import (
     admin_pb2_grpc,
     audit_pb2_grpc,
     checkpoints_pb2_grpc,
+    dashboard_pb2_grpc,
     datasources_pb2_grpc,
     jobs_pb2_grpc,
     tenancy_pb2_grpc,
@@ -36,6 +38,7 @@ from cantata.security.pki import CertificateAuthority
 from cantata.server.auth import AuthInterceptor, Gatekeeper, request_id
 from cantata.server.broadcast import EventBroadcast
 from cantata.server.config import DataDir, ServerSettings, enrollment_limits
+from cantata.server.dashboard.signin import Session, SignIn
 from cantata.server.database import Database
 from cantata.server.datasource_store import DataSourceStore
 from cantata.server.deletion import JobDeletion, RetentionSweeper
@@ -54,6 +57,7 @@ from cantata.server.secrets_broker import SecretsBroker
 from cantata.server.services.admin import AdminService
 from cantata.server.services.audit import AuditService
 from cantata.server.services.checkpoints import CheckpointsService
+from cantata.server.services.dashboard import DashboardService
 from cantata.server.services.datasources import DataSourcesService
 from cantata.server.services.jobs import JobsService
 from cantata.server.services.tenancy import TenancyService
@@ -63,6 +67,9 @@ from cantata.server.store import Store
 from cantata.server.streams import StreamCounter
 from cantata.server.sweeper import OrphanSweeper
 from cantata.server.tls import RotatingCredentials
+
+if TYPE_CHECKING:
+    from cantata.server.dashboard.serving import DashboardServer
 
 MAX_MESSAGE_BYTES = 4 << 20
 RPC_THREADS = 32  # unary calls and the blocking steps of streams run in this many threads
@@ -99,6 +106,13 @@ class ControlPlane:
         self._server: grpc.aio.Server | None = None
         self.streams = StreamCounter(self.settings.max_streams_per_principal)
         self._serving = ServingLoop(RPC_THREADS, "rpc")
+        self.signin = (
+            SignIn(self.settings.dashboard_link_seconds, self.settings.dashboard_session_hours * 3600)
+            if self.settings.dashboard_listen
+            else None
+        )
+        self._dashboard: DashboardServer | None = None
+        self.dashboard_port: int | None = None
 
     def _grpc_server(self, gatekeeper: Gatekeeper) -> grpc.aio.Server:
         return self._serving.server(
@@ -243,6 +257,10 @@ class ControlPlane:
             DataSourcesService(self.data_sources, self.recorder.append), server
         )
         audit_pb2_grpc.add_AuditServicer_to_server(AuditService(self.paths.audit, self.audit.checkpoint), server)
+        dashboard_url = self._start_dashboard()
+        dashboard_pb2_grpc.add_DashboardServicer_to_server(
+            DashboardService(self.signin, dashboard_url, self.recorder), server
+        )
         self.health = HealthService()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, enrollment)
@@ -262,6 +280,38 @@ class ControlPlane:
         )
         return self.port
 
+    def _start_dashboard(self) -> str:
+        """Serve the web dashboard if ``dashboard_listen`` is set; returns its base URL ("" when there is none)."""
+        if self.signin is None:
+            return ""
+        from cantata.server.dashboard.app import Dashboard
+        from cantata.server.dashboard.series import EventSeries
+        from cantata.server.dashboard.serving import DashboardServer, public_url
+        from cantata.server.dashboard.views import Views
+
+        def allowed(session: Session) -> bool:
+            """A session lasts while its certificate is not revoked and its tenant is approved."""
+            who = session.principal
+            return not self.store.is_revoked(session.serial) and (
+                who.role != "tenant" or self.store.tenant_status(who.name) == "APPROVED"
+            )
+
+        dashboard = Dashboard(
+            self.signin,
+            Views(self.store, self.paths.audit, self.audit.checkpoint),
+            EventSeries(self.store, self.broadcast),
+            self.refusals.append,  # the recorder, counting anonymous refusals (unknown login links) per address
+            allowed,
+            self.streams,
+        )
+        server = DashboardServer(
+            dashboard.app, self.settings.dashboard_listen, self.paths.server_cert, self.paths.server_key
+        )
+        self.dashboard_port = server.start(self._serving.loop)
+        self._dashboard = server
+        log.info("dashboard on port %d", self.dashboard_port)
+        return public_url(self.settings.dashboard_listen, self.dashboard_port, self.settings.dashboard_url)
+
     def stop(self, grace: float = 5.0) -> None:
         """Graceful stop: refuse new calls, save state; leave running jobs to the next server (``on_stop``
         "leave": an upgrade), or stop them and requeue them to resume from their checkpoints ("requeue")."""
@@ -269,6 +319,8 @@ class ControlPlane:
             return
         self._stopping.set()
         log.info("stopping: refusing new calls, %.0f s for those in flight", grace)
+        if self._dashboard is not None:
+            self._dashboard.stop()
         if self._server is not None:
             self._serving.run(self.health.enter_graceful_shutdown())
             self._serving.run(self._enrollment.stop(grace))

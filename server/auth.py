@@ -65,6 +65,7 @@ RULES: dict[str, frozenset[str]] = {
     "/cantata.v1.DataSources/RegisterDataSource": frozenset({TENANT}),
     "/cantata.v1.DataSources/ListDataSources": frozenset({TENANT}),
     "/cantata.v1.DataSources/DeleteDataSource": frozenset({TENANT}),
+    "/cantata.v1.Dashboard/CreateDashboardLogin": frozenset({ADMIN, TENANT}),
     "/grpc.health.v1.Health/Check": frozenset({PUBLIC}),
     "/grpc.health.v1.Health/Watch": frozenset({PUBLIC}),
     "/grpc.health.v1.Health/List": frozenset({PUBLIC}),

@@ -75,7 +75,13 @@ def write_profile(name: str, address: str, enroll_address: str, ca_pem: bytes, c
 
 
 def init_data_dir(
-    root: Path, *, listen: str, enroll_listen: str = "", admin: str = "admin", advertise: Sequence[str] = ()
+    root: Path,
+    *,
+    listen: str,
+    enroll_listen: str = "",
+    admin: str = "admin",
+    dashboard_listen: str = "",
+    advertise: Sequence[str] = (),
 ) -> Path:
     """Create a new data directory; refuse to overwrite an existing one."""
     paths = DataDir(root)
@@ -84,7 +90,10 @@ def init_data_dir(
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o700)
     settings = ServerSettings(
-        listen=listen, enroll_listen=enroll_listen or enrollment_address(listen), advertise=list(advertise)
+        listen=listen,
+        enroll_listen=enroll_listen or enrollment_address(listen),
+        dashboard_listen=dashboard_listen,
+        advertise=list(advertise),
     )
 
     ca = CertificateAuthority.create()

@@ -24,6 +24,7 @@ def cmd_init(args) -> int:
         listen=args.listen,
         enroll_listen=args.enroll_listen or "",
         admin=args.admin,
+        dashboard_listen=args.dashboard_listen or "",
         advertise=parse_advertise(args.advertise) if args.advertise else [],
     )
     print(f"initialised {args.data_dir}: CA at {Path(args.data_dir) / 'ca.pem'}, listening on {args.listen}")
@@ -75,6 +76,7 @@ def register(groups: dict[str, argparse._SubParsersAction]) -> None:
         "--enroll-listen", help="HOST:PORT for enrollment without a client certificate (default: the --listen port + 1)"
     )
     p.add_argument("--admin", default="admin", help="name of the first admin (and its profile)")
+    p.add_argument("--dashboard-listen", help="HOST:PORT for the read-only web dashboard over HTTPS (default: none)")
     p.add_argument(
         "--advertise",
         metavar="HOST[,IP...]",

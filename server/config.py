@@ -70,6 +70,10 @@ class ServerSettings:
     worker_uid_count: int = 1000
     node_memory_mib: int = 0  # memory for workers on this node (0: the machine's); bigger jobs are refused
     worker_memory_mib: int = 0  # a worker's memory limit past its loaded size (0: twice its estimate + 1 GiB)
+    dashboard_listen: str = ""  # HOST:PORT of the read-only web dashboard (HTTPS); empty: no dashboard
+    dashboard_url: str = ""  # its address in login links (default: https:// and the dashboard_listen address)
+    dashboard_link_seconds: float = 60.0  # a login link works once, for this long
+    dashboard_session_hours: float = 8.0  # a browser's session lasts this long (a restart also ends it)
 
 
 def enrollment_limits(settings: ServerSettings) -> EnrollmentLimits:

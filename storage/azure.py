@@ -160,11 +160,13 @@ class AzureBlobStore(BlobStore):
             downloader = self._container.download_blob(name)
         return ChunkReader(_translated_chunks(downloader.chunks(), f"{name!r} in {self.uri}"))
 
-    def list(self, prefix: str = "") -> list[str]:
+    def sizes(self, prefix: str = "") -> dict[str, int]:
         full_prefix = self._prefix + validate_prefix(prefix)
         with _translated_errors(f"listing {full_prefix!r} in {self.uri}"):
-            names = [blob.name for blob in self._container.list_blobs(name_starts_with=full_prefix)]
-        return sorted(name[len(self._prefix) :] for name in names)
+            return {
+                blob.name[len(self._prefix) :]: blob.size
+                for blob in self._container.list_blobs(name_starts_with=full_prefix)
+            }
 
     def delete(self, key: str) -> None:
         name = self.blob_name(key)

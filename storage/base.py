@@ -181,8 +181,12 @@ class BlobStore(ABC):
         """Open the object under ``key`` for streaming reads (:class:`BlobNotFoundError` if absent)."""
 
     @abstractmethod
+    def sizes(self, prefix: str = "") -> dict[str, int]:
+        """The byte size of every committed object whose key starts with ``prefix``, by key (one listing)."""
+
     def list(self, prefix: str = "") -> list[str]:
         """Return the sorted keys of committed objects that start with ``prefix``."""
+        return sorted(self.sizes(prefix))
 
     @abstractmethod
     def delete(self, key: str) -> None:

@@ -77,20 +77,23 @@ class LocalStore(BlobStore):
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise BlobNotFoundError(f"no object {key!r} in {self.uri}") from None
 
-    def list(self, prefix: str = "") -> list[str]:
+    def sizes(self, prefix: str = "") -> dict[str, int]:
         validate_prefix(prefix)
         start = self._root / prefix.rpartition("/")[0]
         if not Path(os.path.realpath(start)).is_relative_to(self._root):
             raise InvalidBlobKeyError(f"prefix {prefix!r} resolves outside the store root")
-        keys = []
+        sizes = {}
         for directory, subdirs, files in os.walk(start):
             relative = Path(directory).relative_to(self._root).as_posix()
             subdirs[:] = [d for d in subdirs if not d.startswith(".")]
             for name in (f for f in files if not f.startswith(".")):
                 key = name if relative == "." else f"{relative}/{name}"
                 if key.startswith(prefix):
-                    keys.append(key)
-        return sorted(keys)
+                    try:
+                        sizes[key] = os.stat(os.path.join(directory, name)).st_size
+                    except FileNotFoundError:  # deleted since the walk listed it
+                        continue
+        return sizes
 
     def delete(self, key: str) -> None:
         path = self._path(key)

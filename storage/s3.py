@@ -153,14 +153,16 @@ class S3Store(BlobStore):
         response = self._call(f"reading {name!r}", lambda: self._client.get_object(Bucket=self._bucket, Key=name))
         return _S3Reader(response["Body"], name)
 
-    def list(self, prefix: str = "") -> list[str]:
+    def sizes(self, prefix: str = "") -> dict[str, int]:
         full_prefix = self._prefix + validate_prefix(prefix)
 
-        def listed() -> list[str]:
+        def listed() -> dict[str, int]:
             pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self._bucket, Prefix=full_prefix)
-            return [item["Key"][len(self._prefix) :] for page in pages for item in page.get("Contents", ())]
+            return {
+                item["Key"][len(self._prefix) :]: item["Size"] for page in pages for item in page.get("Contents", ())
+            }
 
-        return sorted(self._call(f"listing {full_prefix!r}", listed))
+        return self._call(f"listing {full_prefix!r}", listed)
 
     def delete(self, key: str) -> None:
         name = self.object_name(key)

@@ -8,13 +8,31 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from cantata.proto.v1 import admin_pb2, audit_pb2, checkpoints_pb2, datasources_pb2, jobs_pb2, tenancy_pb2, worker_pb2
+from cantata.proto.v1 import (
+    admin_pb2,
+    audit_pb2,
+    checkpoints_pb2,
+    dashboard_pb2,
+    datasources_pb2,
+    jobs_pb2,
+    tenancy_pb2,
+    worker_pb2,
+)
 from cantata.sdk import errors
 from cantata.sdk.job import Job
 from cantata.security.pki import CertificateAuthority, Principal
 from cantata.server.auth import PUBLIC, RULES
 
-SERVICE_MODULES = (tenancy_pb2, admin_pb2, jobs_pb2, checkpoints_pb2, worker_pb2, audit_pb2, datasources_pb2)
+SERVICE_MODULES = (
+    tenancy_pb2,
+    admin_pb2,
+    jobs_pb2,
+    checkpoints_pb2,
+    worker_pb2,
+    audit_pb2,
+    datasources_pb2,
+    dashboard_pb2,
+)
 
 
 def all_methods() -> list[tuple[str, bool]]:

@@ -200,6 +200,29 @@ def test_a_job_trains_from_encrypted_shards_on_azure(tenant, shards, azurite_ser
     assert "SealedShardError: encrypted shard" in status.reason and container in status.reason
 
 
+def test_an_s3_dataset_too_small_for_validation_fails_at_start_without_fetching_an_object(
+    platform, tenant, small_shards, moto_service
+):
+    """40 shards of 1,000 tokens hold 40 x 4 validation windows of 17 tokens; 80 batches of 4 need 320."""
+    dataset = _s3_source(tenant, small_shards, moto_service, "too-small")
+    _moto_recorder(moto_service, "reset-recording")
+    _moto_recorder(moto_service, "start-recording")
+    try:
+        status = tenant.submit(
+            Job(
+                name="too-small", dataset=dataset, model="gpt-tiny", steps=60, batch_size=4, seq_len=16, eval_batches=80
+            )
+        ).wait()
+    finally:
+        _moto_recorder(moto_service, "stop-recording")
+    assert status.state == "FAILED" and status.step == 0
+    assert "too small for the job's validation: it holds at most 160 validation windows" in status.reason
+    assert "eval_batches=80 x batch_size=4 needs 320" in status.reason
+    recorded = [json.loads(line) for line in _moto_recorder(moto_service, "download-recording").splitlines() if line]
+    fetched = [r["url"] for r in recorded if r["method"] == "GET" and urlsplit(r["url"]).path.endswith(".tok")]
+    assert fetched == []  # the listing's sizes were enough
+
+
 def test_a_dataset_must_name_a_data_source_of_the_tenant(platform, tenant):
     with pytest.raises(InvalidJob, match="names no data source"):
         tenant.submit(Job(name="ambient", dataset="s3://bucket/prefix", **QUICK))

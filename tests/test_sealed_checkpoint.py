@@ -394,8 +394,8 @@ class FailingStore(BlobStore):
     def get(self, key: str):
         return self.inner.get(key)
 
-    def list(self, prefix: str = "") -> list[str]:
-        return self.inner.list(prefix)
+    def sizes(self, prefix: str = "") -> dict[str, int]:
+        return self.inner.sizes(prefix)
 
     def delete(self, key: str) -> None:
         self.inner.delete(key)

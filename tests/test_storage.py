@@ -62,6 +62,14 @@ def test_list_by_prefix_and_delete(blob_store: BlobStore) -> None:
     assert blob_store.list("t/j/") == ["t/j/2"]
 
 
+def test_sizes_come_with_the_listing(blob_store: BlobStore) -> None:
+    blob_store.put("s/empty", b"")
+    blob_store.put("s/three", b"abc")
+    blob_store.put("s/big", bytes(70_000))
+    blob_store.put("other", b"x")
+    assert blob_store.sizes("s/") == {"s/empty": 0, "s/three": 3, "s/big": 70_000}
+
+
 def test_missing_object(blob_store: BlobStore) -> None:
     with pytest.raises(BlobNotFoundError):
         blob_store.get("nothing/here")

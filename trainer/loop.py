@@ -22,7 +22,7 @@ import torch.distributed as dist
 from cantata.proto.vocabulary import LrSchedule
 from cantata.trainer.checkpoint import JobCheckpoints
 from cantata.trainer.config import WorkerConfig
-from cantata.trainer.data import DataError, DataEvent, Feed, Utf8Policy, open_feed
+from cantata.trainer.data import DataEvent, Feed, Utf8Policy, open_feed
 from cantata.trainer.model import GPT, build_model
 from cantata.trainer.optim import build_optimizer
 from cantata.trainer.reporter import Reporter
@@ -61,7 +61,7 @@ class Schedule:
 
 
 log = logging.getLogger("cantata.worker")
-LOCAL_DATASETS = ("builtin:", "file://")  # datasets whose validation split is checked when the job starts
+LOCAL_DATASETS = ("builtin:", "file://")  # datasets whose validation split is read when the job starts
 
 
 def note(event: str, message: str, *, level: int = logging.INFO, **fields: object) -> None:
@@ -80,8 +80,10 @@ def evaluate(model: GPT, feed: Feed, batches: int) -> float:
 def job_feed(cfg: WorkerConfig, reporter: Reporter, seq_len: int, *, rank: int, world: int) -> Feed:
     """This worker's data feed; the lead relays first-pass progress, every worker its warnings.
 
-    The validation split of a built-in or ``file://`` dataset is read at once: one too small for
-    ``eval_batches`` fails the job now (a ``DataError``, permanent) instead of at its first evaluation.
+    A dataset too small for ``eval_batches`` fails the job now (a ``DataError``, permanent) instead
+    of at its first evaluation: a built-in or ``file://`` dataset's validation split is read at once;
+    an S3 or Azure one is checked from its listing (objects' sizes), so nothing is fetched twice, and
+    the first evaluation catches the rest (text that is skipped, say).
     """
 
     def relay(event: DataEvent) -> None:
@@ -106,23 +108,12 @@ def job_feed(cfg: WorkerConfig, reporter: Reporter, seq_len: int, *, rank: int, 
         utf8_policy=Utf8Policy(spec.on_bad_utf8 or "skip"),
         on_event=relay,
     )
-    if not spec.dataset.startswith(LOCAL_DATASETS):
-        return feed  # S3 and Azure: reading the split now would fetch objects again; checked at the first evaluation
     try:
-        check_validation_split(feed, spec.eval_batches)
+        feed.check_validation(spec.eval_batches, fetch=spec.dataset.startswith(LOCAL_DATASETS))
     except BaseException:
         feed.close()
         raise
     return feed
-
-
-def check_validation_split(feed: Feed, eval_batches: int) -> None:
-    """Read the validation batches now; a dataset without training windows at all says so first."""
-    try:
-        feed.validation(eval_batches)
-    except DataError:
-        feed.next_batch()  # raises the loader's own error for a dataset with no training window
-        raise
 
 
 def train_step(model: GPT, optimizer, feed: Feed, step: int, lr: float, *, accumulate: int, trace: bool) -> float:

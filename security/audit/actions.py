@@ -19,6 +19,8 @@ class Action(StrEnum):
     CERTIFICATE_REVOKED = "certificate_revoked"
     QUOTA_CHANGED = "quota_changed"
     RETENTION_CHANGED = "retention_changed"
+    DASHBOARD_LINK_ISSUED = "dashboard_link_issued"  # a one-time login link for the web dashboard
+    DASHBOARD_LOGIN = "dashboard_login"  # a login link redeemed (ok) or refused: unknown, expired or used
     # authentication and authorization refusals
     AUTH_FAILED = "auth_failed"
     AUTHZ_DENIED = "authz_denied"

@@ -101,13 +101,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         elif kind == "round":
             r = request.round
             self._store.set_round(job.id, request.worker, r.round)
-            skipped = f", skipped {list(r.skipped)}" if r.skipped else ""
-            event = jobs_pb2.JobEvent(
-                kind=jobs_pb2.ROUND,
-                step=r.round,
-                message=f"round {r.round}: exchanged with {list(r.peers)}{skipped}; inner steps: {r.inner_steps}, "
-                f"exchange {r.seconds:.2f} s (deadline {r.deadline_s:.1f} s), sent so far: {r.bytes_sent} bytes",
-            )
+            event = jobs_pb2.JobEvent(kind=jobs_pb2.ROUND, step=r.round, message=round_text(r))
         elif kind == "anomaly":
             event = self._anomaly(me, job, request.worker, request.anomaly)
         elif kind == "refused":
@@ -182,6 +176,15 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                         details={"principal": peer.uri, "reason": "quarantined for gradient anomalies"},
                     )
         return jobs_pb2.JobEvent(kind=jobs_pb2.ANOMALY, step=a.round, message=text)
+
+
+def round_text(r: worker_pb2.Round) -> str:
+    """A ``ROUND`` event's text (the dashboard reads its peers and exchange time back: ``dashboard/views.py``)."""
+    skipped = f", skipped {list(r.skipped)}" if r.skipped else ""
+    return (
+        f"round {r.round}: exchanged with {list(r.peers)}{skipped}; inner steps: {r.inner_steps}, "
+        f"exchange {r.seconds:.2f} s (deadline {r.deadline_s:.1f} s), sent so far: {r.bytes_sent} bytes"
+    )
 
 
 def _check_ranges(report: worker_pb2.WorkerReport, processes: int) -> None:

@@ -45,6 +45,13 @@ class Feed(Protocol):
 
     def validation(self, count: int) -> list[Batch]: ...
 
+    def check_validation(self, count: int, *, fetch: bool) -> None:
+        """Raise a ``DataError`` now if ``count`` validation batches cannot be read.
+
+        With ``fetch`` the batches are read (and kept); without, only what the
+        listing shows is used, so no object is fetched twice.
+        """
+
     def state_dict(self) -> dict: ...
 
     def load_state_dict(self, state: dict) -> None: ...
@@ -71,6 +78,9 @@ class CorpusFeed:
 
     def validation(self, count: int) -> list[Batch]:
         return [self._val.batch(i) for i in range(count)]
+
+    def check_validation(self, count: int, *, fetch: bool) -> None:
+        self.validation(count)
 
     def state_dict(self) -> dict:
         return {"dataset": BUILTIN_PYSTDLIB, "batches": self._drawn}
@@ -102,6 +112,16 @@ class StreamFeed:
 
     def validation(self, count: int) -> list[Batch]:
         return self._validation.batches(count, self._warn)
+
+    def check_validation(self, count: int, *, fetch: bool) -> None:
+        self._validation.check_capacity(count)
+        if not fetch:
+            return
+        try:
+            self.validation(count)
+        except DataError:
+            self.next_batch()  # raises the loader's own error for a dataset with no training window
+            raise
 
     def state_dict(self) -> dict:
         return self._loader.state_dict()

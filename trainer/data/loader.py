@@ -354,6 +354,23 @@ class ValidationSet:
         self.dataset, self.batch_size, self.seq_len, self.val_fraction = dataset, batch_size, seq_len, val_fraction
         self._batches: list[Batch] = []
 
+    def check_capacity(self, count: int) -> None:
+        """Raise the error :meth:`batches` would, when the objects' listed sizes alone show it (nothing is fetched)."""
+        bound = sum(
+            window_split(self.dataset.max_tokens(obj), self.seq_len, self.val_fraction)[1]
+            for obj in self.dataset.objects
+        )
+        if bound < count * self.batch_size:
+            raise self._too_small(f"at most {bound}", count)
+
+    def _too_small(self, windows: str, count: int) -> DataError:
+        return DataError(
+            f"dataset {self.dataset.uri} is too small for the job's validation: it holds {windows} validation "
+            f"windows of {self.seq_len + 1} tokens (the last {self.val_fraction:.0%} of each object), and "
+            f"eval_batches={count} x batch_size={self.batch_size} needs {count * self.batch_size}; add data, or "
+            "lower eval_batches, batch_size or seq_len"
+        )
+
     def batches(self, count: int, on_warning: Callable[[str], None] = lambda message: None) -> list[Batch]:
         """The first ``count`` validation batches (read once, then kept)."""
         if len(self._batches) >= count:
@@ -373,12 +390,7 @@ class ValidationSet:
             if filled == total:
                 break
         if filled < total:
-            raise DataError(
-                f"dataset {self.dataset.uri} is too small for the job's validation: it holds {filled} validation "
-                f"windows of {self.seq_len + 1} tokens (the last {self.val_fraction:.0%} of each object), and "
-                f"eval_batches={count} x batch_size={self.batch_size} needs {total}; add data, or lower eval_batches, "
-                "batch_size or seq_len"
-            )
+            raise self._too_small(str(filled), count)
         self._batches = [
             _batch(rows[i : i + self.batch_size], ids[i : i + self.batch_size])
             for i in range(0, total, self.batch_size)

@@ -35,6 +35,7 @@ HEADER = struct.Struct("<4sBBHQII")
 HEADER_SIZE = HEADER.size
 DTYPES: dict[str, np.dtype] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 _BY_WIDTH = {dtype.itemsize: dtype for dtype in DTYPES.values()}
+MIN_TOKEN_WIDTH = min(_BY_WIDTH)  # bytes a token takes in the narrowest shard
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,8 @@ from cantata.trainer.data.errors import (
     DatasetURIError,
 )
 from cantata.trainer.data.sealing import SEALED_SUFFIX, DatasetKey, unseal
-from cantata.trainer.data.shards import SHARD_SUFFIX, decode_shard
+from cantata.trainer.data.shards import HEADER_SIZE as SHARD_HEADER_SIZE
+from cantata.trainer.data.shards import MIN_TOKEN_WIDTH, SHARD_SUFFIX, decode_shard
 from cantata.trainer.data.text import TEXT_SUFFIXES, Utf8Policy, tokenize_object
 
 BUILTIN_PYSTDLIB = "builtin:pystdlib"
@@ -168,6 +169,7 @@ class SourceCredentials:
 class DataObject:
     key: str
     kind: ObjectKind
+    size: int  # bytes, as listed (before decryption and tokenization)
 
 
 class ObjectSource(Protocol):
@@ -175,7 +177,7 @@ class ObjectSource(Protocol):
 
     uri: str
 
-    def keys(self) -> list[str]: ...
+    def sizes(self) -> dict[str, int]: ...
 
     def read(self, key: str) -> bytes: ...
 
@@ -192,16 +194,17 @@ class LocalDirectory:
         if not root.is_dir():
             raise DatasetNotFoundError(f"dataset {uri}: directory {root} does not exist")
 
-    def keys(self) -> list[str]:
-        keys = []
+    def sizes(self) -> dict[str, int]:
+        sizes = {}
         for directory, subdirs, files in os.walk(self.root):
             base = Path(directory)
             for name in subdirs + files:
                 if (base / name).is_symlink():
                     raise DatasetPathError(f"dataset {self.uri}: {base / name} is a symbolic link")
             subdirs[:] = sorted(d for d in subdirs if d not in self._skip_dirs and not d.startswith("."))
-            keys += [(base / f).relative_to(self.root).as_posix() for f in files if not f.startswith(".")]
-        return sorted(keys)
+            for name in (f for f in files if not f.startswith(".")):
+                sizes[(base / name).relative_to(self.root).as_posix()] = (base / name).lstat().st_size
+        return sizes
 
     def read(self, key: str) -> bytes:
         path = self.root / key
@@ -222,9 +225,9 @@ class StoreObjects:
     def __init__(self, store: BlobStore) -> None:
         self.store, self.uri = store, store.uri
 
-    def keys(self) -> list[str]:
+    def sizes(self) -> dict[str, int]:
         with translated_store_errors(f"listing {self.uri}"):
-            return self.store.list()
+            return self.store.sizes()
 
     def read(self, key: str) -> bytes:
         with translated_store_errors(f"reading {self.uri}{key}"):
@@ -295,7 +298,8 @@ class Dataset:
         self._text_suffixes = text_suffixes
         self._dataset_key = dataset_key
         self._utf8_policy = utf8_policy
-        self.objects = [obj for obj in map(self._classify, objects.keys()) if obj is not None]
+        listed = objects.sizes()
+        self.objects = [obj for obj in (self._classify(key, listed[key]) for key in sorted(listed)) if obj is not None]
         if not self.objects:
             suffixes = ", ".join(
                 ("*" + SHARD_SUFFIX, "*" + SHARD_SUFFIX + SEALED_SUFFIX, *("*" + s for s in text_suffixes))
@@ -304,14 +308,24 @@ class Dataset:
         if dataset_key is None and any(obj.kind is ObjectKind.SEALED_SHARD for obj in self.objects):
             raise DataError(f"dataset {uri} holds encrypted shards but no dataset key was given")
 
-    def _classify(self, key: str) -> DataObject | None:
+    def _classify(self, key: str, size: int) -> DataObject | None:
         if key.endswith(SHARD_SUFFIX + SEALED_SUFFIX):
-            return DataObject(key, ObjectKind.SEALED_SHARD)
+            return DataObject(key, ObjectKind.SEALED_SHARD, size)
         if key.endswith(SHARD_SUFFIX):
-            return DataObject(key, ObjectKind.SHARD)
+            return DataObject(key, ObjectKind.SHARD, size)
         if key.endswith(self._text_suffixes):
-            return DataObject(key, ObjectKind.TEXT)
+            return DataObject(key, ObjectKind.TEXT, size)
         return None
+
+    def max_tokens(self, obj: DataObject) -> int:
+        """An upper bound on ``obj``'s tokens from its listed size alone (exact for an unsealed ``uint16`` shard).
+
+        A shard stores at least two bytes a token after its header (a sealed one adds
+        its own overhead); text yields at most one token a byte.
+        """
+        if obj.kind is ObjectKind.TEXT:
+            return obj.size
+        return max(0, obj.size - SHARD_HEADER_SIZE) // MIN_TOKEN_WIDTH
 
     def location(self, obj: DataObject) -> str:
         return f"{self._objects.uri.rstrip('/')}/{obj.key}"

@@ -1,0 +1,202 @@
+"""The web dashboard in a real headless Chromium (Debian's ``chromium``, driven by Playwright).
+
+One server with the dashboard on, two tenants, and one real training job of
+``acme``'s shared by the module. The browser signs in with links from the real
+CLI and SDK, watches the job's chart grow from server-sent events (waiting on
+the page's DOM, never a sleep), is refused another tenant's job, a used link
+and an expired one, and renders a job name full of markup as text. The
+browser trusts the test server's certificate by its public key
+(``--ignore-certificate-errors-spki-list``), not by ignoring TLS errors.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from playwright.sync_api import expect, sync_playwright
+
+from cantata.sdk import Job
+from tests.platform import Platform, cli, free_port
+from tests.waiting import wait_for
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's package (make test installs it); Playwright downloads nothing
+LINK_SECONDS = 20  # the test server's login links; the expired-link test waits this long at most
+XSS_NAME = 'tiny-gpt <img src=x onerror="window.__xss=1"><script>window.__xss=2</script>&amp;'
+# The README's screenshot: CANTATA_DASHBOARD_SCREENSHOT=docs/images/dashboard-job.png pytest tests/test_dashboard.py
+# (it was taken with steps=100); otherwise the test saves it under its temp dir and the checkout is untouched.
+SCREENSHOT_ENV = "CANTATA_DASHBOARD_SCREENSHOT"
+JOB = dict(model="gpt-tiny", steps=40, eval_every=20, checkpoint_every=20, batch_size=8, seq_len=32)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    platform = Platform(
+        tmp_path_factory.mktemp("dashboard"),
+        settings={"dashboard_listen": f"127.0.0.1:{free_port()}", "dashboard_link_seconds": LINK_SECONDS},
+    )
+    platform.start()
+    yield platform
+    platform.stop()
+
+
+@pytest.fixture(scope="module")
+def acme(server):
+    with server.enroll("acme") as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def rival(server):
+    with server.enroll("rival") as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def expired_link(acme):
+    """A link asked for before anything else, so that it has expired by the last test."""
+    return acme.dashboard_login()
+
+
+@pytest.fixture(scope="module")
+def job(acme, expired_link):
+    return acme.submit(Job(name=XSS_NAME, tags=["nightly"], **JOB))
+
+
+def _spki_pin(certificate_pem: bytes) -> str:
+    spki = (
+        x509.load_pem_x509_certificate(certificate_pem)
+        .public_key()
+        .public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    return base64.b64encode(hashlib.sha256(spki).digest()).decode()
+
+
+@pytest.fixture(scope="module")
+def browser(server, tmp_path_factory):
+    pin = _spki_pin((server.data_dir / "server.pem").read_bytes())
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                f"--ignore-certificate-errors-spki-list={pin}",
+            ],
+        )
+        yield chromium
+        chromium.close()
+
+
+def _signed_in(browser, url: str):
+    """A fresh browser context (its own cookies) that redeemed ``url``; returns (context, page)."""
+    context = browser.new_context(viewport={"width": 1200, "height": 1000})
+    page = context.new_page()
+    response = page.goto(url)
+    assert response is not None and response.ok, response and response.status
+    return context, page
+
+
+def test_login_link_then_live_chart_and_escaped_name(server, acme, job, browser, tmp_path):
+    reply = json.loads(cli("dashboard", "--profile", "acme", "--json", env=server.env).stdout)
+    assert reply["url"].startswith("https://127.0.0.1:") and "/login/" in reply["url"]
+    context, page = _signed_in(browser, reply["url"])
+    console: list[str] = []
+    page.on("console", lambda message: console.append(message.text))
+    assert page.url.endswith("/")  # redirected from the login link to the job list
+    cookie = next(c for c in context.cookies() if c["name"] == "__Host-cantata_session")
+    assert cookie["httpOnly"] and cookie["secure"] and cookie["sameSite"] == "Strict"
+    assert page.locator("#jobs td.name").first.text_content() == XSS_NAME  # shown as text, not markup
+
+    wait_for(lambda: acme.get(job.id).state in ("RUNNING", "SUCCEEDED"))
+    response = page.goto(f"{reply['url'].split('/login/')[0]}/jobs/{job.id}")
+    assert response is not None and response.status == 200
+    headers = response.headers
+    assert "script-src 'self'" in headers["content-security-policy"]
+    assert "frame-ancestors 'none'" in headers["content-security-policy"]
+    assert headers["x-frame-options"] == "DENY" and headers["cache-control"] == "no-store"
+    # The chart grows: a first batch, then more pushed while the job runs, to its end. (The page's CSP
+    # forbids eval, so the waits are on attributes through selectors, with no timeout but the test's.)
+    chart = page.locator("#chart")
+    expect(chart).not_to_have_attribute("data-points", "0", timeout=0)
+    first = int(chart.get_attribute("data-points"))
+    page.locator("#chart[data-ended='true']").wait_for(timeout=0)
+    assert int(chart.get_attribute("data-points")) > first
+    assert page.locator("#state").text_content() == "SUCCEEDED"
+    assert len(page.locator("#line-loss").get_attribute("points").split()) == JOB["steps"]  # one report a step
+    assert len(page.locator("#line-val_loss").get_attribute("points").split()) == 2
+
+    page.reload()  # the events and checkpoints tables are rendered on the server: the ended job's
+    page.locator("#chart[data-ended='true']").wait_for(timeout=0)
+    assert page.locator("#job-name").text_content() == XSS_NAME
+    assert page.locator("#job-name img, #job-name script").count() == 0
+    assert page.evaluate("window.__xss") is None
+    assert not [line for line in console if "Content Security Policy" in line]  # the pages need nothing inline
+    assert page.locator("#checkpoints tbody tr").count() == 2
+    assert page.locator("#workers tbody tr").count() == 1
+    screenshot = Path(os.environ.get(SCREENSHOT_ENV) or tmp_path / "dashboard-job.png")
+    page.screenshot(path=str(screenshot))
+    assert screenshot.stat().st_size > 0
+    context.close()
+
+
+def test_another_tenants_job_answers_404_and_a_suspension_signs_out(server, rival, job, browser):
+    context, page = _signed_in(browser, rival.dashboard_login().url)
+    base = page.url.rstrip("/")
+    assert page.locator("#jobs").count() == 0  # rival has no jobs; acme's is not listed
+    for path in (f"/jobs/{job.id}", f"/jobs/{job.id}/stream", "/jobs/job-that-never-was", "/admin"):
+        response = page.goto(base + path)
+        assert response is not None and response.status == 404, path
+    with server.admin() as admin:
+        admin.suspend_tenant("rival", "test")
+    response = page.goto(base + "/")
+    assert response is not None and response.status == 401
+    context.close()
+    fresh = browser.new_context()  # no cookie: nothing but a 401
+    response = fresh.new_page().goto(f"{base}/jobs/{job.id}")
+    assert response is not None and response.status == 401
+    fresh.close()
+
+
+def test_admin_sees_tenants_queue_and_audit_verdict(server, acme, rival, browser):
+    with server.admin() as admin:
+        context, page = _signed_in(browser, admin.dashboard_login().url)
+    assert page.url.endswith("/admin")
+    names = page.locator("#tenants tbody tr td:first-child").all_text_contents()
+    assert {"acme", "rival"} <= set(names)
+    assert page.locator("#audit-verdict").text_content().startswith("intact:")
+    context.close()
+
+
+def test_used_and_expired_links_are_refused_and_audited(server, acme, expired_link, browser):
+    login = acme.dashboard_login()
+    context, _ = _signed_in(browser, login.url)
+    context.close()
+    again = browser.new_context()
+    response = again.new_page().goto(login.url)
+    assert response is not None and response.status == 403
+    assert not [c for c in again.cookies() if c["name"] == "__Host-cantata_session"]
+    wait_for(lambda: dt.datetime.now(dt.UTC) > expired_link.expires, interval=0.5)
+    response = again.new_page().goto(expired_link.url)
+    assert response is not None and response.status == 403
+    again.close()
+    with server.admin() as admin:
+        records = list(admin.audit_events(tenant="acme", action="dashboard_login"))
+    refused = sorted(r.details["reason"] for r in records if r.outcome == "refused")
+    assert refused == ["expired", "used"]
+    assert sum(r.outcome == "ok" for r in records) >= 2
