@@ -30,6 +30,7 @@ class SpawnRequest:
     uid: int | None
     gid: int | None
     memory_bytes: int  # 0: no limit
+    status: str = ""  # where the zygote writes how it exited ({"pid", "code"}), for a server started after it
 
     def to_dict(self) -> dict:
         return asdict(self)

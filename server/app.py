@@ -78,6 +78,7 @@ if TYPE_CHECKING:
 
 MAX_MESSAGE_BYTES = 4 << 20
 RPC_THREADS = 32  # unary calls and the blocking steps of streams run in this many threads
+ON_STOP = ("leave", "requeue")  # what a stopping server does with running jobs
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +93,13 @@ class ControlPlane:
         executor: str | None = None,
         ray_address: str | None = None,
         gpus: int | None = None,
+        on_stop: str | None = None,
     ):
         self.paths = DataDir(Path(data_dir))
         self.settings: ServerSettings = self.paths.load_settings()
+        self.on_stop = on_stop or self.settings.on_stop
+        if self.on_stop not in ON_STOP:
+            raise ValueError(f"on_stop must be one of {', '.join(ON_STOP)}, not {self.on_stop!r}")
         self.listen = listen or self.settings.listen
         self.executor = executor or self.settings.executor
         self.ray_address = ray_address or self.settings.ray_address
@@ -391,7 +396,8 @@ class ControlPlane:
         return public_url(self.settings.dashboard_listen, self.dashboard_port, self.settings.dashboard_url)
 
     def stop(self, grace: float = 5.0) -> None:
-        """Graceful stop: refuse new calls, stop jobs (requeued to resume), save state."""
+        """Graceful stop: refuse new calls, save state; leave running jobs to the next server (``on_stop``
+        "leave": an upgrade), or stop them and requeue them to resume from their checkpoints ("requeue")."""
         if self._stopping.is_set():
             return
         self._stopping.set()
@@ -402,7 +408,7 @@ class ControlPlane:
             self._serving.run(self.health.enter_graceful_shutdown())
             self._serving.run(self._enrollment.stop(grace))
             self._serving.run(self._server.stop(grace))
-            self.scheduler.shutdown()
+            self.scheduler.shutdown(leave_jobs=self.on_stop == "leave")
             self.sweeper.shutdown()
             self.retention.shutdown()
         if self._metrics_endpoint is not None:
@@ -410,7 +416,7 @@ class ControlPlane:
         self.refusals.close()  # the counts of open windows, before the log closes
         self._serving.stop()
         try:
-            self.audit.append("server", Action.SERVER_STOPPED)
+            self.audit.append("server", Action.SERVER_STOPPED, details={"jobs": self.on_stop})
         except AuditLogUnavailable:
             log.error("stopping without a server_stopped record: the audit log cannot be written")
         self.audit.close()

@@ -10,6 +10,8 @@ import datetime as dt
 import ipaddress
 import json
 import os
+import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from cantata.security import audit
@@ -18,22 +20,43 @@ from cantata.security.pki import CertificateAuthority, Principal
 from cantata.server.config import DataDir, ServerSettings, enrollment_address, write_private
 from cantata.server.store import Store
 
+_DNS_NAME = re.compile(r"(?=.{1,253}$)(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
+
 
 def cantata_home() -> Path:
     return Path(os.environ.get("CANTATA_HOME") or Path.home() / ".cantata")
 
 
-def server_names(listen: str) -> tuple[list[str], list[str]]:
-    """DNS names and IPs the server certificate covers, given its listen address."""
-    host = listen.rsplit(":", 1)[0].strip("[]")
+def parse_advertise(text: str) -> list[str]:
+    """``HOST[,IP...]`` as ``--advertise`` takes it: the names and addresses clients and nodes reach the server by.
+
+    Raises ``ValueError`` for an empty entry, a wildcard address, or a name that is no DNS name.
+    """
+    names = [part.strip().strip("[]") for part in text.split(",")]
+    for name in names:
+        try:
+            wildcard = ipaddress.ip_address(name).is_unspecified
+        except ValueError:
+            if not _DNS_NAME.fullmatch(name):
+                raise ValueError(f"--advertise: {name!r} is neither an IP address nor a DNS name") from None
+            continue
+        if wildcard:
+            raise ValueError(f"--advertise: {name!r} is a wildcard, not an address clients can reach")
+    return names
+
+
+def server_names(listen: str, advertise: Sequence[str] = ()) -> tuple[list[str], list[str]]:
+    """DNS names and IPs the server certificate covers: loopback, its listen address, and what it advertises."""
     dns, ips = ["localhost"], ["127.0.0.1", "::1"]
-    try:
-        ip = ipaddress.ip_address(host)
-        if str(ip) not in ips and not ip.is_unspecified:
-            ips.append(str(ip))
-    except ValueError:
-        if host and host not in dns:
-            dns.append(host)
+    for host in [listen.rsplit(":", 1)[0], *advertise]:
+        host = host.strip("[]")
+        try:
+            ip = ipaddress.ip_address(host)
+            if str(ip) not in ips and not ip.is_unspecified:
+                ips.append(str(ip))
+        except ValueError:
+            if host and host not in dns:
+                dns.append(host)
     return dns, ips
 
 
@@ -52,7 +75,13 @@ def write_profile(name: str, address: str, enroll_address: str, ca_pem: bytes, c
 
 
 def init_data_dir(
-    root: Path, *, listen: str, enroll_listen: str = "", admin: str = "admin", dashboard_listen: str = ""
+    root: Path,
+    *,
+    listen: str,
+    enroll_listen: str = "",
+    admin: str = "admin",
+    dashboard_listen: str = "",
+    advertise: Sequence[str] = (),
 ) -> Path:
     """Create a new data directory; refuse to overwrite an existing one."""
     paths = DataDir(root)
@@ -61,7 +90,10 @@ def init_data_dir(
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o700)
     settings = ServerSettings(
-        listen=listen, enroll_listen=enroll_listen or enrollment_address(listen), dashboard_listen=dashboard_listen
+        listen=listen,
+        enroll_listen=enroll_listen or enrollment_address(listen),
+        dashboard_listen=dashboard_listen,
+        advertise=list(advertise),
     )
 
     ca = CertificateAuthority.create()
@@ -69,7 +101,7 @@ def init_data_dir(
     paths.trust_bundle.write_bytes(ca.cert_pem)
     write_private(paths.ca_key, ca.key_pem)
 
-    dns, ips = server_names(listen)
+    dns, ips = server_names(listen, settings.advertise)
     server = ca.issue_bundle(None, lifetime=dt.timedelta(days=365), dns_names=dns, ips=ips, server=True)
     paths.server_cert.write_bytes(server.cert_pem)
     write_private(paths.server_key, server.key_pem)

@@ -21,7 +21,7 @@ COMMAND_HELP = {
 
 
 def cmd_init(args) -> int:
-    from cantata.server.bootstrap import init_data_dir
+    from cantata.server.bootstrap import init_data_dir, parse_advertise
 
     profile = init_data_dir(
         Path(args.data_dir),
@@ -29,6 +29,7 @@ def cmd_init(args) -> int:
         enroll_listen=args.enroll_listen or "",
         admin=args.admin,
         dashboard_listen=args.dashboard_listen or "",
+        advertise=parse_advertise(args.advertise) if args.advertise else [],
     )
     print(f"initialised {args.data_dir}: CA at {Path(args.data_dir) / 'ca.pem'}, listening on {args.listen}")
     print(f"admin profile {args.admin!r} written to {profile}")
@@ -63,7 +64,12 @@ def cmd_start(args) -> int:
     os.environ[LOG_FORMAT_ENV] = fmt  # the workers log in the same format
     os.environ[LEVEL_ENV] = set_third_party_log_level(args.third_party_log_level)  # the workers inherit it
     plane = ControlPlane(
-        Path(args.data_dir), listen=args.listen, executor=args.executor, ray_address=args.ray_address, gpus=args.gpus
+        Path(args.data_dir),
+        listen=args.listen,
+        executor=args.executor,
+        ray_address=args.ray_address,
+        gpus=args.gpus,
+        on_stop=args.on_stop,
     )
     port = plane.start()
     print(f"cantata server listening on port {port} (data dir {args.data_dir})", flush=True)
@@ -73,14 +79,18 @@ def cmd_start(args) -> int:
 
 
 def cmd_rotate_cert(args) -> int:
-    from cantata.server.bootstrap import server_names
+    from cantata.server.bootstrap import parse_advertise, server_names
     from cantata.server.config import DataDir
     from cantata.server.tls import rotate_server_certificate
 
     paths = DataDir(Path(args.data_dir))
-    dns, ips = server_names(paths.load_settings().listen)
+    settings = paths.load_settings()
+    if args.advertise is not None:  # recorded, so that the next rotation names the same
+        settings.advertise = parse_advertise(args.advertise) if args.advertise else []
+        paths.save_settings(settings)
+    dns, ips = server_names(settings.listen, settings.advertise)
     serial = rotate_server_certificate(paths, dns, ips)
-    print(f"new server certificate {serial:x}; a running server uses it for new connections")
+    print(f"new server certificate {serial:x} for {', '.join(dns + ips)}; a running server uses it for new connections")
     return 0
 
 
@@ -97,6 +107,12 @@ def register(groups: dict[str, argparse._SubParsersAction]) -> None:
     p.add_argument("--admin", default="admin", help="name of the first admin (and its profile)")
     p.add_argument("--ray-token", action="store_true", help="also mint a Ray cluster token into DATA_DIR/ray/token")
     p.add_argument("--dashboard-listen", help="HOST:PORT for the read-only web dashboard over HTTPS (default: none)")
+    p.add_argument(
+        "--advertise",
+        metavar="HOST[,IP...]",
+        help="names and addresses clients and nodes reach the server by, put in its certificate "
+        "(besides localhost and a non-wildcard --listen host)",
+    )
     p.set_defaults(func=cmd_init)
     p = server.add_parser("start", help="serve until SIGTERM/SIGINT")
     p.add_argument("--data-dir", required=True)
@@ -104,6 +120,13 @@ def register(groups: dict[str, argparse._SubParsersAction]) -> None:
     p.add_argument("--executor", choices=["local", "ray"], help="where workers run (default: server.json, else local)")
     p.add_argument("--ray-address", help="HOST:PORT of the Ray cluster's GCS (default: server.json)")
     p.add_argument("--gpus", type=int, help="GPUs of this node for the local executor (default: count them)")
+    p.add_argument(
+        "--on-stop",
+        choices=["leave", "requeue"],
+        help="on SIGTERM/SIGINT, leave running jobs training for the next server to re-adopt (an upgrade), or "
+        "stop them and queue them again to resume from their checkpoints (default: server.json's on_stop, "
+        "else leave)",
+    )
     p.add_argument(
         "--log-format",
         choices=[f.value for f in LogFormat],
@@ -118,6 +141,12 @@ def register(groups: dict[str, argparse._SubParsersAction]) -> None:
     p.set_defaults(func=cmd_start)
     p = server.add_parser("rotate-cert", help="issue a new server certificate; picked up without a restart")
     p.add_argument("--data-dir", required=True)
+    p.add_argument(
+        "--advertise",
+        metavar="HOST[,IP...]",
+        help="names and addresses clients and nodes reach the server by, put in its certificate "
+        '(default: those recorded by init or the last rotation; "" for none)',
+    )
     p.set_defaults(func=cmd_rotate_cert)
 
 

@@ -9,6 +9,7 @@ D/master.key         master key of the tenant keyring (0600), unless $CANTATA_MA
 D/keyring.sealed     tenants' key-encryption keys, encrypted under the master key
 D/audit/             tamper-evident audit log and its signing keys
 D/ray/token          the Ray cluster's token (``server init --ray-token``), 0600
+D/exits/             how workers exited, written by the zygote that forked them (read after a restart)
 D/jobs/<job-id>/     per-job workspaces (worker configs, certificates, logs), 0700, the job's uid's
 D/checkpoints/       the default local checkpoint store (<tenant>/<job>/...)
 
@@ -40,6 +41,7 @@ class ServerSettings:
     enroll_listen: str = ""  # server-authenticated TLS: enrollment only; default port + 1
     metrics_listen: str = ""  # HTTPS GET /metrics for scraper certificates only (docs/operations.md); "": off
     scraper_cert_days: int = 365  # lifetime of a certificate `cantata admin scrapers add` issues
+    advertise: list[str] = field(default_factory=list)  # names and IPs clients and nodes use: server cert SANs
     max_workers_on_node: int = 8  # worker processes this node runs at once
     default_quota: dict = field(
         default_factory=lambda: {"max_concurrent_jobs": 4, "max_workers_per_job": 8, "max_total_steps": 100_000}
@@ -47,6 +49,7 @@ class ServerSettings:
     allowed_roots: list[str] = field(default_factory=list)  # shared file:// roots: each tenant gets <root>/<tenant>/
     tenant_roots: dict[str, list[str]] = field(default_factory=dict)  # file:// roots granted to one tenant
     cancel_grace_seconds: float = 5.0
+    on_stop: str = "leave"  # SIGTERM/SIGINT: "leave" running jobs to the next server, or "requeue" (stop) them
     worker_cert_hours: float = 72.0
     tenant_cert_days: int = 30
     revoke_quarantined_workers: bool = False  # policy when a worker is quarantined for gradient anomalies

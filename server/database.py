@@ -162,6 +162,14 @@ CREATE INDEX metrics_by_series ON metrics (job_id, name, worker, peer, step);
 # (each tenant's oldest queued job) and at each tenant's active jobs seeks instead of scanning the queue.
 _V7_QUEUE_INDEX = "CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, tenant, created_at, id)"
 
+# 9 (branch restart18): each worker's process start time (clock ticks since boot, /proc/<pid>/stat), so that a restarted
+# server re-adopts a worker by pid and start time and never a process that reused its pid; and the sequence
+# number of the last report applied from it, so that a report sent again after an outage is applied once.
+_V9_WORKER_ADOPTION = """
+ALTER TABLE workers ADD COLUMN started_at INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE workers ADD COLUMN last_seq INTEGER NOT NULL DEFAULT 0;
+"""
+
 # MIGRATIONS[n] takes a database from version n to n + 1. Append; never edit a step that has shipped.
 MIGRATIONS: tuple[str, ...] = (
     _V1_STORE + _V1_DATA_SOURCES,  # 1: the unversioned schema of the store and the data sources, as it was
@@ -172,6 +180,7 @@ MIGRATIONS: tuple[str, ...] = (
     _V6_METRICS,  # 6: metrics
     _V7_QUEUE_INDEX,  # 7: jobs_by_state
     _V8_MAX_GPUS,  # 8: tenants.max_gpus
+    _V9_WORKER_ADOPTION,  # 9: workers.started_at, workers.last_seq
 )
 
 

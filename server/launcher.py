@@ -15,12 +15,21 @@ limit); each shows as ``python -m cantata.trainer.worker --config FILE --job ID`
 and leads its own process group, so stopping a job reaches every process it started. Processes
 that share a ``torch.distributed`` group (all of an all-reduce job, or the
 ranks of one decentralized worker group) share its rendezvous address.
+
+Workers outlive the server: neither they nor the zygote are in its process
+group or session, and the zygote stays with its workers when the server goes
+(:mod:`cantata.trainer.zygote`), writing each one's exit status to
+``D/exits/<job-id>-<worker>.json``. A restarted server adopts (:meth:`~WorkerLauncher.adopt`)
+the workers its store names, each by pid and start time (:mod:`cantata.server.process_identity`),
+and learns how those that exit meanwhile ended from those files. :meth:`~WorkerLauncher.detach`
+lets a stopping server leave its workers running.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import itertools
 import json
 import os
 import signal
@@ -35,13 +44,16 @@ from google.protobuf import json_format
 
 from cantata.security.pki import CertificateAuthority, Principal, gossip_server_name
 from cantata.security.process_sandbox import SpawnRequest
+from cantata.server import process_identity as proc_identity
 from cantata.server.config import write_private
 from cantata.server.executors.base import WorkerExit
 from cantata.server.groups import group_size, processes
 from cantata.server.ports import CertificateRegistry, SecretsBroker
 from cantata.server.sandbox import Identities, Identity, base_environment, give, prepare_job_folder, store_environment
-from cantata.server.store import JobRecord
-from cantata.server.zygote import Zygote
+from cantata.server.store import JobRecord, WorkerRecord
+from cantata.server.zygote import ZYGOTE_GONE, Zygote
+
+_adopted_exits = itertools.count(1 << 32)  # after every exit the zygote numbered: adopted ones are seen late
 
 
 @dataclass
@@ -49,6 +61,7 @@ class WorkerProcess:
     """A worker the zygote forked: its pid, and its exit status once the zygote reaped it."""
 
     pid: int
+    started_at: int  # clock ticks since boot (/proc/<pid>/stat)
     zygote: Zygote
 
     def poll(self) -> int | None:
@@ -60,8 +73,35 @@ class WorkerProcess:
 
 
 @dataclass
+class AdoptedProcess:
+    """A worker an earlier server started: running while (pid, start time) runs; its status from the zygote's file.
+
+    One that exited with no status to read (its zygote died too) counts as killed.
+    """
+
+    pid: int
+    started_at: int
+    status: Path
+    _code: int | None = None
+    _order: int = 0
+
+    def poll(self) -> int | None:
+        if self._code is None and not proc_identity.running(self.pid, self.started_at):
+            self._code = ZYGOTE_GONE
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                recorded = json.loads(self.status.read_text())
+                if recorded["pid"] == self.pid:
+                    self._code = int(recorded["code"])
+            self._order = next(_adopted_exits)
+        return self._code
+
+    def exit_order(self) -> int:
+        return self._order
+
+
+@dataclass
 class _Running:
-    procs: dict[int, WorkerProcess]
+    procs: dict[int, WorkerProcess | AdoptedProcess]
     identity: Identity | None
     rendezvous: list[str]  # per torch.distributed group
     attack: dict | None
@@ -84,6 +124,20 @@ def process_alive(pid: int, job_id: str) -> bool:
     except OSError:
         return False
     return b"cantata.trainer.worker" in cmdline and job_id.encode() in cmdline
+
+
+def worker_pids(config_prefix: str) -> dict[int, str]:
+    """pid -> job id of every worker process on this machine whose config file's path starts with ``config_prefix``."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                argv = (entry / "cmdline").read_bytes().decode(errors="replace").replace("\0", " ").split()
+                if "cantata.trainer.worker" in argv and "--config" in argv and "--job" in argv:
+                    config, job_id = argv[argv.index("--config") + 1], argv[argv.index("--job") + 1]
+                    if config.startswith(config_prefix):
+                        found[int(entry.name)] = job_id
+    return found
 
 
 def kill_group(pid: int, sig: int) -> None:
@@ -122,10 +176,53 @@ class WorkerLauncher:
         self._memory_limit = memory_limit  # bytes a worker of the job may allocate once loaded (0: no limit)
         self._zygote = Zygote(warm=warm, env=base_environment())
         self._running: dict[str, _Running] = {}
+        self._exits = jobs_dir.with_name("exits")  # the zygotes' exit statuses, the server's alone
 
     def start(self) -> None:
         """Start the zygote now, so that it is warm by the first job."""
+        self._exits.mkdir(mode=0o700, exist_ok=True)
         self._zygote.start()
+
+    def _status(self, job_id: str, worker: int) -> Path:
+        return self._exits / f"{job_id}-{worker}.json"
+
+    def started_at(self, job_id: str, worker: int) -> int:
+        """The start time of the job's worker process (clock ticks since boot), which with its pid names it."""
+        return self._running[job_id].procs[worker].started_at
+
+    def adopt(self, job: JobRecord, workers: list[WorkerRecord], *, attack: dict | None = None) -> int:
+        """Take over the workers of ``job`` an earlier server started; returns how many still run.
+
+        Each is its recorded pid only if that process started when recorded; those that exited
+        (or whose pid now names another process) are reaped by :meth:`poll` like any exit.
+        """
+        ws = self.workspace(job.id)
+        owner = ws.stat().st_uid if ws.is_dir() else None
+        identity = self._identities.claim(job.id, owner) if owner is not None else self._identities.acquire(job.id)
+        groups = processes(job.spec) // group_size(job.spec)
+        rendezvous = [""] * groups
+        for w in workers:
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                config = json.loads((ws / f"worker-{w.idx}.json").read_text())
+                rendezvous[w.idx // group_size(job.spec)] = config["rendezvous"]
+        adopted = _Running({}, identity, rendezvous, attack)
+        now = time.monotonic()  # heartbeats count from the adoption: the new server heard none yet
+        for w in workers:
+            adopted.procs[w.idx] = AdoptedProcess(w.pid, w.started_at, self._status(job.id, w.idx))
+            adopted.spawned[w.idx] = now
+        self._running[job.id] = adopted
+        return sum(proc.poll() is None for proc in adopted.procs.values())
+
+    def kill_strays(self) -> list[int]:
+        """SIGKILL workers of this data directory that no adopted job owns (started, never recorded); their pids."""
+        strays = [
+            pid
+            for pid, job_id in worker_pids(f"{self._jobs_dir}/").items()
+            if not (job_id in self._running and any(p.pid == pid for p in self._running[job_id].procs.values()))
+        ]
+        for pid in strays:
+            kill_group(pid, signal.SIGKILL)
+        return strays
 
     def workspace(self, job_id: str) -> Path:
         return self._jobs_dir / job_id
@@ -184,16 +281,19 @@ class WorkerLauncher:
         for path in [*ws.glob("worker-*.json"), *ws.glob("worker-*.key")]:
             path.unlink(missing_ok=True)
 
-    def kill_orphan(self, pid: int, job_id: str) -> None:
-        """Kill a worker a crashed server left running, if ``pid`` is still that job's worker."""
-        if process_alive(pid, job_id):
-            kill_group(pid, signal.SIGKILL)
+    def kill_orphan(self, worker: WorkerRecord, job_id: str) -> None:
+        """Kill a worker an earlier server left running, if its pid still names that job's worker (and start time)."""
+        if process_alive(worker.pid, job_id) and (
+            not worker.started_at or proc_identity.running(worker.pid, worker.started_at)
+        ):
+            kill_group(worker.pid, signal.SIGKILL)
 
     def scrub_all(self) -> None:
-        """Scrub every workspace (at start, when no worker runs: leftovers of a crash)."""
+        """Scrub every workspace of a job with no running worker (at start: leftovers of a crash)."""
         if self._jobs_dir.is_dir():
             for ws in self._jobs_dir.iterdir():
-                self.scrub(ws.name)
+                if ws.name not in self._running:
+                    self.scrub(ws.name)
 
     def _spawn(self, job: JobRecord, i: int, secrets: dict) -> WorkerProcess:
         ws = self.workspace(job.id)
@@ -248,9 +348,12 @@ class WorkerLauncher:
             uid=running.identity.uid if running.identity else None,
             gid=running.identity.gid if running.identity else None,
             memory_bytes=self._memory_limit(job),
+            status=str(self._status(job.id, i)),
         )
+        self._status(job.id, i).unlink(missing_ok=True)
         running.spawned[i] = time.monotonic()
-        return WorkerProcess(self._zygote.spawn(request), self._zygote)
+        pid = self._zygote.spawn(request)
+        return WorkerProcess(pid, proc_identity.start_time(pid), self._zygote)
 
     def devices_env(self, job_id: str, worker: int) -> dict[str, str]:
         """What a worker's environment says of the devices it may use (none here)."""
@@ -317,9 +420,11 @@ class WorkerLauncher:
     def release(self, job_id: str) -> None:
         """Forget a job whose workers have all exited, and scrub its secrets from the workspace."""
         running = self._running.pop(job_id)
-        for proc in running.procs.values():
-            kill_group(proc.pid, signal.SIGKILL)  # stray children of a worker
+        for i, proc in running.procs.items():
+            if proc_identity.start_time(proc.pid) in (0, proc.started_at):  # not a process that reused the pid since
+                kill_group(proc.pid, signal.SIGKILL)  # stray children of a worker
             self._zygote.forget(proc.pid)
+            self._status(job_id, i).unlink(missing_ok=True)
         self._identities.release(job_id)
         self.scrub(job_id)
 
@@ -334,3 +439,8 @@ class WorkerLauncher:
                 self.release(job_id)
             time.sleep(0.05)
         self._zygote.close()
+
+    def detach(self) -> None:
+        """Let go of every worker, leaving them running (a server that stops for an upgrade): the next adopts them."""
+        self._running.clear()
+        self._zygote.detach()

@@ -24,9 +24,13 @@ that a tenant may resume a FAILED or CANCELLED job (:meth:`~JobLifecycle.resume_
   terminal state.
 - Hung workers (the scheduler, from the heartbeats): a worker silent past the
   heartbeat timeout is killed, and its exit is judged like any other.
-- The server: when it stops or restarts, every active job goes back to
-  QUEUED, to resume from its last checkpoint; that is no failure (``attempts``
-  counts starts, for information only).
+- The server: a restarted server re-adopts the workers of every started job
+  (:meth:`~JobLifecycle.server_restarted`), which goes on as if nothing
+  happened: same attempt, no failure. A server stopped with ``on_stop:
+  requeue`` stops the workers, and every active job goes back to QUEUED, to
+  resume from its last checkpoint, as does an active job whose workers were
+  never recorded; that is no failure either (``attempts`` counts starts, for
+  information only).
 
 Each event method writes the store transition together with its audit record,
 in one store transaction committed only once the record is durable: a
@@ -93,8 +97,9 @@ class JobLifecycle:
 
     def placed(self, job: JobRecord, pids: dict[int, int]) -> None:
         """The job's workers were started with these pids (process index -> pid)."""
+        started = {i: self._workers.started_at(job.id, i) for i in pids}
         with self._store.database.transaction():
-            self._store.set_workers(job.id, pids)
+            self._store.set_workers(job.id, pids, started)
             self._audit_job(job, Action.JOB_STARTED, workers=len(pids))
 
     def placement_deferred(self, job: JobRecord, why: str) -> None:
@@ -226,7 +231,7 @@ class JobLifecycle:
             except DataSourceError as exc:
                 reason = f"{reason}; cannot restart it: {exc}"
             else:
-                self._store.restart_worker(job.id, worker.idx, pid)
+                self._store.restart_worker(job.id, worker.idx, pid, self._workers.started_at(job.id, worker.idx))
                 message = f"{reason}; restarting it ({worker.restarts + 1}/{budget})"
         if not message:
             alive = self._workers.alive_workers(job.id)
@@ -309,11 +314,28 @@ class JobLifecycle:
             for job in self._store.jobs(states=ACTIVE):
                 self._interrupted(job, "server stopped")
 
-    def server_restarted(self) -> None:
-        """The server starts after a crash, its orphaned workers killed: requeue or end every active job."""
+    def server_restarted(self, adopted: dict[str, int]) -> None:
+        """The server starts, having re-adopted the workers of the ``adopted`` jobs (job id -> how many still run):
+        they go on (a cancelling one is stopped again); every other active job, whose workers were never
+        recorded, is requeued or ended.
+        """
         with self.lock:
             for job in self._store.jobs(states=ACTIVE):
-                self._interrupted(job, "server restarted")
+                if job.id not in adopted:
+                    self._interrupted(job, "server restarted")
+                    continue
+                alive = adopted[job.id]
+                self._store.append_event(
+                    job.id,
+                    jobs_pb2.JobEvent(
+                        kind=jobs_pb2.MESSAGE,
+                        total_steps=job.spec.steps,
+                        message=f"server restarted; re-adopted {alive} running worker process"
+                        + ("" if alive == 1 else "es"),
+                    ),
+                )
+                if job.state == pb.CANCELLING:
+                    self._workers.terminate(job.id)
 
     def _interrupted(self, job: JobRecord, why: str) -> None:
         """The server went away under a job: no failure of the job, which resumes (or ends, if cancelling)."""

@@ -74,6 +74,13 @@ class Identities:
         uid = self._taken[job_id]
         return Identity(uid, uid)
 
+    def claim(self, job_id: str, uid: int) -> Identity | None:
+        """The uid an earlier server gave ``job_id`` (its workspace's owner), taken again for its adopted workers."""
+        if not self._root or uid not in self._ids:
+            return self.acquire(job_id)
+        self._taken[job_id] = uid
+        return Identity(uid, uid)
+
     def release(self, job_id: str) -> None:
         self._taken.pop(job_id, None)
 

@@ -72,22 +72,41 @@ class Scheduler:
         self._woken.set()
 
     def start(self) -> None:
-        """After a crash: kill orphaned workers, requeue or end every active job, scrub every workspace; then tick."""
-        for job in self._store.jobs(states=ACTIVE | {pb.QUEUED}):  # a restarting job's last workers too
-            for worker in self._store.workers(job.id):
-                self._launcher.kill_orphan(worker.pid, job.id)
-        self._lifecycle.server_restarted()
+        """After a stop or a crash: re-adopt the workers of every started job, kill what no job owns; then tick.
+
+        A started job whose workers were recorded keeps them: those still running are adopted (by
+        pid and start time), those that exited meanwhile are reaped at the first tick and judged
+        like any exit. Any other worker of this data directory (a restarting job's last ones, one
+        started but never recorded) is killed; an active job with no recorded workers is queued again.
+        """
+        adopted: dict[str, int] = {}  # job id -> its workers still running
+        for job in self._store.jobs(states=ACTIVE | {pb.QUEUED}):
+            workers = self._store.workers(job.id)
+            if job.state in ACTIVE and workers:
+                attack = self._store.attack(job.id)
+                alive = self._launcher.adopt(job, workers, attack=json.loads(attack) if attack else None)
+                if alive is not None:
+                    adopted[job.id] = alive
+                    continue
+            for worker in workers:  # a restarting job's last workers (or ones their executor cannot adopt)
+                self._launcher.kill_orphan(worker, job.id)
+        for pid in self._launcher.kill_strays():
+            log.warning("killed worker %d: no job records it", pid)
+        self._lifecycle.server_restarted(adopted)
         self._launcher.scrub_all()
         self._thread.start()
 
-    def shutdown(self) -> None:
-        """Stop placing, stop every running job, and requeue it to resume on restart."""
+    def shutdown(self, *, leave_jobs: bool) -> None:
+        """Stop placing; then leave the running jobs to the next server, or stop them and requeue them."""
         self._stop.set()
         self._woken.set()
         self._thread.join()
         with self._lifecycle.lock:
-            self._launcher.stop_all()
-            self._lifecycle.server_stopping()
+            if leave_jobs:
+                self._launcher.detach()
+            else:
+                self._launcher.stop_all()
+                self._lifecycle.server_stopping()
 
     def _run(self) -> None:
         while not self._stop.is_set():

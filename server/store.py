@@ -139,6 +139,7 @@ class WorkerRecord:
     failure: str
     restarts: int
     gossip_address: str
+    started_at: int = 0  # the process's start time in clock ticks since boot (0: unknown)
 
 
 @dataclass
@@ -754,11 +755,14 @@ class Store:
         return 0
 
     # ---- workers -------------------------------------------------------
-    def set_workers(self, job_id: str, pids: dict[int, int]) -> None:
+    def set_workers(self, job_id: str, pids: dict[int, int], started: dict[int, int] | None = None) -> None:
+        """A new attempt's workers: process index -> pid, and each one's start time (clock ticks since boot)."""
+        started = started or {}
         with self._tx() as db:
             db.execute("DELETE FROM workers WHERE job_id=?", (job_id,))
             db.executemany(
-                "INSERT INTO workers (job_id, idx, pid) VALUES (?, ?, ?)", [(job_id, i, pid) for i, pid in pids.items()]
+                "INSERT INTO workers (job_id, idx, pid, started_at) VALUES (?, ?, ?, ?)",
+                [(job_id, i, pid, started.get(i, 0)) for i, pid in pids.items()],
             )
 
     def workers(self, job_id: str) -> list[WorkerRecord]:
@@ -772,17 +776,34 @@ class Store:
                     r["failure"],
                     r["restarts"],
                     r["gossip_address"],
+                    r["started_at"],
                 )
                 for r in db.execute("SELECT * FROM workers WHERE job_id=? ORDER BY idx", (job_id,))
             ]
 
-    def restart_worker(self, job_id: str, idx: int, pid: int) -> None:
-        """A relaunched worker: new pid, no gossip endpoint until it registers again."""
+    def restart_worker(self, job_id: str, idx: int, pid: int, started_at: int = 0) -> None:
+        """A relaunched worker: new pid, no gossip endpoint until it registers again, its reports numbered anew."""
         with self._tx() as db:
             db.execute(
-                "UPDATE workers SET pid=?, restarts=restarts+1, failure='', gossip_address='' WHERE job_id=? AND idx=?",
-                (pid, job_id, idx),
+                "UPDATE workers SET pid=?, started_at=?, restarts=restarts+1, failure='', gossip_address='', "
+                "last_seq=0 WHERE job_id=? AND idx=?",
+                (pid, started_at, job_id, idx),
             )
+
+    def claim_report(self, job_id: str, idx: int, seq: int) -> bool | None:
+        """Whether report ``seq`` of the worker is new (then it is recorded as applied): False for one seen
+        before, None while the worker is not recorded yet (its start is being recorded).
+
+        Call it in the transaction that applies the report, so that it is applied exactly once.
+        """
+        with self._tx() as db:
+            row = db.execute("SELECT last_seq FROM workers WHERE job_id=? AND idx=?", (job_id, idx)).fetchone()
+            if row is None:
+                return None
+            if row[0] >= seq:
+                return False
+            db.execute("UPDATE workers SET last_seq=? WHERE job_id=? AND idx=?", (seq, job_id, idx))
+            return True
 
     def set_round(self, job_id: str, idx: int, round_: int) -> None:
         with self._tx() as db:

@@ -114,8 +114,16 @@ class Zygote:
             self._children.clear()
             self._changed.notify_all()
 
+    def detach(self) -> None:
+        """Close the zygote's requests and leave it with its workers: it reaps them, then exits."""
+        with self._lock:
+            if self._proc is not None and self._proc.poll() is None:
+                assert self._proc.stdin is not None
+                self._proc.stdin.close()
+            self._proc = None
+
     def close(self) -> None:
-        """Stop the zygote (its workers, if any are left, stop when they see it gone)."""
+        """Stop the zygote once its workers are gone (it waits for those left)."""
         with self._lock:
             if self._proc is not None and self._proc.poll() is None:
                 assert self._proc.stdin is not None

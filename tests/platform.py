@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -18,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from cantata.sdk import enroll
 from cantata.sdk.client import Client
 from cantata.server.config import DataDir
+from cantata.server.launcher import worker_pids
 
 
 def free_port() -> int:
@@ -69,10 +71,21 @@ def readable(path: Path) -> Path:
 class Platform:
     """Owns one server process; can stop it gracefully, kill it and restart it.
 
-    ``settings`` override fields of the ``server.json`` that ``server init`` wrote.
+    ``settings`` override fields of the ``server.json`` that ``server init`` wrote; ``listen_host`` is
+    the address it listens on (clients on this machine still reach it on loopback); ``init`` adds
+    ``server init`` flags.
     """
 
-    def __init__(self, root: Path, env: dict | None = None, settings: dict | None = None, host: str = "127.0.0.1"):
+    def __init__(
+        self,
+        root: Path,
+        env: dict | None = None,
+        settings: dict | None = None,
+        host: str = "127.0.0.1",
+        *,
+        listen_host: str = "127.0.0.1",
+        init: tuple[str, ...] = (),
+    ):
         self.root = passable(root)
         self.data_dir = root / "data"
         self.home = root / "home"
@@ -89,9 +102,10 @@ class Platform:
             "--data-dir",
             str(self.data_dir),
             "--listen",
-            self.address,
+            self.address.replace("127.0.0.1", listen_host),
             "--enroll-listen",
-            self.enroll_address,
+            self.enroll_address.replace("127.0.0.1", listen_host),
+            *init,
             env=self.env,
         )
         self.ca_pem = (self.data_dir / "ca.pem").read_bytes()
@@ -141,13 +155,25 @@ class Platform:
         finally:
             channel.close()
 
-    def stop(self) -> int:
-        """SIGTERM and wait: the graceful path."""
+    def stop(self, *, leave_workers: bool = False) -> int:
+        """SIGTERM and wait: the graceful path.
+
+        The server leaves running jobs training for the next one (``on_stop: leave``); unless
+        ``leave_workers``, their workers are killed once it is gone, so that a test leaves nothing running.
+        """
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         code = self.proc.wait()
         self.proc = None
+        if not leave_workers:
+            self.kill_workers()
         return code
+
+    def kill_workers(self) -> None:
+        """SIGKILL every worker process of this server's data directory (with what each started)."""
+        for pid in worker_pids(f"{self.paths.jobs}/"):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
 
     def kill(self) -> None:
         assert self.proc is not None

@@ -11,6 +11,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -346,7 +347,9 @@ def test_a_job_killed_with_its_server_resumes_at_the_exact_next_batch(platform, 
 
     handle = tenant.submit(Job(name="interrupted", steps=1500, **spec))
     wait_for(lambda: any(c.step >= 20 for c in tenant.checkpoints(handle.id)))
-    platform.kill()
+    platform.kill()  # and the machine's workers with it: the restarted server finds them dead
+    for pid in _pids_of(handle.id):
+        os.killpg(pid, signal.SIGKILL)
     wait_for(lambda: not _pids_of(handle.id))
     platform.start()
     wait_for(lambda: min(len(lines) for lines in _traced_samples(handle).values()) > 300)
@@ -409,6 +412,8 @@ def _objects_of(lines) -> set[int]:
 def test_a_gasloc_job_resumes_at_the_exact_next_batch_without_refetching_what_it_read(
     platform, tenant, small_shards, moto_service
 ):
+    platform.stop()
+    platform.start("--on-stop", "requeue")  # its stop below stops the job, which resumes once it is back
     dataset = _s3_source(tenant, small_shards, moto_service, "rounds")
     bucket = dataset.split("@", 1)[1].split("/", 1)[0]
     _moto_recorder(moto_service, "reset-recording")
@@ -432,7 +437,7 @@ def test_a_gasloc_job_resumes_at_the_exact_next_batch_without_refetching_what_it
             )
         )
         wait_for(lambda: any(c.step >= 40 for c in tenant.checkpoints(handle.id)))
-        platform.kill()
+        platform.stop()  # stopping its workers: the job resumes from its checkpoint
         wait_for(lambda: not _pids_of(handle.id))
         resumes = _traced_so_far(platform, handle.id)  # where each worker's second attempt begins
         platform.start()

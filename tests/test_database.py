@@ -147,8 +147,8 @@ def test_a_version_1_database_migrates_to_failure_counts_and_spec_digests(tmp_pa
 
     db = Database(path)
     assert (
-        db.version == len(MIGRATIONS) == 8
-    )  # through the failures (2), digest (3), enrollment (4), tags/retention (5), metrics (6), queue index (7), max_gpus (8)
+        db.version == len(MIGRATIONS) == 9
+    )  # through the failures (2), digest (3), enrollment (4), tags/retention (5), metrics (6), queue index (7), max_gpus (8), adoption (9)
     store = Store(db)
     acme = store.tenant("acme")
     assert acme.retention_days == 0  # kept for ever, as before retention existed
@@ -263,7 +263,9 @@ def test_a_version_3_database_gains_request_sources_and_renewal_links(tmp_path: 
     db.close()
 
     db = Database(path)
-    assert db.version == len(MIGRATIONS) == 8  # every later step too (6: metrics, 7: queue index, 8: max_gpus)
+    assert (
+        db.version == len(MIGRATIONS) == 9
+    )  # every later step too (6: metrics, 7: queue index, 8: max_gpus, 9: worker adoption)
     store = Store(db)
     store.add_tenancy_request("new-co", b"csr", "sha256:y", source="203.0.113.7")
     seen: list[tuple[int, int]] = []

@@ -50,6 +50,9 @@ class FakeWorkers:
         self.relaunched.append((job.id, worker))
         return 2000 + worker
 
+    def started_at(self, job_id: str, worker: int) -> int:
+        return 500 + worker
+
     def alive_workers(self, job_id: str) -> int:
         return self.running.get(job_id, 0)
 
@@ -506,6 +509,32 @@ def test_a_suspended_tenants_jobs_are_cancelled(lifecycle, store, audit, workers
 # ---- the server stops and restarts ------------------------------------------------
 
 
+def _server(lifecycle: JobLifecycle, event: str) -> None:
+    """The server stops (requeueing), or restarts having adopted no job's workers."""
+    if event == "server_stopping":
+        lifecycle.server_stopping()
+    else:
+        lifecycle.server_restarted({})
+
+
+def test_a_restarted_server_keeps_the_jobs_whose_workers_it_adopted(lifecycle, store, audit, workers):
+    running, cancelling, unrecorded = _submit(store), _submit(store), _submit(store)
+    _started(lifecycle, store, workers, running)
+    _started(lifecycle, store, workers, cancelling)
+    lifecycle.cancel_requested(store.job(cancelling.id), actor="spiffe://cantata/tenant/acme", peer="")
+    assert lifecycle.placing(unrecorded)  # started, but the server went before it recorded the workers
+    workers.terminated.clear()
+    records = len(audit.records)
+    lifecycle.server_restarted({running.id: 1, cancelling.id: 1})
+    assert store.job(running.id).state == pb.RUNNING and store.job(running.id).attempts == 1
+    assert store.job(cancelling.id).state == pb.CANCELLING and workers.terminated == [cancelling.id]
+    assert store.job(unrecorded.id).state == pb.QUEUED
+    assert audit.records[records:] == []  # nothing ended, nothing restarted
+    last = store.events_after(running.id, 0)[-1]
+    assert (last.kind, last.message) == (jobs_pb2.MESSAGE, "server restarted; re-adopted 1 running worker process")
+    assert (store.workers(running.id)[0].pid, store.workers(running.id)[0].started_at) == (1000, 500)
+
+
 @pytest.mark.parametrize(
     ("event", "why"), [("server_stopping", "server stopped"), ("server_restarted", "server restarted")]
 )
@@ -517,7 +546,7 @@ def test_the_server_going_away_requeues_active_jobs_and_ends_cancelling_ones(
     _started(lifecycle, store, workers, cancelling)
     lifecycle.cancel_requested(store.job(cancelling.id), actor="spiffe://cantata/tenant/acme", peer="")
     records = len(audit.records)
-    getattr(lifecycle, event)()
+    _server(lifecycle, event)
     job = store.job(running.id)
     assert (job.state, job.reason) == (pb.QUEUED, f"{why}; will resume from the last checkpoint")
     _ended(store, cancelling.id, pb.CANCELLED, "cancelled by tenant")
@@ -540,7 +569,7 @@ def test_server_restarts_are_no_failures_however_many(lifecycle, store, audit, w
     job = _submit(store, max_failures=max_failures)
     for attempt in range(1, INTERRUPTIONS + 1):
         _started(lifecycle, store, workers, store.job(job.id))
-        (lifecycle.server_stopping if attempt % 2 else lifecycle.server_restarted)()
+        _server(lifecycle, "server_stopping" if attempt % 2 else "server_restarted")
         workers.running.pop(job.id)
         assert store.job(job.id).state == pb.QUEUED and lifecycle.due(store.job(job.id))
     job = _started(lifecycle, store, workers, store.job(job.id))
@@ -610,7 +639,7 @@ def _cancelling_when_the_server(event: str):
     def path(lc, store, workers, clock) -> JobRecord:
         job = _started(lc, store, workers, _submit(store))
         lc.cancel_requested(store.job(job.id), **CANCEL)
-        getattr(lc, event)()
+        _server(lc, event)
         return job
 
     return path
@@ -661,7 +690,7 @@ def test_every_terminal_path_leaves_one_terminal_record(lifecycle, store, audit,
     job = drive(lifecycle, store, workers, clock)
     assert store.job(job.id).state == state
     lifecycle.workers_exited(job.id)  # whatever arrives after the end adds nothing
-    lifecycle.server_restarted()
+    lifecycle.server_restarted({})
     lifecycle.cancel_requested(store.job(job.id), **CANCEL)
     _ended(store, job.id, state, store.job(job.id).reason)
     terminal = [(a, d) for a, d in audit.of(job.id) if a in (Action.JOB_FINISHED, Action.JOB_CANCELLED)]
@@ -671,3 +700,13 @@ def test_every_terminal_path_leaves_one_terminal_record(lifecycle, store, audit,
         assert terminal == [
             (Action.JOB_FINISHED, {"state": pb.JobState.Name(state), "reason": store.job(job.id).reason})
         ]
+
+
+def test_a_workers_numbered_report_is_applied_once_and_numbering_restarts_with_the_worker(lifecycle, store, workers):
+    job = _submit(store)
+    assert store.claim_report(job.id, 0, 1) is None  # not recorded yet: the worker sends it again
+    _started(lifecycle, store, workers, job)
+    assert [store.claim_report(job.id, 0, seq) for seq in (1, 2, 2, 1, 3)] == [True, True, False, False, True]
+    assert store.claim_report(job.id, 1, 1) is True  # each worker numbers its own
+    store.restart_worker(job.id, 0, 2000, 77)
+    assert store.claim_report(job.id, 0, 1) is True  # a new process counts from 1 again

@@ -70,3 +70,87 @@ def test_other_refusals_are_not_retried(serve):
     with pytest.raises(grpc.RpcError) as refused:
         retry_unavailable(_report(serve(service)), retry_for=60)
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED and service.calls == 1
+
+
+class RecordingWorkerService(worker_pb2_grpc.WorkerServicer):
+    """Keeps every numbered report it gets; loses its answer to the first one (as a server that died after it)."""
+
+    def __init__(self, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE):
+        self.seen: list[worker_pb2.WorkerReport] = []
+        self.code = code
+
+    def Report(self, request, context):
+        if request.seq:
+            self.seen.append(request)
+            if len(self.seen) == 1:
+                context.abort(self.code, "gone before it answered")
+        return worker_pb2.WorkerReportReply()
+
+
+def _tls_endpoint(tmp_path, port: int):
+    """A CA, a server certificate for localhost and a worker's, as files; the worker's Endpoint."""
+    import datetime as dt
+
+    from cantata.security.pki import CertificateAuthority, Principal
+    from cantata.trainer.reporter import Endpoint
+
+    ca = CertificateAuthority.create()
+    server = ca.issue_bundle(None, lifetime=dt.timedelta(hours=1), dns_names=["localhost"], server=True)
+    worker = ca.issue_bundle(Principal.worker("job-1", 0), lifetime=dt.timedelta(hours=1))
+    for name, data in (("ca.pem", ca.cert_pem), ("cert.pem", worker.cert_pem), ("key.pem", worker.key_pem)):
+        (tmp_path / name).write_bytes(data)
+    endpoint = Endpoint(
+        f"localhost:{port}", tmp_path / "ca.pem", tmp_path / "cert.pem", tmp_path / "key.pem", "job-1", 0
+    )
+    credentials = grpc.ssl_server_credentials([(server.key_pem, server.cert_pem)], ca.cert_pem, True)
+    return endpoint, credentials
+
+
+def test_reports_made_while_the_server_is_down_arrive_in_order_once_it_is_back(tmp_path):
+    from cantata.trainer.reporter import Reporter
+    from tests.platform import free_port
+
+    port = free_port()
+    endpoint, credentials = _tls_endpoint(tmp_path, port)
+    reporter = Reporter(endpoint)
+    try:
+        for step in range(1, 6):  # no server yet: queued, training goes on
+            reporter.progress(step, loss=1.0, tokens_per_s=1.0, lr=0.1)
+        service = RecordingWorkerService()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
+        server.add_secure_port(f"localhost:{port}", credentials)
+        server.start()
+        try:
+            reporter.finished(0.5)  # returns once the server has it, and all before it
+        finally:
+            server.stop(None)
+    finally:
+        reporter.close()
+    # the first answer was lost: that report came again, and the server (by its number) applies it once
+    assert [r.seq for r in service.seen] == [1, 1, 2, 3, 4, 5, 6]
+    assert [r.progress.step for r in service.seen[1:6]] == [1, 2, 3, 4, 5] and service.seen[-1].HasField("finished")
+
+
+def test_a_refused_report_fails_the_next_one(tmp_path):
+    from cantata.trainer.reporter import Reporter, ReportsLost
+    from tests.platform import free_port
+
+    port = free_port()
+    endpoint, credentials = _tls_endpoint(tmp_path, port)
+    service = RecordingWorkerService(grpc.StatusCode.PERMISSION_DENIED)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
+    server.add_secure_port(f"localhost:{port}", credentials)
+    server.start()
+    reporter = Reporter(endpoint)
+    try:
+        reporter.started()
+        with pytest.raises(ReportsLost, match="report 1 \\(started\\) not taken"):
+            reporter.flush()
+        with pytest.raises(ReportsLost):
+            reporter.message("after")
+    finally:
+        reporter.close()
+        server.stop(None)
+    assert [r.seq for r in service.seen] == [1]

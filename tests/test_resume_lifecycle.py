@@ -42,6 +42,9 @@ class Workers:
     def relaunch(self, job: JobRecord, worker: int) -> int:
         raise AssertionError("not restarted here")
 
+    def started_at(self, job_id: str, worker: int) -> int:
+        return 0  # unknown: never re-adopted
+
     def alive_workers(self, job_id: str) -> int:
         return 2 if job_id in self.running else 0
 
@@ -253,6 +256,9 @@ class Launcher:
     def launch(self, job: JobRecord, *, attack: dict | None = None) -> dict[int, int]:
         self.launched.append(job.id)
         return {0: 100, 1: 101}
+
+    def started_at(self, job_id: str, worker: int) -> int:
+        return 0
 
 
 def test_a_job_resumed_while_its_earlier_workers_stop_waits_for_them(lifecycle, store, workers):

@@ -4,16 +4,26 @@ It needs only the light part of the worker's config (:class:`Endpoint`), so a
 worker starts its heartbeat before it loads torch: that alone can take longer
 than the server's heartbeat timeout on a busy node.
 
-A report the server answers ``UNAVAILABLE`` (its audit log cannot be written,
-so it recorded nothing) is sent again with exponential backoff for up to
-``retry_for`` seconds, then fails as before: a worker outlives a short outage
-of the server's disk and still dies of a long one rather than train unaudited.
-A heartbeat is not retried: the next beat is its retry.
+Reports go out in order from a background thread, through a bounded queue of
+``MAX_PENDING`` reports, each numbered (``seq`` 1, 2, 3 ...): training does not
+wait for the server. While the server is down (restarting, upgraded, killed) or
+answers ``UNAVAILABLE`` (its audit log cannot be written, so it recorded
+nothing), the head report is sent again with exponential backoff and the
+others wait behind it; training goes on until the queue is full, then waits
+too. The server applies each number once, so a report sent again because its
+answer was lost is not applied twice, and nothing reported is lost. After
+``retry_for`` seconds without an answer the worker gives up: the next report
+raises, and the worker fails rather than train unaudited. ``finished`` and
+``failed`` wait until everything before them is delivered, so a worker
+exits only once the server knows how it ended. A heartbeat is not numbered and
+not retried: the next beat is its retry.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import itertools
 import json
 import threading
 import time
@@ -28,24 +38,34 @@ from cantata.proto.v1 import worker_pb2, worker_pb2_grpc
 
 REPORT_TIMEOUT = 30.0
 HEARTBEAT_INTERVAL = 5.0  # seconds between heartbeats until the server's first reply says otherwise
-RETRY_FOR = 120.0  # seconds a report answered UNAVAILABLE is retried
+RETRY_FOR = 900.0  # seconds a report is sent again while the server is down or UNAVAILABLE
+MAX_PENDING = 1000  # reports buffered while the server is away; past this training waits for it
 FIRST_BACKOFF, MAX_BACKOFF = 0.5, 10.0
+# Try to reconnect to a server that went away every few seconds, not gRPC's default of up to 2 minutes.
+RECONNECT = [("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_reconnect_backoff_ms", 4000)]
+RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)  # the server is away, not refusing
 
 Reply = TypeVar("Reply")
 
 
-def retry_unavailable(call: Callable[[], Reply], retry_for: float) -> Reply:
-    """``call()``, again after 0.5, 1, 2 ... (at most 10) s while it fails with ``UNAVAILABLE``, for ``retry_for`` s."""
+def retry_unavailable(
+    call: Callable[[], Reply], retry_for: float, codes: tuple[grpc.StatusCode, ...] = (grpc.StatusCode.UNAVAILABLE,)
+) -> Reply:
+    """``call()``, again after 0.5, 1, 2 ... (at most 10) s while it fails with one of ``codes``, for ``retry_for`` s."""
     deadline = time.monotonic() + retry_for
     delay = FIRST_BACKOFF
     while True:
         try:
             return call()
         except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() + delay > deadline:
+            if exc.code() not in codes or time.monotonic() + delay > deadline:
                 raise
         time.sleep(delay)
         delay = min(delay * 2, MAX_BACKOFF)
+
+
+class ReportsLost(RuntimeError):
+    """The server did not take the worker's reports (it refused one, or stayed away past ``retry_for``)."""
 
 
 @dataclass(frozen=True)
@@ -74,20 +94,73 @@ class Reporter:
             private_key=endpoint.key.read_bytes(),
             certificate_chain=endpoint.cert.read_bytes(),
         )
-        self._channel = grpc.secure_channel(endpoint.server, credentials)
+        self._channel = grpc.secure_channel(endpoint.server, credentials, options=RECONNECT)
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
         self._job_id, self._worker = endpoint.job_id, endpoint.worker
         self._heartbeat_interval = HEARTBEAT_INTERVAL
         self._closed = threading.Event()
+        self._numbers = itertools.count(1)
+        self._pending: collections.deque[worker_pb2.WorkerReport] = collections.deque()
+        self._sending = False  # the head report is out, not yet answered
+        self._error: ReportsLost | None = None
+        self._changed = threading.Condition()
         self.stop_requested = False
         self.retry_for = RETRY_FOR
+        self.max_pending = MAX_PENDING
+        threading.Thread(target=self._send_pending, name="reports", daemon=True).start()
 
-    def send(self, *, retry: bool = True, **payload) -> None:
-        report = worker_pb2.WorkerReport(job_id=self._job_id, worker=self._worker, **payload)
-        reply = retry_unavailable(
-            lambda: self._stub.Report(report, timeout=REPORT_TIMEOUT, wait_for_ready=True),
-            self.retry_for if retry else 0.0,
-        )
+    def send(self, **payload) -> None:
+        """Queue a report (numbered, sent in order); waits while ``max_pending`` are queued.
+
+        Raises :class:`ReportsLost` once the server refused a report or stayed away past ``retry_for``.
+        """
+        with self._changed:
+            self._changed.wait_for(lambda: self._error is not None or len(self._pending) < self.max_pending)
+            if self._error is not None:
+                raise self._error
+            seq = next(self._numbers)
+            self._pending.append(worker_pb2.WorkerReport(job_id=self._job_id, worker=self._worker, seq=seq, **payload))
+            self._changed.notify_all()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued report is delivered (False if ``timeout`` passed first).
+
+        Raises :class:`ReportsLost` if one cannot be delivered.
+        """
+        with self._changed:
+            done = self._changed.wait_for(
+                lambda: self._error is not None or not (self._pending or self._sending), timeout
+            )
+            if self._error is not None:
+                raise self._error
+            return done
+
+    def _send_pending(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._pending or self._closed.is_set())
+                if not self._pending:
+                    return
+                report, self._sending = self._pending[0], True
+            try:
+                reply = retry_unavailable(
+                    lambda r=report: self._stub.Report(r, timeout=REPORT_TIMEOUT, wait_for_ready=True),  # type: ignore[misc]
+                    self.retry_for,
+                    RETRIED,
+                )
+            except (grpc.RpcError, ValueError) as exc:  # refused, away too long, or the channel closed at exit
+                with self._changed:
+                    self._error = ReportsLost(f"report {report.seq} ({report.WhichOneof('payload')}) not taken: {exc}")
+                    self._sending = False
+                    self._changed.notify_all()
+                return
+            self._answered(reply)
+            with self._changed:
+                self._pending.popleft()
+                self._sending = False
+                self._changed.notify_all()
+
+    def _answered(self, reply: worker_pb2.WorkerReportReply) -> None:
         if reply.stop:
             self.stop_requested = True
         if reply.heartbeat_interval_s > 0:
@@ -101,10 +174,11 @@ class Reporter:
         threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
 
     def _beat(self) -> None:
+        beat = worker_pb2.WorkerReport(job_id=self._job_id, worker=self._worker, heartbeat=worker_pb2.Heartbeat())
         while not self._closed.is_set():
             # the server may be unreachable for now (the next beat tries again), or the channel closed at exit
             with contextlib.suppress(grpc.RpcError, ValueError):
-                self.send(heartbeat=worker_pb2.Heartbeat(), retry=False)
+                self._answered(self._stub.Report(beat, timeout=REPORT_TIMEOUT, wait_for_ready=True))
             self._closed.wait(self._heartbeat_interval)
 
     def started(self) -> None:
@@ -144,10 +218,14 @@ class Reporter:
         self.send(message=worker_pb2.Message(text=text))
 
     def finished(self, final_val_loss: float) -> None:
+        """Report the end, and wait until the server has it and everything before it."""
         self.send(finished=worker_pb2.Finished(final_val_loss=final_val_loss))
+        self.flush()
 
     def failed(self, reason: str, *, permanent: bool = False) -> None:
+        """Report the failure, and wait until the server has it and everything before it."""
         self.send(failed=worker_pb2.Failed(reason=reason, permanent=permanent))
+        self.flush()
 
     def gossip_endpoint(self, address: str) -> None:
         self.send(gossip=worker_pb2.GossipEndpoint(address=address))
@@ -192,12 +270,22 @@ class Reporter:
         self.send(refused=worker_pb2.GossipRefused(address=address, principal=principal, reason=reason))
 
     def peers(self) -> tuple[dict[int, str], int, dict[int, int]]:
-        """The job's registered gossip endpoints, the latest finished round, and each worker's."""
-        reply = self._stub.GetPeers(
-            worker_pb2.GetPeersRequest(job_id=self._job_id), timeout=REPORT_TIMEOUT, wait_for_ready=True
+        """The job's registered gossip endpoints, the latest finished round, and each worker's.
+
+        Asked once this worker's own reports (its endpoint among them) are delivered; sent again while the server is away.
+        """
+        self.flush()
+        request = worker_pb2.GetPeersRequest(job_id=self._job_id)
+        reply = retry_unavailable(
+            lambda: self._stub.GetPeers(request, timeout=REPORT_TIMEOUT, wait_for_ready=True), self.retry_for, RETRIED
         )
         return dict(reply.peers), reply.round, dict(reply.rounds)
 
-    def close(self) -> None:
-        self._closed.set()
+    def close(self, wait: float | None = None) -> None:
+        """Deliver what is queued (for at most ``wait`` seconds, else as long as ``retry_for`` allows), then stop."""
+        with contextlib.suppress(ReportsLost):
+            self.flush(wait)
+        with self._changed:
+            self._closed.set()
+            self._changed.notify_all()
         self._channel.close()

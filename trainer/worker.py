@@ -1,7 +1,7 @@
 """Worker process entry point: ``python -m cantata.trainer.worker --config FILE``.
 
 Exit codes: 0 finished or stopped on request, 1 failed (the reason is
-reported to the server first), 3 the server that started us is gone, 4 out
+reported to the server first), 3 the zygote that forked us is gone, 4 out
 of memory (past the limit the server set, reported as such). A failure the
 job's own inputs cause (its data, its settings, a batch that does not fit
 in its memory) is reported as permanent: restarting the job from its
@@ -37,6 +37,7 @@ from cantata.trainer.reporter import Endpoint, Reporter
 log = logging.getLogger("cantata.worker")
 EXIT_ORPHANED = 3
 EXIT_OUT_OF_MEMORY = 4
+STOPPING_FLUSH_S = 2.0  # how long a worker told to stop still tries to deliver its last reports
 # DataError is a ValueError; a missing bucket (a StoreConfigError) or refused credentials stay so until someone acts.
 PERMANENT = (ValueError, TypeError, LookupError, PermissionError, StoreConfigError, StorePermissionError)
 TRANSIENT = (DatasetUnavailableError,)
@@ -53,7 +54,10 @@ def out_of_memory(exc: BaseException) -> bool:
 
 
 def watch_parent(interval: float = 0.5) -> None:
-    """Exit if the server that launched this worker dies: no orphan keeps training."""
+    """Exit if the zygote that forked this worker dies: no worker trains with no one to report its exit.
+
+    The zygote outlives the server (a restarted server re-adopts the workers), not the other way round.
+    """
     parent = os.getppid()
 
     def run() -> None:
@@ -94,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return train_job(args.config, reporter, stop)
     finally:
-        reporter.close()
+        # Stopped by a signal (a cancel, a requeueing server): what is left to say matters less than stopping.
+        reporter.close(STOPPING_FLUSH_S if stop.is_set() else None)
 
 
 def train_job(config: Path, reporter: Reporter, stop: threading.Event) -> int:

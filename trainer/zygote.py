@@ -11,8 +11,13 @@ on its stdin) it forks a child that (after :func:`preload`, a no-op when warm) e
 environment), sets its process title to the worker command line, caps its
 memory and runs the request's entry point (:func:`cantata.trainer.worker.main`). The zygote answers with
 the child's pid, reaps its children and reports each exit status (a JSON line
-on its stdout). It exits when its stdin closes: when the server is gone; its
-workers then see their parent change and stop (``watch_parent``).
+on its stdout, and the request's ``status`` file, which a server started later
+reads). When its stdin closes (the server stopped or died) it starts nothing
+more, but it stays with its workers, which train on, and reaps them; it exits
+once the last one has. A restarted server re-adopts the workers
+(:meth:`cantata.server.launcher.WorkerLauncher.adopt`) and starts a zygote of
+its own. Workers whose zygote dies see their parent change and stop
+(``watch_parent``).
 
 Without ``--warm`` (``warm_workers: false``) every child imports what it needs
 itself, as a freshly started interpreter would: the baseline of
@@ -81,10 +86,23 @@ def _child(request: SpawnRequest) -> None:
 
 
 def _send(message: dict) -> None:
-    os.write(1, (json.dumps(message) + "\n").encode())
+    with contextlib.suppress(OSError):  # the server is gone: the status files say it for the next one
+        os.write(1, (json.dumps(message) + "\n").encode())
 
 
-def _spawn(line: bytes) -> None:
+def _write_status(path: str, pid: int, code: int) -> None:
+    """Record how worker ``pid`` exited, atomically, in the server's folder (not the worker's)."""
+    if not path:
+        return
+    with contextlib.suppress(OSError):
+        temporary = f"{path}.{pid}.tmp"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump({"pid": pid, "code": code}, out)
+        os.replace(temporary, path)
+
+
+def _spawn(line: bytes, statuses: dict[int, str]) -> None:
     tag = None
     try:
         raw = json.loads(line)
@@ -98,22 +116,26 @@ def _spawn(line: bytes) -> None:
     pid = os.fork()
     if pid == 0:
         _child(request)
+    statuses[pid] = request.status
     _send({"tag": tag, "pid": pid})
 
 
-def _reap() -> None:
+def _reap(statuses: dict[int, str]) -> bool:
+    """Reap the children that exited and report them; False once there is none left."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return False
         if pid == 0:
-            return
-        _send({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+            return True
+        code = os.waitstatus_to_exitcode(status)
+        _write_status(statuses.pop(pid, ""), pid, code)
+        _send({"exited": pid, "code": code})
 
 
 def serve(*, warm: bool, poll_s: float = 0.05) -> None:
-    """Answer spawn requests on stdin until it closes.
+    """Answer spawn requests on stdin until it closes, then reap the children left until there is none.
 
     A child's exit wakes the loop at once (SIGCHLD through a wakeup pipe), so exits are
     reported in the order the children died: the server names the worker that failed
@@ -128,22 +150,23 @@ def serve(*, warm: bool, poll_s: float = 0.05) -> None:
     signal.set_wakeup_fd(wake)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     _send({"ready": True, "threads": threads()})
-    pending = b""
+    pending, serving = b"", True
+    statuses: dict[int, str] = {}  # pid -> its status file
     while True:
-        readable, _, _ = select.select([0, died], [], [], poll_s)
+        readable, _, _ = select.select([0, died] if serving else [died], [], [], poll_s)
         if died in readable:
             with contextlib.suppress(BlockingIOError):
                 os.read(died, 1 << 12)
         if 0 in readable:
             chunk = os.read(0, 1 << 16)
-            if not chunk:
-                return
+            serving = bool(chunk)
             pending += chunk
             *lines, pending = pending.split(b"\n")
             for line in lines:
-                if line.strip():
-                    _spawn(line)
-        _reap()
+                if line.strip() and serving:
+                    _spawn(line, statuses)
+        if not _reap(statuses) and not serving:
+            return
 
 
 def main(argv: list[str] | None = None) -> None:

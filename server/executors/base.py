@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from cantata.server.store import JobRecord
+from cantata.server.store import JobRecord, WorkerRecord
 
 
 @dataclass
@@ -92,8 +92,25 @@ class Executor(Protocol):
         """Delete the job's secret-bearing files."""
         ...
 
-    def kill_orphan(self, pid: int, job_id: str) -> None:
+    def adopt(self, job: JobRecord, workers: list[WorkerRecord], *, attack: dict | None = None) -> int | None:
+        """Take over the job's workers an earlier server started; how many still run (None: this executor's
+        workers do not outlive their server, so the job is requeued)."""
+        ...
+
+    def started_at(self, job_id: str, worker: int) -> int:
+        """The worker process's start time (with its pid, it names the process; 0: not a local process)."""
+        ...
+
+    def kill_orphan(self, worker: WorkerRecord, job_id: str) -> None:
         """Kill a worker a crashed server left running, if it is still there."""
+        ...
+
+    def kill_strays(self) -> list[int]:
+        """Kill workers no adopted job owns; their pids."""
+        ...
+
+    def detach(self) -> None:
+        """Let go of every worker for the next server to adopt (a stop for an upgrade)."""
         ...
 
     def scrub_all(self) -> None:

@@ -47,7 +47,7 @@ from cantata.server.groups import decentralized, group_size, processes
 from cantata.server.memory import worker_estimate
 from cantata.server.ports import CertificateRegistry, SecretsBroker
 from cantata.server.sandbox import Identities, base_environment, prepare_job_folder, store_environment
-from cantata.server.store import JobRecord
+from cantata.server.store import JobRecord, WorkerRecord
 
 log = logging.getLogger(__name__)
 NAMESPACE = "cantata"
@@ -497,7 +497,22 @@ class RayExecutor:
     def scrub_all(self) -> None:
         """Nothing secret is kept here (see :meth:`scrub`)."""
 
-    def kill_orphan(self, pid: int, job_id: str) -> None:
+    def adopt(self, job: JobRecord, workers: list[WorkerRecord], *, attack: dict | None = None) -> None:
+        """Nothing to adopt: the actors are not detached, so they ended with the driver that started them."""
+        return None
+
+    def started_at(self, job_id: str, worker: int) -> int:
+        return 0  # an actor on some node, not a process of this machine
+
+    def kill_strays(self) -> list[int]:
+        """Actors end with their driver; a job's leftovers are killed by name in :meth:`kill_orphan`."""
+        return []
+
+    def detach(self) -> None:
+        """The actors cannot outlive this driver: stop them now; the next server requeues their jobs."""
+        self.stop_all()
+
+    def kill_orphan(self, worker: WorkerRecord, job_id: str) -> None:
         """A crashed driver's actors end with it (they are not detached); kill any the job left, by name."""
         import ray
 

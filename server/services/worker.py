@@ -9,7 +9,7 @@ from cantata.proto.v1 import common_pb2, jobs_pb2, worker_pb2, worker_pb2_grpc
 from cantata.security.audit import Action, Outcome
 from cantata.security.pki import Principal
 from cantata.server.auth import caller
-from cantata.server.errors import InvalidRequest, Refused
+from cantata.server.errors import InvalidRequest, Refused, Unavailable
 from cantata.server.groups import processes
 from cantata.server.heartbeats import Heartbeats
 from cantata.server.lifecycle import JobLifecycle
@@ -51,6 +51,23 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             )
             raise Refused("a worker may only report for itself")
         self._heartbeats.seen(me.name, request.worker)  # any report is a sign of life
+        if not request.seq:  # a heartbeat: not numbered, not retried
+            return self._apply(me, request, context)
+        with self._store.database.transaction():  # applied once: a report sent again after an outage is skipped
+            claimed = self._store.claim_report(me.name, request.worker, request.seq)
+            if claimed is None:
+                raise Unavailable("the worker's start is still being recorded; send the report again")
+            if claimed:
+                return self._apply(me, request, context)
+        return self._reply(me.name)
+
+    def _reply(self, job_id: str) -> worker_pb2.WorkerReportReply:
+        return worker_pb2.WorkerReportReply(
+            stop=self._store.job(job_id).state == common_pb2.CANCELLING,
+            heartbeat_interval_s=self._heartbeats.interval,
+        )
+
+    def _apply(self, me, request, context) -> worker_pb2.WorkerReportReply:
         job = self._store.job(me.name)
         kind = request.WhichOneof("payload")
         _check_ranges(request, processes(job.spec))
@@ -113,10 +130,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             event.worker = request.worker
             event.total_steps = job.spec.steps
             self._store.append_event(job.id, event)
-        return worker_pb2.WorkerReportReply(
-            stop=self._store.job(job.id).state == common_pb2.CANCELLING,
-            heartbeat_interval_s=self._heartbeats.interval,
-        )
+        return self._reply(job.id)
 
     def _record_round(self, job, worker: int, r: worker_pb2.Round) -> None:
         """The round's number, and its figures in the job's history (at the round's last step)."""

@@ -1,0 +1,138 @@
+"""The control plane restarts without stopping training: real server, real workers, killed and stopped for real.
+
+A job's worker keeps training while its server is down (its log shows new
+steps), buffers what it reports, and the restarted server re-adopts it by pid
+and start time: the job ends SUCCEEDED in its first attempt, with every
+progress, checkpoint and eval event exactly once and the event numbers
+gapless. A worker that dies while the server is down takes the failure path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from cantata.sdk.job import Job
+from cantata.security.audit import Action, read_records, verify
+from cantata.server.process_identity import running, start_time
+from tests.platform import Platform
+from tests.test_jobs import _pids_of
+from tests.waiting import wait_for
+
+STEPS = 400  # long enough that a fast machine is still training when the test acts
+JOB = dict(model="gpt-tiny", steps=STEPS, eval_every=100, checkpoint_every=25, batch_size=4, seq_len=16)
+STEP_LINE = re.compile(rb"step (\d+)/\d+ loss")
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory):
+    p = Platform(tmp_path_factory.mktemp("restarts"))
+    p.start()
+    yield p
+    if p.proc is not None:
+        p.stop()
+    p.kill_workers()  # what a test that failed while its server was down left running
+
+
+def _logged_step(platform: Platform, job_id: str) -> int:
+    """The latest step worker 0's log shows (the log is written by the worker itself, server or not)."""
+    try:
+        text = (platform.data_dir / "jobs" / job_id / "worker-0.log").read_bytes()
+    except FileNotFoundError:  # not started yet
+        return 0
+    return max((int(m.group(1)) for m in STEP_LINE.finditer(text)), default=0)
+
+
+def _audited(platform: Platform, job_id: str) -> list[str]:
+    return [r.action for r in read_records(platform.data_dir / "audit") if r.resource == job_id]
+
+
+def _assert_ran_once_through(handle, platform: Platform) -> None:
+    """SUCCEEDED in its first attempt, every report applied exactly once, events numbered without a gap."""
+    status = handle.wait()
+    assert status.state == "SUCCEEDED", status.reason
+    events = list(handle.events())
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    progress = [e.step for e in events if e.kind == "PROGRESS"]
+    assert progress == list(range(STEPS // 100, STEPS + 1, STEPS // 100))  # each report once, in order
+    assert [e.step for e in events if e.kind == "CHECKPOINT"] == list(range(25, STEPS + 1, 25))
+    assert [e.step for e in events if e.kind == "EVAL"] == list(range(100, STEPS + 1, 100))
+    messages = [e.message for e in events]
+    assert "server restarted; re-adopted 1 running worker process" in messages
+    assert not any("restarting the job" in m or "will resume" in m for m in messages)
+    actions = _audited(platform, handle.id)
+    assert actions.count(Action.JOB_STARTED) == 1 and Action.JOB_RESTARTED not in actions
+    log = (platform.data_dir / "jobs" / handle.id / "worker-0.log").read_text()
+    assert log.count("started (attempt") == 1  # one process trained it all
+    assert not _pids_of(handle.id)
+
+
+@pytest.mark.parametrize("how", ["sigkill", "sigterm"])
+def test_a_job_trains_on_while_its_server_is_down_and_the_restarted_server_adopts_it(platform, tenant, how):
+    handle = tenant.submit(Job(name=f"through-{how}", **JOB))
+    wait_for(lambda: _logged_step(platform, handle.id) >= STEPS // 10)
+    (pid,) = _pids_of(handle.id)
+    if how == "sigkill":
+        platform.kill()
+    else:
+        assert platform.stop(leave_workers=True) == 0  # on_stop defaults to "leave": an upgrade
+        stopped = [r for r in read_records(platform.data_dir / "audit") if r.action == Action.SERVER_STOPPED][-1]
+        assert stopped.details == {"jobs": "leave"}
+    down_at = _logged_step(platform, handle.id)
+    wait_for(lambda: _logged_step(platform, handle.id) > down_at + STEPS // 10)  # training, no server
+    assert _pids_of(handle.id) == [pid]
+    platform.start()
+    _assert_ran_once_through(handle, platform)
+
+
+def test_on_stop_requeue_stops_the_jobs_which_resume_from_their_checkpoints(platform, tenant):
+    platform.stop()
+    platform.start("--on-stop", "requeue")
+    handle = tenant.submit(Job(name="requeued", **JOB))
+    wait_for(lambda: any(c.step >= 25 for c in tenant.checkpoints(handle.id)))
+    assert platform.stop() == 0
+    assert not _pids_of(handle.id)
+    records = list(read_records(platform.data_dir / "audit"))
+    assert records[-1].action == Action.SERVER_STOPPED and records[-1].details == {"jobs": "requeue"}
+    assert verify(platform.data_dir / "audit").ok
+    platform.start()
+    status = handle.wait()
+    assert status.state == "SUCCEEDED", status.reason
+    messages = [e.message for e in handle.events()]
+    assert "server stopped; will resume from the last checkpoint" in messages
+    assert any(m.startswith("resumed from checkpoint at step") for m in messages)
+
+
+def test_a_worker_that_died_while_the_server_was_down_takes_the_failure_path(platform, tenant):
+    handle = tenant.submit(Job(name="died-meanwhile", max_failures=1, **JOB))
+    wait_for(lambda: any(c.step >= 25 for c in tenant.checkpoints(handle.id)))
+    platform.kill()
+    (pid,) = _pids_of(handle.id)
+    os.killpg(pid, signal.SIGKILL)
+    wait_for(lambda: not _pids_of(handle.id))
+    platform.start()
+    status = handle.wait()
+    assert status.state == "SUCCEEDED", status.reason
+    messages = [e.message for e in handle.events()]
+    restarted = [m for m in messages if "restarting the job from step" in m]
+    assert len(restarted) == 1 and restarted[0].startswith("worker 0 exited with code -9")
+    assert "server restarted; re-adopted 0 running worker processes" in messages
+    assert _audited(platform, handle.id).count(Action.JOB_RESTARTED) == 1
+
+
+def test_a_pid_is_the_same_process_only_with_its_start_time():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        started = start_time(child.pid)
+        assert started > 0 and running(child.pid, started)
+        assert not running(child.pid, started + 1)  # a process that reused the pid started at another time
+        assert start_time(os.getpid()) != started
+    finally:
+        child.kill()
+        child.wait()
+    assert not running(child.pid, started)
