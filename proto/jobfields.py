@@ -245,14 +245,6 @@ TRAINING_FIELDS: tuple[JobField, ...] = (
         3,
         range=Range(1, MAX_KEEP_LAST),
     ),
-    JobField(
-        "gpus_per_worker",
-        int,
-        "GPUs each worker process gets (its CUDA_VISIBLE_DEVICES); 0 trains on the CPU",
-        0,
-        0,
-        range=Range(1, MAX_GPUS_PER_WORKER),
-    ),
 )
 
 _MESH = frozenset({Algorithm.SINGLE, Algorithm.ALLREDUCE})
@@ -372,6 +364,18 @@ MUON_FIELDS: tuple[JobField, ...] = (
         "",
         _with_muon(NsDtype.FLOAT32.value),
         choices=NsDtype,
+    ),
+)
+
+# Where a job's workers run (issue 18).
+PLACEMENT_FIELDS: tuple[JobField, ...] = (
+    JobField(
+        "gpus_per_worker",
+        int,
+        "GPUs each worker process gets (its CUDA_VISIBLE_DEVICES); 0 trains on the CPU",
+        0,
+        0,
+        range=Range(1, MAX_GPUS_PER_WORKER),
     ),
 )
 
@@ -565,6 +569,7 @@ FIELDS: tuple[JobField, ...] = (
     *TRAINING_FIELDS,
     *MODEL_FIELDS,
     *MUON_FIELDS,
+    *PLACEMENT_FIELDS,
 )
 FIELD = {f.name: f for f in FIELDS}
 

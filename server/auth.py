@@ -89,8 +89,8 @@ _peer: contextvars.ContextVar[PeerCertificate | None] = contextvars.ContextVar("
 
 
 def caller(context: grpc.ServicerContext) -> Principal:
-    """The verified principal of an authenticated call (the interceptor ran first and read it)."""
-    peer = _peer.get()
+    """The verified principal of an authenticated call (read once by the interceptor, else from the context)."""
+    peer = _peer.get() or peer_certificate(context.auth_context())
     assert peer is not None and peer.principal is not None, "called without authentication"
     return peer.principal
 

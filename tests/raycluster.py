@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -20,6 +21,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.waiting import wait_for
 
 RAY_PORT = 6379
 
@@ -151,6 +154,22 @@ class RayCluster:
                 return
             self.kill_node(node)
         self.failures.append(f"ray start on node {node.index}:\n{started.stdout[-3000:]}\n{started.stderr[-3000:]}")
+
+    def wait_idle(self) -> None:
+        """Until no placement group holds a CPU (Ray removes an ended job's group after the job has ended)."""
+        ray = str(Path(sys.executable).parent / "ray")
+
+        def idle() -> bool:
+            status = subprocess.run(
+                self.head.run(ray, "status", f"--address={self.address}"),
+                env=self.node_env(self.head),
+                capture_output=True,
+                text=True,
+            ).stdout
+            used = re.search(r"([0-9.]+)/[0-9.]+ CPU", status)
+            return used is not None and float(used.group(1)) == 0.0
+
+        wait_for(idle)
 
     def kill_node(self, node: Node) -> None:
         """Kill every process of ``node``'s namespace (its raylet and workers): the node is lost."""

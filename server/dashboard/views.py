@@ -20,7 +20,7 @@ from cantata.server.store import JobRecord, Store
 
 EVENTS_SHOWN = 200  # the job page lists this many latest events
 # A ROUND event's text, as server/services/worker.py's round_text writes it (this worker's exchange in that round).
-_ROUND = re.compile(r"^round (\d+): exchanged with \[([\d, ]*)\].*?exchange ([\d.]+) s")
+_ROUND = re.compile(r"round ([0-9]+): exchanged with \[([0-9, ]*)\].*?exchange ([0-9.]+) s .*")
 
 
 def state_name(state: int) -> str:
@@ -133,7 +133,7 @@ def _edges(job_id: str, events: list[jobs_pb2.JobEvent], store: Store) -> list[E
     for e in events:
         if e.kind != jobs_pb2.ROUND:
             continue
-        match = _ROUND.match(e.message)
+        match = _ROUND.fullmatch(e.message)
         if not match:
             continue
         for peer in (int(p) for p in match.group(2).replace(" ", "").split(",") if p):

@@ -198,7 +198,8 @@ class RayExecutor:
     def placement(self, job: JobRecord) -> None:
         n = processes(job.spec)
         total, free, largest = self._cluster()
-        for resource, amount in self.bundle(job).items():
+        bundle = self.bundle(job)
+        for resource, amount in bundle.items():  # first what no wait can change, then what is free now
             if amount > largest.get(resource, 0.0):
                 raise NotPlaceable(
                     f"each worker needs {_amount(resource, amount)}; no node of the Ray cluster has that many",
@@ -212,6 +213,8 @@ class RayExecutor:
                     never=True,
                     retry=True,
                 )
+        for resource, amount in bundle.items():
+            wanted = amount * n
             if wanted > free.get(resource, 0.0):
                 raise NotPlaceable(
                     f"waiting for {_amount(resource, wanted)} ({_amount(resource, free.get(resource, 0.0))} free)",
@@ -226,6 +229,7 @@ class RayExecutor:
         from cantata.server.executors.ray_actor import WorkerHost
 
         n = processes(job.spec)
+        # SPREAD, not STRICT_SPREAD: a lost node's bundle must be placeable again on the nodes that remain
         strategy = "SPREAD" if decentralized(job.spec) else "PACK"
         group = placement_group([self.bundle(job)] * n, strategy=strategy, name=f"cantata-{job.id}")
         running = self._jobs[job.id] = _Job(group, attack=attack)
