@@ -185,11 +185,6 @@ def check_mesh(s: common_pb2.JobSpec) -> None:
     _require(
         int(shape["n_kv_heads"]) % s.tp == 0, "tp", f"must divide {s.model}'s {shape['n_kv_heads']} key/value heads"
     )
-    _require(
-        s.optimizer != Optimizer.MUON or (s.dp_shard == 1 and s.tp == 1),
-        "optimizer",
-        "muon on sharded parameters needs Canzona on DTensor, which this server does not have yet: use adamw",
-    )
 
 
 def check_vocabulary(s: common_pb2.JobSpec) -> None:

@@ -35,7 +35,19 @@ from cantata.server.metrics_store import MetricsStore
 from cantata.server.store import ACTIVE, JobRecord, Store
 
 # Per-job gauges: the metrics of the history that describe a job's training now.
-JOB_GAUGES = ("loss", "val_loss", "lr", "tokens_per_s", "step_time_s", "data_wait_s", "grad_norm", "round_s")
+JOB_GAUGES = (
+    "loss",
+    "val_loss",
+    "lr",
+    "tokens_per_s",
+    "step_time_s",
+    "data_wait_s",
+    "grad_norm",
+    "round_s",
+    "optim_step_s",
+    "optim_compute_imbalance",
+    "optim_ns_flops_imbalance",
+)
 STORE_KINDS = {"file": "file", "s3": "s3", "az": "azure"}
 
 

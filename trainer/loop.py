@@ -330,6 +330,8 @@ class Trainer:
             weight_decay=spec.weight_decay,
             grad_clip=spec.grad_clip,
             process_group=strategy.group if strategy.mesh is None else None,  # with a mesh FSDP2 reduces gradients
+            mesh=strategy.mesh,  # muon: Canzona on DTensor over the whole mesh, TP-Canzona across "tp"
+            tp_dim="tp" if strategy.mesh is not None else None,
             **spec_settings(spec),
         )
         self.schedule = Schedule.of(spec)
@@ -409,6 +411,7 @@ class Trainer:
                 now = time.perf_counter()
                 tokens_per_s = tokens_per_step * steps_since / (now - tick)
                 lr = self.schedule.lr(step)
+                optimizer_window = self.optimizer.window_metrics()  # collective: every rank of the group
                 log_progress(step, spec.steps, loss, lr, tokens_per_s, self.optimizer.last_grad_norm)
                 if self.lead:
                     self.reporter.progress(
@@ -419,6 +422,7 @@ class Trainer:
                         step_time_s=(now - tick) / max(steps_since, 1),
                         data_wait_s=self.feed.wait_seconds - waited,
                         grad_norm=self.optimizer.last_grad_norm,
+                        optimizer=optimizer_window,
                     )
                 tick, steps_since, waited = now, 0, self.feed.wait_seconds
             if step == spec.steps:

@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     RowwiseParallel,
@@ -122,12 +123,24 @@ class FullState:
         if self._part == "model":
             return get_model_state_dict(self._model, options=self._options)
         state = get_optimizer_state_dict(self._model, self._optimizer.adamw, options=self._options)
-        return {"adamw": state, "step": self._optimizer.steps, "lr": self._optimizer.lr}
+        full = {"adamw": state, "step": self._optimizer.steps, "lr": self._optimizer.lr}
+        if self._optimizer.muon is not None:  # Canzona's momentum, each matrix whole
+            muon = self._optimizer.muon.state_dict()
+            momentum = {name: _full(t) for name, t in muon["momentum"].items()}
+            full["muon"] = {**muon, "momentum": momentum}
+        return full
 
     def load_state_dict(self, state: dict) -> None:
         if self._part == "model":
             set_model_state_dict(self._model, state, options=self._loading)
             return
         set_optimizer_state_dict(self._model, self._optimizer.adamw, state["adamw"], options=self._loading)
+        if self._optimizer.muon is not None:
+            self._optimizer.muon.load_state_dict(state["muon"])
         self._optimizer.steps = state["step"]
         self._optimizer.set_lr(state["lr"])
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """A whole tensor on the CPU (collective for a DTensor)."""
+    return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).cpu()

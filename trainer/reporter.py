@@ -27,7 +27,7 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -62,6 +62,11 @@ def retry_unavailable(
                 raise
         time.sleep(delay)
         delay = min(delay * 2, MAX_BACKOFF)
+
+
+def optimizer_window(metrics: Mapping[str, float]) -> worker_pb2.OptimizerWindow:
+    """``TrainingOptimizer.window_metrics()`` as its report: metric ``optim_<field>`` is field ``<field>``."""
+    return worker_pb2.OptimizerWindow(**{name.removeprefix("optim_"): value for name, value in metrics.items()})
 
 
 class ReportsLost(RuntimeError):
@@ -194,8 +199,10 @@ class Reporter:
         step_time_s: float = 0.0,
         data_wait_s: float = 0.0,
         grad_norm: float | None = None,
+        optimizer: Mapping[str, float] | None = None,
     ) -> None:
-        """The report window ending at ``step``: its last loss, throughput, mean step time and data wait."""
+        """The report window ending at ``step``: its last loss, throughput, mean step time and data wait,
+        and the optimizer's statistics (``TrainingOptimizer.window_metrics()``) when given."""
         self.send(
             progress=worker_pb2.Progress(
                 step=step,
@@ -205,6 +212,7 @@ class Reporter:
                 step_time_s=step_time_s,
                 data_wait_s=data_wait_s,
                 grad_norm=grad_norm,
+                optimizer=optimizer_window(optimizer) if optimizer is not None else None,
             )
         )
 

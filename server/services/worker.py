@@ -82,6 +82,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             values |= {"step_time_s": p.step_time_s, "data_wait_s": p.data_wait_s}
             if p.HasField("grad_norm"):
                 values["grad_norm"] = p.grad_norm
+            if p.HasField("optimizer"):
+                values |= optimizer_metrics(p.optimizer)
             with self._store.database.transaction():  # one durable write for the job's step and its history
                 self._store.record_progress(job.id, step=p.step, loss=p.loss)
                 self._metrics.record(job.id, p.step, request.worker, values)
@@ -239,6 +241,15 @@ def round_text(r: worker_pb2.Round) -> str:
     )
 
 
+def optimizer_metrics(window: worker_pb2.OptimizerWindow) -> dict[str, float]:
+    """A report window's optimizer statistics as metrics: field ``<name>`` is metric ``optim_<name>``."""
+    return {
+        f"optim_{field.name}": getattr(window, field.name)
+        for field in window.DESCRIPTOR.fields
+        if not field.has_presence or window.HasField(field.name)
+    }
+
+
 def _check_ranges(report: worker_pb2.WorkerReport, processes: int) -> None:
     """Refuse a report whose steps, rounds, sizes or worker indices are out of range (``InvalidRequest``)."""
     kind = report.WhichOneof("payload")
@@ -255,6 +266,10 @@ def _check_ranges(report: worker_pb2.WorkerReport, processes: int) -> None:
         value = getattr(report.progress, name)
         if not (math.isfinite(value) and value >= 0):
             raise InvalidRequest(f"progress.{name} must be a finite duration", field=f"progress.{name}")
+    optimizer = optimizer_metrics(report.progress.optimizer) if kind == "progress" else {}
+    for name, value in optimizer.items():
+        if not (math.isfinite(value) and value >= 0):
+            raise InvalidRequest(f"progress.optimizer: {name} must be finite and >= 0", field="progress.optimizer")
     if kind == "checkpoint" and not (math.isfinite(report.checkpoint.seconds) and report.checkpoint.seconds >= 0):
         raise InvalidRequest("checkpoint.seconds must be a finite duration", field="checkpoint.seconds")
     workers += [report.anomaly.peer] if kind == "anomaly" else []

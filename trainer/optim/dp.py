@@ -112,6 +112,14 @@ class DataParallelMuon:
         self.owned = sorted(p for p, owner in plan.owner_by_param().items() if owner == self.rank)
         self.momentum = {index: torch.zeros_like(self.params[index]) for index in self.owned}
 
+    def rank_flops(self) -> list[float]:
+        """Newton-Schulz FLOPs of the matrices each rank owns (the plan's compute load)."""
+        loads = [0.0] * self.world_size
+        for index, owner in self.plan.owner_by_param().items():
+            shape = tuple(self.params[index].shape)
+            loads[owner] += update_cost(shape, unit="flops", splits=self.splits[index], ns_steps=self.config.ns_steps)
+        return loads
+
     @torch.no_grad()
     def step(self, *, lr: float, weight_decay: float) -> StepStats:
         """Average gradients, update owned matrices that received a gradient on some rank, and leave

@@ -14,9 +14,10 @@ gradient's (or update's) elements: nothing is padded.
 
 A parameter's piece on a rank is worked out from its placements (`Shard`,
 FSDP2's `_StridedShard` under TP, `Replicate`); only one replica of a
-replicated piece sends it. Momentum lives on the owner only, saved by name as
-full matrices in the same format as DP-Canzona, so a checkpoint moves between
-meshes with `merge_optimizer_shards`.
+replicated piece sends it. Momentum lives on the owner only, as whole matrices;
+`state_dict()` hands every rank its piece as a DTensor placed like the
+parameter, so `torch.distributed.checkpoint` saves and reshards it with the
+model, and `load_state_dict` sends the pieces back to the (new) owners.
 """
 
 from __future__ import annotations
@@ -34,13 +35,13 @@ from torch.distributed.tensor.placement_types import _StridedShard
 
 from .buckets import build_buckets
 from .cost import update_cost
-from .dp import STATE_FORMAT
 from .muon import MuonConfig, apply_direction, check_splits, muon_direction
 from .partition import ShardingPlan, alpha_balanced_plan
 from .profiling import StepStats
 from .tp import greedy_rollback_groups
 
 Box = tuple[slice, ...]
+SHARDED_STATE_FORMAT = "cantata.canzona-dtensor/1"
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ class ShardedMuon:
         if mesh is None:
             self.group, self.rank = None, 0
         else:
-            self.group = mesh.get_group() if mesh.ndim == 1 else mesh._flatten().get_group()
+            self.group = mesh.get_group() if mesh.ndim == 1 else mesh._flatten().get_group()  # cached by the mesh
             self.rank = dist.get_rank(self.group)
         coordinates = [_unravel(rank, mesh_shape) for rank in range(self.world_size)]
         if mesh is not None and tuple(mesh.get_coordinate() or ()) != coordinates[self.rank]:
@@ -169,6 +170,14 @@ class ShardedMuon:
     def params(self) -> list[Tensor]:
         return [item.param for item in self.items]
 
+    def rank_flops(self) -> list[float]:
+        """Newton-Schulz FLOPs of the matrices each rank of the mesh owns (the plan's compute load)."""
+        loads = [0.0] * self.world_size
+        for index, owner in self.owner.items():
+            item = self.items[index]
+            loads[owner] += update_cost(item.full_shape, unit="flops", splits=item.splits, ns_steps=self.config.ns_steps)
+        return loads
+
     @torch.no_grad()
     def step(self, *, lr: float, weight_decay: float) -> StepStats:
         """Update every matrix that received a gradient on some rank; leave the others untouched."""
@@ -199,33 +208,79 @@ class ShardedMuon:
         return stats
 
     def state_dict(self) -> dict:
-        """This rank's momentum: the full matrices it owns, by name (DP-Canzona's format)."""
-        return {
-            "format": STATE_FORMAT,
-            "world_size": self.world_size,
-            "rank": self.rank,
-            "momentum": {self.items[i].name: self.momentum[i].clone() for i in self.owned},
-        }
+        """Momentum by parameter name, each a DTensor placed like its parameter (a plain tensor for a plain one).
+
+        Collective: the owners send every rank its piece of their momentum (one exact-size
+        ``all_to_all_single``), so ``torch.distributed.checkpoint`` saves and reshards it like the
+        parameters, and ``full_tensor()`` gives the whole matrix.
+        """
+        pieces = self._scatter_momentum()
+        momentum = {}
+        for index, item in enumerate(self.items):
+            piece = pieces[index].view(_local(item.param).shape)
+            if isinstance(item.param, DTensor):
+                momentum[item.name] = DTensor.from_local(
+                    piece,
+                    item.param.device_mesh,
+                    item.param.placements,
+                    run_check=False,
+                    shape=item.param.shape,
+                    stride=item.param.stride(),
+                )
+            else:
+                momentum[item.name] = piece
+        return {"format": SHARDED_STATE_FORMAT, "momentum": momentum}
 
     def load_state_dict(self, state: dict) -> None:
-        """Momentum of the owned matrices from this rank's shard or a merged state (any mesh)."""
-        if state.get("format") != STATE_FORMAT:
-            raise ValueError(f"not a Canzona optimizer state (format {state.get('format')!r})")
+        """Momentum from `state_dict()` of any mesh: DTensors (redistributed to each parameter's placements
+        when they differ) or whole tensors. Collective: every rank's piece goes to the matrix's owner."""
+        if state.get("format") != SHARDED_STATE_FORMAT:
+            raise ValueError(f"not a Canzona-on-DTensor optimizer state (format {state.get('format')!r})")
         momentum = state["momentum"]
-        missing = [self.items[i].name for i in self.owned if self.items[i].name not in momentum]
+        missing = [item.name for item in self.items if item.name not in momentum]
         if missing:
-            raise KeyError(
-                f"optimizer state lacks momentum for {len(missing)} matrices this rank owns (first: {missing[0]!r}); "
-                "to change the mesh, load a state merged from every rank's shard"
-            )
-        for i in self.owned:
-            saved = momentum[self.items[i].name]
-            if tuple(saved.shape) != self.items[i].full_shape:
+            raise KeyError(f"optimizer state lacks momentum for {len(missing)} matrices (first: {missing[0]!r})")
+        pieces: list[Tensor | None] = []
+        for item in self.items:
+            saved = momentum[item.name]
+            if tuple(saved.shape) != item.full_shape:
                 raise ValueError(
-                    f"momentum for {self.items[i].name!r} has shape {tuple(saved.shape)}, "
-                    f"parameter has {self.items[i].full_shape}"
+                    f"momentum for {item.name!r} has shape {tuple(saved.shape)}, parameter has {item.full_shape}"
                 )
-            self.momentum[i].copy_(saved)
+            if isinstance(saved, DTensor):
+                assert isinstance(item.param, DTensor), f"{item.name!r}: sharded momentum for a plain parameter"
+                if saved.device_mesh != item.param.device_mesh or saved.placements != item.param.placements:
+                    saved = saved.redistribute(item.param.device_mesh, item.param.placements)
+                piece = saved.to_local()
+            else:
+                piece = saved[item.boxes[self.rank]]
+            pieces.append(piece.to(_local(item.param).device, _local(item.param).dtype).contiguous())
+        stage = self._every_item()
+        if not stage:
+            return
+        if self.world_size == 1:
+            for i, _ in stage:
+                self.momentum[i].copy_(pieces[i].view(self.items[i].full_shape))
+            return
+        for item, by_source in self._receive_gather(stage, *self._launch_gather(stage, pieces, StepStats())).items():
+            for source, piece in by_source.items():
+                box = self.items[item].boxes[source]
+                self.momentum[item][box] = piece.view(self.momentum[item][box].shape)
+
+    def _every_item(self) -> tuple[tuple[int, int], ...]:
+        """Every matrix and its owner, as one stage of the pipeline (for moving optimizer state)."""
+        return tuple(sorted(self.owner.items()))
+
+    def _scatter_momentum(self) -> list[Tensor]:
+        """This rank's piece of every matrix's momentum, flat, in item order."""
+        stage = self._every_item()
+        if self.world_size == 1:
+            return [self.momentum[i].reshape(-1).clone() for i, _ in stage]
+        received, work = self._launch_scatter(stage, {i: self.momentum[i] for i, _ in stage if i in self.momentum}, StepStats())
+        pieces: list[Tensor] = [received.new_empty(0)] * len(self.items)
+        for item, piece in self._received_pieces(stage, received, work):
+            pieces[item] = piece.clone()
+        return pieces
 
     def _local_grad(self, item: _Item) -> Tensor | None:
         grad = item.param.grad
@@ -309,19 +364,20 @@ class ShardedMuon:
         return self._exchange(stage, send_parts, send_sizes, receive_sizes, stats)
 
     def _apply(self, stage, received: Tensor, work: dist.Work, *, lr: float, weight_decay: float) -> None:
+        for item, piece in self._received_pieces(stage, received, work):
+            local = _local(self.items[item].param)
+            apply_direction(local, piece.view(local.shape), lr=lr, weight_decay=weight_decay)
+
+    def _received_pieces(self, stage, received: Tensor, work: dist.Work):
+        """(item, this rank's flat piece) of every matrix in `stage`, from a finished scatter."""
         work.wait()
         offset = 0
         for source in range(self.world_size):
             for item, owner in stage:
                 if owner == source:
-                    local = _local(self.items[item].param)
-                    apply_direction(
-                        local,
-                        received[offset : offset + local.numel()].view(local.shape),
-                        lr=lr,
-                        weight_decay=weight_decay,
-                    )
-                    offset += local.numel()
+                    numel = self.items[item].numel(self.rank)
+                    yield item, received[offset : offset + numel]
+                    offset += numel
 
     def _exchange(self, stage, send_parts, send_sizes, receive_sizes, stats: StepStats) -> tuple[Tensor, dist.Work]:
         reference = _local(self.items[stage[0][0]].param)

@@ -18,6 +18,7 @@ no weight decay (as torch's AdamW and Muon skip a ``None`` gradient).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -31,6 +32,7 @@ from cantata.proto.vocabulary import NsDtype, Optimizer
 from .cost import COST_UNITS
 from .dp import DataParallelMuon, received_gradients
 from .muon import MuonConfig
+from .partition import max_over_mean
 from .profiling import StepStats, ring_bytes
 from .routing import DEFAULT_ADAMW_PATTERNS, ParameterRouting, route_parameters
 from .sharded import ShardedMuon
@@ -80,6 +82,8 @@ class TrainingOptimizer:
         self.last_grad_norm: float | None = None  # before clipping, when grad_clip is set
         self.steps = 0
         self.last_stats = StepStats()
+        self._window, self._window_steps, self._window_seconds = StepStats(), 0, 0.0  # since window_metrics()
+        self._stats_group = process_group if mesh is None else _flat_group(mesh)
         elementwise = list(routing.adamw) if name == "muon" else list(routing.muon + routing.adamw)
         self._synced_params = [param for _, param in elementwise]
         self._all_params = [param for _, param in routing.muon + routing.adamw]
@@ -108,6 +112,7 @@ class TrainingOptimizer:
 
     @torch.no_grad()
     def step(self) -> StepStats:
+        began = time.perf_counter()
         stats = StepStats()
         if self.world_size > 1 and self.mesh is None:
             self._all_reduce_mean(self._all_params if self.grad_clip else self._synced_params, stats)
@@ -118,17 +123,57 @@ class TrainingOptimizer:
         self.adamw.step()
         self.steps += 1
         self.last_stats = stats
+        self._window.add(stats)
+        self._window_steps += 1
+        self._window_seconds += time.perf_counter() - began
         return stats
 
-    def step_metrics(self) -> dict[str, float]:
-        """The last step's statistics (`last_stats`) as named numbers, for the job's metrics."""
-        stats = self.last_stats
-        return {
-            "optimizer/update_compute_s": stats.compute_seconds,
-            "optimizer/sent_bytes": float(stats.wire_bytes),
-            "optimizer/collective_elements": float(stats.collective_elements),
-            "optimizer/updated_matrices": float(stats.updated_matrices),
+    def window_metrics(self) -> dict[str, float]:
+        """The steps since the last call, over every rank of the optimizer's group, as the job's metrics.
+
+        Collective (one small all-gather): every rank calls it at the same step. Times are per step:
+        ``optim_step_s`` the slowest rank's wall time in ``step()``, ``optim_compute_s`` the slowest
+        rank's update compute (Newton-Schulz), ``optim_compute_imbalance`` its max/mean over ranks;
+        ``optim_sent_bytes`` is what all ranks send per step. Muon adds the plan's
+        ``optim_ns_flops_imbalance`` (max/mean Newton-Schulz FLOPs owned per rank),
+        ``optim_owned_matrices`` (the most one rank owns) and ``optim_updated_matrices`` (matrices the
+        last step updated, those with no gradient left out).
+        """
+        steps = max(self._window_steps, 1)
+        window = self._window
+        owned = float(len(self.muon.owned)) if self.muon is not None else 0.0
+        mine = torch.tensor(
+            [
+                self._window_seconds / steps,
+                window.compute_seconds / steps,
+                window.wire_bytes / steps,
+                owned,
+                float(self.last_stats.updated_matrices),
+            ],
+            dtype=torch.float64,
+            device=self._all_params[0].device if self._all_params else None,
+        )
+        rows = mine[None]
+        if self._stats_group is not None and self.world_size > 1:
+            gathered = mine.new_empty(self.world_size * mine.numel())
+            dist.all_gather_single(gathered, mine, group=self._stats_group)
+            rows = gathered.view(self.world_size, mine.numel())
+        rows = rows.cpu()
+        self._window, self._window_steps, self._window_seconds = StepStats(), 0, 0.0
+        compute = rows[:, 1]
+        metrics = {
+            "optim_step_s": float(rows[:, 0].max()),
+            "optim_compute_s": float(compute.max()),
+            "optim_compute_imbalance": max_over_mean(compute.tolist()),
+            "optim_sent_bytes": float(rows[:, 2].sum()),
         }
+        if self.muon is not None:
+            metrics |= {
+                "optim_ns_flops_imbalance": max_over_mean(self.muon.rank_flops()),
+                "optim_owned_matrices": float(rows[:, 3].max()),
+                "optim_updated_matrices": float(rows[:, 4].sum()),
+            }
+        return metrics
 
     def zero_grad(self) -> None:
         self.adamw.zero_grad(set_to_none=True)
@@ -252,6 +297,11 @@ def clip_global_norm(params: Sequence[Tensor], max_norm: float) -> float:
             assert param.grad is not None
             param.grad.mul_(scale)
     return norm
+
+
+def _flat_group(mesh: DeviceMesh) -> dist.ProcessGroup:
+    """The process group of every rank of `mesh`."""
+    return mesh.get_group() if mesh.ndim == 1 else mesh._flatten().get_group()
 
 
 def _adamw_groups(named_params: Sequence[tuple[str, Tensor]], weight_decay: float) -> list[dict]:
