@@ -2,7 +2,8 @@
 
 The equivalence runs four real processes on a 2 x 2 (dp_shard x tp) mesh of
 qwen3-tiny and compares them with one process over the same global batches;
-the platform test trains such a job through the SDK to SUCCEEDED.
+the platform test trains such a job with Muon through the SDK to SUCCEEDED;
+a mesh Muon run stopped and resumed from its checkpoint matches an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -132,6 +133,15 @@ def test_a_2x2_mesh_trains_like_one_process_and_its_checkpoint_loads_on_a_4x1_me
         torch.testing.assert_close(result["probe"], reference(probe[:, :-1], probe[:, 1:])[1], rtol=1e-4, atol=1e-5)
 
 
+OPTIMIZER_METRICS = (
+    "optim_step_s",
+    "optim_compute_s",
+    "optim_compute_imbalance",
+    "optim_sent_bytes",
+    "optim_ns_flops_imbalance",
+    "optim_owned_matrices",
+    "optim_updated_matrices",
+)
 MUON_FIELDS = dict(optimizer="muon", canzona_alpha=0.5, canzona_bucket_elements=20_000, muon_momentum=0.9)
 
 
@@ -213,11 +223,12 @@ def _parse(**fields) -> common_pb2.JobSpec:
 def test_submit_checks_the_mesh():
     spec = _parse(model=MODEL, workers=4, dp_shard=2, tp=2)
     assert (spec.algorithm, spec.dp_replicate, spec.mixed_precision) == ("allreduce", 1, "fp32")
+    muon = _parse(model=MODEL, workers=4, dp_shard=2, tp=2, optimizer="muon")  # Canzona on DTensor
+    assert (muon.optimizer, muon.canzona_cost_unit, muon.muon_ns_steps) == ("muon", "flops", 5)
     refusals = [
         (dict(model=MODEL, workers=2, dp_shard=2, tp=2), "workers", "needs workers = 4"),
         (dict(model="gpt-tiny", workers=2, dp_shard=2), "model", "not sharded"),
         (dict(model=MODEL, workers=4, tp=4), "tp", "divide qwen3-tiny's 2 key/value heads"),
-        (dict(model=MODEL, workers=2, dp_shard=2, optimizer="muon"), "optimizer", "Canzona on DTensor"),
         (dict(model=MODEL, workers=2, dp_shard=2, algorithm="gasloc"), "dp_shard", "only for single or allreduce"),
         (dict(model=MODEL, init_from="file:///etc/weights"), "init_from", "outside the allowed roots"),
     ]
@@ -228,7 +239,9 @@ def test_submit_checks_the_mesh():
 
 
 def test_a_qwen3_tiny_job_on_a_2x2_mesh_trains_through_the_platform(tenant):
+    """With Muon (Canzona on DTensor), whose per-window statistics reach the tenant as metrics."""
     job = Job(
+        optimizer="muon",
         name="mesh",
         model=MODEL,
         workers=4,
@@ -249,3 +262,13 @@ def test_a_qwen3_tiny_job_on_a_2x2_mesh_trains_through_the_platform(tenant):
     losses = [event.loss for event in handle.events() if event.kind == "PROGRESS"]
     assert losses[-1] < losses[0]
     assert [event.step for event in handle.events() if event.kind == "CHECKPOINT"] == [6, 12]
+    rows = tenant.metrics(handle.id)
+    steps = [r.step for r in rows if r.name == "loss"]
+    by_name = {name: [r for r in rows if r.name == name] for name in OPTIMIZER_METRICS}
+    for name, points in by_name.items():
+        assert [r.step for r in points] == steps, name  # one per report window
+    muon_matrices = 7 * 2  # q, k, v, o, gate, up, down in each of qwen3-tiny's two layers
+    assert all(r.value == muon_matrices for r in by_name["optim_updated_matrices"])
+    assert all(1 <= r.value < muon_matrices for r in by_name["optim_owned_matrices"])  # spread over 4 ranks
+    assert all(r.value >= 1 for r in by_name["optim_ns_flops_imbalance"] + by_name["optim_compute_imbalance"])
+    assert all(r.value > 0 for r in by_name["optim_step_s"] + by_name["optim_compute_s"] + by_name["optim_sent_bytes"])

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Progress(_message.Message):
-    __slots__ = ("step", "loss", "tokens_per_s", "lr", "step_time_s", "data_wait_s", "grad_norm")
+    __slots__ = ("step", "loss", "tokens_per_s", "lr", "step_time_s", "data_wait_s", "grad_norm", "optimizer")
     STEP_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +15,7 @@ class Progress(_message.Message):
     STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
     DATA_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     step: int
     loss: float
     tokens_per_s: float
@@ -22,7 +23,26 @@ class Progress(_message.Message):
     step_time_s: float
     data_wait_s: float
     grad_norm: float
-    def __init__(self, step: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., lr: _Optional[float] = ..., step_time_s: _Optional[float] = ..., data_wait_s: _Optional[float] = ..., grad_norm: _Optional[float] = ...) -> None: ...
+    optimizer: OptimizerWindow
+    def __init__(self, step: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., lr: _Optional[float] = ..., step_time_s: _Optional[float] = ..., data_wait_s: _Optional[float] = ..., grad_norm: _Optional[float] = ..., optimizer: _Optional[_Union[OptimizerWindow, _Mapping]] = ...) -> None: ...
+
+class OptimizerWindow(_message.Message):
+    __slots__ = ("step_s", "compute_s", "compute_imbalance", "sent_bytes", "ns_flops_imbalance", "owned_matrices", "updated_matrices")
+    STEP_S_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_IMBALANCE_FIELD_NUMBER: _ClassVar[int]
+    SENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NS_FLOPS_IMBALANCE_FIELD_NUMBER: _ClassVar[int]
+    OWNED_MATRICES_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_MATRICES_FIELD_NUMBER: _ClassVar[int]
+    step_s: float
+    compute_s: float
+    compute_imbalance: float
+    sent_bytes: float
+    ns_flops_imbalance: float
+    owned_matrices: float
+    updated_matrices: float
+    def __init__(self, step_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., compute_imbalance: _Optional[float] = ..., sent_bytes: _Optional[float] = ..., ns_flops_imbalance: _Optional[float] = ..., owned_matrices: _Optional[float] = ..., updated_matrices: _Optional[float] = ...) -> None: ...
 
 class Eval(_message.Message):
     __slots__ = ("step", "val_loss")
