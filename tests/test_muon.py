@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 
@@ -9,13 +10,18 @@ import pytest
 import torch
 from torch import nn
 
-from cantata.trainer.optim import Muon, MuonConfig, build_optimizer
+from cantata.proto.v1 import worker_pb2
+from cantata.server.metrics_store import METRICS
+from cantata.server.services.worker import optimizer_metrics
+from cantata.trainer.optim import Muon, MuonConfig, ShardedMuon, build_optimizer
 from cantata.trainer.optim.cost import newton_schulz_flops, update_cost
 from cantata.trainer.optim.dp import DataParallelMuon
 from cantata.trainer.optim.muon import newton_schulz, rms_matched_lr
 from cantata.trainer.optim.routing import route_parameters
+from cantata.trainer.reporter import optimizer_window
 
 SHAPES = [(16, 24), (40, 8), (12, 12)]
+BF16 = MuonConfig(ns_dtype=torch.bfloat16)  # as torch.optim.Muon runs Newton-Schulz
 
 
 @pytest.fixture(autouse=True)
@@ -75,6 +81,39 @@ def test_sharded_engine_on_one_process_equals_muon():
             param.grad = grad
         engine.step(lr=0.02, weight_decay=0.1)
     assert all(torch.equal(a.detach(), e) for a, e in zip(params, expected, strict=True))
+
+
+def test_a_matrix_whose_gradient_comes_and_goes_keeps_its_momentum_like_torch_muon():
+    """An expert that got no tokens in a step has no gradient: neither its momentum nor its weight moves then."""
+
+    def run_intermittent(step_fn, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        for step in range(8):
+            for index, (param, grad) in enumerate(zip(params, random_grads(step), strict=True)):
+                param.grad = None if index == 1 and step % 3 else grad  # the second gets a gradient every 3rd step
+            step_fn()
+        return [p.detach() for p in params]
+
+    expected_params = initial_params()
+    reference = torch.optim.Muon(expected_params, lr=0.02, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
+    expected = run_intermittent(reference.step, expected_params)
+    engines = {
+        "Muon": lambda ps: Muon(ps, lr=0.02, config=BF16).step,
+        "DataParallelMuon": lambda ps: functools.partial(
+            DataParallelMuon([(f"p{i}", p) for i, p in enumerate(ps)], config=BF16).step, lr=0.02, weight_decay=0.1
+        ),
+        "ShardedMuon": lambda ps: functools.partial(
+            ShardedMuon([(f"p{i}", p) for i, p in enumerate(ps)], mesh=None, config=BF16).step,
+            lr=0.02,
+            weight_decay=0.1,
+        ),
+    }
+    for label, engine in engines.items():
+        params = initial_params()
+        ours = run_intermittent(engine(params), params)
+        assert relative_error(ours, expected) <= 1e-5, label
+    stepped_every_time = initial_params()
+    always = run(torch.optim.Muon(stepped_every_time, lr=0.02, adjust_lr_fn="match_rms_adamw"), stepped_every_time, 8)
+    assert relative_error([expected[1]], [always[1]]) > 1e-2  # the skipped steps made a difference
 
 
 def test_rejects_parameters_that_are_not_matrices():
@@ -158,7 +197,7 @@ def test_parameters_without_gradient_are_not_stepped(name):
     assert not torch.equal(model.qkv.weight, Moe().qkv.weight)
     if name == "muon":
         assert optimizer.last_stats.updated_matrices == 2  # qkv and the experts
-        assert optimizer.step_metrics()["optimizer/updated_matrices"] == 2
+        assert optimizer.window_metrics()["optim_updated_matrices"] == 2
 
 
 def test_cost_units_weigh_fused_parts_and_experts():
@@ -258,3 +297,27 @@ def test_first_step_differs_only_on_muon_routed_matrices():
 def test_unknown_optimizer_name_is_rejected():
     with pytest.raises(ValueError, match="unknown optimizer"):
         build_optimizer(fresh_gpt(), "sgd", lr=0.1)
+
+
+def test_window_metrics_travel_in_a_worker_report_under_names_of_the_metrics_history():
+    model = Moe()
+    optimizer = build_optimizer(model, "muon", lr=0.01)
+    for step in range(3):
+        optimizer.zero_grad()
+        model(torch.randn(2, 8, generator=torch.Generator().manual_seed(step))).sum().backward()
+        optimizer.step()
+    window = optimizer.window_metrics()
+    assert window["optim_owned_matrices"] == 3 and window["optim_updated_matrices"] == 2  # idle has no gradient
+    assert window["optim_ns_flops_imbalance"] == 1.0 and window["optim_step_s"] >= window["optim_compute_s"] > 0
+    report = worker_pb2.Progress.FromString(worker_pb2.Progress(optimizer=optimizer_window(window)).SerializeToString())
+    assert optimizer_metrics(report.optimizer) == pytest.approx(window)
+    assert set(window) <= set(METRICS)
+    adamw = build_optimizer(model, "adamw", lr=0.01)
+    adamw.step()
+    assert optimizer_metrics(optimizer_window(adamw.window_metrics())).keys() == {
+        "optim_step_s",
+        "optim_compute_s",
+        "optim_compute_imbalance",
+        "optim_sent_bytes",
+    }  # no Muon statistics for AdamW
+    assert optimizer.window_metrics()["optim_step_s"] == 0.0  # a window starts empty after each call

@@ -175,7 +175,9 @@ class ShardedMuon:
         loads = [0.0] * self.world_size
         for index, owner in self.owner.items():
             item = self.items[index]
-            loads[owner] += update_cost(item.full_shape, unit="flops", splits=item.splits, ns_steps=self.config.ns_steps)
+            loads[owner] += update_cost(
+                item.full_shape, unit="flops", splits=item.splits, ns_steps=self.config.ns_steps
+            )
         return loads
 
     @torch.no_grad()
@@ -215,7 +217,7 @@ class ShardedMuon:
         parameters, and ``full_tensor()`` gives the whole matrix.
         """
         pieces = self._scatter_momentum()
-        momentum = {}
+        momentum: dict[str, Tensor] = {}
         for index, item in enumerate(self.items):
             piece = pieces[index].view(_local(item.param).shape)
             if isinstance(item.param, DTensor):
@@ -232,40 +234,44 @@ class ShardedMuon:
         return {"format": SHARDED_STATE_FORMAT, "momentum": momentum}
 
     def load_state_dict(self, state: dict) -> None:
-        """Momentum from `state_dict()` of any mesh: DTensors (redistributed to each parameter's placements
-        when they differ) or whole tensors. Collective: every rank's piece goes to the matrix's owner."""
+        """Momentum from `state_dict()` of any mesh: DTensors (placed like the parameters, as
+        ``torch.distributed.checkpoint`` loads them, or else gathered whole) or whole tensors.
+        Collective: every rank's piece goes to the matrix's owner."""
         if state.get("format") != SHARDED_STATE_FORMAT:
             raise ValueError(f"not a Canzona-on-DTensor optimizer state (format {state.get('format')!r})")
         momentum = state["momentum"]
         missing = [item.name for item in self.items if item.name not in momentum]
         if missing:
             raise KeyError(f"optimizer state lacks momentum for {len(missing)} matrices (first: {missing[0]!r})")
-        pieces: list[Tensor | None] = []
+        momentum_pieces: list[Tensor] = []
         for item in self.items:
-            saved = momentum[item.name]
+            saved: Tensor = momentum[item.name]
             if tuple(saved.shape) != item.full_shape:
                 raise ValueError(
                     f"momentum for {item.name!r} has shape {tuple(saved.shape)}, parameter has {item.full_shape}"
                 )
-            if isinstance(saved, DTensor):
-                assert isinstance(item.param, DTensor), f"{item.name!r}: sharded momentum for a plain parameter"
-                if saved.device_mesh != item.param.device_mesh or saved.placements != item.param.placements:
-                    saved = saved.redistribute(item.param.device_mesh, item.param.placements)
+            if (
+                isinstance(saved, DTensor)
+                and isinstance(item.param, DTensor)
+                and (saved.device_mesh, saved.placements) == (item.param.device_mesh, item.param.placements)
+            ):
                 piece = saved.to_local()
             else:
-                piece = saved[item.boxes[self.rank]]
-            pieces.append(piece.to(_local(item.param).device, _local(item.param).dtype).contiguous())
+                whole = saved.full_tensor() if isinstance(saved, DTensor) else saved
+                piece = whole[item.boxes[self.rank]]
+            momentum_pieces.append(piece.to(_local(item.param).device, _local(item.param).dtype).contiguous())
         stage = self._every_item()
         if not stage:
             return
         if self.world_size == 1:
             for i, _ in stage:
-                self.momentum[i].copy_(pieces[i].view(self.items[i].full_shape))
+                self.momentum[i].copy_(momentum_pieces[i].view(self.items[i].full_shape))
             return
-        for item, by_source in self._receive_gather(stage, *self._launch_gather(stage, pieces, StepStats())).items():
+        gathered = self._receive_gather(stage, *self._launch_gather(stage, momentum_pieces, StepStats()))
+        for index, by_source in gathered.items():
             for source, piece in by_source.items():
-                box = self.items[item].boxes[source]
-                self.momentum[item][box] = piece.view(self.momentum[item][box].shape)
+                box = self.items[index].boxes[source]
+                self.momentum[index][box] = piece.view(self.momentum[index][box].shape)
 
     def _every_item(self) -> tuple[tuple[int, int], ...]:
         """Every matrix and its owner, as one stage of the pipeline (for moving optimizer state)."""
@@ -276,7 +282,9 @@ class ShardedMuon:
         stage = self._every_item()
         if self.world_size == 1:
             return [self.momentum[i].reshape(-1).clone() for i, _ in stage]
-        received, work = self._launch_scatter(stage, {i: self.momentum[i] for i, _ in stage if i in self.momentum}, StepStats())
+        received, work = self._launch_scatter(
+            stage, {i: self.momentum[i] for i, _ in stage if i in self.momentum}, StepStats()
+        )
         pieces: list[Tensor] = [received.new_empty(0)] * len(self.items)
         for item, piece in self._received_pieces(stage, received, work):
             pieces[item] = piece.clone()
