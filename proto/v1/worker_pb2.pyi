@@ -27,22 +27,22 @@ class Progress(_message.Message):
     def __init__(self, step: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., lr: _Optional[float] = ..., step_time_s: _Optional[float] = ..., data_wait_s: _Optional[float] = ..., grad_norm: _Optional[float] = ..., optimizer: _Optional[_Union[OptimizerWindow, _Mapping]] = ...) -> None: ...
 
 class OptimizerWindow(_message.Message):
-    __slots__ = ("step_s", "compute_s", "compute_imbalance", "sent_bytes", "ns_flops_imbalance", "owned_matrices", "updated_matrices")
+    __slots__ = ("step_s", "sent_bytes", "compute_s", "compute_imbalance", "ns_flops_imbalance", "owned_matrices", "updated_matrices")
     STEP_S_FIELD_NUMBER: _ClassVar[int]
+    SENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_IMBALANCE_FIELD_NUMBER: _ClassVar[int]
-    SENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     NS_FLOPS_IMBALANCE_FIELD_NUMBER: _ClassVar[int]
     OWNED_MATRICES_FIELD_NUMBER: _ClassVar[int]
     UPDATED_MATRICES_FIELD_NUMBER: _ClassVar[int]
     step_s: float
+    sent_bytes: float
     compute_s: float
     compute_imbalance: float
-    sent_bytes: float
     ns_flops_imbalance: float
     owned_matrices: float
     updated_matrices: float
-    def __init__(self, step_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., compute_imbalance: _Optional[float] = ..., sent_bytes: _Optional[float] = ..., ns_flops_imbalance: _Optional[float] = ..., owned_matrices: _Optional[float] = ..., updated_matrices: _Optional[float] = ...) -> None: ...
+    def __init__(self, step_s: _Optional[float] = ..., sent_bytes: _Optional[float] = ..., compute_s: _Optional[float] = ..., compute_imbalance: _Optional[float] = ..., ns_flops_imbalance: _Optional[float] = ..., owned_matrices: _Optional[float] = ..., updated_matrices: _Optional[float] = ...) -> None: ...
 
 class Eval(_message.Message):
     __slots__ = ("step", "val_loss")

@@ -131,10 +131,10 @@ class TrainingOptimizer:
     def window_metrics(self) -> dict[str, float]:
         """The steps since the last call, over every rank of the optimizer's group, as the job's metrics.
 
-        Collective (one small all-gather): every rank calls it at the same step. Times are per step:
-        ``optim_step_s`` the slowest rank's wall time in ``step()``, ``optim_compute_s`` the slowest
-        rank's update compute (Newton-Schulz), ``optim_compute_imbalance`` its max/mean over ranks;
-        ``optim_sent_bytes`` is what all ranks send per step. Muon adds the plan's
+        Collective (one small all-gather): every rank calls it at the same step. Per step:
+        ``optim_step_s`` is the slowest rank's wall time in ``step()`` and ``optim_sent_bytes`` what
+        all ranks send. Muon adds ``optim_compute_s`` (the slowest rank's Newton-Schulz time),
+        ``optim_compute_imbalance`` (its max/mean over ranks), the plan's
         ``optim_ns_flops_imbalance`` (max/mean Newton-Schulz FLOPs owned per rank),
         ``optim_owned_matrices`` (the most one rank owns) and ``optim_updated_matrices`` (matrices the
         last step updated, those with no gradient left out).
@@ -160,15 +160,12 @@ class TrainingOptimizer:
             rows = gathered.view(self.world_size, mine.numel())
         rows = rows.cpu()
         self._window, self._window_steps, self._window_seconds = StepStats(), 0, 0.0
-        compute = rows[:, 1]
-        metrics = {
-            "optim_step_s": float(rows[:, 0].max()),
-            "optim_compute_s": float(compute.max()),
-            "optim_compute_imbalance": max_over_mean(compute.tolist()),
-            "optim_sent_bytes": float(rows[:, 2].sum()),
-        }
+        metrics = {"optim_step_s": float(rows[:, 0].max()), "optim_sent_bytes": float(rows[:, 2].sum())}
         if self.muon is not None:
+            compute = rows[:, 1]
             metrics |= {
+                "optim_compute_s": float(compute.max()),
+                "optim_compute_imbalance": max_over_mean(compute.tolist()),
                 "optim_ns_flops_imbalance": max_over_mean(self.muon.rank_flops()),
                 "optim_owned_matrices": float(rows[:, 3].max()),
                 "optim_updated_matrices": float(rows[:, 4].sum()),
