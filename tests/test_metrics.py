@@ -160,6 +160,8 @@ def test_plot_overlays_a_finished_and_a_running_job_and_the_scraper_sees_the_run
     found = samples(platform, scraper)  # at once, while it runs
     losses = {r.value for r in tenant.metrics(running.id, ["loss"])}
     assert value(found, "cantata_job_loss", tenant=TENANT, job=running.id) in losses
+    step_times = {r.value for r in tenant.metrics(running.id, ["optim_step_s"])}  # the optimizer's, per window
+    assert value(found, "cantata_job_optim_step_s", tenant=TENANT, job=running.id) in step_times
     assert value(found, "cantata_job_step", tenant=TENANT, job=running.id) > 0
     assert (("cantata_job_loss", frozenset({("tenant", TENANT), ("job", finished)}))) not in found  # ended: no gauge
     assert value(found, "cantata_jobs", state="RUNNING") == 1
