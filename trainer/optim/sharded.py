@@ -116,7 +116,7 @@ class ShardedMuon:
         if mesh is None:
             self.group, self.rank = None, 0
         else:
-            self.group = mesh.get_group() if mesh.ndim == 1 else mesh._flatten().get_group()  # cached by the mesh
+            self.group = mesh.get_group() if mesh.ndim == 1 else mesh._flatten().get_group()
             self.rank = dist.get_rank(self.group)
         coordinates = [_unravel(rank, mesh_shape) for rank in range(self.world_size)]
         if mesh is not None and tuple(mesh.get_coordinate() or ()) != coordinates[self.rank]:
@@ -280,7 +280,7 @@ class ShardedMuon:
     def _scatter_momentum(self) -> list[Tensor]:
         """This rank's piece of every matrix's momentum, flat, in item order."""
         stage = self._every_item()
-        if self.world_size == 1:
+        if self.world_size == 1 or not stage:
             return [self.momentum[i].reshape(-1).clone() for i, _ in stage]
         received, work = self._launch_scatter(
             stage, {i: self.momentum[i] for i, _ in stage if i in self.momentum}, StepStats()
