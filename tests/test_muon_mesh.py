@@ -3,7 +3,8 @@
 Four gloo processes train qwen3-tiny on a 2 x 2 (dp_shard x tp) mesh with the
 job's Muon settings, stop halfway, save what the trainer checkpoints for a
 mesh job, and resume on the same mesh and on a 4 x 1 one: parameters and
-Canzona's momentum match the uninterrupted run to 1e-5.
+Canzona's momentum match the uninterrupted run to 1e-5 (on 4 x 1 the momentum
+comes from the 2 x 2 run's DTensors, resharded).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def _muon_ranks(rank: int, world: int, port: int, out: str) -> None:
     settings = spec_settings(_parse(model=MODEL, workers=4, dp_shard=2, tp=2, **MUON_FIELDS))
     batches = _batches() + _batches()[::-1]
 
-    def run(shape: tuple[int, int, int], part: slice, state: list | None = None):
+    def run(shape: tuple[int, int, int], part: slice, state: list | None = None, sharded: dict | None = None):
         mesh = Parallelism(*shape).mesh()
         model = build_model(MODEL, seed=3)
         parallelize(model, mesh, MixedPrecision.FP32, checkpointing=False)
@@ -51,16 +52,22 @@ def _muon_ranks(rank: int, world: int, port: int, out: str) -> None:
         if state is not None:  # a copy: loading turns a full state's tensors into this mesh's DTensors in place
             for holder, saved in zip(parts, copy.deepcopy(state), strict=True):
                 holder.load_state_dict(saved)
+        if sharded is not None:  # Canzona's momentum as DTensors of another mesh (ShardedMuon.state_dict)
+            optimizer.muon.load_state_dict(sharded)
         index, count = data_rank(mesh)
         _train(model, optimizer, batches[part], lambda b: b.chunk(count)[index])
         return [holder.state_dict() for holder in parts], optimizer
 
     uninterrupted, optimizer = run((1, 2, 2), slice(None))
     metrics = optimizer.window_metrics()
-    halfway, _ = run((1, 2, 2), slice(STEPS))
+    halfway, stopped = run((1, 2, 2), slice(STEPS))
+    sharded = stopped.muon.state_dict()  # every rank's pieces, placed like the 2 x 2 parameters
     dist.broadcast_object_list(halfway, src=0)  # what every rank reads from the checkpoint
     same_mesh, _ = run((1, 2, 2), slice(STEPS, None), halfway)
-    other_mesh, _ = run((1, 4, 1), slice(STEPS, None), halfway)
+    without_momentum = copy.deepcopy(halfway)
+    for tensor in without_momentum[1]["muon"]["momentum"].values():
+        tensor.zero_()  # so the 4 x 1 run has Canzona's momentum only from the DTensors
+    other_mesh, _ = run((1, 4, 1), slice(STEPS, None), without_momentum, sharded)
     if rank == 0:
         momentum = halfway[1]["muon"]["momentum"]
         torch.save(
