@@ -75,6 +75,7 @@ def _muon_ranks(rank: int, world: int, port: int, out: str) -> None:
                 "runs": {"uninterrupted": uninterrupted, "same mesh": same_mesh, "4x1 mesh": other_mesh},
                 "momentum": momentum,
                 "metrics": metrics,
+                "settings": (optimizer.muon.plan.name, optimizer.muon.config.momentum, optimizer.muon.world_size),
             },
             out,
         )
@@ -103,6 +104,7 @@ def test_a_mesh_muon_run_resumed_from_its_checkpoint_matches_the_uninterrupted_r
     muon_names = {n for n, t in initial.items() if t.ndim == 2 and "embed" not in n and "lm_head" not in n}
     assert set(saved) == muon_names and all(saved[n].shape == initial[n].shape for n in saved)
     assert all(saved[n].abs().sum() > 0 for n in saved)
+    assert result["settings"] == ("alpha=0.5", 0.9, 4)  # the job's fields, on every rank of the mesh
     metrics = result["metrics"]
     assert metrics["optim_updated_matrices"] == len(muon_names)
     assert 1 <= metrics["optim_owned_matrices"] < len(muon_names)
