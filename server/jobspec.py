@@ -171,22 +171,32 @@ def parse_job_spec(
 
 
 def check_mesh(s: common_pb2.JobSpec) -> None:
-    """A mesh covers the job's workers exactly, shards a decoder, and splits its key/value heads evenly."""
-    mesh = s.dp_replicate * s.dp_shard * s.tp if s.algorithm in (Algorithm.SINGLE, Algorithm.ALLREDUCE) else 1
-    if mesh == 1:
-        return
-    _require(
-        mesh == s.workers,
-        "workers",
-        f"dp_replicate x dp_shard x tp = {mesh} ranks, so the job needs workers = {mesh}, not {s.workers}",
-    )
+    """A mesh covers the job's workers (a decentralized job's worker group) exactly, shards a decoder,
+    and splits its key/value heads evenly."""
+    if s.algorithm in DECENTRALIZED:
+        if s.dp_shard == 1:
+            return
+        _require(
+            s.dp_shard == s.ranks_per_worker,
+            "dp_shard",
+            f"a {s.algorithm} job shards each worker group over its ranks: dp_shard must equal ranks_per_worker "
+            f"({s.ranks_per_worker}), not {s.dp_shard}",
+        )
+    else:
+        mesh = s.dp_replicate * s.dp_shard * s.tp
+        if mesh == 1:
+            return
+        _require(
+            mesh == s.workers,
+            "workers",
+            f"dp_replicate x dp_shard x tp = {mesh} ranks, so the job needs workers = {mesh}, not {s.workers}",
+        )
     shape = MODEL_SHAPES[Model(s.model)]
     _require(Model(s.model) not in BYTE_GPTS, "model", f"{s.model} is not sharded: use a decoder (llama-*, qwen3-*)")
+    tp = s.tp or 1  # a decentralized job has no tensor parallelism
+    _require(int(shape["n_kv_heads"]) % tp == 0, "tp", f"must divide {s.model}'s {shape['n_kv_heads']} key/value heads")
     _require(
-        int(shape["n_kv_heads"]) % s.tp == 0, "tp", f"must divide {s.model}'s {shape['n_kv_heads']} key/value heads"
-    )
-    _require(
-        s.optimizer != Optimizer.MUON or (s.dp_shard == 1 and s.tp == 1),
+        s.optimizer != Optimizer.MUON or (s.dp_shard == 1 and tp == 1),
         "optimizer",
         "muon on sharded parameters needs Canzona on DTensor, which this server does not have yet: use adamw",
     )
