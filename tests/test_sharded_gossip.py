@@ -100,7 +100,7 @@ def _run(process: int, sharded: bool, algorithm: str, attack, port: int, table, 
     """One process's job: H AdamW steps on its own batches, one outer round, the final consensus."""
     from cantata.trainer.decentralized import Decentralized
 
-    group, rank = divmod(process, RANKS)
+    group = process // RANKS
     cfg = WorkerConfig(
         job_id=JOB,
         tenant="t",
