@@ -183,8 +183,14 @@ def _credentials(directory: Path) -> dict:
 
 
 def test_per_shard_gossip_matches_the_gathered_path_sends_a_shard_and_rejects_a_bad_shard_groupwide(tmp_path):
-    # (the consensus at the end of each run is the ring all-reduce diloco's rounds use, shard by shard)
-    runs = [(True, "gasloc", None), (False, "gasloc", None), (True, "gasloc", SCALE_ATTACK)]
+    """gasloc and diloco, sharded against gathered; then gasloc with one malicious shard."""
+    runs = [
+        (True, "gasloc", None),
+        (False, "gasloc", None),
+        (True, "gasloc", SCALE_ATTACK),
+        (True, "diloco", None),
+        (False, "diloco", None),
+    ]
     with mp.Manager() as manager:
         tables = [manager.dict() for _ in runs]
         mp.spawn(
@@ -194,7 +200,7 @@ def test_per_shard_gossip_matches_the_gathered_path_sends_a_shard_and_rejects_a_
         )
         tables = [dict(t) for t in tables]
     results = [torch.load(tmp_path / f"{p}.pt", weights_only=False) for p in range(GROUPS * RANKS)]
-    sharded, gathered, attacked = ([r[k] for r in results] for k in range(len(runs)))
+    sharded, gathered, attacked, diloco_sharded, diloco_gathered = ([r[k] for r in results] for k in range(len(runs)))
 
     # one gasloc round, then the consensus: the same parameters whether each rank gossiped its shard or
     # rank 0 gossiped the whole model (the canaries differ, but the mean they are averaged to does not)
@@ -215,3 +221,11 @@ def test_per_shard_gossip_matches_the_gathered_path_sends_a_shard_and_rejects_a_
     assert tables[2][("report", 2, 0)][:2] == ([0], []) and tables[2][("report", 3, 0)][:2] == ([1], [])
     for name, value in attacked[0]["params"].items():  # group 0 did not mix group 1 in, yet the consensus holds
         torch.testing.assert_close(attacked[3]["params"][name], value, rtol=0, atol=0)
+
+    # diloco: each rank's ring all-reduce over its own shard gives the gathered path's parameters, for half the bytes
+    for name, value in diloco_gathered[0]["params"].items():
+        for p in range(GROUPS * RANKS):
+            torch.testing.assert_close(diloco_sharded[p]["params"][name], value, rtol=0, atol=1e-6)
+    for p in range(GROUPS * RANKS):
+        ratio = diloco_sharded[p]["round_bytes"] / diloco_gathered[RANKS * (p // RANKS)]["round_bytes"]
+        assert 0.45 < ratio < 0.55, (p, ratio)
