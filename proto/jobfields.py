@@ -249,7 +249,8 @@ TRAINING_FIELDS: tuple[JobField, ...] = (
 
 _MESH = frozenset({Algorithm.SINGLE, Algorithm.ALLREDUCE})
 # Tokenizer, mesh and initial weights (issue 19). The mesh of an allreduce job's workers:
-# workers = dp_replicate x dp_shard x tp (checked in cantata.server.jobspec).
+# workers = dp_replicate x dp_shard x tp; a decentralized job's worker groups: dp_shard = ranks_per_worker
+# (checked in cantata.server.jobspec).
 MODEL_FIELDS: tuple[JobField, ...] = (
     JobField(
         "tokenizer",
@@ -270,11 +271,11 @@ MODEL_FIELDS: tuple[JobField, ...] = (
     JobField(
         "dp_shard",
         int,
-        "ranks each parameter, gradient and optimizer state is sharded over (FSDP2); decoder models",
+        "ranks each parameter, gradient and optimizer state is sharded over (FSDP2); decoder models. "
+        "gasloc/diloco: equal to ranks_per_worker, each worker group is sharded and every rank gossips its shard",
         0,
         1,
         range=Range(1, MAX_WORKERS),
-        algorithms=_MESH,
     ),
     JobField(
         "tp",

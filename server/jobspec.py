@@ -171,19 +171,34 @@ def parse_job_spec(
 
 
 def check_mesh(s: common_pb2.JobSpec) -> None:
-    """A mesh covers the job's workers exactly, shards a decoder, and splits its key/value heads evenly."""
-    mesh = s.dp_replicate * s.dp_shard * s.tp if s.algorithm in (Algorithm.SINGLE, Algorithm.ALLREDUCE) else 1
-    if mesh == 1:
-        return
-    _require(
-        mesh == s.workers,
-        "workers",
-        f"dp_replicate x dp_shard x tp = {mesh} ranks, so the job needs workers = {mesh}, not {s.workers}",
-    )
+    """A mesh covers the job's workers (a decentralized job's worker group) exactly, shards a decoder,
+    and splits its key/value heads evenly."""
+    if s.algorithm in DECENTRALIZED:
+        if s.dp_shard == 1:
+            return
+        _require(
+            s.dp_shard == s.ranks_per_worker,
+            "dp_shard",
+            f"a {s.algorithm} job shards each worker group over its ranks: dp_shard must equal ranks_per_worker "
+            f"({s.ranks_per_worker}), not {s.dp_shard}",
+        )
+    else:
+        mesh = s.dp_replicate * s.dp_shard * s.tp
+        if mesh == 1:
+            return
+        _require(
+            mesh == s.workers,
+            "workers",
+            f"dp_replicate x dp_shard x tp = {mesh} ranks, so the job needs workers = {mesh}, not {s.workers}",
+        )
     shape = MODEL_SHAPES[Model(s.model)]
     _require(Model(s.model) not in BYTE_GPTS, "model", f"{s.model} is not sharded: use a decoder (llama-*, qwen3-*)")
+    tp = s.tp or 1  # a decentralized job has no tensor parallelism
+    _require(int(shape["n_kv_heads"]) % tp == 0, "tp", f"must divide {s.model}'s {shape['n_kv_heads']} key/value heads")
     _require(
-        int(shape["n_kv_heads"]) % s.tp == 0, "tp", f"must divide {s.model}'s {shape['n_kv_heads']} key/value heads"
+        s.optimizer != Optimizer.MUON or s.algorithm not in DECENTRALIZED,
+        "optimizer",
+        "muon on a sharded worker group is not supported yet (Canzona runs on allreduce meshes): use adamw",
     )
 
 

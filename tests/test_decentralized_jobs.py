@@ -228,4 +228,58 @@ def test_time_budgeted_rounds_end_in_the_workers_consensus(tenant, tmp_path, alg
     state = torch.load(tenant.download_checkpoint(handle.id, 20, tmp_path / "final.pt"), weights_only=True)
     model = build_model(job.model, job.seed or 1337)
     model.load_state_dict(state)
-    assert parameters_digest(model) in digests
+    assert parameters_digest(list(model.parameters())) in digests
+
+
+def test_sharded_worker_groups_gossip_shard_by_shard_and_end_in_one_consensus(tenant, tmp_path):
+    """Two FSDP2-sharded groups of two ranks: rank r swaps only its shard, with rank r of the other group.
+
+    Every rank reports its own rounds, and the bytes its transport sent per
+    round are about half the model's (its shard); at the end each shard is
+    averaged across the groups, and the final checkpoint holds those shards.
+    """
+    job = Job(
+        name="sharded-groups",
+        algorithm="gasloc",
+        model="llama-tiny",
+        ranks_per_worker=2,
+        dp_shard=2,
+        **{**SMALL, "workers": 2, "steps": 16, "local_steps": 4, "eval_every": 16, "checkpoint_every": 8},
+        eval_batches=2,
+    )
+    handle = tenant.submit(job)
+    status = handle.wait()
+    assert status.state == "SUCCEEDED", status.reason
+    events = list(handle.events())
+    rounds = [e for e in events if e.kind == "ROUND"]
+    assert {(e.worker, e.step) for e in rounds} == {(w, t) for w in range(4) for t in range(4)}
+    partner = {0: 2, 1: 3, 2: 0, 3: 1}  # the same rank of the other group
+    assert all(f"exchanged with [{partner[e.worker]}]" in e.message for e in rounds), [
+        (e.worker, e.message) for e in rounds
+    ]
+    losses = [e.loss for e in events if e.kind == "PROGRESS"]
+    assert losses[-1] < losses[0]
+
+    model = build_model(job.model, job.seed or 1337)
+    whole = 4 * sum(p.numel() for p in model.parameters())
+    sent = {
+        w: [int(re.search(r"sent so far: (\d+) bytes", e.message)[1]) for e in rounds if e.worker == w]
+        for w in range(4)
+    }
+    for w, totals in sent.items():  # what each rank's transport serialized per round: its shard, not the model
+        per_round = totals[-1] / len(totals)
+        assert 0.45 * whole < per_round < 0.6 * whole, (w, per_round, whole)
+
+    agreed = [
+        re.search(r"worker (\d) holds the consensus of (\d+) workers \(parameters shard (\d) (\w+)\)", e.message)
+        for e in events
+    ]
+    digests = {int(m[1]): (int(m[3]), m[4]) for m in agreed if m and m[2] == "2"}
+    assert sorted(digests) == [0, 1, 2, 3]
+    assert digests[0] == digests[2] and digests[1] == digests[3] and digests[0] != digests[1]
+    model.load_state_dict(
+        torch.load(tenant.download_checkpoint(handle.id, 16, tmp_path / "final.pt"), weights_only=True)
+    )
+    for rank in range(2):  # FSDP2 shards dim 0 in torch.chunk's pieces
+        shards = [p.detach().chunk(2, dim=0)[rank] if p.shape[0] > rank else p[:0] for p in model.parameters()]
+        assert parameters_digest(shards) == digests[rank][1]

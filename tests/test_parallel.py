@@ -151,11 +151,25 @@ def test_submit_checks_the_mesh():
     assert (spec.algorithm, spec.dp_replicate, spec.mixed_precision) == ("allreduce", 1, "fp32")
     muon = _parse(model=MODEL, workers=4, dp_shard=2, tp=2, optimizer="muon")  # Canzona on DTensor
     assert (muon.optimizer, muon.canzona_cost_unit, muon.muon_ns_steps) == ("muon", "flops", 5)
+    groups = _parse(model=MODEL, workers=2, ranks_per_worker=2, dp_shard=2, algorithm="gasloc")
+    assert (groups.workers, groups.ranks_per_worker, groups.dp_shard, groups.tp) == (2, 2, 2, 0)
+    assert _parse(model=MODEL, workers=2, ranks_per_worker=2, algorithm="diloco").dp_shard == 1  # replicated groups
     refusals = [
         (dict(model=MODEL, workers=2, dp_shard=2, tp=2), "workers", "needs workers = 4"),
         (dict(model="gpt-tiny", workers=2, dp_shard=2), "model", "not sharded"),
         (dict(model=MODEL, workers=4, tp=4), "tp", "divide qwen3-tiny's 2 key/value heads"),
-        (dict(model=MODEL, workers=2, dp_shard=2, algorithm="gasloc"), "dp_shard", "only for single or allreduce"),
+        (dict(model=MODEL, workers=2, dp_shard=2, algorithm="gasloc"), "dp_shard", "must equal ranks_per_worker"),
+        (
+            dict(model=MODEL, workers=2, ranks_per_worker=2, tp=2, algorithm="gasloc"),
+            "tp",
+            "only for single or allreduce",
+        ),
+        (dict(model="gpt-tiny", workers=2, ranks_per_worker=2, dp_shard=2, algorithm="diloco"), "model", "not sharded"),
+        (
+            dict(model=MODEL, workers=2, ranks_per_worker=2, dp_shard=2, algorithm="gasloc", optimizer="muon"),
+            "optimizer",
+            "not supported yet",
+        ),
         (dict(model=MODEL, init_from="file:///etc/weights"), "init_from", "outside the allowed roots"),
     ]
     for fields, field, words in refusals:

@@ -67,8 +67,20 @@ class WorkerConfig:
         return self.worker % self.ranks_per_worker
 
     def gossip_process(self, group: int) -> int:
-        """The process that gossips for worker group ``group``."""
+        """Worker group ``group``'s rank-0 process: its gossip endpoint, or its representative when sharded."""
         return group * self.ranks_per_worker
+
+    @property
+    def sharded(self) -> bool:
+        """Whether each worker group shards its model over its ranks (FSDP2, ``dp_shard`` = ``ranks_per_worker``).
+
+        Then every rank gossips its own shard with the same rank of the peer groups.
+        """
+        return self.ranks_per_worker > 1 and self.spec.dp_shard == self.ranks_per_worker
+
+    def shard_peer(self, group: int) -> int:
+        """The process this one swaps its shard with in worker group ``group``: that group's rank of the same index."""
+        return group * self.ranks_per_worker + self.group_rank
 
     @classmethod
     def load(cls, path: Path) -> WorkerConfig:

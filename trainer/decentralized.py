@@ -18,11 +18,19 @@ checkpoint and restores it when it resumes at that step, while a worker that
 rejoins at a later round seeks to where that round's batches begin.
 
 Worker groups: with ``ranks_per_worker`` R > 1 a worker is a group of R
-processes training one model data-parallel (gradients averaged over their
-own ``torch.distributed`` group, Canzona for Muon). Only the group's rank 0
-gossips; after each outer round it broadcasts the new parameters to its
-ranks. Topologies are over groups; on the wire (gossip identities, peers and
-rounds from the control plane, reports) a group is its rank-0 process.
+processes training one model. Replicated (``dp_shard`` 1: gradients averaged
+over the group's own ``torch.distributed`` group, Canzona for Muon), only the
+group's rank 0 gossips, and after each outer round it broadcasts the new
+parameters to its ranks; on the wire (gossip identities, peers and rounds from
+the control plane, reports) a group is its rank-0 process. Sharded
+(``dp_shard`` = R, FSDP2 over the group), every rank gossips: rank r has its
+own endpoint and certificate and swaps, screens and averages only its own
+parameter shard with rank r of the peer groups, and the outer step runs per
+shard, so nothing is gathered. The group's ranks agree after every exchange on
+the edges used, the peers rejected, the clipping and the all-reduce's outcome
+(:mod:`cantata.trainer.group_agreement`), so the shards stay one model.
+Topologies are over groups; a group's screening verdicts, quarantine and
+anomaly reports name its rank-0 process.
 """
 
 from __future__ import annotations
@@ -48,8 +56,10 @@ from cantata.security.anomaly.opposition import find_opposition
 from cantata.security.anomaly.quarantine import AnomalyKind, Quarantine
 from cantata.security.anomaly.screening import (
     CANARY_SCALE,
+    CheckResult,
     LayerLayout,
     ScreeningConfig,
+    ScreeningResult,
     UpdateScreener,
     Verdict,
     make_canary,
@@ -63,7 +73,9 @@ from cantata.trainer.gasloc.outer import GASLoCOuter, Proposal, flatten, split_w
 from cantata.trainer.gasloc.topology import make_topology
 from cantata.trainer.gossip import GossipNode
 from cantata.trainer.gossip.allreduce import AllReduceFailed, ring_allreduce
+from cantata.trainer.group_agreement import GroupAgreement, local_shards, shard_layout
 from cantata.trainer.loop import CPU, join_group
+from cantata.trainer.parallel import Parallelism
 from cantata.trainer.reporter import Reporter
 
 PEER_WAIT_S = 60.0
@@ -85,8 +97,11 @@ class GossipExchange:
 
     ``__call__`` swaps wires with the round's peers (gasloc); ``allreduce`` sums
     a vector over every live worker by a ring all-reduce (diloco, and the
-    final consensus). Peers are worker groups; on the wire a group is its
-    rank-0 process. Quarantined peers are not dialled.
+    final consensus). Peers are worker groups; on the wire a group is the
+    process of this one's rank in it (rank 0 unless the groups are sharded).
+    Quarantined groups are not dialled. With sharded groups the group's ranks
+    keep only the edges every shard used, and an all-reduce's sum only if
+    every shard's all-reduce succeeded (``agreement``).
     """
 
     def __init__(
@@ -97,9 +112,11 @@ class GossipExchange:
         outer: GASLoCOuter,
         quarantine: Quarantine,
         deadline: RoundDeadline,
+        agreement: GroupAgreement | None = None,
     ):
         self._cfg, self._node, self._reporter, self._outer = cfg, node, reporter, outer
         self._quarantine, self.deadline = quarantine, deadline
+        self._agreement = agreement or GroupAgreement(None)
         self._attack = parse_attack_config(cfg.attack, SpecOrigin.ADMIN) if cfg.attack else None
         self._noise = torch.Generator().manual_seed(cfg.spec.seed + cfg.worker)
         self._wire_dtype = torch.bfloat16 if cfg.spec.compression == Compression.BF16 else None
@@ -120,13 +137,15 @@ class GossipExchange:
 
     def __call__(self, round_: int, groups: list[int], wire: torch.Tensor) -> dict[int, torch.Tensor]:
         """Exchange with the worker groups ``groups``; returns the wire each one whose edge was used sent."""
-        peers = [self._cfg.gossip_process(g) for g in groups]
+        peers = [self._cfg.shard_peer(g) for g in groups]
         sent = self._maybe_attack(round_, wire)
         self._wait_for_laggards(round_, peers)
         wanted = {p: self.addresses[p] for p in peers if self._trusted(p)}
         received = self._node.exchange(wire_round(round_), wanted, sent, deadline_s=self.deadline.seconds)
         self._count(dict.fromkeys(wanted, sent), received)
-        return {peer // self._cfg.ranks_per_worker: t.clone() for peer, t in received.items()}
+        usable = {peer // self._cfg.ranks_per_worker: t.clone() for peer, t in received.items() if _readable(t, sent)}
+        agreed = self._agreement.common(usable)  # a sharded group mixes a peer in every shard or in none
+        return {group: t for group, t in usable.items() if group in agreed}
 
     def allreduce(self, round_: int, vector: torch.Tensor) -> torch.Tensor | None:
         """A diloco round's all-reduce of ``[w y, w]`` (an admin-planned attack replaces y first)."""
@@ -141,26 +160,34 @@ class GossipExchange:
         ``deadline_s`` says otherwise) covers the whole all-reduce.
         """
         me = self._cfg.worker
-        others = [self._cfg.gossip_process(g) for g in range(self._cfg.workers) if g != self._cfg.group]
+        others = [self._cfg.shard_peer(g) for g in range(self._cfg.workers) if g != self._cfg.group]
         self._wait_for_laggards(round_, others)
-        members = sorted([me] + [p for p in others if self._trusted(p) and self.rounds.get(p, 0) >= round_ - 1])
+        live = [
+            p // self._cfg.ranks_per_worker for p in others if self._trusted(p) and self.rounds.get(p, 0) >= round_ - 1
+        ]
+        groups = self._agreement.first(live)  # a sharded group's rank 0 names the ring for all its shards
+        members = sorted([me] + [self._cfg.shard_peer(g) for g in groups])
         end = time.monotonic() + (self.deadline.seconds if deadline_s is None else deadline_s)
 
         def swap(step: int, payloads):
-            addresses = {p: self.addresses[p] for p in payloads}
+            addresses = {p: self.addresses[p] for p in payloads if p in self.addresses}
             left = max(0.0, end - time.monotonic())
             received = self._node.exchange(wire_round(round_, step), addresses, payloads, deadline_s=left)
             self._count(payloads, received)
             return received
 
         try:
-            return ring_allreduce(vector, members, me, swap, self._wire_dtype)
+            total: torch.Tensor | None = ring_allreduce(vector, members, me, swap, self._wire_dtype)
         except AllReduceFailed as failure:
             log.warning("round %d: worker %d's all-reduce failed: %s", round_, me, failure)
+            total = None
+        if not self._agreement.all(total is not None):  # one shard's failure: the whole group keeps its own
             return None
+        return total
 
     def _trusted(self, peer: int) -> bool:
-        return peer in self.addresses and not self._quarantine.is_quarantined(peer)
+        group = self._cfg.gossip_process(peer // self._cfg.ranks_per_worker)  # quarantine is per group
+        return peer in self.addresses and not self._quarantine.is_quarantined(group)
 
     def _wait_for_laggards(self, round_: int, peers: list[int]) -> None:
         """Keep rounds aligned: wait (bounded) until every live, trusted peer has finished the previous round.
@@ -207,14 +234,35 @@ class GossipExchange:
         return theta + craft(self._attack, view, self._noise)
 
 
-class Canaries:
-    """The secret canary a gasloc worker adds to each point it sends (``make_canary``, own generator)."""
+def _readable(payload: torch.Tensor, sent: torch.Tensor) -> bool:
+    """Whether a peer's payload has the form of this worker's own (size, dtype, a positive weight)."""
+    if payload.shape != sent.shape or payload.dtype != sent.dtype:
+        return False
+    try:
+        split_weight(payload)
+    except ValueError:
+        return False
+    return True
 
-    def __init__(self, seed: int):
+
+class Canaries:
+    """The secret canary a gasloc worker adds to each point it sends (``make_canary``, own generator).
+
+    With a ``layout`` (a sharded group's shard) each layer gets a canary of its
+    own update's scale: a shard can hold a part of a layer that barely moves
+    (the embedding rows of tokens the data never uses), and a canary spread
+    evenly over the whole vector would swamp that part's update, so peers would
+    reject honest shards on their layer norms.
+    """
+
+    def __init__(self, seed: int, layout: LayerLayout | None = None):
         self._generator = torch.Generator().manual_seed(seed)
+        self._sizes = None if layout is None else list(layout.layer_sizes)
 
     def __call__(self, update: torch.Tensor) -> torch.Tensor:
-        return make_canary(update, CANARY_SCALE, self._generator)
+        if self._sizes is None:
+            return make_canary(update, CANARY_SCALE, self._generator)
+        return torch.cat([make_canary(part, CANARY_SCALE, self._generator) for part in update.split(self._sizes)])
 
 
 class UpdateScreen:
@@ -225,11 +273,26 @@ class UpdateScreen:
     are capped to the nearer one's distance and mixed both or neither
     (``find_opposition``). A rejected or quarantined peer is treated like a
     skipped one, so the mixing stays doubly stochastic.
+
+    Peers are named by their group's rank-0 process. With sharded groups each
+    rank screens its own shard of every update (``layout``: the shard's
+    layers), and the group agrees on one verdict per peer: rejected if any
+    shard was, mixed only if every shard would mix it, scaled by the smallest
+    clipping factor of its shards; the group's rank 0 reports the strictest
+    shard's check, and every rank's quarantine records the same verdicts.
     """
 
-    def __init__(self, cfg: WorkerConfig, reporter: Reporter, model: torch.nn.Module, quarantine: Quarantine):
+    def __init__(
+        self,
+        cfg: WorkerConfig,
+        reporter: Reporter,
+        layout: LayerLayout,
+        quarantine: Quarantine,
+        agreement: GroupAgreement | None = None,
+    ):
         self._cfg, self._reporter, self._quarantine = cfg, reporter, quarantine
-        self._screener = UpdateScreener(LayerLayout.from_module(model), WORKER_SCREENING)
+        self._screener = UpdateScreener(layout, WORKER_SCREENING)
+        self._agreement = agreement
 
     def __call__(self, proposal: Proposal, decoded: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
         # the sent point less the canary: the compression error stays in (it is in the peers' points too)
@@ -247,9 +310,19 @@ class UpdateScreen:
                 if r.verdict is not Verdict.REJECT and not self._quarantine.is_quarantined(p)
             }
         )
+        caps = {
+            peer: min(caps)
+            for peer, result in results.items()
+            if (caps := [c for c in (result.clip_norm, opposition.caps.get(peer)) if c is not None])
+        }
+        factors: dict[int, float] = {}
+        if self._agreement is not None:
+            results, accepted, factors = self._agree(results, accepted, caps, by_process, proposal.sent)
         kept = {}
         for peer, result in results.items():
             for event in self._quarantine.record(proposal.round, result):
+                if self._cfg.group_rank:  # the group's rank 0 reports for the group
+                    continue
                 check = max(result.checks, key=lambda c: c.verdict)
                 self._reporter.anomaly(
                     peer,
@@ -262,11 +335,39 @@ class UpdateScreen:
             if peer not in accepted or self._quarantine.is_quarantined(peer):
                 continue
             update = by_process[peer]
-            caps = [c for c in (result.clip_norm, opposition.caps.get(peer)) if c is not None]
-            if caps:
-                update = proposal.sent + clip(update - proposal.sent, min(caps))
+            if self._agreement is not None:
+                update = proposal.sent + (update - proposal.sent) * factors[peer]
+            elif peer in caps:
+                update = proposal.sent + clip(update - proposal.sent, caps[peer])
             kept[peer // self._cfg.ranks_per_worker] = update
         return kept
+
+    def _agree(
+        self,
+        results: dict[int, ScreeningResult],
+        accepted: set[int],
+        caps: dict[int, float],
+        updates: dict[int, torch.Tensor],
+        sent: torch.Tensor,
+    ) -> tuple[dict[int, ScreeningResult], set[int], dict[int, float]]:
+        """The group's verdict on each peer from every shard's (see the class docstring)."""
+        assert self._agreement is not None
+        mine = {}
+        for peer, result in results.items():
+            check = max(result.checks, key=lambda c: c.verdict)
+            factor = 1.0
+            if peer in caps:
+                norm = (updates[peer] - sent).norm().item()
+                factor = 0.0 if not math.isfinite(norm) else min(1.0, caps[peer] / norm) if norm > 0 else 1.0
+            mine[peer] = (int(result.verdict), check.check, check.score, peer in accepted, factor)
+        shards = self._agreement.gather(mine)
+        agreed, factors = {}, {}
+        for peer in results:
+            views = [shard[peer] for shard in shards]
+            verdict, name, score, _, _ = max(views, key=lambda v: v[0])  # the strictest shard (first on ties)
+            agreed[peer] = ScreeningResult(peer, (CheckResult(name, score, Verdict(verdict)),))
+            factors[peer] = min(v[4] for v in views)
+        return agreed, {p for p in results if all(shard[p][3] for shard in shards)}, factors
 
 
 class RefusalReports:
@@ -314,15 +415,14 @@ def sync_parameters(model: torch.nn.Module, group: dist.ProcessGroup | None) -> 
 
 
 def consensus(
-    model: torch.nn.Module, exchange: GossipExchange, round_: int, own_val_loss: float
+    params: list[torch.Tensor], exchange: GossipExchange, round_: int, own_val_loss: float
 ) -> tuple[int, float, float] | None:
-    """Average the workers' parameters with one all-reduce and load the average into ``model``.
+    """Average the workers' parameters (or this rank's shards of them) with one all-reduce, in place.
 
     Returns the number of workers averaged and the mean and standard
     deviation of their own models' validation losses; None if the all-reduce
-    failed (the model keeps this worker's parameters).
+    failed (the parameters stay this worker's).
     """
-    params = list(model.parameters())
     own = flatten(params)
     vector = torch.cat([own, torch.tensor([own_val_loss, own_val_loss**2, 1.0])])
     # once per job, and workers arrive from their evaluations at different times: at least the first round's deadline
@@ -341,16 +441,18 @@ def consensus(
     return round(count), loss_mean, loss_std
 
 
-def parameters_digest(model: torch.nn.Module) -> str:
-    """A short SHA-256 of the parameters' bytes, so reports can show that workers hold the same model."""
-    return hashlib.sha256(flatten(model.parameters()).numpy().tobytes()).hexdigest()[:16]
+def parameters_digest(params: list[torch.Tensor]) -> str:
+    """A short SHA-256 of the parameters' (or shards') bytes, so reports can show that workers hold the same model."""
+    return hashlib.sha256(flatten(params).numpy().tobytes()).hexdigest()[:16]
 
 
 class Decentralized:
     """The strategy of gasloc and diloco: after each round of H inner steps, an outer step over gossip.
 
-    Only a worker group's rank 0 gossips (and holds the outer state); the
-    group's ranks follow it. Worker group 0 seals the checkpoints.
+    In a replicated group only rank 0 gossips (and holds the outer state) and
+    the group's ranks follow it; in a sharded one (FSDP2 over the group's
+    ranks) every rank gossips and holds the outer state of its own shard.
+    Worker group 0 seals the checkpoints.
     """
 
     def __init__(self, cfg: WorkerConfig, reporter: Reporter):
@@ -362,12 +464,18 @@ class Decentralized:
         self.local_steps = spec.local_steps
         self.budget_s = spec.round_time_s if spec.HasField("round_time_s") else None
         self.processes = cfg.workers * cfg.ranks_per_worker
-        self.mesh: DeviceMesh | None = None  # a worker group holds whole models
+        # a sharded worker group is an FSDP2 mesh of its ranks; a replicated one holds whole models
+        self.mesh: DeviceMesh | None = Parallelism.of(spec).mesh() if cfg.sharded else None
         self.data_rank, self.data_world = cfg.worker, self.processes
-        self.gossips = cfg.group_rank == 0
+        self.gossips = cfg.sharded or cfg.group_rank == 0
+        self.agreement = GroupAgreement(self.group if cfg.sharded else None)
         self.diloco = spec.algorithm == Algorithm.DILOCO
         self.node: GossipNode | None = None
         self.device = CPU  # gossip and its outer step run on the CPU
+
+    def params(self) -> list[torch.Tensor]:
+        """What this process's outer step works on: its shards of the parameters, or the whole of them."""
+        return local_shards(self.model) if self.cfg.sharded else list(self.model.parameters())
 
     def prepare(self, model: torch.nn.Module, state: TrainingState) -> None:
         self.model = model
@@ -375,16 +483,19 @@ class Decentralized:
             return
         spec, cfg = self.cfg.spec, self.cfg
         self.outer = GASLoCOuter(
-            model.parameters(),
+            self.params(),
             make_topology(spec.topology, cfg.workers, spec.seed),
             cfg.group,
             outer_lr=spec.outer_lr,
             outer_momentum=spec.outer_momentum,
             gossip_step=spec.gossip_step if spec.HasField("gossip_step") else None,
             compression="none" if self.diloco else spec.compression,
-            canary=None if self.diloco else Canaries(spec.seed + 7919 * cfg.worker),
+            canary=None
+            if self.diloco
+            else Canaries(spec.seed + 7919 * cfg.worker, shard_layout(model) if cfg.sharded else None),
         )
-        state.register("outer", Scope.RANK, self.outer)  # only rank 0 gossips: its shard is "outer-0"
+        # every gossiping rank's: "outer-0" of a replicated group, "outer-RANK" for each shard of a sharded one
+        state.register("outer", Scope.RANK, self.outer)
 
     def first_round(self, start: int) -> int:
         """Start gossiping; a restarted worker whose job went on without it catches up to the job's round."""
@@ -402,30 +513,35 @@ class Decentralized:
                 on_refused=RefusalReports(self.reporter),
             )
             self.reporter.gossip_endpoint(self.node.start())
-            quarantine = Quarantine(cfg.worker)
-            self.exchange = GossipExchange(cfg, self.node, self.reporter, self.outer, quarantine, self.deadline)
-            self.screen = UpdateScreen(cfg, self.reporter, self.model, quarantine)
-            current = wait_for_peers(self.reporter, cfg.workers)
+            quarantine = Quarantine(cfg.gossip_process(cfg.group))
+            agreement = self.agreement if cfg.sharded else None
+            self.exchange = GossipExchange(
+                cfg, self.node, self.reporter, self.outer, quarantine, self.deadline, agreement
+            )
+            layout = shard_layout(self.model) if cfg.sharded else LayerLayout.from_module(self.model)
+            self.screen = UpdateScreen(cfg, self.reporter, layout, quarantine, agreement)
+            current = wait_for_peers(self.reporter, cfg.workers * (cfg.ranks_per_worker if cfg.sharded else 1))
             if current:
                 first = max(first, current + 1)
-                self.reporter.message(f"worker {cfg.worker} rejoins at round {first} from checkpoint step {start}")
+                if cfg.group_rank == 0:
+                    self.reporter.message(f"worker {cfg.worker} rejoins at round {first} from checkpoint step {start}")
         return share_from_rank0(first, self.group)
 
     def after_round(self, round_: int, steps_done: int) -> None:
-        """The outer step (gasloc gossip or diloco all-reduce), then the group's ranks take rank 0's parameters."""
+        """The outer step (gasloc gossip or diloco all-reduce), then a replicated group's ranks take rank 0's."""
+        cfg = self.cfg
         if self.gossips:
             assert self.node is not None
-            cfg = self.cfg
             exchanged = time.perf_counter()
             if self.diloco:
                 stats = self.outer.round_mean(round_, self.exchange.allreduce, weight=float(steps_done))
             else:
                 stats = self.outer.round(round_, self.exchange, self.screen, weight=float(steps_done))
             seconds = time.perf_counter() - exchanged
-            self.reporter.round(
+            self.reporter.round(  # every gossiping rank's: what its own endpoint swapped
                 round_,
-                [cfg.gossip_process(g) for g in stats.mixed],
-                [cfg.gossip_process(g) for g in stats.skipped],
+                [cfg.shard_peer(g) for g in stats.mixed],
+                [cfg.shard_peer(g) for g in stats.skipped],
                 seconds,
                 inner_steps=steps_done,
                 bytes_sent=self.node.bytes_sent,
@@ -434,28 +550,34 @@ class Decentralized:
             )
             if not stats.skipped:
                 self.deadline.record(seconds)
-        sync_parameters(self.model, self.group)
+        if not cfg.sharded:
+            sync_parameters(self.model, self.group)
 
     def finish(self, evaluate: Callable[[], float]) -> float:
-        """Average the workers' models with one all-reduce; returns the consensus's validation loss."""
+        """Average the workers' models with one all-reduce; returns the consensus's validation loss.
+
+        A sharded group averages shard by shard (and evaluates together, as FSDP2 needs).
+        """
         cfg = self.cfg
         val_loss = evaluate()
         if self.gossips:
             rounds = math.ceil(cfg.spec.steps / self.local_steps)
-            agreed = consensus(self.model, self.exchange, rounds, val_loss)
+            agreed = consensus(self.params(), self.exchange, rounds, val_loss)
             if agreed is None:
                 self.reporter.message(f"worker {cfg.worker}: the final average failed; it keeps its own model")
             else:
                 workers, own_mean, own_std = agreed
                 val_loss = evaluate()
+                shard = f" shard {cfg.group_rank}" if cfg.sharded else ""
                 self.reporter.message(
                     f"worker {cfg.worker} holds the consensus of {workers} workers "
-                    f"(parameters {parameters_digest(self.model)}): validation loss {val_loss:.4f}; "
+                    f"(parameters{shard} {parameters_digest(self.params())}): validation loss {val_loss:.4f}; "
                     f"the workers' own models {own_mean:.4f} +- {own_std:.4f}"
                 )
-        sync_parameters(self.model, self.group)
-        if not self.gossips:  # the group's other ranks now hold rank 0's consensus: evaluate that
-            val_loss = evaluate()
+        if not cfg.sharded:
+            sync_parameters(self.model, self.group)
+            if not self.gossips:  # the group's other ranks now hold rank 0's consensus: evaluate that
+                val_loss = evaluate()
         return val_loss
 
     def close(self) -> None:

@@ -229,7 +229,7 @@ class OuterStep:
         self.compressor.residual = state["residual"]
 
 
-def flatten(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
+def flatten(params: Iterable[torch.Tensor]) -> torch.Tensor:
     """A new float32 CPU vector holding ``params`` (never a view of them)."""
     return torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in params])
 
@@ -251,7 +251,7 @@ class GASLoCOuter:
 
     def __init__(
         self,
-        params: Iterable[torch.nn.Parameter],
+        params: Iterable[torch.Tensor],
         topology: Topology,
         worker_index: int,
         outer_lr: float,
