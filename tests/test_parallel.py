@@ -16,14 +16,20 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import save_file
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from cantata.proto.v1 import common_pb2
+from cantata.security.keys import JobKeys, LocalKeyring, MasterKey
+from cantata.security.sealed_checkpoint import IntegrityError, MissingShardError, read_shard_bytes
+from cantata.storage import open_store
 from cantata.proto.vocabulary import MixedPrecision
 from cantata.sdk.job import Job
 from cantata.server.jobspec import InvalidField, parse_job_spec
 from cantata.trainer.model import build_model
 from cantata.trainer.optim import build_optimizer
-from cantata.trainer.parallel import FullState, Parallelism, data_rank, parallelize
+from cantata.trainer.checkpoint import JobCheckpoints, Scope, TrainingState
+from cantata.trainer.parallel import MeshState, Parallelism, data_rank, parallelize
+from cantata.trainer.sealed_dcp import consolidate
 from cantata.trainer.weights import WeightsError, load_weights
 
 STEPS = 3
@@ -47,7 +53,17 @@ def _train(model, optimizer, batches, part=lambda b: b) -> list[float]:
     return losses
 
 
-def _ranks(rank: int, world: int, port: int, out: str, weights: str) -> None:
+def _checkpoints(store: str, keys: str) -> JobCheckpoints:
+    return JobCheckpoints(store, "tenant", "job", JobKeys.from_json(keys), keep_last=2)
+
+
+def _registry(store: str, keys: str, model, optimizer) -> TrainingState:
+    state = TrainingState(_checkpoints(store, keys), rank=dist.get_rank(), process=dist.get_rank(), group=dist.group.WORLD, commits=True)
+    state.register("train", Scope.SHARDED, MeshState(model, optimizer))
+    return state
+
+
+def _ranks(rank: int, world: int, port: int, out: str, weights: str, store: str, keys: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
@@ -59,21 +75,34 @@ def _ranks(rank: int, world: int, port: int, out: str, weights: str) -> None:
     index, count = data_rank(mesh)
     losses = torch.stack(_train(model, optimizer, _batches(), lambda b: b.chunk(count)[index]))
     dist.all_reduce(losses)  # the mean over the data-parallel ranks (tensor-parallel peers agree)
-    state = FullState(model, optimizer, "model").state_dict()
-    moments = FullState(model, optimizer, "optim").state_dict()
-    saved = [{k: v.clone() for k, v in state.items()}, moments]
-    dist.broadcast_object_list(saved, src=0)  # what every rank reads from a checkpoint
+    _registry(store, keys, model, optimizer).save(STEPS)  # every rank seals its own shards
     other = Parallelism(1, 4, 1).mesh()  # the checkpoint loads on another mesh
     reloaded = build_model(MODEL, seed=2)
     parallelize(reloaded, other, MixedPrecision.FP32, checkpointing=False)
-    reopt = build_optimizer(reloaded, "adamw", lr=1e-2, grad_clip=1.0)
-    FullState(reloaded, reopt, "model").load_state_dict(saved[0])
-    FullState(reloaded, reopt, "optim").load_state_dict(saved[1])
+    reopt = build_optimizer(reloaded, "adamw", lr=1e-3, grad_clip=1.0)
+    _registry(store, keys, reloaded, reopt).restore(STEPS)
     probe = _batches()[0]
     with torch.no_grad():
         probe_loss = reloaded(probe[:, :-1], probe[:, 1:])[1]
     if rank == 0:
-        torch.save({"losses": losses / world, "state": state, "steps": reopt.steps, "probe": probe_loss}, out)
+        torch.save({"losses": losses / world, "steps": reopt.steps, "lr": reopt.lr, "probe": probe_loss}, out)
+    dist.destroy_process_group()
+
+
+def _fewer_ranks(rank: int, world: int, port: int, out: str, store: str, keys: str) -> None:
+    """The four ranks' checkpoint, loaded on two (dp_shard 2), trains on: its full state is what was saved."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    model = build_model(MODEL, seed=4)
+    parallelize(model, Parallelism(1, 2, 1).mesh(), MixedPrecision.FP32, checkpointing=False)
+    optimizer = build_optimizer(model, "adamw", lr=1e-3, grad_clip=1.0)
+    _registry(store, keys, model, optimizer).restore(STEPS)
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    steps, lr = optimizer.steps, optimizer.lr
+    _train(model, optimizer, _batches()[:1], lambda b: b.chunk(2)[rank])  # the restored moments step on
+    if rank == 0:
+        torch.save({"state": full, "steps": steps, "lr": lr}, out)
     dist.destroy_process_group()
 
 
@@ -112,23 +141,78 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.integration  # four gloo processes
-def test_a_2x2_mesh_trains_like_one_process_and_its_checkpoint_loads_on_a_4x1_mesh(tmp_path):
+def _sealed(store: str, keys: str):
+    """Read a ``train.*`` object of the checkpoint at ``STEPS`` as the worker does: verified against the manifest."""
+    checkpoints = _checkpoints(store, keys)
+    info = checkpoints.manifest(STEPS)
+    listed = {shard.name: shard for shard in info.shards}
+    return info, lambda name: read_shard_bytes(
+        open_store(store), tenant="tenant", job_id="job", step=STEPS, shard=listed[name], keys=JobKeys.from_json(keys)
+    )
+
+
+@pytest.mark.integration  # four gloo processes, then two
+def test_a_2x2_mesh_trains_like_one_process_and_its_sharded_checkpoint_loads_on_4x1_and_on_2_ranks(tmp_path):
     reference = build_model(MODEL, seed=1)
     weights = _save_hf_style(reference, tmp_path / "weights")
     ref_losses = _train(reference, build_optimizer(reference, "adamw", lr=1e-2, grad_clip=1.0), _batches())
+    ring = LocalKeyring(tmp_path / "keyring", MasterKey(bytes(range(32))))
+    ring.ensure_tenant("tenant")
+    keys, store = ring.job_keys("tenant", "job").to_json(), f"file://{tmp_path / 'store'}"
     out = str(tmp_path / "ranks.pt")
-    mp.start_processes(_ranks, args=(4, _free_port(), out, str(weights)), nprocs=4, start_method="spawn")
+    mp.start_processes(_ranks, args=(4, _free_port(), out, str(weights), store, keys), nprocs=4, start_method="spawn")
     result = torch.load(out)
     torch.testing.assert_close(result["losses"], torch.stack(ref_losses), rtol=1e-5, atol=1e-6)
-    expected = reference.state_dict()
-    assert set(result["state"]) == set(expected)
-    for name, tensor in expected.items():  # AdamW's first steps amplify float noise in near-zero gradients
-        torch.testing.assert_close(result["state"][name], tensor, rtol=0, atol=2e-3, msg=name)
-    assert result["steps"] == STEPS
+    assert (result["steps"], result["lr"]) == (STEPS, 1e-2)  # the optimizer's progress came back too
     probe = _batches()[0]
     with torch.no_grad():
         torch.testing.assert_close(result["probe"], reference(probe[:, :-1], probe[:, 1:])[1], rtol=1e-4, atol=1e-5)
+
+    info, read = _sealed(store, keys)  # one sealed object per rank, the metadata, the manifest last
+    assert sorted(shard.name for shard in info.shards) == ["train.0", "train.1", "train.2", "train.3", "train.metadata"]
+    consolidated = consolidate(read, "train", "model.")
+    expected = reference.state_dict()
+    assert set(consolidated) == set(expected)
+    for name, tensor in expected.items():  # AdamW's first steps amplify float noise in near-zero gradients
+        assert consolidated[name].shape == tensor.shape, name
+        torch.testing.assert_close(consolidated[name], tensor, rtol=0, atol=2e-3, msg=name)
+
+    out = str(tmp_path / "two.pt")
+    mp.start_processes(_fewer_ranks, args=(2, _free_port(), out, store, keys), nprocs=2, start_method="spawn")
+    two = torch.load(out)
+    assert (two["steps"], two["lr"]) == (STEPS, 1e-2)
+    for name, tensor in consolidated.items():
+        assert torch.equal(two["state"][name], tensor), name
+
+
+def test_a_tampered_or_missing_shard_object_is_refused_before_use(tmp_path):
+    """Sealed DCP objects in a real file store: a flipped byte or a lost rank's object is a typed error."""
+    ring = LocalKeyring(tmp_path / "keyring", MasterKey(bytes(range(32))))
+    ring.ensure_tenant("tenant")
+    keys, store = ring.job_keys("tenant", "job").to_json(), f"file://{tmp_path / 'store'}"
+    model = build_model("llama-tiny", seed=1)
+    state = {"model": model.state_dict(), "progress": {"step": 7}}
+    checkpoints = _checkpoints(store, keys)
+    checkpoints.begin(STEPS, 0, None)
+    written = checkpoints.save_sharded(STEPS, "train", state, None)  # one process: DCP without a group
+    checkpoints.commit(STEPS, 0, {}, None, written)
+    _, read = _sealed(store, keys)
+    assert all(torch.equal(t, model.state_dict()[n]) for n, t in consolidate(read, "train", "model.").items())
+    target = {"model": build_model("llama-tiny", seed=2).state_dict(), "progress": {"step": 0}}
+    checkpoints.load_sharded(STEPS, checkpoints.manifest(STEPS), "train", target, None)
+    assert target["progress"] == {"step": 7} and torch.equal(target["model"]["lm_head.weight"], model.lm_head.weight)
+
+    path = tmp_path / "store" / "tenant" / "job" / "checkpoints" / f"{STEPS:012d}" / "train.0.sealed"
+    sealed = bytearray(path.read_bytes())
+    sealed[len(sealed) // 2] ^= 1
+    path.write_bytes(bytes(sealed))
+    with pytest.raises(IntegrityError):
+        consolidate(read, "train", "model.")
+    with pytest.raises(IntegrityError):
+        checkpoints.load_sharded(STEPS, checkpoints.manifest(STEPS), "train", target, None)
+    path.unlink()
+    with pytest.raises(MissingShardError):
+        checkpoints.load_sharded(STEPS, checkpoints.manifest(STEPS), "train", target, None)
 
 
 def _parse(**fields) -> common_pb2.JobSpec:

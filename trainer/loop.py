@@ -39,7 +39,7 @@ from cantata.trainer.decoder import Decoder
 from cantata.trainer.device import Device, pick_device
 from cantata.trainer.model import LanguageModel, build_model
 from cantata.trainer.optim import build_optimizer, spec_settings
-from cantata.trainer.parallel import FullState, Parallelism, data_rank, parallelize
+from cantata.trainer.parallel import MeshState, Parallelism, data_rank, parallelize
 from cantata.trainer.reporter import Reporter
 from cantata.trainer.weights import load_weights
 
@@ -333,9 +333,11 @@ class Trainer:
             **spec_settings(spec),
         )
         self.schedule = Schedule.of(spec)
-        checkpoints = JobCheckpoints(spec.checkpoint_store, cfg.tenant, cfg.job_id, cfg.checkpoint_keys, spec.keep_last)
+        self.checkpoints = JobCheckpoints(
+            spec.checkpoint_store, cfg.tenant, cfg.job_id, cfg.checkpoint_keys, spec.keep_last
+        )
         self.state = TrainingState(
-            checkpoints, rank=strategy.rank, process=cfg.worker, group=strategy.group, commits=strategy.commits
+            self.checkpoints, rank=strategy.rank, process=cfg.worker, group=strategy.group, commits=strategy.commits
         )
 
     def run(self) -> float:
@@ -353,9 +355,8 @@ class Trainer:
             if strategy.mesh is None:
                 self.state.register("model", Scope.LEAD, self.model)
                 self.state.register("optim", Scope.RANK, self.optimizer)
-            else:  # full tensors: a checkpoint taken on one mesh loads on another
-                self.state.register("model", Scope.LEAD, FullState(self.model, self.optimizer, "model"))
-                self.state.register("optim", Scope.LEAD, FullState(self.model, self.optimizer, "optim"))
+            else:  # every rank writes its own shards; a checkpoint taken on one mesh loads on another
+                self.state.register("train", Scope.SHARDED, MeshState(self.model, self.optimizer))
             self.state.register("data", Scope.PROCESS, feed)
             strategy.prepare(self.model, self.state)
             if start:
@@ -471,6 +472,15 @@ class Trainer:
     def save(self, step: int) -> None:
         saving = time.perf_counter()
         size = self.state.save(step)
+        if self.strategy.mesh is not None:
+            seconds, sealed = self.checkpoints.last_sharded
+            note(
+                "checkpoint_shards",
+                f"rank {self.strategy.rank} sealed its shards of step {step}: {sealed:,} bytes in {seconds:.3f} s",
+                step=step,
+                size_bytes=sealed,
+                seconds=seconds,
+            )
         if self.lead:
             assert size is not None  # the lead is rank 0 of the committing group
             log_checkpoint(step, size, self.spec.keep_last)
