@@ -73,6 +73,7 @@ SEALED_SUFFIX = ".sealed"
 MANIFEST_FORMAT = 1
 KIND_TORCH = "torch"
 KIND_BYTES = "bytes"
+SHARDED_PART = "train"  # a mesh job's sharded model and optimizer: objects ``train.RANK`` and ``train.metadata``
 _NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,127}")
 _STEP_DIGITS = 12
 

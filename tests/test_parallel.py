@@ -19,15 +19,15 @@ from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from cantata.proto.v1 import common_pb2
-from cantata.security.keys import JobKeys, LocalKeyring, MasterKey
-from cantata.security.sealed_checkpoint import IntegrityError, MissingShardError, read_shard_bytes
-from cantata.storage import open_store
 from cantata.proto.vocabulary import MixedPrecision
 from cantata.sdk.job import Job
+from cantata.security.keys import JobKeys, LocalKeyring, MasterKey
+from cantata.security.sealed_checkpoint import IntegrityError, MissingShardError, read_shard_bytes
 from cantata.server.jobspec import InvalidField, parse_job_spec
+from cantata.storage import open_store
+from cantata.trainer.checkpoint import JobCheckpoints, Scope, TrainingState
 from cantata.trainer.model import build_model
 from cantata.trainer.optim import build_optimizer
-from cantata.trainer.checkpoint import JobCheckpoints, Scope, TrainingState
 from cantata.trainer.parallel import MeshState, Parallelism, data_rank, parallelize
 from cantata.trainer.sealed_dcp import consolidate
 from cantata.trainer.weights import WeightsError, load_weights
@@ -58,7 +58,9 @@ def _checkpoints(store: str, keys: str) -> JobCheckpoints:
 
 
 def _registry(store: str, keys: str, model, optimizer) -> TrainingState:
-    state = TrainingState(_checkpoints(store, keys), rank=dist.get_rank(), process=dist.get_rank(), group=dist.group.WORLD, commits=True)
+    state = TrainingState(
+        _checkpoints(store, keys), rank=dist.get_rank(), process=dist.get_rank(), group=dist.group.WORLD, commits=True
+    )
     state.register("train", Scope.SHARDED, MeshState(model, optimizer))
     return state
 

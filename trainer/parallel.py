@@ -122,7 +122,9 @@ class MeshState:
         return {"model": model, "optim": optim, "progress": {"step": self._optimizer.steps, "lr": self._optimizer.lr}}
 
     def load_state_dict(self, state: dict) -> None:
-        set_state_dict(self._model, self._optimizer.adamw, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(
+            self._model, self._optimizer.adamw, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
         self._optimizer.steps = state["progress"]["step"]
         self._optimizer.set_lr(state["progress"]["lr"])
 

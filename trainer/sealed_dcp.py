@@ -29,8 +29,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.futures import Future
-from torch.distributed.checkpoint import CheckpointException, LoadPlan, LoadPlanner, SavePlan, SavePlanner, StorageReader, StorageWriter
+from torch.distributed.checkpoint import (
+    CheckpointException,
+    LoadPlan,
+    LoadPlanner,
+    SavePlan,
+    SavePlanner,
+    StorageReader,
+    StorageWriter,
+)
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import (
@@ -43,6 +50,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
 
 from cantata.security.sealed_checkpoint import ShardInfo
 
@@ -155,7 +163,9 @@ class SealedReader(StorageReader):
                     stored = stored.narrow(dim, start, length)
                 target = planner.resolve_tensor(item).detach()
                 if target.size() != stored.size():
-                    raise ShardedFormatError(f"{item.storage_index.fqn}: stored {stored.size()}, wanted {target.size()}")
+                    raise ShardedFormatError(
+                        f"{item.storage_index.fqn}: stored {stored.size()}, wanted {target.size()}"
+                    )
                 target.copy_(stored)
                 planner.commit_tensor(item, target)
         done: Future[None] = Future()
@@ -294,4 +304,3 @@ def consolidate(read: Callable[[str], bytes], part: str, prefix: str) -> dict[st
             view.copy_(_tensor(_slice(objects[extent.object], extent), entry.properties.dtype, chunk.sizes))
         full[fqn.removeprefix(prefix)] = tensor
     return full
-
