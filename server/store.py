@@ -8,6 +8,7 @@ crash here. Methods are small transactions; anything that must be atomic
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 import sqlite3
@@ -15,7 +16,6 @@ import threading
 import uuid
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
-import dataclasses
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
