@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import uuid
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from cantata.proto.v1 import common_pb2
 from cantata.proto.vocabulary import MixedPrecision
 from cantata.sdk.job import Job
 from cantata.security.keys import JobKeys, LocalKeyring, MasterKey
-from cantata.security.sealed_checkpoint import IntegrityError, MissingShardError, read_shard_bytes
+from cantata.security.sealed_checkpoint import IntegrityError, MissingShardError, object_key, read_shard_bytes
 from cantata.server.jobspec import InvalidField, parse_job_spec
 from cantata.storage import open_store
 from cantata.trainer.checkpoint import JobCheckpoints, Scope, TrainingState
@@ -31,6 +32,7 @@ from cantata.trainer.optim import build_optimizer
 from cantata.trainer.parallel import MeshState, Parallelism, data_rank, parallelize
 from cantata.trainer.sealed_dcp import consolidate
 from cantata.trainer.weights import WeightsError, load_weights
+from tests.services import azurite_connection_string
 
 STEPS = 3
 MODEL = "qwen3-tiny"
@@ -187,11 +189,14 @@ def test_a_2x2_mesh_trains_like_one_process_and_its_sharded_checkpoint_loads_on_
         assert torch.equal(two["state"][name], tensor), name
 
 
-def test_a_tampered_or_missing_shard_object_is_refused_before_use(tmp_path):
-    """Sealed DCP objects in a real file store: a flipped byte or a lost rank's object is a typed error."""
+def _keys(tmp_path: Path) -> str:
     ring = LocalKeyring(tmp_path / "keyring", MasterKey(bytes(range(32))))
     ring.ensure_tenant("tenant")
-    keys, store = ring.job_keys("tenant", "job").to_json(), f"file://{tmp_path / 'store'}"
+    return ring.job_keys("tenant", "job").to_json()
+
+
+def _seal_then_tamper(store: str, keys: str) -> None:
+    """DCP in one process seals into ``store``; a flipped byte or a lost rank's object is then a typed error."""
     model = build_model("llama-tiny", seed=1)
     state = {"model": model.state_dict(), "progress": {"step": 7}}
     checkpoints = _checkpoints(store, keys)
@@ -204,17 +209,39 @@ def test_a_tampered_or_missing_shard_object_is_refused_before_use(tmp_path):
     checkpoints.load_sharded(STEPS, checkpoints.manifest(STEPS), "train", target, None)
     assert target["progress"] == {"step": 7} and torch.equal(target["model"]["lm_head.weight"], model.lm_head.weight)
 
-    path = tmp_path / "store" / "tenant" / "job" / "checkpoints" / f"{STEPS:012d}" / "train.0.sealed"
-    sealed = bytearray(path.read_bytes())
+    blobs, key = open_store(store), object_key("tenant", "job", STEPS, "train.0")
+    sealed = bytearray(blobs.get_bytes(key))
     sealed[len(sealed) // 2] ^= 1
-    path.write_bytes(bytes(sealed))
+    with blobs.writer(key) as upload:
+        upload.write(bytes(sealed))
     with pytest.raises(IntegrityError):
         consolidate(read, "train", "model.")
     with pytest.raises(IntegrityError):
         checkpoints.load_sharded(STEPS, checkpoints.manifest(STEPS), "train", target, None)
-    path.unlink()
+    blobs.delete(key)
     with pytest.raises(MissingShardError):
         checkpoints.load_sharded(STEPS, checkpoints.manifest(STEPS), "train", target, None)
+
+
+def test_a_tampered_or_missing_shard_object_is_refused_before_use(tmp_path):
+    _seal_then_tamper(f"file://{tmp_path / 'store'}", _keys(tmp_path))
+
+
+def test_sharded_objects_seal_into_s3_and_azure_alike(tmp_path, moto_service, azurite_service, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_service.endpoint)
+    for name, value in (
+        ("ACCESS_KEY_ID", "testing"),
+        ("SECRET_ACCESS_KEY", "testing"),
+        ("DEFAULT_REGION", "us-east-1"),
+    ):
+        monkeypatch.setenv(f"AWS_{name}", value)
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite_connection_string(azurite_service.endpoint))
+    bucket, container = f"dcp-{uuid.uuid4().hex[:12]}", f"dcp-{uuid.uuid4().hex[:12]}"
+    open_store(f"s3://{bucket}/jobs").client.create_bucket(Bucket=bucket)
+    open_store(f"az://{container}/jobs").container.create_container()
+    keys = _keys(tmp_path)
+    for store in (f"s3://{bucket}/jobs", f"az://{container}/jobs"):
+        _seal_then_tamper(store, keys)
 
 
 def _parse(**fields) -> common_pb2.JobSpec:
