@@ -7,6 +7,7 @@ the platform test trains such a job through the SDK to SUCCEEDED.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import uuid
@@ -17,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import save_file
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
 from cantata.proto.v1 import common_pb2
 from cantata.proto.vocabulary import MixedPrecision
@@ -30,7 +31,7 @@ from cantata.trainer.checkpoint import JobCheckpoints, Scope, TrainingState
 from cantata.trainer.model import build_model
 from cantata.trainer.optim import build_optimizer
 from cantata.trainer.parallel import MeshState, Parallelism, data_rank, parallelize
-from cantata.trainer.sealed_dcp import consolidate
+from cantata.trainer.sealed_dcp import ShardedFormatError, consolidate, decode_metadata
 from cantata.trainer.weights import WeightsError, load_weights
 from tests.services import azurite_connection_string
 
@@ -105,8 +106,36 @@ def _fewer_ranks(rank: int, world: int, port: int, out: str, store: str, keys: s
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     steps, lr = optimizer.steps, optimizer.lr
     _train(model, optimizer, _batches()[:1], lambda b: b.chunk(2)[rank])  # the restored moments step on
+    # a mesh checkpoint as written before sharded checkpoints: full tensors in "model" and "optim", sealed by rank 0
+    full_options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    old = {
+        "model": get_model_state_dict(model, options=full_options),
+        "optim": {
+            "adamw": get_optimizer_state_dict(model, optimizer.adamw, options=full_options),
+            "step": optimizer.steps,
+            "lr": optimizer.lr,
+        },
+    }
+    checkpoints = _checkpoints(store, keys)
+    checkpoints.begin(STEPS + 1, rank, dist.group.WORLD)
+    checkpoints.commit(STEPS + 1, rank, old if rank == 0 else {}, dist.group.WORLD, [])
+    again = build_model(MODEL, seed=5)
+    parallelize(again, Parallelism(1, 2, 1).mesh(), MixedPrecision.FP32, checkpointing=False)
+    reopt = build_optimizer(again, "adamw", lr=1e-3, grad_clip=1.0)
+    _registry(store, keys, again, reopt).restore(STEPS + 1)  # the new registry still reads it
+    legacy = get_model_state_dict(again, options=full_options)
     if rank == 0:
-        torch.save({"state": full, "steps": steps, "lr": lr}, out)
+        torch.save(
+            {
+                "state": full,
+                "steps": steps,
+                "lr": lr,
+                "old": old["model"],
+                "legacy": legacy,
+                "legacy_steps": reopt.steps,
+            },
+            out,
+        )
     dist.destroy_process_group()
 
 
@@ -187,6 +216,9 @@ def test_a_2x2_mesh_trains_like_one_process_and_its_sharded_checkpoint_loads_on_
     assert (two["steps"], two["lr"]) == (STEPS, 1e-2)
     for name, tensor in consolidated.items():
         assert torch.equal(two["state"][name], tensor), name
+    assert two["legacy_steps"] == STEPS + 1  # an older full-tensor mesh checkpoint loads into the sharded registry
+    for name, tensor in two["old"].items():
+        assert torch.equal(two["legacy"][name], tensor), name
 
 
 def _keys(tmp_path: Path) -> str:
@@ -242,6 +274,30 @@ def test_sharded_objects_seal_into_s3_and_azure_alike(tmp_path, moto_service, az
     keys = _keys(tmp_path)
     for store in (f"s3://{bucket}/jobs", f"az://{container}/jobs"):
         _seal_then_tamper(store, keys)
+
+
+def test_sharded_metadata_is_json_and_a_malformed_one_is_a_typed_error():
+    good = {
+        "format": 1,
+        "entries": {"model.w": {"dtype": "float32", "size": [2], "chunks": [[[0], [2]]]}},
+        "extents": [["model.w", [0], "train.0", 0, 8]],
+        "paths": {"model.w": ["model", "w"]},
+    }
+    metadata = decode_metadata(json.dumps(good).encode())
+    assert metadata.state_dict_metadata["model.w"].size == torch.Size([2]) and metadata.planner_data == {
+        "model.w": ("model", "w")
+    }
+    for broken, words in [
+        ({**good, "format": 2}, "format 2"),
+        ({**good, "entries": {"model.w": {**good["entries"]["model.w"], "dtype": "Tensor"}}}, "not a dtype"),
+        ({**good, "extents": [["model.w", [0], "train.0", 0]]}, "malformed"),
+        (dict(list(good.items())[:2]), "malformed"),
+    ]:
+        with pytest.raises(ShardedFormatError, match=words):
+            decode_metadata(json.dumps(broken).encode())
+    reads = {"train.metadata": json.dumps(good).encode(), "train.0": bytes(4)}  # an extent past its object's end
+    with pytest.raises(ShardedFormatError, match="outside its object"):
+        consolidate(reads.__getitem__, "train", "model.")
 
 
 def _parse(**fields) -> common_pb2.JobSpec:
