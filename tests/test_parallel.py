@@ -25,7 +25,7 @@ from cantata.proto.vocabulary import MixedPrecision
 from cantata.sdk.job import Job
 from cantata.security.keys import JobKeys, LocalKeyring, MasterKey
 from cantata.security.sealed_checkpoint import IntegrityError, MissingShardError, object_key, read_shard_bytes
-from cantata.server.jobspec import InvalidField, parse_job_spec
+from cantata.server.jobspec import InvalidField, parse_job_spec, resumed_spec
 from cantata.storage import open_store
 from cantata.trainer.checkpoint import JobCheckpoints, Scope, TrainingState
 from cantata.trainer.model import build_model
@@ -318,6 +318,26 @@ def test_submit_checks_the_mesh():
     for fields, field, words in refusals:
         with pytest.raises(InvalidField, match=words) as caught:
             _parse(**fields)
+        assert caught.value.field == field
+
+
+def test_a_resume_moves_only_a_mesh_job_and_only_to_a_mesh_that_fits():
+    mesh = _parse(model=MODEL, workers=4, dp_shard=2, tp=2)
+    moved = resumed_spec(mesh, {"workers": 2, "dp_shard": 2, "tp": 1, "steps": 20})
+    assert (moved.workers, moved.dp_shard, moved.tp, moved.steps, moved.model) == (2, 2, 1, 20, MODEL)
+    assert (mesh.workers, mesh.tp, mesh.steps) == (4, 2, 10)  # the job's own spec is left as it was
+    plain = _parse(model=MODEL, workers=2)
+    refusals = [
+        (mesh, {"workers": 2}, "workers", "needs workers = 4"),
+        (mesh, {"tp": 4, "dp_shard": 1}, "tp", "key/value heads"),
+        (mesh, {"steps": 5}, "steps", "at least 10"),
+        (mesh, {"dp_shard": -1}, "dp_shard", "positive"),
+        (plain, {"workers": 4}, "workers", "only a mesh job"),
+        (mesh, {"workers": 1, "dp_shard": 1, "tp": 1}, "workers", "only on a mesh"),
+    ]
+    for spec, changes, field, words in refusals:
+        with pytest.raises(InvalidField, match=words) as caught:
+            resumed_spec(spec, changes)
         assert caught.value.field == field
 
 

@@ -93,7 +93,9 @@ def test_a_tenant_trains_its_model_on_a_mesh_resumes_it_on_another_and_downloads
     assert [event.step for event in events if event.kind == "CHECKPOINT"] == [4, 8]
     assert tenant.get(handle.id).step == 8
 
-    out = tenant.download_checkpoint(handle.id, None, tmp_path / "model", consolidate=True)
+    out = tmp_path / "model"  # the CLI, as a tenant runs it: no step is the latest
+    cli("checkpoints", "download", handle.id, "--consolidate", "--out", str(out), "--profile", "acme", env=platform.env)
+    assert json.loads((out / "config.json").read_text())["step"] == 8
     weights = load_file(str(out / "model.safetensors"))  # plain safetensors: no Cantata needed
     shapes = {name: tensor.shape for name, tensor in build_model(MODEL, seed=0).state_dict().items()}
     assert {name: tensor.shape for name, tensor in weights.items()} == shapes
