@@ -482,6 +482,30 @@ def checkpoint(load: Callable[[str], dict]) -> list[str]:
     ]
 
 
+@table("sharded_checkpoint")
+def sharded_checkpoint(load: Callable[[str], dict]) -> list[str]:
+    result = load("sharded_checkpoint")
+    lines = header("format", "checkpoint s (slowest rank)", "sealed MB per rank", "load s")
+    for case, label in (
+        ("gathered", "full tensors gathered, sealed by rank 0"),
+        ("sharded", "sharded: DCP, every rank its own"),
+    ):
+        part = result[case]
+        per_rank = " / ".join(f"{b / 1e6:.1f}" for b in part["sealed_bytes_per_rank"])
+        lines.append(row(label, f"{part['save_s']:.2f}", per_rank, f"{part['load_s']:.2f}"))
+    return [
+        f"A {result['parameters'] / 1e6:.1f}M-parameter decoder with its AdamW state on {result['world']} gloo "
+        f"processes ({result['mesh']}), median of {result['trials']} interleaved trials, load average "
+        f"{result['machine']['load_average_1m']:g} on {result['machine']['cpus']} CPUs:",
+        "",
+        *lines,
+        "",
+        f"Gathered over sharded: {result['ratio_save_gathered_over_sharded']:.2f}× the checkpoint time, "
+        f"{result['ratio_load_gathered_over_sharded']:.2f}× the load time.",
+        reproduce(f"bench_sharded_checkpoint.py --trials {result['trials']}", quick=result["quick"]),
+    ]
+
+
 @table("audit")
 def audit(load: Callable[[str], dict]) -> list[str]:
     result = load("audit")

@@ -343,7 +343,14 @@ def cmd_jobs_cancel(args) -> int:
 
 def cmd_jobs_resume(args) -> int:
     with _client(args) as client:
-        handle = client.resume(args.job_id)
+        handle = client.resume(
+            args.job_id,
+            workers=args.workers,
+            dp_replicate=args.dp_replicate,
+            dp_shard=args.dp_shard,
+            tp=args.tp,
+            steps=args.steps,
+        )
         if not args.watch:
             status = handle.status()
             _print(args, asdict(status), [_job_line(status)])
@@ -424,7 +431,9 @@ def cmd_checkpoints_list(args) -> int:
 
 def cmd_checkpoints_download(args) -> int:
     with _client(args) as client:
-        path = client.download_checkpoint(args.job_id, args.step, args.out, format=args.format)
+        path = client.download_checkpoint(
+            args.job_id, args.step, args.out, format=args.format, consolidate=args.consolidate
+        )
     print(f"wrote {path}")
     return 0
 
@@ -761,6 +770,14 @@ def _build_jobs(root: argparse._SubParsersAction, groups: dict) -> None:
     p = jobs.add_parser("resume", help="resume a FAILED or CANCELLED job from its latest checkpoint, same id")
     p.add_argument("job_id")
     p.add_argument("--watch", action="store_true", help="follow the job with a progress bar until it ends")
+    for flag, what in (
+        ("--workers", "workers on the new mesh"),
+        ("--dp-shard", "the new mesh's FSDP2 shard ranks"),
+        ("--tp", "the new mesh's tensor-parallel ranks"),
+        ("--dp-replicate", "the new mesh's replicas"),
+        ("--steps", "train further, to this many steps (a SUCCEEDED job too)"),
+    ):
+        p.add_argument(flag, type=int, default=0, help=f"{what} (default: unchanged)")
     _client_flags(p, None)
     p.set_defaults(func=cmd_jobs_resume)
     p = jobs.add_parser("list", help="your jobs, filtered by the server")
@@ -823,6 +840,12 @@ def _build_checkpoints(root: argparse._SubParsersAction, groups: dict) -> None:
         default="torch",
         help="torch: the state dict as saved; safetensors: OUT/model.safetensors + OUT/config.json, "
         "loadable without Cantata (needs torch and safetensors here)",
+    )
+    p.add_argument(
+        "--consolidate",
+        action="store_true",
+        help="join a mesh job's sharded checkpoint into one OUT/model.safetensors of full tensors "
+        "(implies --format safetensors; needs torch and safetensors here)",
     )
     _client_flags(p, None, json_flag=False)
     p.set_defaults(func=cmd_checkpoints_download)

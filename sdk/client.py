@@ -7,12 +7,14 @@ import datetime as dt
 import hashlib
 import json
 import os
+import shutil
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 import grpc
 
@@ -443,15 +445,30 @@ class Client:
     def cancel(self, job_id: str) -> JobStatus:
         return JobStatus.from_proto(self._call(self._jobs.CancelJob, jobs_pb2.CancelJobRequest(job_id=job_id)))
 
-    def resume(self, job_id: str) -> JobHandle:
+    def resume(
+        self,
+        job_id: str,
+        *,
+        workers: int = 0,
+        dp_replicate: int = 0,
+        dp_shard: int = 0,
+        tp: int = 0,
+        steps: int = 0,
+    ) -> JobHandle:
         """Resume a FAILED or CANCELLED job from its latest checkpoint, under the same id.
 
         The job is QUEUED again (subject to the tenant's quotas, like a submit) and its
         event stream goes on: the earlier terminal event stays in its history, and
         ``handle.events()`` and ``handle.wait()`` follow the job to its new end. A job in
-        any other state is refused with ``Conflict``.
+        any other state is refused with ``Conflict``, except a SUCCEEDED one given more
+        ``steps``. A mesh job may resume on another mesh (``workers`` and ``dp_shard``,
+        ``tp``, ``dp_replicate``; 0 keeps a value): its sharded checkpoint loads on any,
+        and the new mesh is checked as at submit.
         """
-        info = self._call(self._jobs.ResumeJob, jobs_pb2.ResumeJobRequest(job_id=job_id))
+        request = jobs_pb2.ResumeJobRequest(
+            job_id=job_id, workers=workers, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, steps=steps
+        )
+        info = self._call(self._jobs.ResumeJob, request)
         return JobHandle(self, info.id)
 
     def delete(self, job_id: str) -> int:
@@ -541,49 +558,68 @@ class Client:
         return [Checkpoint(c.job_id, c.step, c.size_bytes, c.created.ToJsonString()) for c in reply.checkpoints]
 
     def download_checkpoint(
-        self, job_id: str, step: int | None, path: str | os.PathLike, *, format: str = "torch"
+        self,
+        job_id: str,
+        step: int | None,
+        path: str | os.PathLike,
+        *,
+        format: str = "torch",
+        consolidate: bool = False,
     ) -> Path:
         """Stream checkpoint ``step``'s model state (None: the latest checkpoint) to ``path``, verifying its digest.
 
         ``format="torch"`` writes the state dict as ``torch.save`` made it; ``"safetensors"`` makes
         ``path`` a directory holding ``model.safetensors`` and ``config.json`` (the model's shape), which
         load with ``safetensors`` and ``torch`` alone (converting needs both installed here).
+        ``consolidate=True`` (implies ``"safetensors"``) also takes a mesh job's sharded checkpoint:
+        every rank's shards are joined here into full tensors, one ``model.safetensors``.
         """
         if format not in CHECKPOINT_FORMATS:
             raise InvalidArgument(f"format: one of {', '.join(CHECKPOINT_FORMATS)}, not {format!r}")
+        if consolidate:
+            format = "safetensors"
         if step is None:
             steps = [c.step for c in self.checkpoints(job_id)]
             if not steps:
                 raise NotFound(f"job {job_id!r} has no checkpoint yet")
             step = steps[-1]
         if format == "torch":
-            return self._download_state(job_id, step, Path(path))
+            return self._download_state(job_id, step, Path(path), consolidate=False)
         convert = _checkpoint_converter(format)
         info = self._call(self._jobs.GetJob, jobs_pb2.GetJobRequest(job_id=job_id))
         out = Path(path)
-        state = self._download_state(job_id, step, out.with_name(out.name + ".state.pt"))
+        state = self._download_state(job_id, step, out.with_name(out.name + ".state"), consolidate=consolidate)
         try:
             return convert(state, out, checkpoint_config(info.spec.model, job_id=job_id, step=step))
         finally:
-            state.unlink(missing_ok=True)
+            _remove(state)
 
-    def _download_state(self, job_id: str, step: int, path: Path) -> Path:
+    def _download_state(self, job_id: str, step: int, path: Path, *, consolidate: bool) -> Path:
+        """The model state as one file, or (a sharded checkpoint, consolidating) a directory of its objects."""
         tmp = path.with_name(path.name + ".part")
         digest = hashlib.sha256()
         expected = ""
         try:
-            with open(tmp, "wb") as f:
-                request = checkpoints_pb2.DownloadCheckpointRequest(job_id=job_id, step=step)
+            with ExitStack() as files:  # a sharded checkpoint: one file per object, under the directory
+                sink: IO[bytes] | None = None
+                request = checkpoints_pb2.DownloadCheckpointRequest(job_id=job_id, step=step, consolidate=consolidate)
                 for chunk in self._checkpoints.DownloadCheckpoint(request, timeout=max(self.timeout, 600)):
-                    f.write(chunk.data)
+                    if chunk.object:
+                        tmp.mkdir(exist_ok=True)
+                        sink = files.enter_context(open(tmp / _object_file(chunk.object), "wb"))
+                    elif sink is None:
+                        sink = files.enter_context(open(tmp, "wb"))
+                    sink.write(chunk.data)
                     digest.update(chunk.data)
                     expected = chunk.sha256 or expected
         except grpc.RpcError as err:
-            tmp.unlink(missing_ok=True)
+            _remove(tmp)
             raise from_rpc_error(err) from None
         if expected != digest.hexdigest():
-            tmp.unlink(missing_ok=True)
+            _remove(tmp)
             raise StreamInterrupted(f"download of {job_id}@{step} was incomplete or corrupted")
+        if tmp.is_dir() and path.is_dir():  # our own ``OUT.state`` left by an earlier download
+            shutil.rmtree(path)
         tmp.replace(path)
         return path
 
@@ -773,8 +809,9 @@ class JobHandle:
     def cancel(self) -> JobStatus:
         return self._client.cancel(self.id)
 
-    def resume(self) -> JobHandle:
-        return self._client.resume(self.id)
+    def resume(self, **changes: int) -> JobHandle:
+        """See :meth:`Client.resume` (``workers``, ``dp_shard``, ``tp``, ``dp_replicate``, ``steps``)."""
+        return self._client.resume(self.id, **changes)
 
     def metrics(self, names: Iterable[str] = (), since: dt.datetime | str | None = None) -> builtins.list[MetricRow]:
         """This job's metrics history (``Client.metrics``)."""
@@ -823,6 +860,20 @@ def checkpoint_config(model: str, *, job_id: str, step: int) -> dict[str, object
         "job_id": job_id,
         "step": step,
     }
+
+
+def _object_file(name: str) -> str:
+    """A streamed object's file name: the server's object names are plain, but never trusted as paths."""
+    if not name or name.startswith(".") or "/" in name or "\\" in name:
+        raise StreamInterrupted(f"the server named an object {name!r}")
+    return name
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _checkpoint_converter(format: str):

@@ -45,7 +45,7 @@ import io
 import json
 import logging
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import IO, Any, cast
@@ -73,6 +73,7 @@ SEALED_SUFFIX = ".sealed"
 MANIFEST_FORMAT = 1
 KIND_TORCH = "torch"
 KIND_BYTES = "bytes"
+SHARDED_PART = "train"  # a mesh job's sharded model and optimizer: objects ``train.RANK`` and ``train.metadata``
 _NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,127}")
 _STEP_DIGITS = 12
 
@@ -219,6 +220,29 @@ def write_shard(
             _torch_save(state, encryptor)
         summary = encryptor.close()
     return ShardInfo(name, kind, summary.plaintext_size, summary.sealed_size, summary.sealed_digest)
+
+
+def write_shard_parts(
+    store: BlobStore,
+    *,
+    tenant: str,
+    job_id: str,
+    step: int,
+    name: str,
+    parts: Iterable[bytes | bytearray | memoryview],
+    kek: KeyWrapper,
+    segment_size: int = DEFAULT_SEGMENT_SIZE,
+) -> ShardInfo:
+    """Seal the concatenation of ``parts`` as one bytes shard, streamed (a rank's sharded-checkpoint object)."""
+    if _checked_name(name, "shard name") == MANIFEST:
+        raise InvalidCheckpointError(f"{MANIFEST!r} is reserved")
+    context = StreamContext(tenant, job_id, step, name)
+    with store.writer(object_key(tenant, job_id, _checked_step(step), name)) as upload:
+        encryptor = StreamEncryptor(upload, context=context, wrapper=kek, segment_size=segment_size)
+        for part in parts:
+            encryptor.write(part)
+        summary = encryptor.close()
+    return ShardInfo(name, KIND_BYTES, summary.plaintext_size, summary.sealed_size, summary.sealed_digest)
 
 
 def commit_checkpoint(
@@ -378,16 +402,35 @@ def read_shard(
         raise ShardMismatchError(f"shard {shard.name!r} of {tenant}/{job_id} step {step} differs from its manifest")
 
 
-def load_checkpoint(store: BlobStore, *, tenant: str, job_id: str, step: int, keys: KeyUnwrapper) -> dict[str, Any]:
-    """Verify the whole checkpoint at ``step``, then deserialise and return its shards."""
+def read_shard_bytes(
+    store: BlobStore, *, tenant: str, job_id: str, step: int, shard: ShardInfo, keys: KeyUnwrapper
+) -> bytes:
+    """A shard's whole plaintext, returned only once its size and digest matched the manifest."""
+    buffer = bytearray()
+    for segment in read_shard(store, tenant=tenant, job_id=job_id, step=step, shard=shard, keys=keys):
+        buffer += segment
+    return bytes(buffer)
+
+
+def load_checkpoint(
+    store: BlobStore,
+    *,
+    tenant: str,
+    job_id: str,
+    step: int,
+    keys: KeyUnwrapper,
+    only: Callable[[str], bool] | None = None,
+) -> dict[str, Any]:
+    """Verify the checkpoint's manifest and its shards (those ``only`` accepts), then deserialise and return them."""
     info = read_manifest(store, tenant=tenant, job_id=job_id, step=step, keys=keys)
+    shards = [shard for shard in info.shards if only is None or only(shard.name)]
     plaintexts = {}
-    for shard in info.shards:
+    for shard in shards:
         buffer = io.BytesIO()
         for segment in read_shard(store, tenant=tenant, job_id=job_id, step=step, shard=shard, keys=keys):
             buffer.write(segment)
         plaintexts[shard.name] = buffer
-    return {shard.name: _deserialise(shard.kind, plaintexts.pop(shard.name)) for shard in info.shards}
+    return {shard.name: _deserialise(shard.kind, plaintexts.pop(shard.name)) for shard in shards}
 
 
 def read_unlisted_shard(

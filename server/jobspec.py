@@ -202,6 +202,38 @@ def check_mesh(s: common_pb2.JobSpec) -> None:
     )
 
 
+MESH_FIELDS = ("dp_replicate", "dp_shard", "tp")
+
+
+def resumed_spec(s: common_pb2.JobSpec, changes: dict[str, int]) -> common_pb2.JobSpec:
+    """The spec a job resumes with: ``changes`` (workers, mesh sizes, steps; 0 keeps a value), checked as at submit.
+
+    A job moves to another mesh only from one mesh to another: its checkpoint is
+    sharded and loads on any mesh, where a single-process or plain data-parallel
+    checkpoint (each rank's own optimizer state) would not.
+    """
+    resumed = common_pb2.JobSpec()
+    resumed.CopyFrom(s)
+    for field, value in changes.items():
+        _require(value >= 0, field, f"must be positive, not {value}")
+        if value:
+            setattr(resumed, field, value)
+    _require(resumed.steps >= s.steps, "steps", f"a resumed job trains on: at least {s.steps}, not {resumed.steps}")
+    moved = any(getattr(resumed, f) != getattr(s, f) for f in ("workers", *MESH_FIELDS))
+
+    def ranks(spec: common_pb2.JobSpec) -> int:
+        return (spec.dp_replicate or 1) * (spec.dp_shard or 1) * (spec.tp or 1)
+
+    _require(
+        not moved or (s.algorithm in (Algorithm.SINGLE, Algorithm.ALLREDUCE) and ranks(s) > 1 and ranks(resumed) > 1),
+        "workers",
+        "only a mesh job (dp_shard, tp, dp_replicate) resumes on another mesh, and only on a mesh: "
+        "its checkpoint is the sharded one",
+    )
+    check_mesh(resumed)
+    return resumed
+
+
 def check_vocabulary(s: common_pb2.JobSpec) -> None:
     """A named tokenizer comes with its vocabulary size, which must fit the model's (a builtin dataset is bytes)."""
     vocab = int(MODEL_SHAPES[Model(s.model)]["vocab_size"])

@@ -52,6 +52,7 @@ from cantata.proto.v1 import jobs_pb2
 from cantata.security.audit import Action
 from cantata.server.datasource_store import DataSourceError
 from cantata.server.groups import decentralized, processes, quorum
+from cantata.server.jobspec import resumed_spec
 from cantata.server.ports import AuditSink, WorkerProcesses
 from cantata.server.restarts import RestartPolicy
 from cantata.server.store import ACTIVE, JobRecord, Store, WorkerRecord
@@ -272,21 +273,37 @@ class JobLifecycle:
                     self.workers_exited(job_id)
 
     # ---- resumption ---------------------------------------------------------
-    def resume_requested(self, job: JobRecord, *, actor: str, peer: str) -> None:
+    def resume_requested(self, job: JobRecord, *, actor: str, peer: str, changes: dict[str, int] | None = None) -> None:
         """The job's tenant asked to resume a FAILED or CANCELLED job: QUEUED again under its id.
 
-        Its workers resume from its latest checkpoint, as after a requeue. Refused (and not
-        audited) for any other state, or over the tenant's quotas; audited before it happens.
+        Its workers resume from its latest checkpoint, as after a requeue. ``changes``
+        (workers, mesh sizes, steps) move a mesh job to another mesh or train it
+        further, a SUCCEEDED one too when they add steps; they are checked as at
+        submit (:func:`~cantata.server.jobspec.resumed_spec`). Refused (and not
+        audited) for any other state, or over the tenant's quotas; audited, with
+        the changes, before it happens.
         """
+        wanted = {field: value for field, value in (changes or {}).items() if value}
 
         def audit(current: JobRecord) -> None:
             state = pb.JobState.Name(current.state)
             self._audit.append(
-                actor, Action.JOB_RESUMED, resource=job.id, tenant=job.tenant, peer=peer, details={"from": state}
+                actor,
+                Action.JOB_RESUMED,
+                resource=job.id,
+                tenant=job.tenant,
+                peer=peer,
+                details={"from": state, **{field: str(value) for field, value in wanted.items()}},
             )
 
         with self.lock:
-            self._store.resume_job(job.id, self._store.tenant(job.tenant), "resumed by tenant", before=audit)
+            self._store.resume_job(
+                job.id,
+                self._store.tenant(job.tenant),
+                "resumed by tenant" + "".join(f", {field} {value}" for field, value in wanted.items()),
+                before=audit,
+                spec=(lambda spec: resumed_spec(spec, wanted)) if wanted else None,
+            )
 
     # ---- hung workers ---------------------------------------------------------
     def worker_silent(self, job_id: str, worker: int, seconds: float) -> None:

@@ -8,6 +8,7 @@ crash here. Methods are small transactions; anything that must be atomic
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 import sqlite3
@@ -71,7 +72,10 @@ class NotResumable(Conflict):
     def __init__(self, job: JobRecord):
         state = common_pb2.JobState.Name(job.state)
         why = "it finished: there is nothing left to train" if job.state == common_pb2.SUCCEEDED else "it has not ended"
-        super().__init__(f"job {job.id!r} is {state} and cannot be resumed ({why}); only a FAILED or CANCELLED job can")
+        super().__init__(
+            f"job {job.id!r} is {state} and cannot be resumed ({why}); only a FAILED or CANCELLED job can, "
+            "or a SUCCEEDED one given more steps"
+        )
 
 
 class NotEnded(Conflict):
@@ -501,23 +505,37 @@ class Store:
             if held + wanted > quota.max_gpus:
                 raise QuotaExceeded("GPUs", quota.max_gpus, held + wanted)
 
-    def resume_job(self, job_id: str, tenant: Tenant, reason: str, *, before: Callable[[JobRecord], None]) -> None:
+    def resume_job(
+        self,
+        job_id: str,
+        tenant: Tenant,
+        reason: str,
+        *,
+        before: Callable[[JobRecord], None],
+        spec: Callable[[common_pb2.JobSpec], common_pb2.JobSpec] | None = None,
+    ) -> None:
         """Requeue a FAILED or CANCELLED job under its id, with a fresh count of attempts and failures.
 
-        The state check, the quota check (as for a submit) and the requeue are one
-        transaction; ``before(job)`` runs inside it once the checks passed, so what
-        it records (the audit) precedes the requeue, and if it raises nothing changes.
+        ``spec`` maps the job's spec to the one it resumes with (another mesh, more
+        steps; it raises if the change is refused); a SUCCEEDED job resumes only
+        when that adds steps. The state check, the quota check (as for a submit)
+        and the requeue are one transaction; ``before(job)`` runs inside it once
+        the checks passed, so what it records (the audit) precedes the requeue,
+        and if it raises nothing changes.
         """
         with self._tx() as db:
             job = self._job(db, job_id)
-            if job.state not in RESUMABLE:
+            resumed = spec(job.spec) if spec is not None else job.spec
+            more = resumed.steps > job.spec.steps
+            if job.state not in RESUMABLE and not (job.state == common_pb2.SUCCEEDED and more):
                 raise NotResumable(job)
-            self._check_quota(db, tenant, job.spec)
+            self._check_quota(db, tenant, resumed)
             before(job)
             db.execute(
-                "UPDATE jobs SET state=?, reason=?, attempts=0, failures=0, updated_at=? WHERE id=?",
-                (common_pb2.QUEUED, reason, utcnow(), job_id),
+                "UPDATE jobs SET state=?, reason=?, attempts=0, failures=0, updated_at=?, spec=? WHERE id=?",
+                (common_pb2.QUEUED, reason, utcnow(), resumed.SerializeToString(), job_id),
             )
+            job = dataclasses.replace(job, spec=resumed)
             self._append_event(
                 db,
                 job_id,

@@ -3,33 +3,49 @@
 :class:`TrainingState` is the one registry of what a checkpoint holds: the
 lead rank seals the model (and a decentralized worker's outer state), every
 rank its own optimizer shard, then the lead commits the manifest that makes
-the checkpoint exist (see ``cantata.security.sealed_checkpoint``). Every
-process seals its data position beside the checkpoint, unlisted, since in
-decentralized training one worker group commits for all. The worker
-holds only its job's derived keys, handed over by the server in its 0600
-config file.
+the checkpoint exist (see ``cantata.security.sealed_checkpoint``). A mesh
+job's model and optimizer are one ``SHARDED`` part: every rank writes its own
+DTensor shards in parallel through ``torch.distributed.checkpoint``, each
+object sealed (``cantata.trainer.sealed_dcp``), and any mesh loads them back.
+Every process seals its data position beside the checkpoint, unlisted, since
+in decentralized training one worker group commits for all. The worker holds
+only its job's derived keys, handed over by the server in its 0600 config
+file.
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypedDict
 
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 
 from cantata.security.keys import JobKeys
 from cantata.security.sealed_checkpoint import (
+    CheckpointInfo,
+    MissingShardError,
     ShardInfo,
     begin_checkpoint,
     commit_checkpoint,
     latest_checkpoint,
     load_checkpoint,
+    read_manifest,
+    read_shard_bytes,
     read_unlisted_shard,
     write_shard,
+    write_shard_parts,
 )
 from cantata.storage import open_store
+from cantata.trainer.sealed_dcp import SafeLoadPlanner, SealedReader, SealedWriter, first_failure
+
+
+class CheckpointFormatError(ValueError):
+    """A checkpoint holds neither format of a part this job restores (say which, and why)."""
 
 
 class _Where(TypedDict):
@@ -46,23 +62,60 @@ class JobCheckpoints:
         self._keep_last = keep_last
         self._where: _Where = {"tenant": tenant, "job_id": job_id}
         self._keys = keys
+        self.last_sharded: tuple[float, int] = (0.0, 0)  # this rank's last sharded write: seconds, sealed bytes
 
     def latest_step(self) -> int | None:
         """The newest checkpoint whose manifest verifies, or None."""
         info = latest_checkpoint(self._store, keys=self._keys, **self._where)
         return info.step if info else None
 
-    def load(self, step: int) -> dict:
-        """Every shard of checkpoint ``step``, verified before anything is deserialised."""
-        return load_checkpoint(self._store, step=step, keys=self._keys, **self._where)
+    def manifest(self, step: int) -> CheckpointInfo:
+        return read_manifest(self._store, step=step, keys=self._keys, **self._where)
 
-    def save(self, step: int, rank: int, shards: dict[str, dict], group) -> int | None:
-        """Seal this rank's ``shards``; the lead rank commits. Returns the committed size on the lead."""
+    def load(self, step: int, skip: tuple[str, ...] = ()) -> dict:
+        """Every shard of checkpoint ``step`` but those named ``SKIP.*``, verified before anything is deserialised."""
+        prefixes = tuple(f"{name}." for name in skip)
+        return load_checkpoint(
+            self._store, step=step, keys=self._keys, only=lambda shard: not shard.startswith(prefixes), **self._where
+        )
+
+    def begin(self, step: int, rank: int, group) -> None:
+        """No checkpoint exists at ``step`` from here until :meth:`commit` (the lead removes its manifest)."""
         if rank == 0:
             begin_checkpoint(self._store, step=step, **self._where)
         if group is not None:
             dist.barrier(group)
-        infos = [
+
+    def save_sharded(self, step: int, part: str, state: dict, group) -> list[ShardInfo]:
+        """Every rank writes its own shards of ``state`` (DTensors) as the sealed objects ``PART.*`` (collective)."""
+
+        def seal(name: str, parts: Iterable[bytes]) -> ShardInfo:
+            return write_shard_parts(
+                self._store, step=step, name=name, parts=parts, kek=self._keys.current, **self._where
+            )
+
+        writer = SealedWriter(seal, part)
+        began = time.perf_counter()
+        with first_failure():
+            dcp.save(state, storage_writer=writer, process_group=group)
+        self.last_sharded = (time.perf_counter() - began, sum(info.sealed_size for info in writer.written))
+        return writer.written
+
+    def load_sharded(self, step: int, info: CheckpointInfo, part: str, state: dict, group) -> None:
+        """Fill ``state`` in place from the ``PART.*`` objects of checkpoint ``step`` (any mesh; collective)."""
+        listed = {shard.name: shard for shard in info.shards}
+
+        def read(name: str) -> bytes:
+            if name not in listed:
+                raise MissingShardError(f"{name!r} is not listed in the manifest of step {step}")
+            return read_shard_bytes(self._store, step=step, shard=listed[name], keys=self._keys, **self._where)
+
+        with first_failure():
+            dcp.load(state, storage_reader=SealedReader(read, part), planner=SafeLoadPlanner(), process_group=group)
+
+    def commit(self, step: int, rank: int, shards: dict[str, dict], group, written: list[ShardInfo]) -> int | None:
+        """Seal this rank's ``shards``; the lead commits them and every rank's ``written``. Returns the size on the lead."""
+        infos = written + [
             write_shard(self._store, step=step, name=name, state=state, kek=self._keys.current, **self._where)
             for name, state in shards.items()
         ]
@@ -97,12 +150,20 @@ class Scope(enum.Enum):
     LEAD = "lead"  # rank 0 of the committing group, listed as ``name``
     RANK = "rank"  # every rank of the committing group, listed as ``name-RANK``
     PROCESS = "process"  # every process of the job, sealed beside the checkpoint as ``name-PROCESS`` (JSON)
+    SHARDED = "sharded"  # every rank of the committing group, through DCP: ``name.RANK`` and ``name.metadata``
 
 
 class Stateful(Protocol):
     def state_dict(self) -> Any: ...
 
     def load_state_dict(self, state: Any, /) -> Any: ...
+
+
+class ShardedStateful(Stateful, Protocol):
+    """A ``SHARDED`` part: its state dict holds DTensors, loaded in place; it may read an older unsharded form."""
+
+    def load_unsharded(self, listed: dict[str, Any], /) -> None:
+        """Restore from the listed shards of a checkpoint written before sharded checkpoints."""
 
 
 @dataclass(frozen=True)
@@ -145,10 +206,20 @@ class TrainingState:
 
     def restore(self, step: int) -> None:
         """Load every listed part of checkpoint ``step`` (the ``PROCESS`` parts: :meth:`restore_beside`)."""
-        self._listed = self._checkpoints.load(step)
+        sharded = tuple(part.name for part in self._parts if part.scope is Scope.SHARDED)
+        info = self._checkpoints.manifest(step)
+        self._listed = self._checkpoints.load(step, skip=sharded)
         for part in self._parts:
-            if part.scope is not Scope.PROCESS:
+            if part.scope in (Scope.LEAD, Scope.RANK):
                 part.holder.load_state_dict(self._listed[self.shard_name(part)])
+            elif part.scope is Scope.SHARDED:
+                holder: ShardedStateful = part.holder  # type: ignore[assignment]
+                if not any(shard.name == f"{part.name}.metadata" for shard in info.shards):
+                    holder.load_unsharded(self._listed)  # a checkpoint from before sharded checkpoints
+                    continue
+                state = holder.state_dict()
+                self._checkpoints.load_sharded(step, info, part.name, state, self._group)
+                holder.load_state_dict(state)
 
     def restore_beside(self, step: int) -> bool:
         """Load the ``PROCESS`` parts this process sealed at ``step``; False (nothing loaded) if one is missing."""
@@ -172,14 +243,21 @@ class TrainingState:
                 self._checkpoints.save_beside(step, self.shard_name(part), part.holder.state_dict())
         if not self._commits:
             return None
-        listed = [part for part in self._parts if part.scope is not Scope.PROCESS]
+        self._checkpoints.begin(step, self._rank, self._group)
+        written = [
+            info
+            for part in self._parts
+            if part.scope is Scope.SHARDED
+            for info in self._checkpoints.save_sharded(step, part.name, part.holder.state_dict(), self._group)
+        ]
+        listed = [part for part in self._parts if part.scope in (Scope.LEAD, Scope.RANK)]
         states = [part.holder.state_dict() for part in listed]  # on every rank: a sharded model's is collective
         shards = {
             self.shard_name(part): state
             for part, state in zip(listed, states, strict=True)
             if part.scope is Scope.RANK or self._rank == 0
         }
-        return self._checkpoints.save(step, self._rank, shards, self._group)
+        return self._checkpoints.commit(step, self._rank, shards, self._group, written)
 
 
 def share_from_rank0(value: int, group: dist.ProcessGroup | None) -> int:

@@ -5,7 +5,9 @@ The SDK never imports torch, so it finds this converter through the
 dependencies) and hands it the downloaded state dict and the config it made
 (:func:`cantata.sdk.client.checkpoint_config`). The weights are the model's
 state dict, tensor for tensor; loading them needs ``safetensors`` and
-``torch``, not Cantata.
+``torch``, not Cantata. A mesh job's sharded checkpoint arrives as a directory
+of its decrypted objects (every rank's shards and DCP's metadata) and is
+consolidated here into full tensors (:func:`cantata.trainer.sealed_dcp.consolidate`).
 """
 
 from __future__ import annotations
@@ -18,11 +20,20 @@ WEIGHTS, CONFIG = "model.safetensors", "config.json"
 
 
 def write_safetensors(state_path: Path, out_dir: str | os.PathLike, config: dict[str, object]) -> Path:
-    """Write the state dict saved at ``state_path`` (``torch.save``) as ``out_dir/model.safetensors`` + ``config.json``."""
+    """Write the state dict at ``state_path`` (``torch.save``, or a sharded checkpoint's objects) as safetensors.
+
+    The result is ``out_dir/model.safetensors`` (full tensors) + ``out_dir/config.json``.
+    """
     import torch
     from safetensors.torch import save_file
 
-    state = torch.load(state_path, map_location="cpu", weights_only=True)
+    if state_path.is_dir():  # a sharded checkpoint's objects: join every rank's chunks
+        from cantata.security.sealed_checkpoint import SHARDED_PART
+        from cantata.trainer.sealed_dcp import consolidate
+
+        state = consolidate(lambda name: (state_path / name).read_bytes(), SHARDED_PART, "model.")
+    else:
+        state = torch.load(state_path, map_location="cpu", weights_only=True)
     tensors = {name: tensor.detach().contiguous().clone() for name, tensor in state.items()}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from cantata.proto.vocabulary import DECENTRALIZED, LrSchedule, MixedPrecision
+from cantata.security.sealed_checkpoint import SHARDED_PART
 from cantata.trainer.checkpoint import JobCheckpoints, Scope, TrainingState, share_from_rank0
 from cantata.trainer.config import WorkerConfig
 from cantata.trainer.data import DataEvent, Feed, Utf8Policy, Vocabulary, open_feed
@@ -39,7 +40,7 @@ from cantata.trainer.decoder import Decoder
 from cantata.trainer.device import Device, pick_device
 from cantata.trainer.model import LanguageModel, build_model
 from cantata.trainer.optim import build_optimizer, spec_settings
-from cantata.trainer.parallel import FullState, Parallelism, data_rank, parallelize
+from cantata.trainer.parallel import MeshState, Parallelism, data_rank, parallelize
 from cantata.trainer.reporter import Reporter
 from cantata.trainer.weights import load_weights
 
@@ -303,6 +304,27 @@ def report_data_wait(reporter: Reporter, feed: Feed, train_seconds: float) -> No
         )
 
 
+class DataPosition:
+    """The feed's position, with the data-parallel place it was drawn at.
+
+    A job resumed on another mesh reads its data as another rank of another
+    data-parallel world: a saved position does not apply (``moved``), and the
+    trainer seeks to where that rank's batches stand at the checkpoint's step.
+    """
+
+    def __init__(self, feed: Feed, data_rank: int, data_world: int):
+        self._feed, self._place = feed, {"data_rank": data_rank, "data_world": data_world}
+        self.moved = False
+
+    def state_dict(self) -> dict:
+        return {**self._feed.state_dict(), **self._place}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.moved = any(state.get(key, value) != value for key, value in self._place.items())
+        if not self.moved:
+            self._feed.load_state_dict(state)
+
+
 class Trainer:
     """One worker process's training, from its checkpoint (if any) to ``spec.steps``."""
 
@@ -335,9 +357,11 @@ class Trainer:
             **spec_settings(spec),
         )
         self.schedule = Schedule.of(spec)
-        checkpoints = JobCheckpoints(spec.checkpoint_store, cfg.tenant, cfg.job_id, cfg.checkpoint_keys, spec.keep_last)
+        self.checkpoints = JobCheckpoints(
+            spec.checkpoint_store, cfg.tenant, cfg.job_id, cfg.checkpoint_keys, spec.keep_last
+        )
         self.state = TrainingState(
-            checkpoints, rank=strategy.rank, process=cfg.worker, group=strategy.group, commits=strategy.commits
+            self.checkpoints, rank=strategy.rank, process=cfg.worker, group=strategy.group, commits=strategy.commits
         )
 
     def run(self) -> float:
@@ -355,10 +379,10 @@ class Trainer:
             if strategy.mesh is None:
                 self.state.register("model", Scope.LEAD, self.model)
                 self.state.register("optim", Scope.RANK, self.optimizer)
-            else:  # full tensors: a checkpoint taken on one mesh loads on another
-                self.state.register("model", Scope.LEAD, FullState(self.model, self.optimizer, "model"))
-                self.state.register("optim", Scope.LEAD, FullState(self.model, self.optimizer, "optim"))
-            self.state.register("data", Scope.PROCESS, feed)
+            else:  # every rank writes its own shards; a checkpoint taken on one mesh loads on another
+                self.state.register(SHARDED_PART, Scope.SHARDED, MeshState(self.model, self.optimizer))
+            position = DataPosition(feed, strategy.data_rank, strategy.data_world)
+            self.state.register("data", Scope.PROCESS, position)
             strategy.prepare(self.model, self.state)
             if start:
                 self.state.restore(start)
@@ -371,7 +395,7 @@ class Trainer:
                 note("resumed", f"resumed from checkpoint at step {start}", step=start)
                 if self.lead:
                     self.reporter.message(f"resumed from checkpoint at step {start}")
-            if not (at_checkpoint and self.state.restore_beside(start)) and first_round:
+            if not (at_checkpoint and self.state.restore_beside(start) and not position.moved) and first_round:
                 # rejoining later than the checkpoint (or it holds no position): where that round's batches begin
                 feed.seek(first_round * local_steps * spec.grad_accum)
             began = time.perf_counter()
@@ -475,6 +499,15 @@ class Trainer:
     def save(self, step: int) -> None:
         saving = time.perf_counter()
         size = self.state.save(step)
+        if self.strategy.mesh is not None:
+            seconds, sealed = self.checkpoints.last_sharded
+            note(
+                "checkpoint_shards",
+                f"rank {self.strategy.rank} sealed its shards of step {step}: {sealed:,} bytes in {seconds:.3f} s",
+                step=step,
+                size_bytes=sealed,
+                seconds=seconds,
+            )
         if self.lead:
             assert size is not None  # the lead is rank 0 of the committing group
             log_checkpoint(step, size, self.spec.keep_last)

@@ -18,14 +18,13 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
+    get_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
+    set_state_dict,
 )
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     RowwiseParallel,
@@ -34,6 +33,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from cantata.proto.vocabulary import MixedPrecision
+from cantata.trainer.checkpoint import CheckpointFormatError
 from cantata.trainer.decoder import Decoder
 
 DIMS = ("dp_replicate", "dp_shard", "tp")
@@ -106,41 +106,39 @@ def parallelize(model: Decoder, mesh: DeviceMesh, precision: MixedPrecision, che
     fully_shard(model, mesh=dp, mp_policy=policy)
 
 
-class FullState:
-    """The model's and optimizer's state as full tensors (gathered on save, scattered on load).
+class MeshState:
+    """A mesh job's model and optimizer as one sharded checkpoint part (DTensor shards, DCP state dicts).
 
-    Registered as the checkpoint's ``model`` and ``optim`` parts in place of
-    the per-rank ones, so a checkpoint taken on one mesh loads on any other.
+    Saved by every rank through ``torch.distributed.checkpoint``, loaded in
+    place on any mesh (DCP picks the stored chunks each rank's shards need).
     Saving and loading are collective: every rank calls them.
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer, part: str):
-        self._model, self._optimizer, self._part = model, optimizer, part
-        self._options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        self._loading = StateDictOptions(full_state_dict=True)  # every rank read the checkpoint: each takes its shard
+    def __init__(self, model: torch.nn.Module, optimizer):
+        self._model, self._optimizer = model, optimizer
 
     def state_dict(self) -> dict:
-        if self._part == "model":
-            return get_model_state_dict(self._model, options=self._options)
-        state = get_optimizer_state_dict(self._model, self._optimizer.adamw, options=self._options)
-        full = {"adamw": state, "step": self._optimizer.steps, "lr": self._optimizer.lr}
-        if self._optimizer.muon is not None:  # Canzona's momentum, each matrix whole
-            muon = self._optimizer.muon.state_dict()
-            momentum = {name: _full(t) for name, t in muon["momentum"].items()}
-            full["muon"] = {**muon, "momentum": momentum}
-        return full
+        model, optim = get_state_dict(self._model, self._optimizer.adamw)
+        state = {"model": model, "optim": optim, "progress": {"step": self._optimizer.steps, "lr": self._optimizer.lr}}
+        if self._optimizer.muon is not None:  # Canzona's momentum: DTensors placed like their parameters
+            state["muon"] = self._optimizer.muon.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        if self._part == "model":
-            set_model_state_dict(self._model, state, options=self._loading)
-            return
-        set_optimizer_state_dict(self._model, self._optimizer.adamw, state["adamw"], options=self._loading)
+        set_state_dict(
+            self._model, self._optimizer.adamw, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
         if self._optimizer.muon is not None:
             self._optimizer.muon.load_state_dict(state["muon"])
-        self._optimizer.steps = state["step"]
-        self._optimizer.set_lr(state["lr"])
+        self._optimizer.steps = state["progress"]["step"]
+        self._optimizer.set_lr(state["progress"]["lr"])
 
-
-def _full(tensor: torch.Tensor) -> torch.Tensor:
-    """A whole tensor on the CPU (collective for a DTensor)."""
-    return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).cpu()
+    def load_unsharded(self, listed: dict) -> None:
+        """A checkpoint of full tensors (``model`` and ``optim`` shards, before sharded checkpoints): each rank takes its shard."""
+        if "model" not in listed or "optim" not in listed:
+            raise CheckpointFormatError(f"the checkpoint holds neither sharded nor full model state: {sorted(listed)}")
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self._model, listed["model"], options=options)
+        set_optimizer_state_dict(self._model, self._optimizer.adamw, listed["optim"]["adamw"], options=options)
+        self._optimizer.steps = listed["optim"]["step"]
+        self._optimizer.set_lr(listed["optim"]["lr"])

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x63\x61ntata/v1/checkpoints.proto\x12\ncantata.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"o\n\x0e\x43heckpointInfo\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x12\n\nsize_bytes\x18\x03 \x01(\x03\x12+\n\x07\x63reated\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"(\n\x16ListCheckpointsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"G\n\x14ListCheckpointsReply\x12/\n\x0b\x63heckpoints\x18\x01 \x03(\x0b\x32\x1a.cantata.v1.CheckpointInfo\"9\n\x19\x44ownloadCheckpointRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\")\n\tDataChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06sha256\x18\x02 \x01(\t2\xbc\x01\n\x0b\x43heckpoints\x12W\n\x0fListCheckpoints\x12\".cantata.v1.ListCheckpointsRequest\x1a .cantata.v1.ListCheckpointsReply\x12T\n\x12\x44ownloadCheckpoint\x12%.cantata.v1.DownloadCheckpointRequest\x1a\x15.cantata.v1.DataChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x63\x61ntata/v1/checkpoints.proto\x12\ncantata.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"o\n\x0e\x43heckpointInfo\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x12\n\nsize_bytes\x18\x03 \x01(\x03\x12+\n\x07\x63reated\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"(\n\x16ListCheckpointsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"G\n\x14ListCheckpointsReply\x12/\n\x0b\x63heckpoints\x18\x01 \x03(\x0b\x32\x1a.cantata.v1.CheckpointInfo\"N\n\x19\x44ownloadCheckpointRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x13\n\x0b\x63onsolidate\x18\x03 \x01(\x08\"9\n\tDataChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\x0e\n\x06object\x18\x03 \x01(\t2\xbc\x01\n\x0b\x43heckpoints\x12W\n\x0fListCheckpoints\x12\".cantata.v1.ListCheckpointsRequest\x1a .cantata.v1.ListCheckpointsReply\x12T\n\x12\x44ownloadCheckpoint\x12%.cantata.v1.DownloadCheckpointRequest\x1a\x15.cantata.v1.DataChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,9 +39,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTCHECKPOINTSREPLY']._serialized_start=232
   _globals['_LISTCHECKPOINTSREPLY']._serialized_end=303
   _globals['_DOWNLOADCHECKPOINTREQUEST']._serialized_start=305
-  _globals['_DOWNLOADCHECKPOINTREQUEST']._serialized_end=362
-  _globals['_DATACHUNK']._serialized_start=364
-  _globals['_DATACHUNK']._serialized_end=405
-  _globals['_CHECKPOINTS']._serialized_start=408
-  _globals['_CHECKPOINTS']._serialized_end=596
+  _globals['_DOWNLOADCHECKPOINTREQUEST']._serialized_end=383
+  _globals['_DATACHUNK']._serialized_start=385
+  _globals['_DATACHUNK']._serialized_end=442
+  _globals['_CHECKPOINTS']._serialized_start=445
+  _globals['_CHECKPOINTS']._serialized_end=633
 # @@protoc_insertion_point(module_scope)

@@ -34,17 +34,21 @@ class ListCheckpointsReply(_message.Message):
     def __init__(self, checkpoints: _Optional[_Iterable[_Union[CheckpointInfo, _Mapping]]] = ...) -> None: ...
 
 class DownloadCheckpointRequest(_message.Message):
-    __slots__ = ("job_id", "step")
+    __slots__ = ("job_id", "step", "consolidate")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    CONSOLIDATE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     step: int
-    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ...) -> None: ...
+    consolidate: bool
+    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., consolidate: _Optional[bool] = ...) -> None: ...
 
 class DataChunk(_message.Message):
-    __slots__ = ("data", "sha256")
+    __slots__ = ("data", "sha256", "object")
     DATA_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     sha256: str
-    def __init__(self, data: _Optional[bytes] = ..., sha256: _Optional[str] = ...) -> None: ...
+    object: str
+    def __init__(self, data: _Optional[bytes] = ..., sha256: _Optional[str] = ..., object: _Optional[str] = ...) -> None: ...

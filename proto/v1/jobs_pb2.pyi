@@ -113,10 +113,20 @@ class CancelJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class ResumeJobRequest(_message.Message):
-    __slots__ = ("job_id",)
+    __slots__ = ("job_id", "workers", "dp_replicate", "dp_shard", "tp", "steps")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    DP_REPLICATE_FIELD_NUMBER: _ClassVar[int]
+    DP_SHARD_FIELD_NUMBER: _ClassVar[int]
+    TP_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
-    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+    workers: int
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+    steps: int
+    def __init__(self, job_id: _Optional[str] = ..., workers: _Optional[int] = ..., dp_replicate: _Optional[int] = ..., dp_shard: _Optional[int] = ..., tp: _Optional[int] = ..., steps: _Optional[int] = ...) -> None: ...
 
 class DeleteJobRequest(_message.Message):
     __slots__ = ("job_id",)

@@ -1,7 +1,10 @@
 """Checkpoints: list a job's checkpoints and stream one, decrypted, to the tenant who owns it.
 
 The store is the source of truth: a checkpoint exists only if its sealed
-manifest verifies under the job's key.
+manifest verifies under the job's key. A mesh job's checkpoint is sharded
+(every rank's object plus DCP's metadata): the server, which never imports
+torch, streams those objects each verified against the manifest, and the
+client consolidates them (``consolidate`` in the request).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import hashlib
 from cantata.proto.v1 import checkpoints_pb2, checkpoints_pb2_grpc
 from cantata.security.audit import Action
 from cantata.security.keys import KeyProvider
-from cantata.security.sealed_checkpoint import IntegrityError, list_checkpoints, read_shard
+from cantata.security.sealed_checkpoint import SHARDED_PART, IntegrityError, ShardInfo, list_checkpoints, read_shard
 from cantata.server.auth import caller
 from cantata.server.errors import DataLoss, InvalidRequest, Unavailable
 from cantata.server.store import JobRecord, NotFound, Store
@@ -55,9 +58,15 @@ class CheckpointsService(checkpoints_pb2_grpc.CheckpointsServicer):
             raise InvalidRequest(f"step must be >= 0, not {request.step}", field="step")
         job = self._scoped(context, request.job_id)
         info = next((c for c in self._list(job) if c.step == request.step), None)
-        shard = next((s for s in info.shards if s.name == MODEL_SHARD), None) if info else None
-        if info is None or shard is None:
+        shards = _served(info.shards) if info else []
+        if info is None or not shards:
             raise NotFound(f"checkpoint {request.step} of job {job.id!r} not found")
+        sharded = shards[0].name != MODEL_SHARD
+        if sharded and not request.consolidate:
+            raise InvalidRequest(
+                f"checkpoint {info.step} of job {job.id!r} is sharded (a mesh job's): download it consolidated",
+                field="consolidate",
+            )
         me = caller(context)
         resource = f"{job.id}@{info.step}"
         self._audit(
@@ -71,17 +80,16 @@ class CheckpointsService(checkpoints_pb2_grpc.CheckpointsServicer):
         self._audit(me.uri, Action.CHECKPOINT_DOWNLOADED, resource=resource, tenant=job.tenant, peer=context.peer())
         digest = hashlib.sha256()
         keys = self._keyring.job_keys(job.tenant, job.id)
+        store = open_store(job.spec.checkpoint_store)
         try:
-            for segment in read_shard(
-                open_store(job.spec.checkpoint_store),
-                tenant=job.tenant,
-                job_id=job.id,
-                step=info.step,
-                shard=shard,
-                keys=keys,
-            ):
-                digest.update(segment)
-                yield checkpoints_pb2.DataChunk(data=segment)
+            for shard in shards:
+                if sharded:
+                    yield checkpoints_pb2.DataChunk(object=shard.name)
+                for segment in read_shard(
+                    store, tenant=job.tenant, job_id=job.id, step=info.step, shard=shard, keys=keys
+                ):
+                    digest.update(segment)
+                    yield checkpoints_pb2.DataChunk(data=segment)
         except IntegrityError as exc:
             self._audit(
                 me.uri,
@@ -93,3 +101,9 @@ class CheckpointsService(checkpoints_pb2_grpc.CheckpointsServicer):
             )
             raise DataLoss(f"checkpoint {resource} failed verification: {exc}") from exc
         yield checkpoints_pb2.DataChunk(sha256=digest.hexdigest())
+
+
+def _served(shards: tuple[ShardInfo, ...]) -> list[ShardInfo]:
+    """What a download streams: the full model state, else every object of the sharded state (verified one by one)."""
+    full = [shard for shard in shards if shard.name == MODEL_SHARD]
+    return full or [shard for shard in shards if shard.name.startswith(f"{SHARDED_PART}.")]

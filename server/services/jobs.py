@@ -197,7 +197,8 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
 
     def ResumeJob(self, request, context):
         job = self._job(context, request.job_id)
-        self._lifecycle.resume_requested(job, actor=caller(context).uri, peer=context.peer())
+        changes = {field: getattr(request, field) for field in ("workers", "dp_replicate", "dp_shard", "tp", "steps")}
+        self._lifecycle.resume_requested(job, actor=caller(context).uri, peer=context.peer(), changes=changes)
         return job_info(self._store.job(job.id))
 
     def DeleteJob(self, request, context):
