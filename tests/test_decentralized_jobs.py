@@ -11,6 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from cantata.sdk import errors
 from cantata.sdk.job import Job
@@ -277,9 +278,8 @@ def test_sharded_worker_groups_gossip_shard_by_shard_and_end_in_one_consensus(te
     digests = {int(m[1]): (int(m[3]), m[4]) for m in agreed if m and m[2] == "2"}
     assert sorted(digests) == [0, 1, 2, 3]
     assert digests[0] == digests[2] and digests[1] == digests[3] and digests[0] != digests[1]
-    model.load_state_dict(
-        torch.load(tenant.download_checkpoint(handle.id, 16, tmp_path / "final.pt"), weights_only=True)
-    )
+    final = tenant.download_checkpoint(handle.id, 16, tmp_path / "final", consolidate=True)  # group 0's shards
+    model.load_state_dict(load_file(final / "model.safetensors"))
     for rank in range(2):  # FSDP2 shards dim 0 in torch.chunk's pieces
         shards = [p.detach().chunk(2, dim=0)[rank] if p.shape[0] > rank else p[:0] for p in model.parameters()]
         assert parameters_digest(shards) == digests[rank][1]
