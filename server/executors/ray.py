@@ -185,7 +185,11 @@ class RayExecutor:
         import ray
 
         check_locked(self._address)
+        on_sigterm = signal.getsignal(signal.SIGTERM)
         ray.init(address=self._address, namespace=NAMESPACE, logging_level=logging.WARNING, log_to_driver=False)
+        if on_sigterm is not None:  # ray.init makes SIGTERM exit at once: a stop must stay graceful
+            with contextlib.suppress(ValueError):  # not the main thread: ray.init left it alone too
+                signal.signal(signal.SIGTERM, on_sigterm)
         self._server = self._server_address(ray.util.get_node_ip_address())
         for node in ray.nodes():  # their zygotes warm up (import torch) before the first job
             if node.get("Alive"):
