@@ -295,7 +295,7 @@ class RayExecutor:
             actors.update({i: self._actor(WorkerHost, job, i) for i in range(n)})
             nodes = dict(zip(actors, ray.get([a.node.remote() for a in actors.values()]), strict=True))
             size = group_size(job.spec)
-            running.rendezvous = [self._rendezvous(actors[g * size], nodes[g * size]) for g in range(n // size)]
+            running.rendezvous = [_rendezvous(nodes[g * size]) for g in range(n // size)]
             secrets = self._secrets.worker_secrets(job)
             uid = identity.uid if identity else None
             pids = ray.get([self._start(job, i, a, nodes[i], secrets, uid) for i, a in actors.items()])
@@ -330,12 +330,6 @@ class RayExecutor:
                 placement_group=self._jobs[job.id].group, placement_group_bundle_index=i
             ),
         ).remote(job.id, i)
-
-    @staticmethod
-    def _rendezvous(actor: Any, node: dict) -> str:
-        import ray
-
-        return f"tcp://{node['ip']}:{ray.get(actor.free_port.remote(node['ip']))}"
 
     def _start(self, job: JobRecord, i: int, actor: Any, node: dict, secrets: dict, uid: int | None) -> Any:
         """Mint worker ``i``'s certificate for its node, build its config and files; the ObjectRef of its pid."""
@@ -426,7 +420,7 @@ class RayExecutor:
         node = ray.get(actor.node.remote(), timeout=READY_TIMEOUT_S)
         size = group_size(job.spec)
         if size == 1:  # its own group: the rendezvous moves with it
-            running.rendezvous[worker] = self._rendezvous(actor, node)
+            running.rendezvous[worker] = _rendezvous(node)
         identity = self._identities.acquire(job.id)
         pid = ray.get(
             self._start(job, worker, actor, node, self._secrets.worker_secrets(job), identity.uid if identity else None)
@@ -513,16 +507,12 @@ class RayExecutor:
         running = self._jobs.pop(job_id, None)
         if running is None:
             return
-        for w in running.workers.values():
-            if w.actor is None:
-                continue
-            try:
-                ray.get(w.actor.stop.remote(), timeout=10)
-            except ray.exceptions.RayError:
-                pass  # its node is gone, and its folder with it
-            except ray.exceptions.GetTimeoutError:
-                pass
-            ray.kill(w.actor, no_restart=True)
+        actors = [w.actor for w in running.workers.values() if w.actor is not None]
+        for stopped in [a.stop.remote() for a in actors]:
+            with contextlib.suppress(ray.exceptions.RayError):  # its node is gone, and its folder with it
+                ray.get(stopped, timeout=10)
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
         if running.group is not None:
             remove_placement_group(running.group)
         self._resources = (0.0, {}, {}, {})
@@ -675,6 +665,11 @@ class RayExecutor:
         for job_id in list(self._jobs):
             self.release(job_id)
         ray.shutdown()
+
+
+def _rendezvous(node: dict) -> str:
+    """A torch.distributed rendezvous on ``node`` (a :meth:`WorkerHost.node`), at the free port it found."""
+    return f"tcp://{node['ip']}:{node['port']}"
 
 
 def _job_of(actor_name: str) -> str:

@@ -77,14 +77,16 @@ class WorkerHost:
         self._rendezvous = ""
 
     def node(self) -> dict:
-        """Where this actor runs: the node's cluster address, this worker's folder, the GPUs Ray gave it."""
+        """Where this actor runs: the node's cluster address, this worker's folder, the GPUs Ray gave it, a free port."""
         import ray  # in the actor's process, which Ray started
 
+        ip = ray.util.get_node_ip_address()
         return {
-            "ip": ray.util.get_node_ip_address(),
+            "ip": ip,
             "node_id": ray.get_runtime_context().get_node_id(),
             "folder": str(self.folder),
             "gpus": [str(g) for g in ray.get_gpu_ids()],
+            "port": self.free_port(ip),  # for a rendezvous here, if this worker is its group's first
         }
 
     def describe(self) -> dict:
