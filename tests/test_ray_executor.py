@@ -203,7 +203,7 @@ def test_a_gasloc_job_outlives_a_lost_node_its_worker_placed_again_on_another(cl
             algorithm="gasloc",
             workers=3,
             local_steps=2,
-            **{**TINY, "steps": 300, "eval_every": 100, "checkpoint_every": 50},
+            **{**TINY, "steps": 100, "eval_every": 100, "checkpoint_every": 20},
         )
     )
     placed = _placement(handle)
