@@ -11,8 +11,9 @@ a job 8 worker slots (the Ray node has 8 logical CPUs). Per executor:
 - ``drain``: ``--jobs`` one-step, one-worker jobs submitted at once, timed
   until the last one ended SUCCEEDED; per-job overhead = drain time / jobs.
 
-Ray's share is placement-group creation, a fresh actor process per worker,
-and its zygote without the warm imports (each Ray worker imports torch).
+Ray's share is a placement group, an actor process per worker (it writes
+the worker's files) and a few actor calls; the worker itself is forked from
+its node's warm zygote actor, as the local executor's are from the server's.
 
     python benchmarks/bench_executor.py [--trials N] [--jobs N] [--quick]
 """

@@ -765,8 +765,9 @@ def executor(load: Callable[[str], dict]) -> list[str]:
             f"{result['drain_ray_over_local']:.2f}×",
         ),
         "",
-        f"Ray's overhead: {result['ray_overhead_per_job_s']:.2f} s a job while draining (a placement group, a fresh"
-        " actor process and a zygote per worker, which imports torch itself).",
+        f"Ray's overhead: {result['ray_overhead_per_job_s']:.2f} s a job while draining (target: under 2 s; a"
+        " placement group, an actor process per worker and a few actor calls; the workers are forked from each"
+        " node's warm zygote actor).",
         "",
         reproduce("bench_executor.py", " (as root: it builds a network namespace)", quick=result["quick"]),
     ]

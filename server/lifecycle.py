@@ -13,7 +13,9 @@ that a tenant may resume a FAILED or CANCELLED job (:meth:`~JobLifecycle.resume_
   error is a failure. An all-reduce or single job restarts its worker group
   (:meth:`~JobLifecycle.restart`) from its latest checkpoint (back to QUEUED, placed again
   after a backoff) until it has had more than its budget of failures
-  (:mod:`cantata.server.restarts`), then fails; a decentralized job restarts
+  (:mod:`cantata.server.restarts`), then fails (a worker lost with its node, on
+  a cluster, restarts the group without counting against that budget: the
+  job did not fail, the machine did); a decentralized job restarts
   the dead worker alone, or goes on while a quorum of worker groups lives.
   Once all of a job's workers exited, it is settled: SUCCEEDED if enough of
   them finished, else FAILED; CANCELLED if it was being cancelled.
@@ -134,11 +136,12 @@ class JobLifecycle:
             self._permanent.add(job.id)
 
     # ---- what the launcher sees -------------------------------------------
-    def worker_exited(self, job_id: str, worker: int, returncode: int) -> None:
+    def worker_exited(self, job_id: str, worker: int, returncode: int, *, node_lost: bool = False) -> None:
+        """Worker ``worker`` exited with ``returncode``; ``node_lost``: its node was lost with it (the executor saw)."""
         with self.lock:
             self._store.set_gossip_address(job_id, worker, "")  # peers stop waiting for it
             if returncode != 0:
-                self._worker_died(job_id, worker, returncode)
+                self._worker_died(job_id, worker, returncode, node_lost=node_lost)
 
     def workers_exited(self, job_id: str) -> None:
         """All workers of the job are gone: decide how it ended."""
@@ -159,7 +162,7 @@ class JobLifecycle:
                     if self._store.transition(job_id, state, reason):
                         self._audit_job(job, Action.JOB_FINISHED, state=pb.JobState.Name(state), reason=reason)
 
-    def _worker_died(self, job_id: str, worker: int, code: int) -> None:
+    def _worker_died(self, job_id: str, worker: int, code: int, *, node_lost: bool = False) -> None:
         job = self._store.job(job_id)
         if job.state not in STARTED:
             return
@@ -170,19 +173,23 @@ class JobLifecycle:
             self._fail(job, f"{reason}; not restarted: the error is permanent")
             return
         if not decentralized(job.spec):
-            self.restart(job_id, reason, worker=worker)
+            if node_lost:
+                self.restart(job_id, f"worker {worker} was lost with its node", worker=worker, counted=False)
+            else:
+                self.restart(job_id, reason, worker=worker)
             return
         reason = self._survive(job, record, reason)
         if reason:
             self._fail(job, reason)
 
-    def restart(self, job_id: str, reason: str, *, worker: int = 0) -> bool:
+    def restart(self, job_id: str, reason: str, *, worker: int = 0, counted: bool = True) -> bool:
         """One failure of a started job (``reason`` says what failed): restart its worker group, or fail it.
 
         Within its budget the job goes back to QUEUED, its workers are stopped, and the scheduler starts
         them again from the latest checkpoint once they are all gone and the backoff has passed; an event
         and a ``job_restarted`` record say so. Past its budget the job fails. Returns whether it restarts.
-        A worker that died, or one that stopped responding (the heartbeat), both come here.
+        A worker that died, or one that stopped responding (the heartbeat), both come here. Not ``counted``
+        (a worker lost with its node): the job restarts whatever its budget, and its failures stay as they are.
         """
         with self.lock:
             job = self._store.job(job_id)
@@ -190,20 +197,20 @@ class JobLifecycle:
                 return False
             budget = self._restarts.budget(job.spec)
             with self._store.database.transaction():
-                failures = self._store.count_failure(job_id)
+                failures = self._store.count_failure(job_id) if counted else min(job.failures, budget)
                 if failures <= budget:
                     step = self._store.latest_checkpoint_step(job_id)
                     self._audit_job(
                         job, Action.JOB_RESTARTED, failures=failures, max_failures=budget, from_step=step, reason=reason
                     )
-                    message = f"{reason}; restarting the job from step {step} (attempt {failures}/{budget})"
+                    counts = f"attempt {failures}/{budget}" if counted else f"not counted: {failures}/{budget} failures"
+                    message = f"{reason}; restarting the job from step {step} ({counts})"
                     event = jobs_pb2.JobEvent(
                         kind=jobs_pb2.MESSAGE, worker=worker, step=step, total_steps=job.spec.steps, message=message
                     )
                     self._store.append_event(job_id, event)
-                    self._store.transition(
-                        job_id, pb.QUEUED, f"restarting from step {step} after failure {failures}/{budget}"
-                    )
+                    after = f"failure {failures}/{budget}" if counted else "its node was lost"
+                    self._store.transition(job_id, pb.QUEUED, f"restarting from step {step} after {after}")
             if failures > budget:
                 plural = "" if failures == 1 else "s"
                 self._fail(job, f"{reason}; gave up after {failures} failure{plural} (max_failures={budget})")

@@ -128,7 +128,7 @@ class Scheduler:
                 self._place_due = True  # a slot may be free
             while self._exits:
                 exit_ = self._exits[0]
-                self._lifecycle.worker_exited(exit_.job_id, exit_.worker, exit_.returncode)
+                self._lifecycle.worker_exited(exit_.job_id, exit_.worker, exit_.returncode, node_lost=exit_.node_lost)
                 self._exits.pop(0)
             for job_id in self._launcher.finished_jobs():
                 self._launcher.release(job_id)

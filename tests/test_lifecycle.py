@@ -257,6 +257,26 @@ def test_a_failed_worker_restarts_the_job_from_its_latest_checkpoint(lifecycle, 
     ]
 
 
+def test_a_worker_lost_with_its_node_restarts_an_allreduce_job_without_counting_a_failure(
+    lifecycle, store, audit, workers, clock
+):
+    job = _started(lifecycle, store, workers, _submit(store, max_failures=0))  # no failure allowed at all
+    _checkpoint(store, job, 6)
+    workers.running[job.id] -= 1
+    lifecycle.worker_exited(job.id, 1, -9, node_lost=True)
+    job = store.job(job.id)
+    assert (job.state, job.reason, job.failures) == (pb.QUEUED, "restarting from step 6 after its node was lost", 0)
+    message = "worker 1 was lost with its node; restarting the job from step 6 (not counted: 0/0 failures)"
+    assert _messages(store, job.id) == [message]
+    assert workers.terminated == [job.id]
+    _all_exit(lifecycle, workers, job)
+    clock.now += BACKOFF
+    job = _started(lifecycle, store, workers, store.job(job.id))
+    assert (job.state, job.attempts, job.failures) == (pb.RUNNING, 2, 0)
+    _exit(lifecycle, workers, job, 0, 1)  # a failure of the job itself still counts, and this one is over budget
+    assert store.job(job.id).state == pb.FAILED
+
+
 def _fail_repeatedly(lifecycle, store, workers, clock, job: JobRecord, times: int) -> list[float]:
     """Kill worker 0 of each attempt ``times`` times; returns the backoff each restart waited."""
     waits = []

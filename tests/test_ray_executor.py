@@ -7,19 +7,28 @@ node's namespace as a Ray driver, the tenant's SDK calls it across the bridge.
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import subprocess
+import sys
+
 import pytest
 
 from cantata.sdk import errors
 from cantata.sdk.job import Job
+from cantata.security.audit import Action, read_records
 from cantata.server.executors.ray import RayClusterError, check_locked
-from cantata.server.executors.tokens import write_token
+from cantata.server.executors.ray_actor import node_root
 from tests.platform import Platform, cli
 from tests.raycluster import RayCluster
+from tests.test_jobs import _pids_of
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 TINY = dict(steps=6, eval_every=3, checkpoint_every=3, batch_size=4, seq_len=16)
+STEP_LINE = re.compile(rb"step (\d+)/\d+ loss")
 
 
 @pytest.fixture(scope="module")
@@ -39,23 +48,24 @@ def ray_platform(cluster, tmp_path_factory):
     p = Platform(
         root,
         host=cluster.head.ip,
-        settings={
-            "executor": "ray",
-            "ray_address": cluster.address,
-            "shared_roots": [str(root / "data" / "checkpoints")],  # the namespaces share one file system
-        },
+        init=("--ray-token",),  # the README's commands: the token from init, the executor from start's flags
+        settings={"shared_roots": [str(root / "data" / "checkpoints")]},  # the namespaces share one file system
     )
     token = p.paths.ray_token
-    write_token(token)
     for node in cluster.nodes:  # node certificates from the platform CA, through the CLI an operator uses
         cli("cluster", "node-cert", "--data-dir", str(p.data_dir), "--node-ip", node.ip, "--out", str(node.certs))
     cluster.start(token)  # the head; the other two join while the server starts
     p.env.update(cluster.node_env(cluster.head))
-    p.start(prefix=tuple(cluster.head.run()))
+    _start(p, cluster)
     cluster.wait_nodes()
     yield p
     if p.proc is not None:
         p.stop()
+
+
+def _start(platform: Platform, cluster: RayCluster) -> None:
+    """``cantata server start --executor ray --ray-address HEAD:6379`` in the head node's namespace."""
+    platform.start("--executor", "ray", "--ray-address", cluster.address, prefix=tuple(cluster.head.run()))
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +144,74 @@ def _waiting_reason(handle) -> str:
     raise AssertionError("the job never said why it waits")
 
 
+def _node_step(job_id: str, worker: int = 0) -> int:
+    """The latest step the worker's log on its node shows (written by the worker, control plane or not)."""
+    try:
+        text = (node_root() / job_id / f"worker-{worker}" / "worker.log").read_bytes()
+    except FileNotFoundError:
+        return 0
+    return max((int(m.group(1)) for m in STEP_LINE.finditer(text)), default=0)
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        os.killpg(pid, sig)
+
+
+def _readopted(handle) -> int:
+    return sum(e.message.startswith("server restarted; re-adopted") for e in _events_so_far(handle))
+
+
+def test_the_workers_train_on_through_a_killed_and_a_stopped_control_plane_which_readopts_them(
+    cluster, ray_platform, ray_tenant
+):
+    steps = 200
+    handle = ray_tenant.submit(
+        Job(
+            name="through",
+            algorithm="allreduce",
+            workers=2,
+            **{**TINY, "steps": steps, "eval_every": 100, "checkpoint_every": 50},
+        )
+    )
+    wait_for(lambda: _node_step(handle.id) >= 10)
+    pids = _pids_of(handle.id)
+    assert len(pids) == 2, pids
+    for outage in (1, 2):
+        if outage == 1:
+            ray_platform.kill()  # SIGKILL: the Ray driver dies with it
+        else:
+            assert ray_platform.stop(leave_workers=True) == 0  # graceful, on_stop "leave": an upgrade
+        at = _node_step(handle.id)
+        wait_for(lambda at=at: _node_step(handle.id) >= at + 10)  # trains on, no control plane
+        # Paused while the server starts (which takes longer than training does), so that the job is still
+        # running at the second outage on any machine; the workers are the same processes throughout.
+        _signal(pids, signal.SIGSTOP)
+        try:
+            assert _node_step(handle.id) < steps
+            _start(ray_platform, cluster)
+            wait_for(lambda outage=outage: _readopted(handle) == outage)  # it serves, and adopted both actors
+        finally:
+            _signal(pids, signal.SIGCONT)
+    assert sorted(_pids_of(handle.id)) == sorted(pids)
+    status = handle.wait()
+    assert status.state == "SUCCEEDED", status.reason
+    events = list(handle.events())
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))  # gapless
+    progress = [e.step for e in events if e.kind == "PROGRESS"]
+    assert progress == sorted(set(progress)) and progress[-1] == steps  # each report once, in order
+    assert [e.step for e in events if e.kind == "CHECKPOINT"] == [50, 100, 150, 200]
+    assert [e.step for e in events if e.kind == "EVAL"] == [100, 200]
+    messages = [e.message for e in events]
+    assert messages.count("server restarted; re-adopted 2 running worker processes") == 2, messages
+    assert not any("restarting the job" in m or "will resume" in m for m in messages), messages
+    actions = [r.action for r in read_records(ray_platform.data_dir / "audit") if r.resource == handle.id]
+    assert actions.count(Action.JOB_STARTED) == 1 and Action.JOB_RESTARTED not in actions
+    for worker in (0, 1):  # one process trained it all, in the first attempt
+        log = (node_root() / handle.id / f"worker-{worker}" / "worker.log").read_text()
+        assert log.count("started (attempt") == 1 and "started (attempt 1)" in log
+
+
 def test_a_gasloc_job_outlives_a_lost_node_its_worker_placed_again_on_another(cluster, ray_tenant):
     # Last in the module: the node stays lost. Its raylet and every process in its namespace are killed.
     handle = ray_tenant.submit(
@@ -142,7 +220,7 @@ def test_a_gasloc_job_outlives_a_lost_node_its_worker_placed_again_on_another(cl
             algorithm="gasloc",
             workers=3,
             local_steps=2,
-            **{**TINY, "steps": 300, "eval_every": 100, "checkpoint_every": 50},
+            **{**TINY, "steps": 100, "eval_every": 100, "checkpoint_every": 20},
         )
     )
     placed = _placement(handle)
@@ -171,3 +249,59 @@ def _events_so_far(handle):
     from tests.test_server_faults import _events_until_now
 
     return _events_until_now(handle._client, handle.id)
+
+
+def test_an_allreduce_job_restarts_its_group_on_another_node_when_its_node_is_lost(cluster, ray_tenant):
+    # After the GASLoC node-loss test: nodes 0 (the head) and 1 are left. A driver of the test's own holds the
+    # head's CPUs, so the job packs onto node 1; once node 1 is lost, the head is freed for its restart.
+    cluster.wait_idle()
+    head = cluster.head
+    hold = (
+        "import ray, sys\n"
+        "from ray.util.placement_group import placement_group\n"
+        f"ray.init(address={cluster.address!r}, namespace='test-holder', logging_level='ERROR')\n"
+        f"g = placement_group([{{'CPU': 2, 'node:{head.ip}': 0.01}}], strategy='STRICT_PACK')\n"
+        "ray.get(g.ready(), timeout=600)\n"
+        "print('held', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    holder = subprocess.Popen(
+        head.run(sys.executable, "-c", hold),
+        env=cluster.node_env(head),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        handle = ray_tenant.submit(
+            Job(
+                name="group-loss",
+                algorithm="allreduce",
+                workers=2,
+                max_failures=0,
+                **{**TINY, "steps": 200, "eval_every": 100, "checkpoint_every": 20},
+            )
+        )
+        placed = _placement(handle)
+        lost = cluster.nodes[1]
+        assert set(placed.values()) == {lost.ip}, placed
+        wait_for(lambda: any(c.step >= 20 for c in ray_tenant.checkpoints(handle.id)))
+        cluster.kill_node(lost)
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()  # the holder's driver ends, and its group with it
+        holder.wait()
+    status = handle.wait()
+    assert status.state == "SUCCEEDED", status.reason  # max_failures=0: the lost node was no failure of the job
+    messages = [e.message for e in handle.events()]
+    restarted = [m for m in messages if "was lost with its node; restarting the job from step" in m]
+    assert len(restarted) == 1 and "(not counted: 0/0 failures)" in restarted[0], messages
+    step = int(restarted[0].split("from step ")[1].split(" ")[0])
+    assert step >= 20 and f"resumed from checkpoint at step {step}" in messages, messages
+    again = [m for m in messages if m.startswith("placed on ")]
+    assert len(again) == 2 and set(_ips(again[1])) == {head.ip}, again
+
+
+def _ips(placed: str) -> list[str]:
+    return [part.rsplit(": ", 1)[1] for part in placed.removeprefix("placed on ").split(", ")]

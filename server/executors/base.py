@@ -11,11 +11,12 @@ from cantata.server.store import JobRecord, WorkerRecord
 
 @dataclass
 class WorkerExit:
-    """A worker process ended with ``returncode`` (negative: killed by that signal)."""
+    """A worker process ended with ``returncode`` (negative: killed by that signal); ``node_lost``: with its node."""
 
     job_id: str
     worker: int
     returncode: int
+    node_lost: bool = False
 
 
 class NotPlaceable(Exception):

@@ -6,14 +6,28 @@ head). Each job gets one placement group of one bundle per worker process,
 all of its bundles or none. ``PACK`` for an all-reduce or single job (one
 ``torch.distributed`` group, on as few nodes as fit), ``SPREAD`` for a
 decentralized one (a node's loss costs one worker group). Each process is a
-:class:`~cantata.server.executors.ray_actor.WorkerHost` actor in its bundle;
-Ray finds the nodes, tracks their health and hands out GPUs.
+:class:`~cantata.server.executors.ray_actor.WorkerHost` actor in its bundle,
+which has its node's warm
+:class:`~cantata.server.executors.ray_actor.NodeZygote` fork the worker; Ray
+finds the nodes, tracks their health and hands out GPUs.
 
 Launching a job is two rounds of calls: first each actor says where Ray put
 it (its node's cluster address, its folder, its GPUs); then the control plane
 mints each worker's certificate for that address (the gossip endpoint binds
 there), builds its config, picks each group's rendezvous on its first
 process's node, and sends each actor its files to start the worker.
+
+The placement groups and actors are detached and named after the job
+(``cantata-<job>-a<attempt>``, ``cantata-<job>-<worker>.<generation>``, in
+the ``cantata`` namespace): they outlive the control plane, whose workers
+train on while it is down, and a restarted control plane adopts them
+(:meth:`RayExecutor.adopt`) and kills those no job of its store owns
+(:meth:`RayExecutor.kill_strays`).
+
+A worker whose node was lost (its actor died and Ray marks the node dead) is
+reported as such (``WorkerExit.node_lost``): an all-reduce job restarts its
+group from its latest checkpoint on the nodes that remain, and the lost node
+does not count against the job's failure budget.
 
 The cluster is inside the trust boundary and must be locked
 (:func:`check_locked`): token authentication (``RAY_AUTH_MODE=token``) and
@@ -51,8 +65,10 @@ from cantata.server.store import JobRecord, WorkerRecord
 
 log = logging.getLogger(__name__)
 NAMESPACE = "cantata"
+ZYGOTE_PREFIX = "zygote@"  # + the node's id: its NodeZygote actor (no job's name starts so)
 READY_TIMEOUT_S = 120.0  # a placement group whose resources were free is placed in far less
 PROBE_TIMEOUT_S = 60.0
+NODE_DEATH_WAIT_S = 60.0  # how long a dead actor's exit waits for Ray to say whether its node died (~15 s)
 RESOURCES_TTL_S = 1.0  # the cluster's resources are asked at most this often
 AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 TLS_ENV = ("RAY_TLS_SERVER_CERT", "RAY_TLS_SERVER_KEY", "RAY_TLS_CA_CERT")
@@ -111,7 +127,7 @@ class _Worker:
     actor: Any
     node: dict
     pid: int
-    done: Any  # the ObjectRef of WorkerHost.wait
+    done: Any  # the ObjectRef of WorkerHost.wait (None: the actor is gone)
     spawned: float
     log_offset: int = 0
     log_ref: Any = None
@@ -119,7 +135,7 @@ class _Worker:
 
 @dataclass
 class _Job:
-    group: Any  # the placement group
+    group: Any  # the placement group (None: an adopted job's was gone)
     workers: dict[int, _Worker] = field(default_factory=dict)
     rendezvous: list[str] = field(default_factory=list)
     attack: dict | None = None
@@ -127,6 +143,7 @@ class _Job:
     killed: set[int] = field(default_factory=set)
     kill_at: float | None = None
     generations: dict[int, int] = field(default_factory=dict)  # actors started for each worker, less one
+    dead: dict[int, float] = field(default_factory=dict)  # worker -> when its actor was seen dead, its node not yet
 
 
 class RayExecutor:
@@ -161,14 +178,46 @@ class RayExecutor:
         self._jobs: dict[str, _Job] = {}
         self._resources: tuple[float, dict, dict, dict] = (0.0, {}, {}, {})
         self._remote: Any = None  # the WorkerHost actor class, once made remote
+        self._zygotes: dict[str, Any] = {}  # node id -> its NodeZygote actor
 
     # ---- the cluster --------------------------------------------------------
     def start(self) -> None:
         import ray
 
         check_locked(self._address)
+        on_sigterm = signal.getsignal(signal.SIGTERM)
         ray.init(address=self._address, namespace=NAMESPACE, logging_level=logging.WARNING, log_to_driver=False)
+        if on_sigterm is not None:  # ray.init makes SIGTERM exit at once: a stop must stay graceful
+            with contextlib.suppress(ValueError):  # not the main thread: ray.init left it alone too
+                signal.signal(signal.SIGTERM, on_sigterm)
         self._server = self._server_address(ray.util.get_node_ip_address())
+        for node in ray.nodes():  # their zygotes warm up (import torch) before the first job
+            if node.get("Alive"):
+                self._zygote(node["NodeID"])
+
+    def _zygote(self, node_id: str) -> Any:
+        """The node's :class:`~cantata.server.executors.ray_actor.NodeZygote` actor, started if it is not there."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from cantata.server.executors.ray_actor import NodeZygote
+
+        if node_id not in self._zygotes:
+            self._zygotes[node_id] = (
+                ray.remote(NodeZygote)
+                .options(
+                    name=f"{ZYGOTE_PREFIX}{node_id}",
+                    namespace=NAMESPACE,
+                    get_if_exists=True,
+                    lifetime="detached",
+                    num_cpus=0,
+                    max_concurrency=16,
+                    max_restarts=-1,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                )
+                .remote()
+            )
+        return self._zygotes[node_id]
 
     def _cluster(self) -> tuple[dict, dict, dict]:
         """The cluster's total and free resources, and the most of each that one live node has."""
@@ -231,7 +280,9 @@ class RayExecutor:
         n = processes(job.spec)
         # SPREAD, not STRICT_SPREAD: a lost node's bundle must be placeable again on the nodes that remain
         strategy = "SPREAD" if decentralized(job.spec) else "PACK"
-        group = placement_group([self.bundle(job)] * n, strategy=strategy, name=f"cantata-{job.id}")
+        group = placement_group(
+            [self.bundle(job)] * n, strategy=strategy, name=f"cantata-{job.id}-a{job.attempts}", lifetime="detached"
+        )
         running = self._jobs[job.id] = _Job(group, attack=attack)
         self._resources = (0.0, {}, {}, {})
         actors: dict[int, Any] = {}
@@ -244,7 +295,7 @@ class RayExecutor:
             actors.update({i: self._actor(WorkerHost, job, i) for i in range(n)})
             nodes = dict(zip(actors, ray.get([a.node.remote() for a in actors.values()]), strict=True))
             size = group_size(job.spec)
-            running.rendezvous = [self._rendezvous(actors[g * size], nodes[g * size]) for g in range(n // size)]
+            running.rendezvous = [_rendezvous(nodes[g * size]) for g in range(n // size)]
             secrets = self._secrets.worker_secrets(job)
             uid = identity.uid if identity else None
             pids = ray.get([self._start(job, i, a, nodes[i], secrets, uid) for i, a in actors.items()])
@@ -272,18 +323,13 @@ class RayExecutor:
             namespace=NAMESPACE,
             num_cpus=0,  # the bundle holds the resources; the actor itself asks for none beyond them
             num_gpus=bundle["GPU"],
-            max_concurrency=4,  # wait() blocks while signal() and read_log() answer
+            max_concurrency=8,  # wait() blocks while signal() and read_log() answer
+            lifetime="detached",  # the worker trains on while the control plane restarts
             max_restarts=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=self._jobs[job.id].group, placement_group_bundle_index=i
             ),
         ).remote(job.id, i)
-
-    @staticmethod
-    def _rendezvous(actor: Any, node: dict) -> str:
-        import ray
-
-        return f"tcp://{node['ip']}:{ray.get(actor.free_port.remote(node['ip']))}"
 
     def _start(self, job: JobRecord, i: int, actor: Any, node: dict, secrets: dict, uid: int | None) -> Any:
         """Mint worker ``i``'s certificate for its node, build its config and files; the ObjectRef of its pid."""
@@ -345,13 +391,15 @@ class RayExecutor:
             "gid": uid,
             "memory_bytes": self._memory_limit(job),
         }
-        return actor.start.remote(files, request, uid)
+        rendezvous = self._jobs[job.id].rendezvous[i // size]
+        return actor.start.remote(files, request, uid, self._zygote(node["node_id"]), rendezvous)
 
     def _watch(self, job_id: str, i: int, actor: Any, node: dict, pid: int) -> None:
         running = self._jobs[job_id]
         running.workers[i] = _Worker(actor, node, pid, actor.wait.remote(), time.monotonic())
         running.exited.pop(i, None)
         running.killed.discard(i)
+        running.dead.pop(i, None)
         log = self.log_path(job_id, i)
         log.parent.mkdir(parents=True, exist_ok=True)
         log.parent.chmod(0o700)
@@ -366,13 +414,13 @@ class RayExecutor:
 
         running = self._jobs[job.id]
         old = running.workers.get(worker)
-        if old is not None:
+        if old is not None and old.actor is not None:
             ray.kill(old.actor, no_restart=True)
         actor = self._actor(WorkerHost, job, worker)
         node = ray.get(actor.node.remote(), timeout=READY_TIMEOUT_S)
         size = group_size(job.spec)
         if size == 1:  # its own group: the rendezvous moves with it
-            running.rendezvous[worker] = self._rendezvous(actor, node)
+            running.rendezvous[worker] = _rendezvous(node)
         identity = self._identities.acquire(job.id)
         pid = ray.get(
             self._start(job, worker, actor, node, self._secrets.worker_secrets(job), identity.uid if identity else None)
@@ -387,29 +435,51 @@ class RayExecutor:
 
         exits: list[tuple[float, WorkerExit]] = []
         for job_id, running in self._jobs.items():
-            live = {w.done: i for i, w in running.workers.items() if i not in running.exited}
+            for i, w in running.workers.items():  # an adopted worker whose actor was gone
+                if w.done is None and i not in running.exited:
+                    running.exited[i] = KILLED
+                    exits.append((time.time(), WorkerExit(job_id, i, KILLED)))
+            live = {w.done: i for i, w in running.workers.items() if i not in running.exited and w.done is not None}
             if live:
                 ready, _ = ray.wait(list(live), num_returns=len(live), timeout=0)
                 for ref in ready:
-                    i = live[ref]
+                    i, lost = live[ref], False
                     try:
-                        code, ended = ray.get(ref)
+                        result = ray.get(ref)
                     except ray.exceptions.RayError:  # the actor or its node died: the worker is gone
-                        code, ended = KILLED, time.time()
+                        seen = running.dead.setdefault(i, time.monotonic())
+                        lost = self._node_lost(running.workers[i].node["node_id"])
+                        if not lost and time.monotonic() - seen < NODE_DEATH_WAIT_S:
+                            continue  # until Ray tells whether the node went with it
+                        result = (KILLED, time.time())
+                    if result is None:  # still running: wait again
+                        running.workers[i].done = running.workers[i].actor.wait.remote()
+                        continue
+                    code, ended = result
                     running.exited[i] = code
-                    exits.append((ended, WorkerExit(job_id, i, code)))
+                    exits.append((ended, WorkerExit(job_id, i, code, node_lost=lost)))
             self._copy_logs(job_id, running)
             if running.kill_at is not None and time.monotonic() >= running.kill_at:
                 for i, w in running.workers.items():
-                    if i not in running.exited:
+                    if i not in running.exited and w.actor is not None:
                         w.actor.signal.remote(signal.SIGKILL)
         return [e for _, e in sorted(exits, key=lambda e: e[0])]  # in the order they died
+
+    def _node_lost(self, node_id: str) -> bool:
+        """Whether Ray declared the node dead (asked now: an actor's death may come first)."""
+        import ray
+
+        self._zygotes.pop(node_id, None)
+        self._resources = (0.0, {}, {}, {})
+        return any(n["NodeID"] == node_id and not n.get("Alive") for n in ray.nodes())
 
     def _copy_logs(self, job_id: str, running: _Job) -> None:
         """Append what each worker logged on its node to its log here (``cantata jobs logs`` reads that)."""
         import ray
 
         for i, w in running.workers.items():
+            if w.actor is None:
+                continue
             if w.log_ref is not None:
                 ready, _ = ray.wait([w.log_ref], timeout=0)
                 if not ready:
@@ -437,15 +507,14 @@ class RayExecutor:
         running = self._jobs.pop(job_id, None)
         if running is None:
             return
-        for w in running.workers.values():
-            try:
-                ray.get(w.actor.stop.remote(), timeout=10)
-            except ray.exceptions.RayError:
-                pass  # its node is gone, and its folder with it
-            except ray.exceptions.GetTimeoutError:
-                pass
-            ray.kill(w.actor, no_restart=True)
-        remove_placement_group(running.group)
+        actors = [w.actor for w in running.workers.values() if w.actor is not None]
+        for stopped in [a.stop.remote() for a in actors]:
+            with contextlib.suppress(ray.exceptions.RayError):  # its node is gone, and its folder with it
+                ray.get(stopped, timeout=10)
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+        if running.group is not None:
+            remove_placement_group(running.group)
         self._resources = (0.0, {}, {}, {})
         self._identities.release(job_id)
 
@@ -455,13 +524,14 @@ class RayExecutor:
             return
         running.kill_at = time.monotonic() + self._grace
         for i, w in running.workers.items():
-            if i not in running.exited:
+            if i not in running.exited and w.actor is not None:
                 w.actor.signal.remote(signal.SIGTERM)
 
     def kill(self, job_id: str, worker: int) -> None:
         running = self._jobs[job_id]
         running.killed.add(worker)
-        running.workers[worker].actor.signal.remote(signal.SIGKILL)
+        if running.workers[worker].actor is not None:
+            running.workers[worker].actor.signal.remote(signal.SIGKILL)
 
     def alive_workers(self, job_id: str) -> int:
         running = self._jobs.get(job_id)
@@ -501,29 +571,85 @@ class RayExecutor:
     def scrub_all(self) -> None:
         """Nothing secret is kept here (see :meth:`scrub`)."""
 
-    def adopt(self, job: JobRecord, workers: list[WorkerRecord], *, attack: dict | None = None) -> None:
-        """Nothing to adopt: the actors are not detached, so they ended with the driver that started them."""
-        return None
+    def adopt(self, job: JobRecord, workers: list[WorkerRecord], *, attack: dict | None = None) -> int:
+        """Find the job's placement group and worker actors (detached, by name) that an earlier control plane
+        started; how many of its workers still run. A worker whose actor is gone is reported as killed at the
+        next :meth:`poll`, and judged like any exit."""
+        import ray
+        from ray.util.placement_group import get_placement_group
+
+        try:
+            group = get_placement_group(f"cantata-{job.id}-a{job.attempts}")
+        except ValueError:
+            group = None
+        running = self._jobs[job.id] = _Job(group, attack=attack)
+        names = _job_actors(job.id)
+        size = group_size(job.spec)
+        running.rendezvous = [""] * (len(workers) // size + 1)
+        alive = 0
+        for record in workers:
+            generations = [
+                int(n.rsplit(".", 1)[1]) for n in names if n.rsplit(".", 1)[0] == f"cantata-{job.id}-{record.idx}"
+            ]
+            actor: Any = None
+            described: dict = {}
+            if generations:
+                running.generations[record.idx] = max(generations)
+                name = f"cantata-{job.id}-{record.idx}.{max(generations)}"
+                with contextlib.suppress(ValueError, ray.exceptions.RayError):
+                    actor = ray.get_actor(name, namespace=NAMESPACE)
+                    described = ray.get(actor.describe.remote(), timeout=PROBE_TIMEOUT_S)
+            if not described.get("pid"):  # its actor (or its node) is gone, or it never started the worker
+                running.workers[record.idx] = _Worker(None, {"node_id": ""}, record.pid, None, time.monotonic())
+                continue
+            self._watch(job.id, record.idx, actor, described, described["pid"])
+            if described["rendezvous"]:
+                running.rendezvous[record.idx // size] = described["rendezvous"]
+            alive += 1
+        return alive
 
     def started_at(self, job_id: str, worker: int) -> int:
         return 0  # an actor on some node, not a process of this machine
 
     def kill_strays(self) -> list[int]:
-        """Actors end with their driver; a job's leftovers are killed by name in :meth:`kill_orphan`."""
-        return []
-
-    def detach(self) -> None:
-        """The actors cannot outlive this driver: stop them now; the next server requeues their jobs."""
-        self.stop_all()
-
-    def kill_orphan(self, worker: WorkerRecord, job_id: str) -> None:
-        """A crashed driver's actors end with it (they are not detached); kill any the job left, by name."""
+        """Kill the worker actors and remove the placement groups no adopted job owns (say, a job's last attempt's)."""
         import ray
+        from ray.util.placement_group import PlacementGroup, remove_placement_group
 
+        killed = []
         for name in ray.util.list_named_actors():
-            if name.startswith(f"cantata-{job_id}-"):
+            if name.startswith("cantata-") and _job_of(name) not in self._jobs:
                 with contextlib.suppress(ValueError):
                     ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+                    killed.append(name)
+        owned = {r.group.id.hex() for r in self._jobs.values() if r.group is not None}
+        for group_id, group in ray.util.placement_group_table().items():
+            if (
+                (group.get("name") or "").startswith("cantata-")
+                and group["state"] != "REMOVED"
+                and group_id not in owned
+            ):
+                with contextlib.suppress(Exception):
+                    remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_id))))
+                    killed.append(group["name"])
+        if killed:
+            log.warning("killed Ray actors and placement groups that no job owns: %s", ", ".join(killed))
+        return []  # no pids: these are actors on the cluster's nodes
+
+    def detach(self) -> None:
+        """Let go of the cluster and leave the detached actors training, for the next control plane to adopt."""
+        import ray
+
+        self._jobs.clear()
+        ray.shutdown()
+
+    def kill_orphan(self, worker: WorkerRecord, job_id: str) -> None:
+        """Kill the job's actors an earlier control plane left (a restarting job's), by name, and its groups."""
+        import ray
+
+        for name in _job_actors(job_id):
+            with contextlib.suppress(ValueError):
+                ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
 
     def stop_all(self) -> None:
         import ray
@@ -539,6 +665,22 @@ class RayExecutor:
         for job_id in list(self._jobs):
             self.release(job_id)
         ray.shutdown()
+
+
+def _rendezvous(node: dict) -> str:
+    """A torch.distributed rendezvous on ``node`` (a :meth:`WorkerHost.node`), at the free port it found."""
+    return f"tcp://{node['ip']}:{node['port']}"
+
+
+def _job_of(actor_name: str) -> str:
+    """The job id in a worker actor's name ``cantata-<job>-<worker>.<generation>``."""
+    return actor_name.removeprefix("cantata-").rsplit("-", 1)[0]
+
+
+def _job_actors(job_id: str) -> list[str]:
+    import ray
+
+    return [n for n in ray.util.list_named_actors() if n.startswith("cantata-") and _job_of(n) == job_id]
 
 
 def _amount(resource: str, value: float) -> str:
