@@ -399,7 +399,7 @@ def main(argv=None) -> None:
             "rounds": args.rounds,
             "local_steps": args.local_steps,
             "eval_every": args.eval_every,
-            "seeds": args.seeds,
+            "seeds": max(r["seed"] for r in runs) if runs else args.seeds,
             "fast_mbit": args.fast_mbit,
             "slow_mbit": args.slow_mbit,
             "slow_edge": [0, args.workers - 1],

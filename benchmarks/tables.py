@@ -302,8 +302,10 @@ def gasloc_bandwidth(load: Callable[[str], dict]) -> list[str]:
     reruns = result.get("reruns") or []
     for rerun in reruns[1:]:
         labels = ", ".join(BANDWIDTH_SCENARIOS[s] for s in rerun["scenarios"])
+        seeds = {r["seeds"] for r in result["rows"] if r["scenario"] in rerun["scenarios"]}
         not_run += (
-            f" The rows of {labels} were re-run on {rerun['at']} (load average "
+            f" The rows of {labels} were re-run ({', '.join(map(str, sorted(seeds)))} seeds) on {rerun['at']} "
+            "with the gossip mix weighted by steps done (load average "
             f"{rerun['machine']['load_average_1m']:g}), the others are from the first run (load average "
             f"{reruns[0]['machine']['load_average_1m']:g})."
         )
@@ -442,7 +444,7 @@ def _anomaly(result: dict) -> list[str]:
     elif not result["overhead_target"]["fraction<=0.03"]:
         misses.append(f"screening at {100 * overhead['fraction']:.1f}% of a round (target ≤ 3%)")
     return [
-        f"{setup['workers']} GASLoC workers, {result['seeds']} seeds, {mode}. ALIE runs at its paper's z for each "
+        f"{setup['workers']} GASLoC workers, {result['seeds']} seed{'s' if result['seeds'] != 1 else ''}, {mode}. ALIE runs at its paper's z for each "
         f"receiver's neighbourhood ({z['ring']:.2f} on the ring, {z['complete_1byz']:.2f} and "
         f"{z['complete_2byz']:.2f} on the complete graph) and at a stress z of {z['stress']:g} (`alie stress`, "
         f"beyond the formula); IPM at ε = {result['ipm_epsilon']:g}. Each cell: detection TPR / FPR / final "
@@ -458,7 +460,7 @@ def _anomaly(result: dict) -> list[str]:
         f"Screening takes {100 * overhead['fraction']:.1f}% of a round at the full setup's rounds "
         f"(complete graph, 7 peers per worker; target ≤ 3%; load average "
         f"{overhead.get('remeasured', result['machine'])['load_average_1m']:g} on "
-        f"{result['machine']['cpus']} cores), {grid_overhead} in the grid's runs.",
+        f"{result['machine']['cpus']} cores), {grid_overhead} in the grid's runs when they were made.",
         *reused,
         missed(misses),
         reproduce(
