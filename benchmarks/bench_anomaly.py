@@ -20,13 +20,15 @@ rounds of the full setup on the complete graph (7 peers screened per worker).
     .venv/bin/python benchmarks/bench_anomaly.py [--quick] [--seeds 3] [--processes 2]
         [--rerun screened --reuse PREVIOUS.json]
 
-Writes ``benchmarks/results/bench_anomaly.json`` and ``bench_anomaly.png`` (``--quick``: a temporary
-folder, or ``--out``). ``--rerun`` runs only the named defences and reads the others' runs back
-from an earlier report of the same setup and seeds (after a change to one defence only). The
-committed results are a ``--quick`` run whose screened runs (102) were made after the echo and
-opposed-pair checks and whose other 255 runs come from the run before (same code path); the full
-grid (13x the inner compute of a quick run, about 3.5 hours on 2 idle cores: the simulation is
-compute-bound, one batched forward/backward over the 8 workers per inner step) was not run.
+Writes ``bench_anomaly.json``/``.png`` for ``--quick`` (a temporary folder unless ``--out``) and
+``benchmarks/results/bench_anomaly_full.json``/``.png`` for the full setup, after every run, labelled
+a subset until the whole grid is done. ``--attacks`` runs the clean runs and those attacks only.
+``--rerun`` runs only the named defences and reads the others' runs back from an earlier report of
+the same setup and seeds. ``--overhead-only`` measures the screening overhead again into earlier
+reports. The committed quick grid is complete; the committed full-setup results are the clean runs
+and paper-z ALIE, one seed (21 runs in 41 min at a load average of 9-21 on 2 shared cores; the
+whole full grid is 357 runs). The simulation is compute-bound (one batched forward/backward over
+the 8 workers per inner step, about half of it in batched matmuls).
 """
 
 from __future__ import annotations
