@@ -324,6 +324,11 @@ def main(argv=None) -> None:
     parser.add_argument("--fast-mbit", type=int, default=160)
     parser.add_argument("--slow-mbit", type=int, default=16)
     parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
+    parser.add_argument(
+        "--keep-from",
+        type=Path,
+        help="an earlier report of the same setup: its runs of the scenarios not run now are kept in the new one",
+    )
     harness.add_output_argument(parser)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))  # so the network is removed on kill too
@@ -369,6 +374,24 @@ def main(argv=None) -> None:
         net.close()
     for run in runs:
         del run["fast_round_s"], run["fast_exchange_s"]
+    reruns = []
+    if args.keep_from:
+        earlier = json.loads(args.keep_from.read_text())
+        if earlier["setup"]["rounds"] != args.rounds or earlier["setup"]["local_steps"] != args.local_steps:
+            sys.exit(f"{args.keep_from} has another setup: its runs cannot be kept beside these")
+        kept = [r for r in earlier["runs"] if r["scenario"] not in args.scenarios]
+        runs = sorted(kept + runs, key=lambda r: (SCENARIOS.index(r["scenario"]), r["seed"]))
+        reruns = [
+            *earlier.get(
+                "reruns", [{"scenarios": "all", "machine": earlier["machine"], "minutes": earlier["minutes"]}]
+            ),
+            {
+                "scenarios": args.scenarios,
+                "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "machine": harness.machine(),
+                "minutes": (time.perf_counter() - began) / 60,
+            },
+        ]
     report = {
         "quick": args.quick,
         "setup": {
@@ -376,7 +399,7 @@ def main(argv=None) -> None:
             "rounds": args.rounds,
             "local_steps": args.local_steps,
             "eval_every": args.eval_every,
-            "seeds": args.seeds,
+            "seeds": max(r["seed"] for r in runs) if runs else args.seeds,
             "fast_mbit": args.fast_mbit,
             "slow_mbit": args.slow_mbit,
             "slow_edge": [0, args.workers - 1],
@@ -388,6 +411,7 @@ def main(argv=None) -> None:
             "run_with": "nice, as root, on the 2 shared cores of the development machine",
         },
         "minutes": (time.perf_counter() - began) / 60,
+        "reruns": reruns,
         "rows": summarize(runs),
         "runs": runs,
     }

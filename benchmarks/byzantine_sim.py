@@ -109,11 +109,10 @@ class BatchedGPT:
         return flat.repeat(workers, 1)
 
     def _views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One ``split`` (its backward is one concatenation; per-slice views each add a zero-filled ``[N, D]``)."""
         n = flat.shape[0]
-        return {
-            name: flat[:, start:stop].view(n, *self.shapes[name])
-            for name, (start, stop) in zip(self.layout.names, itertools.pairwise(self.layout.bounds), strict=True)
-        }
+        parts = flat.split(self.layout.layer_sizes, dim=1)
+        return {name: part.view(n, *self.shapes[name]) for name, part in zip(self.layout.names, parts, strict=True)}
 
     def loss(self, flat: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Per-worker mean next-char loss; ``tokens`` is ``[N, B, context + 1]``."""
@@ -241,7 +240,9 @@ class Simulation:
                 if spec.defence == "centered_clipping":
                     sent = torch.stack([theta[j] + momenta[j].update(y[j] - theta[j]) for j in range(n)])
                 elif spec.defence == "screened":  # each worker sends its point plus a secret canary (echo check)
+                    canaried_at = time.perf_counter()
                     sent = y + torch.stack([make_canary(y[j] - theta[j], CANARY_SCALE, canaries) for j in range(n)])
+                    result.screening_seconds += time.perf_counter() - canaried_at  # the canaries are the screening's
                 else:
                     sent = y
                 mixing = topology.mixing_matrix(round).to(torch.float32)

@@ -115,7 +115,7 @@ class Worker:
             if c["method"] == "diloco":
                 stats = outer.round_mean(t, allreduce, weight=float(steps))
             else:
-                stats = outer.round(t, exchange)
+                stats = outer.round(t, exchange, weight=float(steps))  # as the platform: mixing weighted by steps
             seconds = time.perf_counter() - exchanged
             if not stats.skipped:
                 deadline.record(seconds)

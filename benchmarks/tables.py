@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -298,6 +299,17 @@ def gasloc_bandwidth(load: Callable[[str], dict]) -> list[str]:
             )
     skipped = [label for scenario, label in BANDWIDTH_SCENARIOS.items() if scenario not in ran]
     not_run = f" Not run: {', '.join(skipped)}." if skipped else ""
+    reruns = result.get("reruns") or []
+    for rerun in reruns[1:]:
+        labels = ", ".join(BANDWIDTH_SCENARIOS[s] for s in rerun["scenarios"])
+        seeds = {r["seeds"] for r in result["rows"] if r["scenario"] in rerun["scenarios"]}
+        not_run += (
+            f" The rows of {labels} were re-run ({', '.join(map(str, sorted(seeds)))} seeds) on {rerun['at']} "
+            "with the gossip mix weighted by steps done (load average "
+            f"{rerun['machine']['load_average_1m']:g}), the others are from the first run (load average "
+            f"{reruns[0]['machine']['load_average_1m']:g})."
+        )
+    minutes = reruns[0]["minutes"] if reruns else result["minutes"]
     return [
         f"{setup['workers']} worker processes, each in its own network namespace, links shaped by `tc htb` at "
         f"{setup['fast_mbit'] / 8:.0f} MB/s (the slow link or uplink at {setup['slow_mbit'] / 8:.0f} MB/s), the "
@@ -314,7 +326,7 @@ def gasloc_bandwidth(load: Callable[[str], dict]) -> list[str]:
         reproduce(
             f"bench_gasloc_bandwidth.py --workers {setup['workers']} --seeds {setup['seeds']} --rounds "
             f"{setup['rounds']} --local-steps {setup['local_steps']} --eval-every {setup['eval_every']}",
-            f" as root (about {result['minutes']:.0f} min)",
+            f" as root (about {minutes:.0f} min)",
             quick=result.get("quick", False),
         ),
     ]
@@ -367,11 +379,19 @@ def _loss(r: dict) -> str:
 
 @table("anomaly")
 def anomaly(load: Callable[[str], dict]) -> list[str]:
-    result = load("anomaly")
+    return _anomaly(load("anomaly"))
+
+
+@table("anomaly_full")
+def anomaly_full(load: Callable[[str], dict]) -> list[str]:
+    return _anomaly(load("anomaly_full"))
+
+
+def _anomaly(result: dict) -> list[str]:
     rows = {(r["topology"], r["byzantine"], r["attack"], r["defence"]): r for r in result["rows"]}
     panels = sorted({(t, b) for t, b, a, _ in rows if a != "clean"}, key=lambda p: (p[0] != "ring", p[1]))
     lines = header("attack", *(f"{t}, {b} Byzantine" for t, b in panels))
-    for attack in ATTACKS:
+    for attack in (a for a in ATTACKS if any(key[2] == a for key in rows)):
         cells = []
         for topology, byzantine in panels:
             r = rows.get((topology, 0 if attack == "clean" else byzantine, attack, "screened"))
@@ -399,11 +419,17 @@ def anomaly(load: Callable[[str], dict]) -> list[str]:
     mode = (
         f"a `--quick` run ({setup['rounds']} rounds of {setup['inner_steps']} inner steps); the full grid was not run"
         if result["mode"] == "quick"
-        else f"{setup['rounds']} rounds of {setup['inner_steps']} inner steps"
+        else f"the full setup ({setup['rounds']} rounds of {setup['inner_steps']} inner steps, batch {setup['batch']})"
     )
-    overhead = result["full_round_overhead"]
+    if not result["complete"]:
+        attacks = ", ".join(a.replace("_", " ") for a in result.get("attacks", ATTACKS[1:]))
+        mode += (
+            f"; **a subset of the grid**: the clean runs and {attacks} only, {result.get('runs_done')} of "
+            f"{result.get('runs_planned')} planned runs done"
+        )
+    overhead = result["full_round_overhead"] or {"fraction": math.nan}
     fractions = [r["screening_overhead"] for r in result["rows"] if r["defence"] == "screened"]
-    grid_overhead = f"{100 * min(fractions):.1f}–{100 * max(fractions):.1f}%"
+    grid_overhead = f"{100 * min(fractions):.1f}–{100 * max(fractions):.1f}%" if fractions else "not yet measured"
     reused = []
     if result.get("reused"):
         reused = [
@@ -413,10 +439,12 @@ def anomaly(load: Callable[[str], dict]) -> list[str]:
             "setup and seeds (their code path is unchanged and the runs are deterministic).",
         ]
     z = result["alie_z"]
-    if not result["overhead_target"]["fraction<=0.03"]:
+    if not math.isfinite(overhead["fraction"]):
+        misses.append("the screening overhead was not measured")
+    elif not result["overhead_target"]["fraction<=0.03"]:
         misses.append(f"screening at {100 * overhead['fraction']:.1f}% of a round (target ≤ 3%)")
     return [
-        f"{setup['workers']} GASLoC workers, {result['seeds']} seeds, {mode}. ALIE runs at its paper's z for each "
+        f"{setup['workers']} GASLoC workers, {result['seeds']} seed{'s' if result['seeds'] != 1 else ''}, {mode}. ALIE runs at its paper's z for each "
         f"receiver's neighbourhood ({z['ring']:.2f} on the ring, {z['complete_1byz']:.2f} and "
         f"{z['complete_2byz']:.2f} on the complete graph) and at a stress z of {z['stress']:g} (`alie stress`, "
         f"beyond the formula); IPM at ε = {result['ipm_epsilon']:g}. Each cell: detection TPR / FPR / final "
@@ -430,11 +458,22 @@ def anomaly(load: Callable[[str], dict]) -> list[str]:
         *compared,
         "",
         f"Screening takes {100 * overhead['fraction']:.1f}% of a round at the full setup's rounds "
-        f"(complete graph, 7 peers per worker; target ≤ 3%), {grid_overhead} in the grid's shorter rounds.",
+        f"(complete graph, 7 peers per worker; target ≤ 3%; load average "
+        f"{overhead.get('remeasured', result['machine'])['load_average_1m']:g} on "
+        f"{result['machine']['cpus']} cores), {grid_overhead} in the grid's runs when they were made.",
         *reused,
         missed(misses),
         reproduce(
-            "bench_anomaly.py", " (about 15 min; without `--quick` the full grid)", quick=result["mode"] == "quick"
+            "bench_anomaly.py"
+            + (
+                ""
+                if result["complete"] or result["mode"] == "quick"
+                else f" --seeds {result['seeds']} --attacks " + ",".join(result["attacks"])
+            ),
+            f" ({'this run, with the runs it read back, took' if result.get('reused') else 'about'} "
+            f"{result['wall_seconds'] / 60:.0f} min at a load average of {result['machine']['load_average_1m']:g}"
+            f" on {result['machine']['cpus']} cores)",
+            quick=result["mode"] == "quick",
         ),
     ]
 

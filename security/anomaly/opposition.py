@@ -62,12 +62,19 @@ def find_opposition(pulls: Mapping[int, torch.Tensor], threshold: float = OPPOSE
     """
     if not -1 <= threshold <= 1:
         raise ValueError(f"threshold must be a cosine in [-1, 1], got {threshold}")
-    peers = [p for p, d in pulls.items() if math.isfinite(d.norm().item())]
-    if len(peers) < 2:
+    candidates = list(pulls)
+    if len(candidates) < 2:
         return Opposition((), {})
-    stacked = torch.stack([pulls[p].detach().reshape(-1).to(torch.float64) for p in peers])
-    norms = torch.linalg.vector_norm(stacked, dim=1)
-    cosines = (stacked @ stacked.T) / (norms[:, None] * norms[None, :]).clamp_min(1e-30)
+    # one float32 Gram matrix of the pulls gives every norm and cosine (a float64 copy of [k, D] cost 10x more)
+    stacked = torch.stack([pulls[p].detach().reshape(-1) for p in candidates]).to(torch.float32)
+    gram = (stacked @ stacked.T).to(torch.float64)
+    finite = [k for k in range(len(candidates)) if math.isfinite(gram[k, k].item())]
+    if len(finite) < 2:
+        return Opposition((), {})
+    peers = [candidates[k] for k in finite]
+    gram = gram[finite][:, finite]
+    norms = gram.diagonal().sqrt()
+    cosines = gram / (norms[:, None] * norms[None, :]).clamp_min(1e-30)
     pairs: list[tuple[int, int]] = []
     caps: dict[int, float] = {}
     for a, b in itertools.combinations(range(len(peers)), 2):

@@ -224,6 +224,13 @@ class UpdateScreener:
         if not self._screened_layers:
             raise ValueError(f"no layer holds min_layer_size={self.config.min_layer_size} elements")
         self._history: dict[int, RobustWindow] = {}
+        screened = len(self._screened_layers)
+        self._prior = (
+            torch.tensor([0.0, self.config.prior_ratio] + [1.0] * screened, dtype=torch.float64),
+            torch.tensor(
+                [1.0, self.config.prior_spread] + [self.config.prior_share_spread] * screened, dtype=torch.float64
+            ),
+        )
 
     def screen(self, peer: int, update: torch.Tensor, own: torch.Tensor) -> ScreeningResult:
         """Run every check on ``update`` from ``peer``; record it unless rejected."""
@@ -263,19 +270,39 @@ class UpdateScreener:
         if anchor is not None:
             dots -= torch.dot(anchor.detach().to(torch.float32), own).item()
         echoes = None if canary is None else self._echoes(stacked, reference, canary)
+        # every peer's statistics at once (per-peer tensor ops cost more than the arithmetic here)
+        differences_squared = layers.sum(dim=1)
+        statistics = self._statistics(layers, differences_squared, own_layers, own_squared, dots)
+        own_norm = own_squared.sqrt().item()
         results = {}
-        for row, peer in enumerate(peers):
-            difference_squared = layers[row].sum()
-            if not torch.isfinite(difference_squared):
+        for row, (peer, difference_squared) in enumerate(zip(peers, differences_squared.tolist(), strict=True)):
+            if not math.isfinite(difference_squared):
                 count = float((~torch.isfinite(stacked[row])).sum().item())
                 # a vector whose squares overflow float32 cannot be measured: rejected as well
                 results[peer] = ScreeningResult(peer, (CheckResult("finite", max(count, 1.0), Verdict.REJECT),))
                 continue
-            if echoes is not None and self._echoed(echoes[0][row], echoes[1], difference_squared.item()):
+            if echoes is not None and self._echoed(echoes[0][row], echoes[1], difference_squared):
                 results[peer] = ScreeningResult(peer, (CheckResult("echo", echoes[0][row], Verdict.REJECT),))
                 continue
-            results[peer] = self._judge(peer, layers[row], difference_squared, own_layers, own_squared, dots[row])
+            results[peer] = self._judge(peer, statistics[row], own_norm)
         return results
+
+    def _statistics(
+        self,
+        layers: torch.Tensor,
+        differences_squared: torch.Tensor,
+        own_layers: torch.Tensor,
+        own_squared: torch.Tensor,
+        dots: torch.Tensor,
+    ) -> torch.Tensor:
+        """``[k, 2 + S]``: per row, the cosine with own, the norm ratio and the screened layers' shares."""
+        updates_squared = (differences_squared + 2 * dots - own_squared).clamp_min(0)
+        cosines = (dots / (updates_squared.sqrt() * own_squared.sqrt()).clamp_min(_EPS)).clamp(-1, 1)
+        ratios = (differences_squared / own_squared.clamp_min(_EPS)).sqrt()
+        screened = self._screened_layers
+        layer_ratios = (layers[:, screened] / own_layers[screened].clamp_min(_EPS)).sqrt()
+        shares = layer_ratios / ratios.clamp_min(_EPS)[:, None]
+        return torch.cat([cosines[:, None], ratios[:, None], shares], dim=1)
 
     @staticmethod
     def _echoes(stacked: torch.Tensor, reference: torch.Tensor, canary: torch.Tensor) -> tuple[list[float], float]:
@@ -302,24 +329,12 @@ class UpdateScreener:
         parts = rows.split(self.layout.layer_sizes, dim=1)
         return torch.stack([torch.linalg.vector_norm(part, dim=1) for part in parts], dim=1).to(torch.float64).square()
 
-    def _judge(
-        self,
-        peer: int,
-        layers: torch.Tensor,
-        difference_squared: torch.Tensor,
-        own_layers: torch.Tensor,
-        own_squared: torch.Tensor,
-        dot: torch.Tensor,
-    ) -> ScreeningResult:
+    def _judge(self, peer: int, statistics: torch.Tensor, own_norm: float) -> ScreeningResult:
+        """The verdicts on one peer's ``[cosine, ratio, shares...]`` against its history (or the prior)."""
         config = self.config
-        update_squared = (difference_squared + 2 * dot - own_squared).clamp_min(0)
-        cosine = (dot / (update_squared.sqrt() * own_squared.sqrt()).clamp_min(_EPS)).clamp(-1, 1)
-        ratio = (difference_squared / own_squared.clamp_min(_EPS)).sqrt()
-        screened = self._screened_layers
-        layer_ratios = (layers[screened] / own_layers[screened].clamp_min(_EPS)).sqrt()
-        statistics = torch.cat([cosine.reshape(1), ratio.reshape(1), layer_ratios / ratio.clamp_min(_EPS)])
-
-        history = self._history.setdefault(peer, RobustWindow(config.window))
+        history = self._history.get(peer)
+        if history is None:
+            history = self._history[peer] = RobustWindow(config.window)
         warm = len(history) >= max(config.warmup, 1)
         if warm:
             median, spread = history.median_and_spread()
@@ -331,23 +346,19 @@ class UpdateScreener:
                 ]
             )
         else:
-            median = torch.tensor([0.0, config.prior_ratio] + [1.0] * len(screened), dtype=torch.float64)
-            spread = torch.tensor(
-                [1.0, config.prior_spread] + [config.prior_share_spread] * len(screened), dtype=torch.float64
-            )
+            median, spread = self._prior
         z = ((statistics - median) / spread).tolist()
+        cosine = statistics[0].item()
         checks = (
             CheckResult("finite", 0.0, Verdict.ACCEPT),
             CheckResult("difference_norm", z[1], self._z_verdict(z[1])),
-            CheckResult(
-                "cosine", statistics[0].item(), self._cosine_verdict(statistics[0].item(), -z[0] if warm else None)
-            ),
+            CheckResult("cosine", cosine, self._cosine_verdict(cosine, -z[0] if warm else None)),
             CheckResult("layer_norms", max(z[2:]), self._z_verdict(max(z[2:]))),
         )
         verdict = max(check.verdict for check in checks)
         if verdict is not Verdict.REJECT:
             history.add(statistics)
-        clip_norm = (median[1] * own_squared.sqrt()).item() if verdict is Verdict.CLIP else None
+        clip_norm = median[1].item() * own_norm if verdict is Verdict.CLIP else None
         return ScreeningResult(peer, checks, clip_norm)
 
     def _z_verdict(self, z: float) -> Verdict:
