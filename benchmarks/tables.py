@@ -264,6 +264,36 @@ def memory(load: Callable[[str], dict]) -> list[str]:
     ]
 
 
+@table("throughput")
+def throughput(load: Callable[[str], dict]) -> list[str]:
+    result = load("throughput")
+    rows = result["rows"]
+    lines = header(
+        "variant", *(f"{r['D']} ranks: mesh" for r in rows), *(f"{r['D']} ranks: tokens/s (÷ DDP)" for r in rows)
+    )
+    for variant in rows[0]["tokens_per_s"]:
+        lines.append(
+            row(
+                variant,
+                *(r["meshes"][variant] for r in rows),
+                *(f"{r['tokens_per_s'][variant]:.0f} ({r['over_ddp'][variant]:.2f}×)" for r in rows),
+            )
+        )
+    batch, seq = result["global_batch"]
+    return [
+        f"Training tokens/s of {result['model']}, {result['backend']}, global batch {batch}×{seq} tokens split over the "
+        f"data-parallel ranks, median of {result['trials']} interleaved trials of {result['steps_per_trial']} steps "
+        f"(load average {result['machine']['load_average_1m']} on the 2 shared CPU cores):",
+        "",
+        *lines,
+        "",
+        "These are CPU processes sharing 2 cores, on a model of 0.16M parameters: communication and Python overhead "
+        "dominate, so the ratios are what the sharding costs here, not what it gains on GPUs. No GPU machine was "
+        "lent when this was measured; `benchmarks/gpu_mfu.py` is the script for one.",
+        reproduce("bench_throughput.py", quick=result["quick"]),
+    ]
+
+
 GASLOC_METHODS = {
     "allreduce": "all-reduce",
     "diloco": "DiLoCo",
