@@ -25,6 +25,15 @@ critical path of Canzona on DTensor (`ShardedMuon`, alpha=1) against redundant
 Muon (every rank all-gathers every gradient and computes every matrix) and
 Megatron's layer-wise ping-pong ownership run by the same engine.
 
+Part 4 (one process, one full-size layer of Qwen3-8B and -32B): each
+distinct matrix's Muon update is timed once with 1 Newton-Schulz iteration
+(full-size Newton-Schulz with 5 iterations on every rank of a redundant
+baseline takes far longer than this 2-core machine allows); the critical path
+of redundant Muon, layer-wise ownership and Canzona (alpha=1, plans balanced
+in "flops" and in "numel") at 2 and 4 ranks is the busiest rank's sum of
+those times, with each plan's exact collective volume over the gradient.
+``--quick`` runs Qwen3-8B only.
+
     .venv/bin/python benchmarks/bench_canzona.py            # all 36 layers of Qwen3-8B/8
     .venv/bin/python benchmarks/bench_canzona.py --quick    # 4 layers, 1 timed step
 
@@ -145,6 +154,75 @@ def cost_units() -> list[dict]:
                     }
                 row["ideal_lpt_flops"] = max_over_mean(ideal_lpt_loads(flops, world))
                 rows.append(row)
+    return rows
+
+
+REAL_NS_STEPS = 1  # Newton-Schulz iterations timed on the full-size matrices (5 take about 5 times as long)
+
+
+def _matrix_seconds(shapes, config: MuonConfig) -> list[float]:
+    """Thread CPU seconds of one Muon update (momentum, Newton-Schulz, scaling) per matrix, timed once per shape."""
+    torch.set_num_threads(1)
+    timed: dict[tuple[int, int], float] = {}
+    generator = torch.Generator().manual_seed(0)
+    for shape in shapes:
+        key = (min(shape), max(shape))  # Newton-Schulz runs on the wide orientation either way
+        if key in timed:
+            continue
+        grad = torch.randn(shape, generator=generator)
+        momentum = torch.zeros(shape)
+        start = time.thread_time()
+        muon_direction(grad, momentum, config)
+        timed[key] = time.thread_time() - start
+        del grad, momentum
+    return [timed[(min(s), max(s))] for s in shapes]
+
+
+def real_shapes_step(models: tuple[str, ...], worlds: tuple[int, ...]) -> list[dict]:
+    """The optimizer step's critical path on one full-size Qwen3 layer, per plan, from measured per-matrix times.
+
+    Each distinct matrix shape of the layer is updated once in this process
+    (``REAL_NS_STEPS`` Newton-Schulz iterations, thread CPU time). A plan's
+    critical path is its busiest rank's sum of those times: redundant Muon
+    runs every matrix on every rank (the sum of all), layer-wise ownership
+    and Canzona (alpha=1, balanced in each cost unit) run each matrix on its
+    owner only, with the plans that ``ShardedMuon`` builds from the job's
+    40M-element buckets.
+    """
+    config = MuonConfig(ns_steps=REAL_NS_STEPS)
+    rows = []
+    for model in models:
+        shapes = qwen3_matrix_shapes(model, layers=1)
+        numels = [r * c for r, c in shapes]
+        seconds = _matrix_seconds(shapes, config)
+        flops = [update_cost(s, unit="flops") for s in shapes]
+        buckets = build_buckets(numels, JOB_BUCKET)
+        total = sum(seconds)
+        for world in worlds:
+            plans = {"layer-wise ownership": layerwise_pingpong_plan(buckets, world)}
+            for unit in COST_UNITS:
+                costs = [update_cost(s, unit=unit) for s in shapes]
+                plans[f"Canzona α=1, {unit}"] = alpha_balanced_plan(buckets, costs, world, 1.0)
+            row = {
+                "model": model,
+                "D": world,
+                "matrix_seconds": seconds,
+                "redundant_s": total,
+                "ideal_s": total / world,
+                "plans": {},
+            }
+            for name, plan in plans.items():
+                critical = max(plan.rank_costs(seconds))
+                row["plans"][name] = {
+                    "critical_path_s": critical,
+                    "speedup_over_redundant": total / critical,
+                    "critical_path_over_ideal": critical * world / total,
+                    "flops_max_over_mean": max_over_mean(plan.rank_costs(flops)),
+                    "elements_max_over_mean": max_over_mean(plan.rank_elements()),
+                    "exact_over_gradient": collective_elements(plan) / sum(numels),
+                    "padded_over_gradient": plan.padded_elements() / sum(numels),
+                }
+            rows.append(row)
     return rows
 
 
@@ -391,6 +469,7 @@ def main() -> None:
     plans = plan_quality()
     runs = [optimizer_step(world, layers, steps) for world in (2, 4)]
     fsdp = [fsdp_step(model, world, args.fsdp_layers, steps) for model in ("8B", "32B") for world in (2, 4)]
+    real = real_shapes_step(("8B",) if args.quick else ("8B", "32B"), (2, 4))
     report = {
         "plan_quality": {"bucket_elements": PLAN_BUCKET, "rows": plans},
         "collective_volume": {"bucket_elements": JOB_BUCKET, "alpha": 1.0, "rows": collective_volume()},
@@ -403,6 +482,13 @@ def main() -> None:
             "backend": "gloo, CPU, one thread per process, FSDP2 fully_shard per matrix",
             "compute_clock": "thread CPU time",
             "runs": fsdp,
+        },
+        "real_shapes_step": {
+            "layers": 1,
+            "ns_steps": REAL_NS_STEPS,
+            "bucket_elements": JOB_BUCKET,
+            "compute_clock": "thread CPU time, one thread, each distinct shape timed once in one process",
+            "rows": real,
         },
         "optimizer_step": {
             "model": f"Qwen3-8B scaled down by {SCALE_DOWN}",
@@ -419,6 +505,11 @@ def main() -> None:
     out = harness.output_dir(args.out, args.quick)
     print(f"wrote {harness.write_results('canzona', report, out)}")
     plot(plans, runs, layers, harness.result_file(out, "canzona", ".png"))
+    for r in real:
+        cells = ", ".join(
+            f"{n} {v['critical_path_s']:.2f}s ({v['speedup_over_redundant']:.2f}x)" for n, v in r["plans"].items()
+        )
+        print(f"real Qwen3-{r['model']} layer D={r['D']}: redundant {r['redundant_s']:.2f}s, {cells}")
     for run in fsdp:
         print(f"FSDP2 Qwen3-{run['model']}/8 D={run['D']}")
         for name, v in run["variants"].items():

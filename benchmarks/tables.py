@@ -220,6 +220,135 @@ def canzona_fsdp(load: Callable[[str], dict]) -> list[str]:
     ]
 
 
+@table("canzona_real")
+def canzona_real(load: Callable[[str], dict]) -> list[str]:
+    result = load("canzona")
+    real = result["real_shapes_step"]
+    rows = real["rows"]
+    columns = [f"Qwen3-{r['model']}, {r['D']} ranks" for r in rows]
+    lines = header("critical path, s (speed-up over redundant)", *columns)
+    lines.append(row("redundant Muon (every rank, every matrix)", *(f"{r['redundant_s']:.2f} (1.00×)" for r in rows)))
+    for plan in rows[0]["plans"]:
+        cells = [r["plans"][plan] for r in rows]
+        lines.append(row(plan, *(f"{c['critical_path_s']:.2f} ({c['speedup_over_redundant']:.2f}×)" for c in cells)))
+    lines.append(row("ideal: total / D", *(f"{r['ideal_s']:.2f}" for r in rows)))
+    lines += [
+        "",
+        *header("plan: FLOPs max/mean, elements max/mean, collective volume ÷ gradient (exact; padded)", *columns),
+    ]
+    for plan in rows[0]["plans"]:
+        cells = [r["plans"][plan] for r in rows]
+        lines.append(
+            row(
+                plan,
+                *(
+                    f"{c['flops_max_over_mean']:.2f}, {c['elements_max_over_mean']:.2f}, "
+                    f"{c['exact_over_gradient']:.2f}×; {c['padded_over_gradient']:.2f}×"
+                    for c in cells
+                ),
+            )
+        )
+    misses = [
+        f"Canzona (flops) on Qwen3-{r['model']} at {r['D']} ranks is "
+        f"{r['plans']['Canzona α=1, flops']['speedup_over_redundant']:.2f}× redundant (target {0.8 * r['D']:.1f}×)"
+        for r in rows
+        if r["plans"]["Canzona α=1, flops"]["speedup_over_redundant"] < 0.8 * r["D"]
+    ]
+    return [
+        f"Optimizer step on one full-size layer of each model ({real['bucket_elements'] / 1e6:.0f}M-element buckets): "
+        f"each distinct matrix's Muon update timed once ({real['compute_clock']}) with {real['ns_steps']} "
+        "Newton–Schulz iteration instead of 5, as five on full-size matrices on every rank of the redundant baseline "
+        "do not fit this 2-core machine; a plan's critical path is its busiest rank's sum of those times "
+        f"(load average {result['machine']['load_average_1m']}):",
+        "",
+        *lines,
+        "",
+        "Redundant Muon on FSDP2 all-gathers every full gradient into every rank (1.00× the gradient into each, "
+        "D× in all); the owner plans move each gradient element once to its owner and the update once back. "
+        "With a single layer, Megatron's assignment of whole layers would give one rank everything (the redundant "
+        "time); the layer-wise row is its per-matrix ping-pong variant.",
+        missed(misses),
+        reproduce(
+            f"bench_canzona.py --layers {result['optimizer_step']['layers']} --fsdp-layers {result['fsdp_step']['layers']}"
+        ),
+    ]
+
+
+@table("memory")
+def memory(load: Callable[[str], dict]) -> list[str]:
+    result = load("memory")
+    rows = result["rows"]
+    parts = {
+        "param": "parameters",
+        "grad": "gradients",
+        "optimizer": "AdamW state",
+        "state": "parameters + gradients + AdamW",
+        "peak_rss": "peak RSS (whole process)",
+    }
+    lines = header("per rank (largest rank)", *(f"dp_shard={r['D']}" for r in rows))
+    for part, label in parts.items():
+        lines.append(
+            row(label, *(f"{r[part + '_bytes'] / 2**20:.1f} MiB ({r[part + '_over_ideal']:.2f}×)" for r in rows))
+        )
+    lines.append(
+        row(
+            "peak RSS above the process's baseline",
+            *(f"{r['peak_rss_above_baseline_bytes'] / 2**20:.0f} MiB" for r in rows),
+        )
+    )
+    misses = [
+        f"{parts[part]} at dp_shard={r['D']} is {r[part + '_over_ideal']:.2f}× the ideal 1/D (target ≤ 1.05×)"
+        for r in rows
+        for part in ("param", "grad", "optimizer")
+        if r[part + "_over_ideal"] > 1.05
+    ]
+    baseline = max(r["baseline_rss_bytes"] for row_ in rows for r in row_["ranks"]) / 2**20
+    return [
+        f"{result['model']} ({result['parameters'] / 1e6:.1f}M parameters), {result['backend']}, "
+        f"{result['steps']} AdamW steps of {result['batch'][0]}×{result['batch'][1]} tokens; bytes of each rank's "
+        "local shards, and in brackets bytes(D)·D / bytes(1), 1.00× being an exact 1/D "
+        f"(load average {result['machine']['load_average_1m']} on the 2 cores):",
+        "",
+        *lines,
+        "",
+        f"The peak RSS includes the interpreter and torch (a baseline of up to {baseline:.0f} MiB in every process, "
+        "measured before the model is built), activations, the layers FSDP2 all-gathers for compute, the optimizer "
+        "step's temporaries and what the allocator keeps, so it does not fall as 1/D.",
+        missed(misses),
+        reproduce("bench_memory.py", quick=result["quick"]),
+    ]
+
+
+@table("throughput")
+def throughput(load: Callable[[str], dict]) -> list[str]:
+    result = load("throughput")
+    rows = result["rows"]
+    lines = header(
+        "variant", *(f"{r['D']} ranks: mesh" for r in rows), *(f"{r['D']} ranks: tokens/s (÷ DDP)" for r in rows)
+    )
+    for variant in rows[0]["tokens_per_s"]:
+        lines.append(
+            row(
+                variant,
+                *(r["meshes"][variant] for r in rows),
+                *(f"{r['tokens_per_s'][variant]:.0f} ({r['over_ddp'][variant]:.2f}×)" for r in rows),
+            )
+        )
+    batch, seq = result["global_batch"]
+    return [
+        f"Training tokens/s of {result['model']}, {result['backend']}, global batch {batch}×{seq} tokens split over the "
+        f"data-parallel ranks, median of {result['trials']} interleaved trials of {result['steps_per_trial']} steps "
+        f"(load average {result['machine']['load_average_1m']} on the 2 shared CPU cores):",
+        "",
+        *lines,
+        "",
+        "These are CPU processes sharing 2 cores, on a model of 0.16M parameters: communication and Python overhead "
+        "dominate, so the ratios are what the sharding costs here, not what it gains on GPUs. No GPU machine was "
+        "lent when this was measured; `benchmarks/gpu_mfu.py` is the script for one.",
+        reproduce("bench_throughput.py", quick=result["quick"]),
+    ]
+
+
 GASLOC_METHODS = {
     "allreduce": "all-reduce",
     "diloco": "DiLoCo",
