@@ -129,6 +129,7 @@ class ControlPlane:
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._server: grpc.aio.Server | None = None
+        self._guards: list[AuthInterceptor] = []  # one per gRPC server (the port and the enrollment port)
         self.streams = StreamCounter(self.settings.max_streams_per_principal)
         self._serving = ServingLoop(RPC_THREADS, "rpc")
         self.signin = (
@@ -140,15 +141,17 @@ class ControlPlane:
         self.dashboard_port: int | None = None
 
     def _grpc_server(self, gatekeeper: Gatekeeper) -> grpc.aio.Server:
+        guard = AuthInterceptor(
+            gatekeeper,
+            self.refusals.append,
+            self.streams,
+            observe=self.telemetry.rpc,
+            refused=self.telemetry.refusal,
+        )
+        self._guards.append(guard)
         return self._serving.server(
             interceptors=[
-                AuthInterceptor(
-                    gatekeeper,
-                    self.refusals.append,
-                    self.streams,
-                    observe=self.telemetry.rpc,
-                    refused=self.telemetry.refusal,
-                ),
+                guard,
                 ErrorInterceptor(request_id),
             ],
             options=[
@@ -408,6 +411,8 @@ class ControlPlane:
             self._serving.run(self.health.enter_graceful_shutdown())
             self._serving.run(self._enrollment.stop(grace))
             self._serving.run(self._server.stop(grace))
+            for guard in self._guards:
+                guard.close()  # the lines of the streams that ended
             self.scheduler.shutdown(leave_jobs=self.on_stop == "leave")
             self.sweeper.shutdown()
             self.retention.shutdown()

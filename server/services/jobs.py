@@ -220,14 +220,14 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
             while True:
                 from_store = catching_up
                 if catching_up:
-                    events = await asyncio.to_thread(self._store.events_after, job.id, cursor)
+                    events = [(e, None) for e in await asyncio.to_thread(self._store.events_after, job.id, cursor)]
                     catching_up = bool(events)
                 else:
-                    events = await live.next_batch()
+                    events = await live.next_encoded()  # with the bytes every watcher shares
                     if live.overflowed:  # it fell too far behind: read the store again from the cursor
                         live.overflowed, catching_up = False, True
                         continue
-                for index, event in enumerate(events):
+                for index, (event, encoded) in enumerate(events):
                     if event.seq <= cursor:
                         continue
                     if (
@@ -235,11 +235,11 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
                         and (
                             await asyncio.to_thread(self._store.resumed_after, job.id, event.seq)
                             if from_store  # a pushed end was the latest when it was pushed, unless its batch says not
-                            else any(later.kind == jobs_pb2.STATE for later in events[index + 1 :])
+                            else any(later.kind == jobs_pb2.STATE for later, _ in events[index + 1 :])
                         )
                     ):
-                        event = _not_terminal(event)
-                    yield event
+                        event, encoded = _not_terminal(event), None
+                    yield event if encoded is None else encoded
                     cursor = event.seq
                     if event.terminal:
                         return
