@@ -117,7 +117,13 @@ class ControlPlane:
         self.keyring = self.paths.open_keyring()
         self.data_sources = DataSourceStore(self.database, self.keyring)
         self.audit = AuditLog.open(self.paths.audit)
-        # What the parts write through: records name the call; a submit's record is synced with its batch's.
+        # A submit's job and record are synced side by side: a crash between the two syncs may have kept jobs
+        # whose records it took. They were never acknowledged nor placed; undone before anything reads them.
+        for job_id in self.store.undo_unrecorded(self.audit.signed_at_open, self.audit.unsigned_at_open):
+            log.warning(
+                "undid the submission of %s: the crash took its audit record, and it was not acknowledged", job_id
+            )
+        # What the parts write through: records name the call; a submit's record is synced beside its commit.
         self.recorder = RequestAudit(self.audit, request_id, self.database, self.telemetry.audited)
         self.enrollment_limits = enrollment_limits(self.settings)
         self.refusals = RefusalDigest(

@@ -175,6 +175,10 @@ def _read_tail(number: int, data: bytes) -> _Tail:
 class AuditLog:
     """An open, append-only audit log; one writer process at a time. Thread-safe."""
 
+    # What the log held when it was opened: the last signed checkpoint's seq, and (action, resource) by seq of each
+    # record after it, which a crash may have cut short (a server reconciles its acts with them on start).
+    signed_at_open: int
+    unsigned_at_open: dict[int, tuple[str, str]]
     # Where the log stands; set by _load_checkpoint_tail and _load_segment_tail.
     _seq: int
     _head: str
@@ -687,6 +691,7 @@ class AuditLog:
     def _load_segment_tail(self) -> None:
         """Prove every record after the last checkpoint, then quarantine a torn tail if there is one."""
         tail = check_tail(self.layout, self.identity.log_id, self._checkpoint_seq, self._checkpoint_hash)
+        self.signed_at_open, self.unsigned_at_open = self._checkpoint_seq, tail.unsigned
         self._seq, self._head = tail.seq, tail.head
         self._segment_number, self._segment_size = tail.segment_number, tail.segment_size
         if tail.torn is not None:
