@@ -212,7 +212,7 @@ class Database:
         self._alongside: list[tuple[Callable[[], None], Callable[[], None]]] = []  # (wait, undo), likewise
         self._side_syncs: ThreadPoolExecutor | None = None  # runs alongside waits while a member syncs the WAL
         self._every_commit: list[Callable[[], None]] = []  # after each transaction that commits
-        self._awaiting_sync: deque[tuple[int, list[Callable[[], None]]]] = deque()  # hooks of unsynced commits
+        self._awaiting_sync: deque[tuple[int, list[_Member]]] = deque()  # hooks of unsynced commits
         self._durable_lock = threading.Lock()
         self._writer: int | None = None  # the thread whose write transaction is open
         self._readers = threading.local()
@@ -294,7 +294,7 @@ class Database:
             alongside, self._alongside = self._alongside, []
             mine = _Member(batch.hooks[hooks:], pending=bool(alongside))
             del batch.hooks[hooks:]
-            batch.hooks.append(mine)
+            batch.through.append(mine)
         failure: BaseException | None = None
         for barrier in barriers:
             try:
@@ -397,9 +397,9 @@ class Database:
             batch.commit = self._commits
             for hook in self._every_commit:
                 hook()
-            if any(not isinstance(m, _Member) or m.hooks or m.pending for m in batch.hooks):
+            if any(m.hooks or m.pending for m in batch.through):
                 with self._durable_lock:
-                    self._awaiting_sync.append((batch.commit, batch.hooks))
+                    self._awaiting_sync.append((batch.commit, batch.through))
         finally:
             batch.done = True
             self._batch_done.notify_all()
@@ -436,16 +436,13 @@ class Database:
         with self._durable_lock:
             while self._awaiting_sync and self._awaiting_sync[0][0] <= self._synced:
                 members = self._awaiting_sync[0][1]
-                if any(m.pending for m in members if isinstance(m, _Member)):
+                if any(m.pending for m in members):
                     return
                 self._awaiting_sync.popleft()
                 for member in members:
-                    if isinstance(member, _Member):
-                        if not member.dropped:
-                            for hook in member.hooks:
-                                hook()
-                    else:
-                        member()
+                    if not member.dropped:
+                        for hook in member.hooks:
+                            hook()
 
     def _await_synced(self, commit: int) -> None:
         """Return once a WAL sync that started after ``commit`` was written has finished (group commit)."""
@@ -537,8 +534,8 @@ class _Batch:
     done: bool = False
     failure: BaseException | None = None
     commit: int = 0  # the number of its last transaction, once committed
-    # after_commit hooks in order: each member's, once its body is through (with the hooks of the body running now)
-    hooks: list[Callable[[], None] | _Member] = field(default_factory=list)
+    hooks: list[Callable[[], None]] = field(default_factory=list)  # after_commit hooks of the body running now
+    through: list[_Member] = field(default_factory=list)  # the members through their body, in order, with their hooks
 
 
 def _again(exc: BaseException) -> BaseException:

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
+from typing import NamedTuple
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -82,8 +83,7 @@ def _word(name: str, word: str) -> str:
     return str(word)
 
 
-@dataclass(frozen=True, slots=True)
-class _Checked:
+class _Checked(NamedTuple):
     """An entry's fields, checked: plain strings, and details screened (see :func:`_checked`)."""
 
     actor: str

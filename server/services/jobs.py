@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cantata.proto.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
@@ -232,7 +232,8 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
             while True:
                 from_store = catching_up
                 if catching_up:
-                    events = [(e, None) for e in await asyncio.to_thread(self._store.events_after, job.id, cursor)]
+                    stored = await asyncio.to_thread(self._store.events_after, job.id, cursor)
+                    events: Sequence[tuple[jobs_pb2.JobEvent, bytes | None]] = [(e, None) for e in stored]
                     catching_up = bool(events)
                 else:
                     events = await live.next_encoded()  # with the bytes every watcher shares
