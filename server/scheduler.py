@@ -150,7 +150,7 @@ class Scheduler:
     def _place(self) -> None:
         tried: set[str] = set()
         unfit: set[str] = set()  # heads the executor as it is can never run: the others pass them
-        while (job := self._store.queue_head(unfit)) is not None:
+        while not self._stop.is_set() and (job := self._store.queue_head(unfit)) is not None:
             if job.id in tried:  # its launch failed and it was queued again: once per pass
                 self._place_due = True
                 return
