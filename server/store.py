@@ -706,6 +706,10 @@ class Store:
 
     def set_waiting(self, job_id: str, reason: str) -> None:
         """Say why a queued job is not placed yet (an event, once per new reason)."""
+        with self.database.read() as db:  # the same reason again writes nothing, and syncs nothing
+            row = db.execute("SELECT state, reason FROM jobs WHERE id=?", (job_id,)).fetchone()
+        if row is None or row["state"] != common_pb2.QUEUED or row["reason"] == reason:
+            return
         with self._tx() as db:
             job = self._job(db, job_id)
             if job.state != common_pb2.QUEUED or job.reason == reason:

@@ -15,6 +15,7 @@ import textwrap
 import uuid
 
 import grpc
+import pytest
 
 from cantata.proto.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
 from cantata.security.audit import Action, read_records, verify
@@ -56,8 +57,15 @@ def _jobs(platform: Platform, tenant: str) -> jobs_pb2_grpc.JobsStub:
     return jobs_pb2_grpc.JobsStub(grpc.secure_channel(platform.address, credentials))
 
 
-def test_a_crash_between_the_commit_and_the_audit_sync_leaves_no_unaudited_job(tmp_path):
-    platform = Platform(tmp_path, settings={"max_workers_on_node": 0})
+@pytest.fixture
+def platform(tmp_path):
+    p = Platform(tmp_path, settings={"max_workers_on_node": 0})
+    yield p
+    if p.proc is not None:
+        p.kill()
+
+
+def test_a_crash_between_the_commit_and_the_audit_sync_leaves_no_unaudited_job(platform, tmp_path):
     wrapper, armed = tmp_path / "power_cut.py", tmp_path / "armed"
     wrapper.write_text(_POWER_CUT)
     platform.start(prefix=(sys.executable, str(wrapper), str(armed)))
