@@ -117,7 +117,13 @@ class ControlPlane:
         self.keyring = self.paths.open_keyring()
         self.data_sources = DataSourceStore(self.database, self.keyring)
         self.audit = AuditLog.open(self.paths.audit)
-        # What the parts write through: records name the call; a submit's record is synced with its batch's.
+        # A submit's job and record are synced side by side: a crash between the two syncs may have kept jobs
+        # whose records it took. They were never acknowledged nor placed; undone before anything reads them.
+        for job_id in self.store.undo_unrecorded(self.audit.signed_at_open, self.audit.unsigned_at_open):
+            log.warning(
+                "undid the submission of %s: the crash took its audit record, and it was not acknowledged", job_id
+            )
+        # What the parts write through: records name the call; a submit's record is synced beside its commit.
         self.recorder = RequestAudit(self.audit, request_id, self.database, self.telemetry.audited)
         self.enrollment_limits = enrollment_limits(self.settings)
         self.refusals = RefusalDigest(
@@ -129,6 +135,7 @@ class ControlPlane:
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._server: grpc.aio.Server | None = None
+        self._guards: list[AuthInterceptor] = []  # one per gRPC server (the port and the enrollment port)
         self.streams = StreamCounter(self.settings.max_streams_per_principal)
         self._serving = ServingLoop(RPC_THREADS, "rpc")
         self.signin = (
@@ -140,15 +147,17 @@ class ControlPlane:
         self.dashboard_port: int | None = None
 
     def _grpc_server(self, gatekeeper: Gatekeeper) -> grpc.aio.Server:
+        guard = AuthInterceptor(
+            gatekeeper,
+            self.refusals.append,
+            self.streams,
+            observe=self.telemetry.rpc,
+            refused=self.telemetry.refusal,
+        )
+        self._guards.append(guard)
         return self._serving.server(
             interceptors=[
-                AuthInterceptor(
-                    gatekeeper,
-                    self.refusals.append,
-                    self.streams,
-                    observe=self.telemetry.rpc,
-                    refused=self.telemetry.refusal,
-                ),
+                guard,
                 ErrorInterceptor(request_id),
             ],
             options=[
@@ -408,6 +417,8 @@ class ControlPlane:
             self._serving.run(self.health.enter_graceful_shutdown())
             self._serving.run(self._enrollment.stop(grace))
             self._serving.run(self._server.stop(grace))
+            for guard in self._guards:
+                guard.close()  # the lines of the streams that ended
             self.scheduler.shutdown(leave_jobs=self.on_stop == "leave")
             self.sweeper.shutdown()
             self.retention.shutdown()

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import contextvars
 import inspect
-import logging
 import sys
 import time
 import uuid
@@ -27,6 +26,7 @@ import grpc
 from cantata.proto.vocabulary import REQUEST_ID_KEY, ErrorReason
 from cantata.security.audit import Action, AuditLogUnavailable
 from cantata.security.pki import PeerCertificate, Principal, peer_certificate
+from cantata.server.call_log import DeferredCalls, write_line
 from cantata.server.errors import WrappedHandlers, abort, abort_async, ended_with, status, wrap_handler
 from cantata.server.ports import CertificateRegistry, JobDirectory, TenantDirectory
 from cantata.server.streams import StreamCounter
@@ -74,8 +74,6 @@ RULES: dict[str, frozenset[str]] = {
     "/grpc.health.v1.Health/Watch": frozenset({PUBLIC}),
     "/grpc.health.v1.Health/List": frozenset({PUBLIC}),
 }
-
-access_log = logging.getLogger("cantata.server.access")
 
 _request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
 
@@ -168,6 +166,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         self._observe = observe
         self._count_refused = refused
         self._wrapped = WrappedHandlers()
+        self._streams_ended = DeferredCalls(observe)
+
+    def close(self) -> None:
+        """Log the streams that ended and are not logged yet (once the server stopped)."""
+        self._streams_ended.close()
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -252,6 +255,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
         return guarded
 
+    def _stream_ended(self, method: str, principal: Principal | None, started: float) -> None:
+        """A stream ended on the event loop: its line is written, and it is counted, by the access log's thread."""
+        who, code, latency_ms = _ended(method, principal, started)
+        self._streams_ended.ended(method, who, code, latency_ms, request_id())
+
     def _guard_stream(self, method: str, behaviour):
         async def guarded(request, context):
             started, principal = time.monotonic(), None
@@ -280,33 +288,23 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 finally:
                     self._streams.release(who)
             finally:
-                self._observe(method, *_log_call(method, principal, started))
+                self._stream_ended(method, principal, started)
 
         return guarded
 
 
-def _log_call(method: str, principal: Principal | None, started: float) -> tuple[str, float]:
-    """One line per call: what, who, how it ended, how long it took, and its request id; returns (code, seconds)."""
+def _ended(method: str, principal: Principal | None, started: float) -> tuple[str, str, float]:
+    """How the current call ended: (who, status code, latency in ms)."""
     exc = sys.exc_info()[1]
     code = ended_with.get() or (grpc.StatusCode.OK if exc is None else _code_of(exc))
-    latency_ms = round((time.monotonic() - started) * 1000, 2)
-    who = principal.uri if principal else "anonymous"
-    access_log.info(
-        "%s %s %s %.1f ms request %s",
-        method,
-        who,
-        code.name,
-        latency_ms,
-        request_id(),
-        extra={
-            "method": method,
-            "principal": who,
-            "code": code.name,
-            "latency_ms": latency_ms,
-            "request_id": request_id(),
-        },
-    )
-    return code.name, latency_ms / 1000
+    return principal.uri if principal else "anonymous", code.name, round((time.monotonic() - started) * 1000, 2)
+
+
+def _log_call(method: str, principal: Principal | None, started: float) -> tuple[str, float]:
+    """One line per call: what, who, how it ended, how long it took, and its request id; returns (code, seconds)."""
+    who, code, latency_ms = _ended(method, principal, started)
+    write_line(method, who, code, latency_ms, request_id())
+    return code, latency_ms / 1000
 
 
 def _code_of(exc: BaseException) -> grpc.StatusCode:

@@ -2,8 +2,9 @@
 
 The store publishes a job's events once the transaction that wrote them has
 committed, from whatever thread committed it; :class:`EventBroadcast` hands
-them to the server's event loop in one callback, which appends them to every
-subscription of that job and wakes its watcher. A watcher subscribes before it
+them to the server's event loop in one callback, which serializes each event
+once and appends it, with its bytes, to every subscription of that job and wakes
+its watcher (which sends the shared bytes as they are). A watcher subscribes before it
 reads what the store already has, so no event falls between the two (one seen
 twice is skipped by its sequence number). A subscription that falls
 ``backlog`` events behind is marked ``overflowed`` and emptied: its watcher
@@ -25,15 +26,15 @@ DEFAULT_BACKLOG = 1000  # events a subscription holds before its watcher must re
 
 
 class Subscription:
-    """One watcher's queue of a job's events (used on the event loop only)."""
+    """One watcher's queue of a job's events, each with its wire bytes (used on the event loop only)."""
 
     def __init__(self, backlog: int):
         self._backlog = backlog
-        self._events: deque[jobs_pb2.JobEvent] = deque()
+        self._events: deque[tuple[jobs_pb2.JobEvent, bytes]] = deque()
         self._ready = asyncio.Event()
         self.overflowed = False
 
-    def _deliver(self, events: Sequence[jobs_pb2.JobEvent]) -> None:
+    def _deliver(self, events: Sequence[tuple[jobs_pb2.JobEvent, bytes]]) -> None:
         if len(self._events) + len(events) > self._backlog:
             self._events.clear()
             self.overflowed = True
@@ -41,13 +42,18 @@ class Subscription:
             self._events.extend(events)
         self._ready.set()
 
-    async def next_batch(self) -> list[jobs_pb2.JobEvent]:
-        """Wait until something was delivered; return it (empty after an overflow, which stays flagged)."""
+    async def next_encoded(self) -> list[tuple[jobs_pb2.JobEvent, bytes]]:
+        """Wait until something was delivered; return it, each event with its serialized bytes, which every
+        watcher shares (empty after an overflow, which stays flagged)."""
         await self._ready.wait()
         self._ready.clear()
         batch = list(self._events)
         self._events.clear()
         return batch
+
+    async def next_batch(self) -> list[jobs_pb2.JobEvent]:
+        """As :meth:`next_encoded`, the events alone."""
+        return [event for event, _ in await self.next_encoded()]
 
 
 class EventBroadcast:
@@ -76,8 +82,9 @@ class EventBroadcast:
     def _deliver(self, job_id: str, events: tuple[jobs_pb2.JobEvent, ...]) -> None:
         with self._lock:
             subscriptions = tuple(self._subscriptions.get(job_id, ()))
+        encoded = tuple((event, event.SerializeToString()) for event in events)  # once, for every watcher
         for subscription in subscriptions:
-            subscription._deliver(events)
+            subscription._deliver(encoded)
 
     @contextmanager
     def subscribe(self, job_id: str) -> Iterator[Subscription]:

@@ -30,6 +30,7 @@ import sqlite3
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,6 +171,14 @@ ALTER TABLE workers ADD COLUMN started_at INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE workers ADD COLUMN last_seq INTEGER NOT NULL DEFAULT 0;
 """
 
+# 10 (branch perf16): the audit seq of each job's job_submitted record. A submit's audit record and its commit are
+# synced side by side, so a crash between them can leave a job whose record was lost: the server, on start, undoes
+# the jobs whose record is not in the audit log (jobs made before it keep 0: their records were synced first).
+_V10_SUBMIT_RECORD = """
+ALTER TABLE jobs ADD COLUMN audit_seq INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX jobs_by_audit_seq ON jobs (audit_seq) WHERE audit_seq > 0;
+"""
+
 # MIGRATIONS[n] takes a database from version n to n + 1. Append; never edit a step that has shipped.
 MIGRATIONS: tuple[str, ...] = (
     _V1_STORE + _V1_DATA_SOURCES,  # 1: the unversioned schema of the store and the data sources, as it was
@@ -181,6 +190,7 @@ MIGRATIONS: tuple[str, ...] = (
     _V7_QUEUE_INDEX,  # 7: jobs_by_state
     _V8_MAX_GPUS,  # 8: tenants.max_gpus
     _V9_WORKER_ADOPTION,  # 9: workers.started_at, workers.last_seq
+    _V10_SUBMIT_RECORD,  # 10: jobs.audit_seq
 )
 
 
@@ -199,8 +209,10 @@ class Database:
         self._batch: _Batch | None = None  # the open SQLite transaction that concurrent transactions share
         self._batch_done = threading.Condition(self.lock)
         self._barriers: list[Callable[[], None]] = []  # of the member whose body runs now
+        self._alongside: list[tuple[Callable[[], None], Callable[[], None]]] = []  # (wait, undo), likewise
+        self._side_syncs: ThreadPoolExecutor | None = None  # runs alongside waits while a member syncs the WAL
         self._every_commit: list[Callable[[], None]] = []  # after each transaction that commits
-        self._awaiting_sync: deque[tuple[int, list[Callable[[], None]]]] = deque()  # hooks of unsynced commits
+        self._awaiting_sync: deque[tuple[int, list[_Member]]] = deque()  # hooks of unsynced commits
         self._durable_lock = threading.Lock()
         self._writer: int | None = None  # the thread whose write transaction is open
         self._readers = threading.local()
@@ -266,7 +278,7 @@ class Database:
             batch = self._join()
             hooks = len(batch.hooks)
             self.connection.execute("SAVEPOINT member")
-            self._writer, self._barriers = me, []
+            self._writer, self._barriers, self._alongside = me, [], []
             try:
                 yield self.connection
             except BaseException:
@@ -279,6 +291,10 @@ class Database:
             self._writer = None
             self.connection.execute("RELEASE member")
             barriers, self._barriers = self._barriers, []
+            alongside, self._alongside = self._alongside, []
+            mine = _Member(batch.hooks[hooks:], pending=bool(alongside))
+            del batch.hooks[hooks:]
+            batch.through.append(mine)
         failure: BaseException | None = None
         for barrier in barriers:
             try:
@@ -294,19 +310,50 @@ class Database:
             if batch.failure is failure:
                 raise failure
             raise _again(batch.failure) from batch.failure
-        self._await_synced(batch.commit)
+        if not alongside:
+            self._await_synced(batch.commit)
+            self._run_durable_hooks()
+            return
+        self._synced_alongside(batch.commit, mine, alongside)
+
+    def _synced_alongside(
+        self, commit: int, mine: _Member, alongside: list[tuple[Callable[[], None], Callable[[], None]]]
+    ) -> None:
+        """Sync the WAL here while the alongside waits run on a helper thread; undo the commit if one fails."""
+        waits = self._side_pool().submit(lambda: [wait() for wait, _ in alongside])
+        wal_failure: BaseException | None = None
+        try:
+            self._await_synced(commit)
+        except BaseException as exc:
+            wal_failure = exc
+        failed = waits.exception()
+        with self._durable_lock:
+            mine.pending, mine.dropped = False, failed is not None
         self._run_durable_hooks()
+        if failed is not None:
+            for _, undo in reversed(alongside):
+                undo()
+            raise failed
+        if wal_failure is not None:
+            raise wal_failure
+
+    def _side_pool(self) -> ThreadPoolExecutor:
+        with self._durable_lock:
+            if self._side_syncs is None:
+                self._side_syncs = ThreadPoolExecutor(8, thread_name_prefix="db-alongside")
+            return self._side_syncs
 
     def _nested(self) -> Iterator[sqlite3.Connection]:
         assert self._batch is not None
         self.connection.execute("SAVEPOINT nested")
-        hooks = len(self._batch.hooks)
+        hooks, alongside = len(self._batch.hooks), len(self._alongside)
         try:
             yield self.connection
         except BaseException:
             self.connection.execute("ROLLBACK TO nested")
             self.connection.execute("RELEASE nested")
             del self._batch.hooks[hooks:]
+            del self._alongside[alongside:]
             raise
         self.connection.execute("RELEASE nested")
 
@@ -350,9 +397,9 @@ class Database:
             batch.commit = self._commits
             for hook in self._every_commit:
                 hook()
-            if batch.hooks:
+            if any(m.hooks or m.pending for m in batch.through):
                 with self._durable_lock:
-                    self._awaiting_sync.append((batch.commit, batch.hooks))
+                    self._awaiting_sync.append((batch.commit, batch.through))
         finally:
             batch.done = True
             self._batch_done.notify_all()
@@ -365,16 +412,37 @@ class Database:
         assert self._writer == threading.get_ident(), "before_commit outside this thread's transaction"
         self._barriers.append(barrier)
 
+    def alongside_commit(self, wait: Callable[[], None], undo: Callable[[], None]) -> None:
+        """Run ``wait`` (another file's sync) once this thread's transaction committed, alongside its WAL sync.
+
+        The transaction returns once both finished: one sync's time, not two. If ``wait`` raises, the commit
+        stands, so ``undo`` (a transaction of its own) reverses it, the transaction's ``after_commit`` hooks
+        are dropped, and it raises ``wait``'s exception. A crash between the two syncs is for whoever calls
+        this to reconcile on start.
+        """
+        assert self._writer == threading.get_ident(), "alongside_commit outside this thread's transaction"
+        self._alongside.append((wait, undo))
+
     def writing(self) -> bool:
         """Whether this thread is in the body of a write transaction."""
         return self._writer == threading.get_ident()
 
     def _run_durable_hooks(self) -> None:
-        """Run the ``after_commit`` hooks of every synced commit, in commit order (whichever thread gets here)."""
+        """Run the ``after_commit`` hooks of every synced commit, in commit order (whichever thread gets here).
+
+        A batch's hooks wait until every alongside wait of its members has finished; a member whose wait failed
+        has its hooks dropped.
+        """
         with self._durable_lock:
             while self._awaiting_sync and self._awaiting_sync[0][0] <= self._synced:
-                for hook in self._awaiting_sync.popleft()[1]:
-                    hook()
+                members = self._awaiting_sync[0][1]
+                if any(m.pending for m in members):
+                    return
+                self._awaiting_sync.popleft()
+                for member in members:
+                    if not member.dropped:
+                        for hook in member.hooks:
+                            hook()
 
     def _await_synced(self, commit: int) -> None:
         """Return once a WAL sync that started after ``commit`` was written has finished (group commit)."""
@@ -443,6 +511,17 @@ class Database:
                     reader.close()
             if self._wal_fd is not None:
                 os.close(self._wal_fd)
+        if self._side_syncs is not None:
+            self._side_syncs.shutdown()
+
+
+@dataclass(eq=False)
+class _Member:
+    """One transaction of a batch: its ``after_commit`` hooks, held while its alongside waits run."""
+
+    hooks: list[Callable[[], None]]
+    pending: bool = False  # an alongside wait still runs
+    dropped: bool = False  # an alongside wait failed: the hooks are not run
 
 
 @dataclass(eq=False)
@@ -455,7 +534,8 @@ class _Batch:
     done: bool = False
     failure: BaseException | None = None
     commit: int = 0  # the number of its last transaction, once committed
-    hooks: list[Callable[[], None]] = field(default_factory=list)  # after_commit hooks, in order
+    hooks: list[Callable[[], None]] = field(default_factory=list)  # after_commit hooks of the body running now
+    through: list[_Member] = field(default_factory=list)  # the members through their body, in order, with their hooks
 
 
 def _again(exc: BaseException) -> BaseException:

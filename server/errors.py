@@ -260,8 +260,21 @@ def wrap_handler(
     return grpc.unary_stream_rpc_method_handler(
         stream(behaviour),
         request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
+        response_serializer=_passing_bytes(handler.response_serializer),
     )
+
+
+def _passing_bytes(serialize: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:
+    """``serialize``, except that a message already serialized (bytes: one broadcast event's, shared by every
+    watcher) is sent as it is."""
+    if serialize is None or getattr(serialize, "passes_bytes", False):
+        return serialize
+
+    def serialized(message: Any) -> bytes:
+        return message if type(message) is bytes else serialize(message)
+
+    serialized.passes_bytes = True  # type: ignore[attr-defined]
+    return serialized
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):

@@ -68,29 +68,31 @@ class RequestAudit:
         finally:
             self._observe((action,), time.monotonic() - started, written)
 
-    def append_before_commit(
+    def append_alongside_commit(
         self,
         actor: str,
         action: str,
         *,
+        undo: Callable[[], None],
         resource: str = "",
         tenant: str = "",
         outcome: str = "ok",
         details: dict | None = None,
         peer: str = "",
     ) -> AuditRecord:
-        """Write the record now; this thread's open transaction commits only once it is durable.
+        """Write the record now; this thread's open transaction returns once it and the commit are both durable.
 
-        Its sync is shared with the other transactions committed together, and
-        none of them holds the database's lock meanwhile; if it fails, they all
-        roll back. Use it for the last step of a transaction's body: nothing in
-        the body may act outside the database after it.
+        The record's sync and the commit's run side by side (one sync's time), each shared with concurrent
+        calls (group commit), and neither under the database's lock. If the record's sync fails, ``undo``
+        reverses the commit and the transaction raises; a crash between the two is reconciled on start
+        (:meth:`~cantata.server.store.Store.undo_unrecorded`), so no act stands without its record. Use it
+        for the last step of a transaction's body: nothing in the body may act outside the database after it.
         """
         entry = AuditEntry(actor, action, resource, tenant, outcome, self._details(details), peer)
         started = time.monotonic()
         records, durable = self._log.write_all([entry])
-        self._observe((action,), time.monotonic() - started, True)  # written; its sync is the commit's
-        self._database.before_commit(durable)
+        self._observe((action,), time.monotonic() - started, True)  # written; its sync runs beside the commit's
+        self._database.alongside_commit(durable, undo)
         return records[0]
 
     def append_all(self, entries: Sequence[AuditEntry]) -> list[AuditRecord]:

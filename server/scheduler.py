@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from cantata.proto.v1 import common_pb2 as pb
@@ -39,6 +40,7 @@ from cantata.server.lifecycle import JobLifecycle
 from cantata.server.store import ACTIVE, JobRecord, Store
 
 log = logging.getLogger(__name__)
+UNFIT_RECHECK_S = 30.0  # how long a "never fits" verdict is trusted before the job is offered again
 
 
 class Scheduler:
@@ -63,6 +65,10 @@ class Scheduler:
         self._stop = threading.Event()
         self._woken = threading.Event()
         self._place_due = True  # something changed that a placement depends on
+        # Queued jobs the executor said it can never run, remembered across passes (a pass then costs one look
+        # whatever their number) and forgotten every UNFIT_RECHECK_S, since a cluster can grow.
+        self._unfit: set[str] = set()
+        self._unfit_until = 0.0
         self.on_placed: Callable[[JobRecord], None] = lambda job: None  # a job leaves the queue (its wait)
         self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
 
@@ -149,8 +155,10 @@ class Scheduler:
 
     def _place(self) -> None:
         tried: set[str] = set()
-        unfit: set[str] = set()  # heads the executor as it is can never run: the others pass them
-        while (job := self._store.queue_head(unfit)) is not None:
+        if time.monotonic() >= self._unfit_until:  # the executor may have changed: ask again about each
+            self._unfit, self._unfit_until = set(), time.monotonic() + UNFIT_RECHECK_S
+        unfit = self._unfit  # heads the executor as it is can never run: the others pass them, pass after pass
+        while not self._stop.is_set() and (job := self._store.queue_head(unfit)) is not None:
             if job.id in tried:  # its launch failed and it was queued again: once per pass
                 self._place_due = True
                 return

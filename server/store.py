@@ -14,7 +14,7 @@ import math
 import sqlite3
 import threading
 import uuid
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -23,6 +23,7 @@ from typing import Generic, TypeVar, cast
 
 from cantata.proto.v1 import common_pb2, jobs_pb2
 from cantata.proto.vocabulary import TERMINAL_STATES as TERMINAL
+from cantata.security.audit import Action
 from cantata.server.broadcast import EventBroadcast
 from cantata.server.database import Database
 from cantata.server.groups import processes
@@ -197,6 +198,8 @@ class Store:
         self._revoked = _Cache[int, bool]()
         self.database.on_every_commit(self._tenant_statuses.clear)
         self.database.on_every_commit(self._revoked.clear)
+        self._settling: dict[str, threading.Event] = {}  # jobs whose submission is not yet durable and recorded
+        self._settling_lock = threading.Lock()
 
     def close(self) -> None:
         """Close the database (shared with every other store on it)."""
@@ -430,7 +433,13 @@ class Store:
 
     # ---- jobs ----------------------------------------------------------
     def submit_job(
-        self, tenant: Tenant, request_id: str, spec: common_pb2.JobSpec, submitted_digest: str = ""
+        self,
+        tenant: Tenant,
+        request_id: str,
+        spec: common_pb2.JobSpec,
+        submitted_digest: str = "",
+        *,
+        record: Callable[[str], int] | None = None,
     ) -> tuple[JobRecord, bool]:
         """Create the job, or return the one this request id already made.
 
@@ -439,6 +448,11 @@ class Store:
         stored spec), else ``RequestIdReused``. The quota check and the
         insert are one transaction, so two racing submits cannot both take
         the last free slot. Returns (job, created).
+
+        ``record(job_id)``, last in the transaction, writes the job's audit
+        record and returns its seq, kept with the job (:meth:`undo_unrecorded`).
+        A job so recorded is *settling* until :meth:`settled`: the scheduler
+        passes it over, and a retry of its request waits (:meth:`await_settled`).
         """
         with self._tx() as db:
             row = db.execute(
@@ -478,7 +492,48 @@ class Store:
                     kind=jobs_pb2.STATE, state=common_pb2.QUEUED, total_steps=spec.steps, message="queued"
                 ),
             )
+            if record is not None:
+                with self._settling_lock:
+                    self._settling[job_id] = threading.Event()
+                db.execute("UPDATE jobs SET audit_seq=? WHERE id=?", (record(job_id), job_id))
             return self._job(db, job_id), True
+
+    def settled(self, job_id: str) -> None:
+        """The submission of ``job_id`` ended (durable and recorded, or undone): it may be placed, if it exists."""
+        with self._settling_lock:
+            settling = self._settling.pop(job_id, None)
+        if settling is not None:
+            settling.set()
+            self.on_queue_change()
+
+    def await_settled(self, job_id: str) -> None:
+        """Return once the submission that made ``job_id`` ended (at once if it has)."""
+        with self._settling_lock:
+            settling = self._settling.get(job_id)
+        if settling is not None:
+            settling.wait()
+
+    def undo_submission(self, job_id: str) -> None:
+        """Remove a job whose submission was not recorded (it was never acknowledged; nothing acted on it)."""
+        with self._tx() as db:
+            db.execute("DELETE FROM job_tags WHERE job_id=?", (job_id,))
+            db.execute("DELETE FROM events WHERE job_id=?", (job_id,))
+            db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
+
+    def undo_unrecorded(self, signed: int, recorded: Mapping[int, tuple[str, str]]) -> list[str]:
+        """On start: remove the jobs whose ``job_submitted`` record a crash took from the audit log; their ids.
+
+        ``signed`` is the seq the audit log's last checkpoint signed when it was opened and ``recorded`` the
+        (action, resource) by seq of each record after it. A job whose record's seq is past ``signed`` and not
+        so recorded was committed while its record was being synced, and the crash came first: the submission
+        was never acknowledged, and nothing acted on the job (it was not placed before it settled).
+        """
+        with self.database.read() as db:
+            rows = db.execute("SELECT id, audit_seq FROM jobs WHERE audit_seq > ?", (signed,)).fetchall()
+        undone = [r["id"] for r in rows if recorded.get(r["audit_seq"]) != (Action.JOB_SUBMITTED, r["id"])]
+        for job_id in undone:
+            self.undo_submission(job_id)
+        return undone
 
     def _check_quota(self, db: sqlite3.Connection, tenant: Tenant, spec: common_pb2.JobSpec) -> None:
         """Raise ``QuotaExceeded`` if one more active job with ``spec`` is over the tenant's limits."""
@@ -630,6 +685,8 @@ class Store:
         so the look costs the same whatever the queue's length. Jobs in ``skip`` (those the cluster cannot run
         as it is) are passed over.
         """
+        with self._settling_lock:
+            skip = (*skip, *self._settling)  # not acknowledged yet: placed once settled
         with self.database.read() as db:
             row = db.execute(queue_head_query(len(skip)), tuple(skip)).fetchone()
             return self._job(db, row[0]) if row else None
@@ -667,6 +724,10 @@ class Store:
 
     def set_waiting(self, job_id: str, reason: str) -> None:
         """Say why a queued job is not placed yet (an event, once per new reason)."""
+        with self.database.read() as db:  # the same reason again writes nothing, and syncs nothing
+            row = db.execute("SELECT state, reason FROM jobs WHERE id=?", (job_id,)).fetchone()
+        if row is None or row["state"] != common_pb2.QUEUED or row["reason"] == reason:
+            return
         with self._tx() as db:
             job = self._job(db, job_id)
             if job.state != common_pb2.QUEUED or job.reason == reason:

@@ -139,3 +139,48 @@ def test_records_are_stored_in_canonical_form_with_their_hash(log, details):
     record = log.append(ADMIN, Action.JOB_SUBMITTED, resource="job-\u00e9", tenant="acme", details=details)
     line = log.layout.segment_path(1).read_bytes().splitlines()[-1]
     assert line == canonical(record.to_dict())
+
+
+def _act_alongside(database: Database, log: AuditLog, i: int, results: dict[int, object], ran: list[int]) -> None:
+    """An act whose record is synced beside its commit (a submit's way), undone if the record's sync fails."""
+
+    def undo() -> None:
+        with database.transaction() as db:
+            db.execute("DELETE FROM acts WHERE i=?", (i,))
+
+    try:
+        with database.transaction() as db:
+            db.execute("INSERT INTO acts VALUES (?)", (i,))
+            database.after_commit(lambda: ran.append(i))
+            records, durable = log.write_all([AuditEntry(ADMIN, Action.JOB_SUBMITTED, resource=f"job-{i}")])
+            database.alongside_commit(durable, undo)
+        results[i] = (records[0].seq, log._durable_seq)
+    except Exception as exc:
+        results[i] = exc
+
+
+def test_records_synced_beside_the_commit_return_once_both_are_durable(database, log, monkeypatch):
+    start, ran = log.last_seq, []
+    seen = _hold_first_audit_sync(monkeypatch, database, lambda: log.last_seq == start + WRITERS)
+    results: dict[int, object] = {}
+    for thread in _run(lambda i: _act_alongside(database, log, i, results, ran), WRITERS):
+        thread.join()
+    assert seen["committed_during_sync"][0]  # committed while the record's sync ran: side by side, not after it
+    assert all(isinstance(r, tuple) and r[1] >= r[0] for r in results.values()), results  # each returned durable
+    assert _committed(database) == set(range(WRITERS)) and sorted(ran) == list(range(WRITERS))
+    assert len(seen["audit"]) <= 2 < WRITERS  # the records behind the first sync shared the second
+
+
+def test_a_failed_record_sync_beside_the_commit_undoes_every_act_it_was_to_cover(database, log, monkeypatch):
+    start, ran = log.last_seq, []
+    _hold_first_audit_sync(monkeypatch, database, lambda: log.last_seq == start + WRITERS, fail=True)
+    results: dict[int, object] = {}
+    for thread in _run(lambda i: _act_alongside(database, log, i, results, ran), WRITERS):
+        thread.join()
+    assert all(isinstance(r, AuditLogUnavailable) for r in results.values()), results
+    assert _committed(database) == set() and ran == []  # undone, and no hook told anyone of them
+    assert log.last_seq == start
+    _act_alongside(database, log, 100, results, ran)  # the disk is back: the next act stands
+    assert isinstance(results[100], tuple) and _committed(database) == {100} and ran == [100]
+    log.close()
+    assert verify(log.layout.root).ok

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
+from typing import NamedTuple
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -75,23 +76,39 @@ class AuditEntry:
 
 
 @functools.lru_cache(maxsize=1024)  # a few dozen actions and outcomes, in every record
-def _is_word(text: str) -> bool:
-    return _WORD.fullmatch(text) is not None
+def _word(name: str, word: str) -> str:
+    """``word`` as a plain string if it is a lowercase word; ``ValueError`` if not (never remembered)."""
+    if _WORD.fullmatch(word) is None:
+        raise ValueError(f"{name} must be a lowercase word like 'job_submitted', got {word!r}")
+    return str(word)
 
 
-def _checked(entry: AuditEntry) -> AuditEntry:
+class _Checked(NamedTuple):
+    """An entry's fields, checked: plain strings, and details screened (see :func:`_checked`)."""
+
+    actor: str
+    action: str
+    resource: str
+    tenant: str
+    outcome: str
+    details: dict
+    peer: str
+
+
+def _checked(entry: AuditEntry) -> _Checked:
     """``entry`` with its words as plain strings and its details screened; ``ValueError`` if a field is malformed."""
-    if not isinstance(entry.actor, str) or not entry.actor:
+    actor, action, outcome = entry.actor, entry.action, entry.outcome
+    if not isinstance(actor, str) or not actor:
         raise ValueError("an audit record needs a non-empty actor")
-    for name, word in (("action", entry.action), ("outcome", entry.outcome)):
-        if not isinstance(word, str) or not _is_word(word):
+    for name, word in (("action", action), ("outcome", outcome)):
+        if not isinstance(word, str):
             raise ValueError(f"{name} must be a lowercase word like 'job_submitted', got {word!r}")
     for name, text in (("resource", entry.resource), ("tenant", entry.tenant), ("peer", entry.peer)):
         if not isinstance(text, str):
             raise ValueError(f"{name} must be a string, got {type(text).__name__}")
-    details = screen_details(entry.details)
-    return AuditEntry(
-        entry.actor, str(entry.action), entry.resource, entry.tenant, str(entry.outcome), details, entry.peer
+    details = {} if entry.details is None else screen_details(entry.details)
+    return _Checked(
+        actor, _word("action", action), entry.resource, entry.tenant, _word("outcome", outcome), details, entry.peer
     )
 
 
@@ -158,6 +175,10 @@ def _read_tail(number: int, data: bytes) -> _Tail:
 class AuditLog:
     """An open, append-only audit log; one writer process at a time. Thread-safe."""
 
+    # What the log held when it was opened: the last signed checkpoint's seq, and (action, resource) by seq of each
+    # record after it, which a crash may have cut short (a server reconciles its acts with them on start).
+    signed_at_open: int
+    unsigned_at_open: dict[int, tuple[str, str]]
     # Where the log stands; set by _load_checkpoint_tail and _load_segment_tail.
     _seq: int
     _head: str
@@ -182,6 +203,7 @@ class AuditLog:
     ):
         self.layout = layout
         self.identity = identity
+        self._log_id = identity.log_id
         self._lock_fd = lock_fd
         self._every_records = every_records
         self._every_seconds = every_seconds
@@ -414,51 +436,52 @@ class AuditLog:
             _log.warning("audit log at %s can be written again", self.layout.root)
         self._failure = None
 
-    def _prepare(self, entry: AuditEntry) -> tuple[AuditEntry, RecordTemplate]:
+    def _prepare(self, entry: AuditEntry) -> tuple[_Checked, RecordTemplate]:
         """``entry`` checked, and its fields encoded (before the lock: see :meth:`_append_locked`)."""
         e = _checked(entry)
         template = RecordTemplate(
-            log=self.identity.log_id,
+            log=self._log_id,
             actor=e.actor,
-            action=str(e.action),
+            action=e.action,
             resource=e.resource,
             tenant=e.tenant,
-            outcome=str(e.outcome),
+            outcome=e.outcome,
             peer=e.peer,
-            details=e.details or {},
+            details=e.details,
         )
         return e, template
 
-    def _append_locked(self, prepared: list[tuple[AuditEntry, RecordTemplate]]) -> list[AuditRecord]:
+    def _append_locked(self, prepared: list[tuple[_Checked, RecordTemplate]]) -> list[AuditRecord]:
         """Write the records (not yet synced: see :meth:`_await_durable` and :meth:`_sync_locked`).
 
         Their fields were encoded before the lock (:meth:`_prepare`): here they only get their place in the chain.
         """
         now = datetime.now(UTC)
         moment = format_time(now)
-        seq, head = self._seq, self._head
+        seq, head, log_id = self._seq, self._head, self._log_id
         lines, records = [], []
         for entry, template in prepared:
-            line, chain_hash = template.line(seq + 1, moment, head)
+            seq += 1
+            line, chain_hash = template.line(seq, moment, head)
             lines.append(line)
             records.append(
                 AuditRecord(
-                    seq=seq + 1,
-                    time=now,
-                    log_id=self.identity.log_id,
-                    actor=entry.actor,
-                    action=entry.action,
-                    resource=entry.resource,
-                    tenant=entry.tenant,
-                    outcome=entry.outcome,
-                    peer=entry.peer,
-                    details=entry.details or {},
-                    prev=head,
-                    hash=chain_hash,
+                    seq,
+                    now,
+                    log_id,
+                    entry.actor,
+                    entry.action,
+                    entry.resource,
+                    entry.tenant,
+                    entry.outcome,
+                    entry.peer,
+                    entry.details,
+                    head,
+                    chain_hash,
                 )
             )
-            seq, head = seq + 1, chain_hash
-        data = b"".join(lines)
+            head = chain_hash
+        data = lines[0] if len(lines) == 1 else b"".join(lines)
         if self._seq - self._checkpoint_seq >= self._every_records:
             self._checkpoint_locked()  # the one due failed: keep the promise before writing more
         if self._segment_size and self._segment_size + len(data) > self._segment_max_bytes:
@@ -668,6 +691,7 @@ class AuditLog:
     def _load_segment_tail(self) -> None:
         """Prove every record after the last checkpoint, then quarantine a torn tail if there is one."""
         tail = check_tail(self.layout, self.identity.log_id, self._checkpoint_seq, self._checkpoint_hash)
+        self.signed_at_open, self.unsigned_at_open = self._checkpoint_seq, tail.unsigned
         self._seq, self._head = tail.seq, tail.head
         self._segment_number, self._segment_size = tail.segment_number, tail.segment_size
         if tail.torn is not None:

@@ -9,6 +9,7 @@ hash, derived from the log id, so the whole chain is bound to one log.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -44,7 +45,9 @@ class RecordTemplate:
     puts it (between ``details`` and ``log``), the same bytes as
     ``canonical({**body, "hash": body_hash(body)})``, so the work left for the
     log's lock is one hash. Canonical JSON of an object is its sorted members
-    joined, so members encoded one by one join to the object's encoding.
+    joined, so members encoded one by one join to the object's encoding. The
+    fields that repeat from record to record (the log, actor, action, outcome,
+    tenant, peer) are encoded once and remembered.
     """
 
     __slots__ = ("_head", "_log_to_prev", "_resource_to_seq", "_tenant_to_time")
@@ -52,30 +55,52 @@ class RecordTemplate:
     def __init__(
         self, *, log: str, actor: str, action: str, resource: str, tenant: str, outcome: str, peer: str, details: dict
     ):
-        self._head = b'{"action":' + _text(action) + b',"actor":' + _text(actor) + b',"details":' + canonical(details)
-        self._log_to_prev = b',"log":' + _text(log) + b',"outcome":' + _text(outcome) + b',"peer":' + _text(peer)
-        self._log_to_prev += b',"prev":'
+        self._head = _head(action, actor) + (canonical(details) if details else b"{}")
+        self._log_to_prev = _log_to_prev(log, outcome, peer)
         self._resource_to_seq = b',"resource":' + _text(resource) + b',"seq":'
-        self._tenant_to_time = b',"tenant":' + _text(tenant) + b',"time":'
+        self._tenant_to_time = _tenant_to_time(tenant)
 
     def line(self, seq: int, time: str, prev: str) -> tuple[bytes, str]:
-        """The stored line (newline included) and chain hash of the record at ``seq`` after ``prev``."""
-        rest = (
-            self._log_to_prev
-            + _text(prev)
-            + self._resource_to_seq
-            + str(int(seq)).encode()
-            + self._tenant_to_time
-            + _text(time)
-            + b"}"
+        """The stored line (newline included) and chain hash of the record at ``seq`` after ``prev``.
+
+        ``time`` (:func:`format_time`'s) and ``prev`` (a hex hash) are ASCII that JSON does not escape.
+        """
+        rest = b"".join(
+            (
+                self._log_to_prev,
+                b'"',
+                prev.encode(),
+                b'"',
+                self._resource_to_seq,
+                str(int(seq)).encode(),
+                self._tenant_to_time,
+                b'"',
+                time.encode(),
+                b'"}',
+            )
         )
         chain_hash = hashlib.sha256(LEAF_PREFIX + self._head + rest).hexdigest()
-        return self._head + b',"hash":"' + chain_hash.encode() + b'"' + rest + b"\n", chain_hash
+        return b"".join((self._head, b',"hash":"', chain_hash.encode(), b'"', rest, b"\n")), chain_hash
 
 
 def _text(value: str) -> bytes:
     """``canonical(value)`` of a string, by the escaper the canonical encoder itself uses for strings."""
     return encode_basestring_ascii(value).encode()
+
+
+@functools.lru_cache(maxsize=4096)
+def _head(action: str, actor: str) -> bytes:
+    return b'{"action":' + _text(action) + b',"actor":' + _text(actor) + b',"details":'
+
+
+@functools.lru_cache(maxsize=4096)
+def _log_to_prev(log: str, outcome: str, peer: str) -> bytes:
+    return b',"log":' + _text(log) + b',"outcome":' + _text(outcome) + b',"peer":' + _text(peer) + b',"prev":'
+
+
+@functools.lru_cache(maxsize=4096)
+def _tenant_to_time(tenant: str) -> bytes:
+    return b',"tenant":' + _text(tenant) + b',"time":'
 
 
 def canonical_line_hash(line: bytes, stored_hash: str) -> str:
@@ -99,6 +124,8 @@ def genesis_hash(log_id: str) -> str:
 
 def format_time(moment: datetime) -> str:
     """UTC time with microseconds, as stored: ``2026-12-02T12:58:24.123456Z``."""
+    if moment.tzinfo is UTC:
+        return moment.isoformat(timespec="microseconds")[:-6] + "Z"  # without "+00:00"
     return moment.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 

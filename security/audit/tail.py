@@ -30,6 +30,7 @@ class Tail:
     segment_number: int
     segment_size: int
     torn: tuple[Path, LogLine] | None
+    unsigned: dict[int, tuple[str, str]]  # seq -> (action, resource) of each record after the checkpoint
 
 
 def _seq_of(line: LogLine) -> int | None:
@@ -56,6 +57,7 @@ def check_tail(layout: AuditLayout, log_id: str, signed_seq: int, signed_hash: s
     seq, head = 0, genesis_hash(log_id)
     reached = signed_seq == 0
     torn: tuple[Path, LogLine] | None = None
+    unsigned: dict[int, tuple[str, str]] = {}
     for _number, path, lines in found:
         for line in lines:
             line_seq = _seq_of(line)
@@ -82,6 +84,8 @@ def check_tail(layout: AuditLayout, log_id: str, signed_seq: int, signed_hash: s
                 raise AuditLogCorrupt(
                     f"{where}: record {line_seq} does not follow record {seq} in the chain; {_ADVICE}"
                 )
+            else:
+                unsigned[line_seq] = (str(stored.get("action")), str(stored.get("resource")))
             seq, head = line_seq, stored["hash"]
     if seq < signed_seq:
         raise AuditLogCorrupt(
@@ -90,4 +94,4 @@ def check_tail(layout: AuditLayout, log_id: str, signed_seq: int, signed_hash: s
         )
     number, path = found[-1][:2] if found else (1, layout.segment_path(1))
     size = torn[1].offset if torn is not None else (path.stat().st_size if path.exists() else 0)
-    return Tail(seq, head, number, size, torn)
+    return Tail(seq, head, number, size, torn, unsigned)

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cantata.proto.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
@@ -22,7 +22,7 @@ from cantata.server.lifecycle import JobLifecycle
 from cantata.server.metrics_store import MetricsStore, UnknownMetric
 from cantata.server.ports import DataSourceDirectory
 from cantata.server.request_audit import RequestAudit
-from cantata.server.store import JobRecord, QuotaExceeded, RequestIdReused, Store
+from cantata.server.store import JobRecord, NotFound, QuotaExceeded, RequestIdReused, Store
 
 LOG_POLL = 0.5  # seconds between looks at a followed job's log files
 # Submissions refused for what they ask (not for an outage): each is recorded in the audit log.
@@ -126,22 +126,34 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         source = dataset_source(spec.dataset)
         if source and not self._data_source_exists(tenant_name, source):
             raise DataSourceNotFound(f"dataset: data source {source!r} not found")
-        with self._store.database.transaction():  # the job exists only once its record is durable
-            job, created = self._store.submit_job(self._store.tenant(tenant_name), request.request_id, spec, digest)
-            if created:  # its sync shared with concurrent submits, and not under the database's lock
-                self._recorder.append_before_commit(
-                    caller(context).uri,
-                    Action.JOB_SUBMITTED,
-                    resource=job.id,
-                    tenant=tenant_name,
-                    details={
-                        "name": spec.name,
-                        "algorithm": spec.algorithm,
-                        "workers": spec.workers,
-                        "steps": spec.steps,
-                    },
-                    peer=context.peer(),
-                )
+
+        def record(job_id: str) -> int:  # synced beside the commit, neither under the database's lock
+            return self._recorder.append_alongside_commit(
+                caller(context).uri,
+                Action.JOB_SUBMITTED,
+                undo=lambda: self._store.undo_submission(job_id),
+                resource=job_id,
+                tenant=tenant_name,
+                details={"name": spec.name, "algorithm": spec.algorithm, "workers": spec.workers, "steps": spec.steps},
+                peer=context.peer(),
+            ).seq
+
+        created = False
+        try:
+            with self._store.database.transaction():  # acknowledged once the job and its record are both durable
+                tenant = self._store.tenant(tenant_name)
+                job, created = self._store.submit_job(tenant, request.request_id, spec, digest, record=record)
+        finally:
+            if created:
+                self._store.settled(job.id)
+        if not created:  # a retry: answered once the first submission is durable and recorded, or undone
+            self._store.await_settled(job.id)
+            try:
+                job = self._store.job(job.id)
+            except NotFound:
+                raise AuditLogUnavailable(
+                    f"the first submission with request id {request.request_id} could not be recorded; submit again"
+                ) from None
         return job_info(job)
 
     async def GetJob(self, request, context):
@@ -221,14 +233,15 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
             while True:
                 from_store = catching_up
                 if catching_up:
-                    events = await asyncio.to_thread(self._store.events_after, job.id, cursor)
+                    stored = await asyncio.to_thread(self._store.events_after, job.id, cursor)
+                    events: Sequence[tuple[jobs_pb2.JobEvent, bytes | None]] = [(e, None) for e in stored]
                     catching_up = bool(events)
                 else:
-                    events = await live.next_batch()
+                    events = await live.next_encoded()  # with the bytes every watcher shares
                     if live.overflowed:  # it fell too far behind: read the store again from the cursor
                         live.overflowed, catching_up = False, True
                         continue
-                for index, event in enumerate(events):
+                for index, (event, encoded) in enumerate(events):
                     if event.seq <= cursor:
                         continue
                     if (
@@ -236,11 +249,11 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
                         and (
                             await asyncio.to_thread(self._store.resumed_after, job.id, event.seq)
                             if from_store  # a pushed end was the latest when it was pushed, unless its batch says not
-                            else any(later.kind == jobs_pb2.STATE for later in events[index + 1 :])
+                            else any(later.kind == jobs_pb2.STATE for later, _ in events[index + 1 :])
                         )
                     ):
-                        event = _not_terminal(event)
-                    yield event
+                        event, encoded = _not_terminal(event), None
+                    yield event if encoded is None else encoded
                     cursor = event.seq
                     if event.terminal:
                         return
