@@ -308,10 +308,11 @@ MODEL_FIELDS: tuple[JobField, ...] = (
     JobField(
         "init_from",
         str,
-        "initial weights: file:///PATH of a .safetensors file, or a directory of them (Hugging Face names), "
-        "under an allowed root; loaded file by file, each rank keeping its shard",
+        "initial weights: a .safetensors file or object, or a directory or prefix of them (Hugging Face names): "
+        "file:///PATH under an allowed root, s3://SOURCE@bucket/prefix or az://SOURCE@container/prefix through "
+        "one of your data sources; loaded one at a time, each rank keeping its shard",
         "",
-        prefixes=("file://",),
+        prefixes=("file://", "s3://", "az://"),
     ),
 )
 

@@ -139,7 +139,7 @@ def parse_job_spec(
     check_mesh(s)
     check_dataset(s.dataset, roots, data_dir=data_dir)
     if s.init_from:
-        local_path(s.init_from, "init_from", roots, data_dir=data_dir)
+        check_source_location(s.init_from, "init_from", roots, data_dir=data_dir)
     if s.checkpoint_store != default_store:
         default_dir = Path(unquote(urlparse(default_store).path)) if default_store.startswith("file://") else None
         check_store(
@@ -253,37 +253,47 @@ def check_vocabulary(s: common_pb2.JobSpec) -> None:
 
 
 def dataset_source(dataset: str) -> str:
-    """The data source an ``s3://SOURCE@bucket/prefix`` or ``az://SOURCE@container/prefix`` dataset names."""
+    """The data source an ``s3://SOURCE@bucket/prefix`` or ``az://SOURCE@container/prefix`` location names ("" if none)."""
     scheme, _, rest = dataset.partition("://")
     if scheme not in ("s3", "az"):
         return ""
     return unquote(rest.partition("/")[0].rpartition("@")[0])
 
 
-def check_dataset(dataset: str, roots: list[Path], *, data_dir: Path | None = None) -> None:
-    """``builtin:pystdlib``, a ``file://`` directory under the roots, or a store prefix read through a data source.
+def job_sources(spec: common_pb2.JobSpec) -> dict[str, str]:
+    """The data sources a job reads through, by field (``dataset``, ``init_from``), for those that name one."""
+    named = {"dataset": dataset_source(spec.dataset), "init_from": dataset_source(spec.init_from)}
+    return {field: source for field, source in named.items() if source}
 
-    A store dataset must name one of the tenant's data sources: the server's
+
+def check_dataset(dataset: str, roots: list[Path], *, data_dir: Path | None = None) -> None:
+    """``builtin:pystdlib``, a ``file://`` directory under the roots, or a store prefix read through a data source."""
+    if dataset != "builtin:pystdlib":
+        check_source_location(dataset, "dataset", roots, data_dir=data_dir)
+
+
+def check_source_location(uri: str, field: str, roots: list[Path], *, data_dir: Path | None = None) -> None:
+    """A ``file://`` path under the roots, or a store prefix read through a data source (``dataset``, ``init_from``).
+
+    A store location must name one of the tenant's data sources: the server's
     own credentials (those of its checkpoint stores) never read tenant data.
     """
-    if dataset == "builtin:pystdlib":
+    if uri.startswith("file://"):
+        local_path(uri, field, roots, data_dir=data_dir)
         return
-    if dataset.startswith("file://"):
-        local_path(dataset, "dataset", roots, data_dir=data_dir)
-        return
-    scheme, _, rest = dataset.partition("://")
+    scheme, _, rest = uri.partition("://")
     _require(
         scheme in ("s3", "az"),
-        "dataset",
-        f"unknown dataset {dataset!r} (use builtin:pystdlib, file://, s3://SOURCE@bucket/prefix or "
-        "az://SOURCE@container/prefix)",
+        field,
+        f"unknown {field} {uri!r} (use {'builtin:pystdlib, ' if field == 'dataset' else ''}file://, "
+        "s3://SOURCE@bucket/prefix or az://SOURCE@container/prefix)",
     )
     _require(
-        bool(dataset_source(dataset)),
-        "dataset",
-        f"{dataset!r} names no data source: register one and write {scheme}://SOURCE@{rest}",
+        bool(dataset_source(uri)),
+        field,
+        f"{uri!r} names no data source: register one and write {scheme}://SOURCE@{rest}",
     )
-    check_store(f"{scheme}://{rest.partition('@')[2]}", "dataset", roots)
+    check_store(f"{scheme}://{rest.partition('@')[2]}", field, roots)
 
 
 def check_store(

@@ -32,7 +32,7 @@ from cantata.trainer.model import build_model
 from cantata.trainer.optim import build_optimizer
 from cantata.trainer.parallel import MeshState, Parallelism, data_rank, parallelize
 from cantata.trainer.sealed_dcp import ShardedFormatError, consolidate, decode_metadata
-from cantata.trainer.weights import WeightsError, load_weights
+from cantata.trainer.weights import WeightsError, load_weights, local_weights
 from tests.services import azurite_connection_string
 
 STEPS = 3
@@ -75,7 +75,7 @@ def _ranks(rank: int, world: int, port: int, out: str, weights: str, store: str,
     mesh = Parallelism(1, 2, 2).mesh()
     model = build_model(MODEL, seed=3)
     parallelize(model, mesh, MixedPrecision.FP32, checkpointing=True)
-    load_weights(model, Path(weights))  # the reference's initial weights, each rank keeping its shard
+    load_weights(model, local_weights(Path(weights)))  # the reference's initial weights, each rank keeping its shard
     optimizer = build_optimizer(model, "adamw", lr=1e-2, grad_clip=1.0)
     index, count = data_rank(mesh)
     losses = torch.stack(_train(model, optimizer, _batches(), lambda b: b.chunk(count)[index]))
@@ -157,15 +157,15 @@ def test_initial_weights_load_file_by_file_and_refuse_what_does_not_fit(tmp_path
     save_file({f"model.{n}": t for n, t in state.items() if n != "lm_head.weight"}, str(directory / "a.safetensors"))
     save_file({"lm_head.weight": state["lm_head.weight"]}, str(directory / "b.safetensors"))  # untied: its own
     target = build_model("llama-tiny", seed=1)
-    assert load_weights(target, directory) == 2
+    assert load_weights(target, local_weights(directory)) == 2
     for name, tensor in source.state_dict().items():
         assert torch.equal(target.state_dict()[name], tensor), name
     with pytest.raises(WeightsError, match=r"no tensor for lm_head\.weight"):
-        load_weights(build_model("llama-tiny", seed=1), directory / "a.safetensors")
+        load_weights(build_model("llama-tiny", seed=1), local_weights(directory / "a.safetensors"))
     with pytest.raises(WeightsError, match="has shape"):
-        load_weights(build_model("qwen3-tiny", seed=1), directory / "a.safetensors")
+        load_weights(build_model("qwen3-tiny", seed=1), local_weights(directory / "a.safetensors"))
     with pytest.raises(WeightsError, match=r"no \.safetensors file"):
-        load_weights(target, tmp_path / "missing")
+        local_weights(tmp_path / "missing")
 
 
 def _free_port() -> int:

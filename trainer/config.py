@@ -10,7 +10,8 @@ The file (mode 0600, deleted once the job's workers are gone) holds::
      "checkpoint_keys": {"tenant": ..., "job_id": ..., "keys": {VERSION: base64}},
      "data": {"roots": [...],
               "credentials": {"name": ..., "kind": ..., "endpoint": ..., "secrets": {...}} | null,
-              "dataset_key": {"tenant": ..., "key": base64} | null}}
+              "dataset_key": {"tenant": ..., "key": base64} | null,
+              "init_credentials": {like "credentials", for an init_from store} | null}}
 
 Each secret is a JSON object of its own, parsed here into its type
 (``JobKeys``, ``SourceCredentials``, ``DatasetKey``), none of which shows its
@@ -47,7 +48,7 @@ class WorkerConfig:
     threads: int
     spec: common_pb2.JobSpec
     checkpoint_keys: JobKeys = field(repr=False)  # this job's derived checkpoint keys, from the server
-    dataset_access: DatasetAccess  # where file:// datasets may live; the data source's secrets
+    dataset_access: DatasetAccess  # where file:// datasets may live; the data sources' secrets
     attack: dict | None = None  # evaluation only: set by an admin, never by the tenant
     gossip_host: str = "127.0.0.1"  # the address the gossip endpoint binds (named in the worker's certificate)
 
@@ -113,9 +114,10 @@ def _spec(raw: dict[str, Any]) -> common_pb2.JobSpec:
 
 
 def _dataset_access(data: dict[str, Any]) -> DatasetAccess:
-    credentials, key = data.get("credentials"), data.get("dataset_key")
+    credentials, key, init = data.get("credentials"), data.get("dataset_key"), data.get("init_credentials")
     return DatasetAccess(
         roots=tuple(Path(root) for root in data.get("roots", ())),
         credentials=SourceCredentials.from_dict(credentials) if credentials else None,
         dataset_key=DatasetKey.from_dict(key) if key else None,
+        init_credentials=SourceCredentials.from_dict(init) if init else None,
     )

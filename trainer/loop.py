@@ -23,9 +23,7 @@ import time
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
-from urllib.parse import unquote, urlparse
 
 import torch
 import torch.distributed as dist
@@ -42,7 +40,7 @@ from cantata.trainer.model import LanguageModel, build_model
 from cantata.trainer.optim import build_optimizer, spec_settings
 from cantata.trainer.parallel import MeshState, Parallelism, data_rank, parallelize
 from cantata.trainer.reporter import Reporter
-from cantata.trainer.weights import load_weights
+from cantata.trainer.weights import load_weights, open_weights
 
 
 class Stopped(Exception):
@@ -410,14 +408,13 @@ class Trainer:
             return val_loss
 
     def load_initial_weights(self) -> None:
-        """The job's ``init_from`` weights, from under the roots its datasets may come from."""
-        path = Path(os.path.abspath(unquote(urlparse(self.spec.init_from).path)))
-        if not any(path == root or root in path.parents for root in self.cfg.dataset_access.roots):
-            raise PermissionError(f"init_from {path} is outside the allowed roots")
-        files = load_weights(self.model, path)
-        note("init_from", f"initial weights from {path} ({files} files)", files=files)
+        """The job's ``init_from`` weights: under the roots its datasets may come from, or in a data source's store."""
+        access = self.cfg.dataset_access
+        objects = open_weights(self.spec.init_from, roots=access.roots, credentials=access.init_credentials)
+        files = load_weights(self.model, objects)
+        note("init_from", f"initial weights from {objects.uri} ({files} files)", files=files)
         if self.lead:
-            self.reporter.message(f"initial weights from {path} ({files} files)")
+            self.reporter.message(f"initial weights from {objects.uri} ({files} files)")
 
     def rounds(self, first: int) -> None:
         """Every round from ``first`` on: inner steps, the strategy's step after them, reports, evaluations, saves."""

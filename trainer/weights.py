@@ -1,58 +1,118 @@
-"""Initial weights for fine-tuning (``init_from``): safetensors files loaded one at a time into a built model.
+"""Initial weights for fine-tuning (``init_from``): safetensors objects loaded one at a time into a built model.
 
-Names follow Hugging Face checkpoints; their ``model.`` prefix is dropped.
-Each file's tensors are handed to ``set_model_state_dict`` as full tensors,
-so on a mesh every rank keeps only its own shard of them, and no more than
-one file is held at once. Every parameter must come from some file with its
-exact shape; a missing or unknown tensor fails the job, naming it.
+``init_from`` is ``file:///PATH`` under the roots the job's datasets may come
+from, ``s3://SOURCE@bucket/prefix`` or ``az://SOURCE@container/prefix`` (read
+with the named data source's credentials): one ``.safetensors`` file or object,
+or every one directly in a directory or under a prefix, in key order. Local
+files and store objects go through the same loader. Names follow Hugging Face
+checkpoints; their ``model.`` prefix is dropped. Each object's tensors are
+handed to ``set_model_state_dict`` as full tensors, so on a mesh every rank
+keeps only its own shard of them, and no more than one object is held at once.
+Every parameter must come from some object with its exact shape; a missing or
+unknown tensor fails the job, naming it and its object. A store that cannot be
+read fails it with the typed data errors of :mod:`cantata.trainer.data.sources`.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
+from safetensors import SafetensorError
+from safetensors.torch import load
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+from cantata.storage import open_store
+from cantata.trainer.data.errors import DatasetPathError
+from cantata.trainer.data.sources import (
+    DatasetURI,
+    LocalDirectory,
+    SourceCredentials,
+    StoreObjects,
+    source_store_options,
+    translated_store_errors,
+)
 
 PREFIX = "model."
 SUFFIX = ".safetensors"
 
 
 class WeightsError(ValueError):
-    """The initial weights do not fit the job's model."""
+    """The initial weights are missing or do not fit the job's model."""
 
 
-def weight_files(path: Path) -> list[Path]:
-    """``path`` itself, or the ``*.safetensors`` files in the directory ``path``, sorted."""
-    files = sorted(path.glob("*" + SUFFIX)) if path.is_dir() else [path]
-    if not files or not all(f.is_file() and f.name.endswith(SUFFIX) for f in files):
+@dataclass(frozen=True)
+class WeightObjects:
+    """The safetensors objects ``init_from`` names: their keys, in load order, and how to read one whole."""
+
+    uri: str  # where they are, for messages: the directory or prefix
+    keys: tuple[str, ...]
+    read: Callable[[str], bytes]
+
+
+def open_weights(
+    uri: str, *, roots: Sequence[Path] = (), credentials: SourceCredentials | None = None
+) -> WeightObjects:
+    """The objects at ``uri``: a ``file://`` path inside ``roots``, or a store prefix read with ``credentials``."""
+    parsed = DatasetURI.parse(uri)
+    if parsed.scheme == "file":
+        path = Path(os.path.abspath(parsed.location))
+        if ".." in Path(parsed.location).parts or not any(path == r or r in path.parents for r in roots):
+            raise DatasetPathError(f"init_from {path} is outside the allowed roots")
+        return local_weights(path, uri)
+    if parsed.scheme not in ("s3", "az"):
+        raise WeightsError(f"init_from {uri}: use file://, s3://SOURCE@bucket/prefix or az://SOURCE@container/prefix")
+    options = source_store_options(parsed, credentials, f"init_from {uri}")
+    single = parsed.prefix.endswith(SUFFIX)  # one object: list its folder, keep its name
+    folder, _, name = parsed.prefix.rpartition("/") if single else (parsed.prefix, "", "")
+    with translated_store_errors(f"opening init_from {uri}"):
+        store = open_store(f"{parsed.scheme}://{parsed.location}/{folder}", **options)
+    objects = StoreObjects(store)
+    keys = sorted(k for k in objects.sizes() if "/" not in k and k.endswith(SUFFIX) and k == (name or k))
+    if not keys:
+        raise WeightsError(f"init_from {uri}: no {SUFFIX} object under {store.uri}")
+    return WeightObjects(store.uri, tuple(keys), objects.read)
+
+
+def local_weights(path: Path, uri: str | None = None) -> WeightObjects:
+    """``path`` itself, or the ``*.safetensors`` files directly in the directory ``path``, never through a link."""
+    folder, keys = (
+        (path, sorted(f.name for f in path.glob("*" + SUFFIX))) if path.is_dir() else (path.parent, [path.name])
+    )
+    if not keys or not all((folder / k).is_file() and k.endswith(SUFFIX) for k in keys):
         raise WeightsError(f"init_from {path}: no {SUFFIX} file there")
-    return files
+    return WeightObjects(f"{folder}/", tuple(keys), LocalDirectory(folder, uri or path.as_uri()).read)
 
 
-def load_weights(model: torch.nn.Module, path: Path) -> int:
-    """Load every tensor of the files at ``path`` into ``model``; returns the number of files read."""
+def load_weights(model: torch.nn.Module, objects: WeightObjects) -> int:
+    """Load every tensor of ``objects`` into ``model``, one object at a time; returns the number read."""
     expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
     tied = {name for name in expected if name == "lm_head.weight" and getattr(model.cfg, "tie_embeddings", False)}
     seen: set[str] = set()
-    files = weight_files(path)
-    for file in files:
-        tensors: dict[str, Any] = {name.removeprefix(PREFIX): tensor for name, tensor in load_file(str(file)).items()}
+    for key in objects.keys:
+        where = f"{objects.uri}{key}"
+        try:
+            loaded = load(objects.read(key))
+        except SafetensorError as error:
+            raise WeightsError(f"init_from {where}: not a safetensors file ({error})") from None
+        tensors: dict[str, Any] = {name.removeprefix(PREFIX): tensor for name, tensor in loaded.items()}
         for name, tensor in tensors.items():
             if name not in expected:
-                raise WeightsError(f"init_from {file.name}: tensor {name!r} is not in the model")
+                raise WeightsError(f"init_from {where}: tensor {name!r} is not in the model")
             if tuple(tensor.shape) != expected[name]:
                 raise WeightsError(
-                    f"init_from {file.name}: tensor {name!r} has shape {tuple(tensor.shape)}, "
-                    f"the model's is {expected[name]}"
+                    f"init_from {where}: tensor {name!r} has shape {tuple(tensor.shape)}, the model's is {expected[name]}"
                 )
         seen |= tensors.keys()  # before loading: set_model_state_dict fills the dict in
         set_model_state_dict(model, tensors, options=StateDictOptions(full_state_dict=True, strict=False))
+        del loaded, tensors
     missing = sorted(set(expected) - seen - tied)
     if missing:
         raise WeightsError(
-            f"init_from {path}: no tensor for {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else "")
+            f"init_from {objects.uri}: no tensor for {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else "")
         )
-    return len(files)
+    return len(objects.keys)

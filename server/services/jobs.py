@@ -17,7 +17,7 @@ from cantata.server.broadcast import EventBroadcast
 from cantata.server.datasource_store import DataSourceNotFound
 from cantata.server.deletion import JobDeletion
 from cantata.server.errors import InvalidRequest
-from cantata.server.jobspec import InvalidField, dataset_source, parse_job_spec, processes
+from cantata.server.jobspec import InvalidField, job_sources, parse_job_spec, processes
 from cantata.server.lifecycle import JobLifecycle
 from cantata.server.metrics_store import MetricsStore, UnknownMetric
 from cantata.server.ports import DataSourceDirectory
@@ -123,9 +123,9 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
             raise InvalidField("request_id", REQUEST_ID_RULE)
         digest = submitted_digest(request.spec)
         spec = parse_job_spec(request.spec, **self._spec_defaults(tenant_name))
-        source = dataset_source(spec.dataset)
-        if source and not self._data_source_exists(tenant_name, source):
-            raise DataSourceNotFound(f"dataset: data source {source!r} not found")
+        for field, source in job_sources(spec).items():  # another tenant's source is not found either
+            if not self._data_source_exists(tenant_name, source):
+                raise DataSourceNotFound(f"{field}: data source {source!r} not found")
 
         def record(job_id: str) -> int:  # synced beside the commit, neither under the database's lock
             return self._recorder.append_alongside_commit(

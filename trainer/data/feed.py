@@ -30,11 +30,12 @@ VALIDATION_RANK = -1  # the corpus sampler's stream shared by every rank
 
 @dataclass(frozen=True)
 class DatasetAccess:
-    """What a worker holds to open its job's dataset (from its private config)."""
+    """What a worker holds to open its job's dataset and its ``init_from`` weights (from its private config)."""
 
     roots: tuple[Path, ...] = ()  # where file:// datasets may live
     credentials: SourceCredentials | None = field(default=None, repr=False)
     dataset_key: DatasetKey | None = field(default=None, repr=False)
+    init_credentials: SourceCredentials | None = field(default=None, repr=False)  # the init_from source's
 
 
 class Feed(Protocol):

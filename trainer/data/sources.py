@@ -354,6 +354,20 @@ class Dataset:
         return tokens
 
 
+def source_store_options(parsed: DatasetURI, credentials: SourceCredentials | None, what: str) -> dict[str, Any]:
+    """The :func:`open_store` options of the data source ``parsed`` names (none without one), or a ``DataError``.
+
+    ``what`` (``dataset URI``) names the field in the message.
+    """
+    if not parsed.source:
+        return {}
+    if credentials is None or credentials.name != parsed.source:
+        raise DataError(f"{what} names data source {parsed.source!r}, whose credentials were not given")
+    if credentials.kind != parsed.scheme:
+        raise DataError(f"data source {parsed.source!r} is {credentials.kind}, not {parsed.scheme}")
+    return credentials.store_options()
+
+
 def open_dataset(
     uri: str,
     *,
@@ -389,14 +403,9 @@ def open_dataset(
             utf8_policy=utf8_policy,
             vocabulary=vocabulary,
         )
-    if parsed.source:
-        if credentials is None or credentials.name != parsed.source:
-            raise DataError(f"dataset {uri} names data source {parsed.source!r}, whose credentials were not given")
-        if credentials.kind != parsed.scheme:
-            raise DataError(f"data source {parsed.source!r} is {credentials.kind}, not {parsed.scheme}")
-        store_options = {**credentials.store_options(), **store_options}
     with translated_store_errors(f"opening dataset {uri}"):
-        store = open_store(parsed.store_uri, **store_options)
+        options = {**source_store_options(parsed, credentials, f"dataset {uri}"), **store_options}
+        store = open_store(parsed.store_uri, **options)
     return Dataset(
         uri,
         StoreObjects(store),
