@@ -17,30 +17,41 @@ from cantata.trainer.config import WorkerConfig
 from cantata.trainer.data import DataError, DatasetKey, SourceCredentials
 
 SECRET = "s3cr3t-access-key-value"
+HUB_SECRET = "AccountKey=hub-secret-value"
 CREDENTIALS = SourceCredentials(
     "corpus", "s3", "http://127.0.0.1:9", {"access_key_id": "AK", "secret_access_key": SECRET}
 )
 
 
 class _Audit:
-    def append(self, *args, **kwargs) -> None:
-        pass
+    def __init__(self) -> None:
+        self.records: list[tuple[str, str, dict]] = []
+
+    def append(self, actor, action, *, resource="", tenant="", details=None, **kwargs) -> None:
+        self.records.append((str(action), resource, details or {}))
 
 
-def _job(dataset: str) -> JobRecord:
-    spec = common_pb2.JobSpec(name="x", dataset=dataset)
+def _job(dataset: str, init_from: str = "") -> JobRecord:
+    spec = common_pb2.JobSpec(name="x", dataset=dataset, init_from=init_from)
     return JobRecord("job-1", "acme", "r" * 8, spec, common_pb2.STARTING, "", 0, 0.0, 0.0, 1, "", "")
 
 
 @pytest.fixture
-def broker(tmp_path: Path) -> SecretsBroker:
+def audit() -> _Audit:
+    return _Audit()
+
+
+@pytest.fixture
+def broker(tmp_path: Path, audit: _Audit) -> SecretsBroker:
     """The server's secrets broker over a real keyring and data-source store."""
     keyring = LocalKeyring(tmp_path / "keyring.sealed", MasterKey.create_file(tmp_path / "master.key"))
     keyring.ensure_tenant("acme")
     sources = DataSourceStore(Database(tmp_path / "state.db"), keyring)
     spec = DataSourceSpec("corpus", "s3", CREDENTIALS.endpoint, dict(CREDENTIALS.secrets), bytes(range(32)))
     sources.register("acme", spec)
-    return SecretsBroker(keyring, sources, _Audit(), lambda tenant: [tmp_path / "data" / tenant])
+    hub = DataSourceSpec("hub", "az", "http://127.0.0.1:10", {"connection_string": HUB_SECRET}, None)
+    sources.register("acme", hub)
+    return SecretsBroker(keyring, sources, audit, lambda tenant: [tmp_path / "data" / tenant])
 
 
 @pytest.fixture
@@ -98,3 +109,26 @@ def test_malformed_secrets_are_refused_at_load(tmp_path, secrets):
         WorkerConfig.load(_write(tmp_path, {**parts, "checkpoint_keys": {"tenant": "acme"}}))
     with pytest.raises(DataError):
         WorkerConfig.load(_write(tmp_path, {**parts, "data": {**parts["data"], "credentials": {"kind": "s3"}}}))
+
+
+def test_init_from_s_data_source_is_released_to_the_workers_typed_and_audited_once_per_source(tmp_path, broker, audit):
+    cfg = WorkerConfig.load(_write(tmp_path, broker.worker_secrets(_job("s3://corpus@b/p", "az://hub@c/w"))))
+    access = cfg.dataset_access
+    assert access.credentials == CREDENTIALS and access.dataset_key == DatasetKey("acme", bytes(range(32)))
+    assert access.init_credentials == SourceCredentials(
+        "hub", "az", "http://127.0.0.1:10", {"connection_string": HUB_SECRET}
+    )
+    assert HUB_SECRET not in repr(cfg)
+    released = [
+        (resource, details["for"], details["with_shard_decryption"]) for _, resource, details in audit.records[1:]
+    ]
+    assert released == [("corpus", ["dataset"], True), ("hub", ["init_from"], False)]
+
+    audit.records.clear()
+    cfg = WorkerConfig.load(_write(tmp_path, broker.worker_secrets(_job("s3://corpus@b/p", "s3://corpus@b/w"))))
+    assert cfg.dataset_access.init_credentials == cfg.dataset_access.credentials == CREDENTIALS
+    assert [(r, d["for"]) for _, r, d in audit.records[1:]] == [("corpus", ["dataset", "init_from"])]
+
+    cfg = WorkerConfig.load(_write(tmp_path, broker.worker_secrets(_job("builtin:pystdlib", "az://hub@c/w"))))
+    assert cfg.dataset_access.credentials is None and cfg.dataset_access.dataset_key is None
+    assert cfg.dataset_access.init_credentials is not None and cfg.dataset_access.init_credentials.name == "hub"
