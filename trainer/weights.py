@@ -99,7 +99,9 @@ def load_weights(model: torch.nn.Module, objects: WeightObjects) -> int:
             loaded = load(objects.read(key))
         except SafetensorError as error:
             raise WeightsError(f"init_from {where}: not a safetensors file ({error})") from None
-        tensors: dict[str, Any] = {name.removeprefix(PREFIX): tensor for name, tensor in loaded.items()}
+        # In name order: safetensors' parser hands them over in a per-process random order, and on a mesh
+        # every rank must distribute the same tensor in the same collective.
+        tensors: dict[str, Any] = {name.removeprefix(PREFIX): loaded[name] for name in sorted(loaded)}
         for name, tensor in tensors.items():
             if name not in expected:
                 raise WeightsError(f"init_from {where}: tensor {name!r} is not in the model")
