@@ -171,9 +171,9 @@ def queue_head_query(skipped: int) -> str:
     return (
         "SELECT head.id FROM (SELECT t.name AS tenant, (SELECT q.id FROM jobs q "
         f"WHERE q.state={int(common_pb2.QUEUED)} AND q.tenant=t.name AND q.id NOT IN ({','.join('?' * skipped)}) "
-        "ORDER BY q.created_at, q.id LIMIT 1) AS id FROM tenants t) AS head JOIN jobs ON jobs.id = head.id "
+        "ORDER BY q.created_at, q.rowid LIMIT 1) AS id FROM tenants t) AS head JOIN jobs ON jobs.id = head.id "
         "ORDER BY (SELECT COUNT(*) FROM jobs a "
-        f"WHERE a.state IN ({_in(ACTIVE)}) AND a.tenant = head.tenant), jobs.created_at, jobs.id LIMIT 1"
+        f"WHERE a.state IN ({_in(ACTIVE)}) AND a.tenant = head.tenant), jobs.created_at, jobs.rowid LIMIT 1"
     )
 
 
@@ -681,7 +681,7 @@ class Store:
     def queue_head(self, skip: Collection[str] = ()) -> JobRecord | None:
         """The next job to place: each tenant's oldest queued job, the tenant with the fewest active jobs first.
 
-        Ties go to the job queued first. Each tenant's head and active jobs are index seeks (``jobs_by_state``),
+        Ties go to the job queued first (by insertion order: jobs queued in the same millisecond share a time). Each tenant's head and active jobs are index seeks (``jobs_by_state``),
         so the look costs the same whatever the queue's length. Jobs in ``skip`` (those the cluster cannot run
         as it is) are passed over.
         """

@@ -81,6 +81,15 @@ def test_a_tenant_with_many_queued_jobs_does_not_starve_one_with_a_single_job(st
     assert store.job(small).state == pb.STARTING
 
 
+def test_jobs_queued_in_the_same_millisecond_start_in_the_order_they_were_queued(store):
+    busy = _submit(store, "busy", 20)
+    with store.database.transaction() as db:  # on a fast machine a burst of submits shares one created_at
+        db.execute("UPDATE jobs SET created_at = ?", ("2026-01-01T00:00:00.000+00:00",))
+    scheduler, launcher = _scheduler(store, slots=20)
+    scheduler.tick()
+    assert launcher.launched == busy  # not in the order of their random ids
+
+
 def test_placement_runs_on_a_change_and_not_on_every_tick(store):
     scheduler, launcher = _scheduler(store, slots=2)
     scheduler.tick()  # nothing queued: the first pass finds nothing
