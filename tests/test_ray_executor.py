@@ -220,6 +220,7 @@ def test_a_gasloc_job_outlives_a_lost_node_its_worker_placed_again_on_another(cl
             algorithm="gasloc",
             workers=3,
             local_steps=2,
+            round_time_s=2.0,  # rounds of 2 s: the peers train on long enough for the lost worker to come back
             **{**TINY, "steps": 100, "eval_every": 100, "checkpoint_every": 20},
         )
     )
@@ -234,6 +235,14 @@ def test_a_gasloc_job_outlives_a_lost_node_its_worker_placed_again_on_another(cl
     assert any(f"worker {victim} exited with code -9" in m and "restarting it" in m for m in messages), messages
     again = [m for m in messages if m.startswith(f"worker {victim} placed on ")]
     assert again and again[-1].removeprefix(f"worker {victim} placed on ") in {cluster.nodes[0].ip, cluster.nodes[1].ip}
+    events = list(handle.events())
+    replaced = max(i for i, e in enumerate(events) if e.message.startswith(f"worker {victim} placed on "))
+    rejoined = [  # the relaunched worker gossips with its peers again, not alone to the end
+        e
+        for e in events[replaced:]
+        if e.kind == "ROUND" and e.worker == victim and "exchanged with []" not in e.message
+    ]
+    assert rejoined, [e.message for e in events[replaced:] if e.worker == victim]
 
 
 def _placement(handle) -> dict[int, str]:
