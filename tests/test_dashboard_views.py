@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from cantata.proto.v1 import common_pb2, jobs_pb2, worker_pb2
+from cantata.server.broadcast import EventBroadcast
+from cantata.server.dashboard.series import EventSeries
 from cantata.server.dashboard.views import Views
 from cantata.server.services.worker import round_text
 from cantata.server.store import AnomalyRecord, NotFound, Store, utcnow
@@ -47,3 +51,21 @@ def test_gossip_edges_carry_their_last_round_and_screening_verdicts(store, tmp_p
     assert page.job.name == "<b>g</b>"  # passed as it is: the template escapes it
     with pytest.raises(NotFound):
         views.job_page(job.id, "rival")
+
+
+def test_a_stream_reconnecting_after_the_end_ends_at_once_and_one_from_the_start_gets_the_end(store):
+    spec = common_pb2.JobSpec(name="j", workers=1, ranks_per_worker=1, steps=10, batch_size=4, seq_len=16)
+    job, _ = store.submit_job(store.tenant("acme"), "r1", spec)
+    for state in (common_pb2.STARTING, common_pb2.RUNNING, common_pb2.SUCCEEDED):
+        assert store.transition(job.id, state)
+    broadcast = EventBroadcast()
+
+    async def follow(cursor: int) -> list[list]:
+        broadcast.bind(asyncio.get_running_loop())
+        # a stream that waited on the broadcast for an end it already had would never finish (pytest's timeout)
+        return [batch async for batch in EventSeries(store, broadcast).follow(job.id, cursor)]
+
+    from_start = asyncio.run(follow(0))
+    last = from_start[-1][-1]
+    assert (last.state, last.terminal) == ("SUCCEEDED", True)
+    assert asyncio.run(follow(last.seq)) == []  # the browser's Last-Event-ID: nothing after it, and the stream ends

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from cantata.proto.v1 import common_pb2, jobs_pb2
+from cantata.proto.vocabulary import is_terminal
 from cantata.server.broadcast import EventBroadcast
 from cantata.server.store import Store
 
@@ -62,6 +63,9 @@ class EventSeries:
         self._store = store
         self._broadcast = broadcast
 
+    def _has_ended(self, job_id: str) -> bool:
+        return is_terminal(self._store.job(job_id).state)
+
     async def follow(self, job_id: str, cursor: int) -> AsyncGenerator[list[SeriesUpdate]]:
         """Batches of updates after ``cursor``; the last batch holds the job's (latest) end."""
         with self._broadcast.subscribe(job_id) as live:  # before reading the store, so nothing falls between
@@ -71,6 +75,8 @@ class EventSeries:
                 if catching_up:
                     events = await asyncio.to_thread(self._store.events_after, job_id, cursor)
                     catching_up = bool(events)
+                    if not events and await asyncio.to_thread(self._has_ended, job_id):
+                        return  # a browser reconnecting after the end already holds it: nothing will follow
                 else:
                     events = await live.next_batch()
                     if live.overflowed:
