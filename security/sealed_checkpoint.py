@@ -207,19 +207,11 @@ def write_shard(
     segment_size: int = DEFAULT_SEGMENT_SIZE,
 ) -> ShardInfo:
     """Seal one shard (a dict of tensors, or bytes) of the checkpoint at ``step``."""
-    if _checked_name(name, "shard name") == MANIFEST:
-        raise InvalidCheckpointError(f"{MANIFEST!r} is reserved")
-    context = StreamContext(tenant, job_id, step, name)
-    with store.writer(object_key(tenant, job_id, _checked_step(step), name)) as upload:
-        encryptor = StreamEncryptor(upload, context=context, wrapper=kek, segment_size=segment_size)
-        if isinstance(state, (bytes, bytearray, memoryview)):
-            kind = KIND_BYTES
-            encryptor.write(state)
-        else:
-            kind = KIND_TORCH
-            _torch_save(state, encryptor)
-        summary = encryptor.close()
-    return ShardInfo(name, kind, summary.plaintext_size, summary.sealed_size, summary.sealed_digest)
+    if isinstance(state, (bytes, bytearray, memoryview)):
+        return write_shard_parts(
+            store, tenant=tenant, job_id=job_id, step=step, name=name, parts=[state], kek=kek, segment_size=segment_size
+        )
+    return _seal(store, tenant, job_id, step, name, kek, segment_size, KIND_TORCH, lambda out: _torch_save(state, out))
 
 
 def write_shard_parts(
@@ -234,15 +226,34 @@ def write_shard_parts(
     segment_size: int = DEFAULT_SEGMENT_SIZE,
 ) -> ShardInfo:
     """Seal the concatenation of ``parts`` as one bytes shard, streamed (a rank's sharded-checkpoint object)."""
+
+    def write(out: StreamEncryptor) -> None:
+        for part in parts:
+            out.write(part)
+
+    return _seal(store, tenant, job_id, step, name, kek, segment_size, KIND_BYTES, write)
+
+
+def _seal(
+    store: BlobStore,
+    tenant: str,
+    job_id: str,
+    step: int,
+    name: str,
+    kek: KeyWrapper,
+    segment_size: int,
+    kind: str,
+    write: Callable[[StreamEncryptor], None],
+) -> ShardInfo:
+    """Stream what ``write`` writes, sealed, into shard ``name``'s object of the checkpoint at ``step``."""
     if _checked_name(name, "shard name") == MANIFEST:
         raise InvalidCheckpointError(f"{MANIFEST!r} is reserved")
     context = StreamContext(tenant, job_id, step, name)
     with store.writer(object_key(tenant, job_id, _checked_step(step), name)) as upload:
         encryptor = StreamEncryptor(upload, context=context, wrapper=kek, segment_size=segment_size)
-        for part in parts:
-            encryptor.write(part)
+        write(encryptor)
         summary = encryptor.close()
-    return ShardInfo(name, KIND_BYTES, summary.plaintext_size, summary.sealed_size, summary.sealed_digest)
+    return ShardInfo(name, kind, summary.plaintext_size, summary.sealed_size, summary.sealed_digest)
 
 
 def commit_checkpoint(
