@@ -101,5 +101,5 @@ def test_a_mesh_muon_run_resumed_from_its_checkpoint_matches_the_uninterrupted_r
     assert result["settings"] == ("alpha=0.5", 0.9, 4)  # the job's fields, on every rank of the mesh
     metrics = result["metrics"]
     assert metrics["optim_updated_matrices"] == len(muon_names)
-    assert 1 <= metrics["optim_owned_matrices"] < len(muon_names)
+    assert metrics["optim_owned_matrices"] in range(1, len(muon_names))  # some matrices, not all
     assert metrics["optim_ns_flops_imbalance"] >= 1.0 and metrics["optim_sent_bytes"] > 0
