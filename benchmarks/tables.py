@@ -343,8 +343,8 @@ def throughput(load: Callable[[str], dict]) -> list[str]:
         *lines,
         "",
         "These are CPU processes sharing 2 cores, on a model of 0.16M parameters: communication and Python overhead "
-        "dominate, so the ratios are what the sharding costs here, not what it gains on GPUs. No GPU machine was "
-        "lent when this was measured; `benchmarks/gpu_mfu.py` is the script for one.",
+        "dominate, so the ratios are what the sharding costs here, not what it gains on GPUs; the GPU numbers "
+        "are in the next table.",
         reproduce("bench_throughput.py", quick=result["quick"]),
     ]
 
@@ -357,6 +357,45 @@ GASLOC_METHODS = {
     "gossip-ring": "plain gossip",
     "isolated": "isolated",
 }
+
+
+@table("gpu")
+def gpu(load: Callable[[str], dict]) -> list[str]:
+    mfu, job = load("gpu_mfu"), load("gpu_job")
+    parameters = mfu["parameters_without_embedding"] / 1e9
+    batch, seq = mfu["batch_per_rank"]
+    on_gpu, on_cpu = job["gpu"], job["cpu"]
+    model, steps = job["job"]["model"], job["job"]["steps"]
+    return [
+        f"On one {mfu['device']} (torch {mfu['machine']['torch']}, {mfu['machine']['cpus']} CPU cores), a "
+        f"{parameters:.2f}B-parameter Llama-shaped decoder trained with the trainer's own FSDP2 in bf16, "
+        f"{batch}×{seq} tokens a step, ran {mfu['tokens_per_s']:,.0f} tokens/s: "
+        f"**MFU {100 * mfu['mfu']:.1f}%** of the datasheet's {mfu['peak_tflops_per_device']} TFLOP/s "
+        f"(peak memory {mfu['peak_memory_gib']:.1f} GiB; no `torch.compile`, no fused kernels).",
+        "",
+        f"The same {model} job through the platform (server, tenant, SDK, a forked worker), once with "
+        "`gpus_per_worker=1` and once on the node's CPUs:",
+        "",
+        *header("job", "worker's log", "submit → first step", "tokens/s", "validation loss"),
+        *(
+            row(
+                f"{name} ({steps[key]} steps)",
+                f"`{r['device_log'][0].split('cantata.worker: ')[-1]}`",
+                f"{r['submit_to_first_step_s']:.2f} s",
+                f"{r['tokens_per_s_median']:,.0f}",
+                f"{r['val_loss']:.3f}",
+            )
+            for name, key, r in (("GPU", "gpu", on_gpu), ("CPU", "cpu", on_cpu))
+        ),
+        "",
+        f"GPU ÷ CPU: {job['tokens_per_s_gpu_over_cpu']}× the tokens/s; the first step takes "
+        f"{job['first_step_gpu_over_cpu']}× as long (CUDA's start-up). The GPU job's checkpoint, downloaded "
+        f"through the SDK, loads on the CPU ({job['gpu_checkpoint_loaded_on_cpu_tensors']} tensors). One GPU "
+        "cannot hold a 2-worker NCCL group (NCCL refuses two ranks on one device), so the 2-worker NCCL job "
+        "is still unmeasured.",
+        "Reproduce on a GPU machine: `python benchmarks/gpu_mfu.py` and `python benchmarks/gpu_job.py` "
+        "(`--check` runs either on the CPU).",
+    ]
 
 
 @table("gasloc")

@@ -64,7 +64,14 @@ def worker_estimate(spec: common_pb2.JobSpec) -> int:
 
 
 def runtime_budget(spec: common_pb2.JobSpec, override_mib: int) -> int:
-    """Bytes a worker may allocate once loaded: ``override_mib`` if set, else twice its estimate plus headroom."""
+    """Bytes a worker may allocate once loaded: ``override_mib`` if set, else twice its estimate plus headroom.
+
+    A GPU worker gets no address-space cap (0): CUDA reserves virtual address space for the
+    device's memory when it starts, far past any host budget, so ``RLIMIT_AS`` would stop it
+    there; its model lives in device memory, which the GPU itself bounds.
+    """
+    if spec.gpus_per_worker > 0:
+        return 0
     if override_mib > 0:
         return override_mib * MIB
     return 2 * (worker_estimate(spec) - LOADED_BYTES) + HEADROOM_BYTES

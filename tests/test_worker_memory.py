@@ -59,6 +59,15 @@ def test_a_job_that_cannot_fit_in_the_node_is_refused_naming_batch_size():
     assert memory.worker_estimate(_parse(0, batch_size=1, seq_len=1)) >= memory.LOADED_BYTES
 
 
+def test_a_gpu_worker_gets_no_address_space_cap_since_cuda_reserves_the_devices_memory_at_start():
+    cpu = _parse(0, model=Model.GPT_TINY.value, batch_size=16, seq_len=64)
+    gpu = _parse(0, model=Model.GPT_TINY.value, batch_size=16, seq_len=64, gpus_per_worker=1)
+    assert memory.runtime_budget(cpu, 0) > memory.HEADROOM_BYTES
+    assert memory.runtime_budget(cpu, 512) == 512 * memory.MIB
+    assert memory.runtime_budget(gpu, 0) == 0
+    assert memory.runtime_budget(gpu, 512) == 0
+
+
 def test_the_server_refuses_a_job_bigger_than_the_node(platform):
     with platform.enroll("acme") as client:
         with pytest.raises(errors.InvalidJob) as err:
