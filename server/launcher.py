@@ -51,7 +51,7 @@ from cantata.server.groups import group_size, processes
 from cantata.server.ports import CertificateRegistry, SecretsBroker
 from cantata.server.sandbox import Identities, Identity, base_environment, give, prepare_job_folder, store_environment
 from cantata.server.store import JobRecord, WorkerRecord
-from cantata.server.zygote import ZYGOTE_GONE, Zygote
+from cantata.server.zygote import ZYGOTE_GONE, ZYGOTE_MODULE, Zygote
 
 _adopted_exits = itertools.count(1 << 32)  # after every exit the zygote numbered: adopted ones are seen late
 
@@ -76,24 +76,39 @@ class WorkerProcess:
 class AdoptedProcess:
     """A worker an earlier server started: running while (pid, start time) runs; its status from the zygote's file.
 
-    One that exited with no status to read (its zygote died too) counts as killed.
+    Its zygote (the earlier server's, which outlives it) reaps it and then writes the file: until the
+    zygote has, an exit is not yet known. One that exited with no status to read and no zygote left
+    to write it counts as killed.
     """
 
     pid: int
     started_at: int
     status: Path
+    zygote: tuple[int, int] | None = None  # the (pid, start time) of the zygote that forked it, if it runs
     _code: int | None = None
     _order: int = 0
 
+    @classmethod
+    def adopt(cls, pid: int, started_at: int, status: Path) -> AdoptedProcess:
+        parent = proc_identity.parent(pid)
+        is_zygote = ZYGOTE_MODULE in proc_identity.command_line(parent)
+        return cls(pid, started_at, status, (parent, proc_identity.start_time(parent)) if is_zygote else None)
+
     def poll(self) -> int | None:
         if self._code is None and not proc_identity.running(self.pid, self.started_at):
-            self._code = ZYGOTE_GONE
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                recorded = json.loads(self.status.read_text())
-                if recorded["pid"] == self.pid:
-                    self._code = int(recorded["code"])
+            code = self._recorded()
+            if code is None and self.zygote is not None and proc_identity.running(*self.zygote):
+                return None  # exited; its zygote has not written how yet
+            self._code = ZYGOTE_GONE if code is None else code
             self._order = next(_adopted_exits)
         return self._code
+
+    def _recorded(self) -> int | None:
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            recorded = json.loads(self.status.read_text())
+            if recorded["pid"] == self.pid:
+                return int(recorded["code"])
+        return None
 
     def exit_order(self) -> int:
         return self._order
@@ -208,7 +223,7 @@ class WorkerLauncher:
         adopted = _Running({}, identity, rendezvous, attack)
         now = time.monotonic()  # heartbeats count from the adoption: the new server heard none yet
         for w in workers:
-            adopted.procs[w.idx] = AdoptedProcess(w.pid, w.started_at, self._status(job.id, w.idx))
+            adopted.procs[w.idx] = AdoptedProcess.adopt(w.pid, w.started_at, self._status(job.id, w.idx))
             adopted.spawned[w.idx] = now
         self._running[job.id] = adopted
         return sum(proc.poll() is None for proc in adopted.procs.values())

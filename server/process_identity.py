@@ -32,3 +32,18 @@ def running(pid: int, started_at: int) -> bool:
     """Whether the process that started at ``started_at`` with ``pid`` still runs (not exited, not a zombie)."""
     fields = _stat(pid)
     return bool(started_at) and fields is not None and int(fields[19]) == started_at and fields[0] not in FINISHED
+
+
+def parent(pid: int) -> int:
+    """The pid of process ``pid``'s parent; 0 if there is no such process."""
+    fields = _stat(pid)
+    return int(fields[1]) if fields else 0
+
+
+def command_line(pid: int) -> list[str]:
+    """Process ``pid``'s arguments; empty if there is no such process (or it is a zombie)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return raw.decode(errors="replace").split("\0")[:-1]

@@ -19,6 +19,7 @@ from cantata.security.process_sandbox import SpawnRequest
 
 SPAWN_TIMEOUT_S = 300.0  # the first request waits for a warm zygote's imports (minutes on a loaded machine)
 ZYGOTE_GONE = -int(signal.SIGKILL)  # exit status given to the workers of a zygote that died
+ZYGOTE_MODULE = "cantata.trainer.zygote"
 
 
 class ZygoteError(RuntimeError):
@@ -48,7 +49,7 @@ class Zygote:
 
     def _ensure(self) -> subprocess.Popen:
         if self._proc is None or self._proc.poll() is not None:
-            args = [sys.executable, "-m", "cantata.trainer.zygote", *(["--warm"] if self._warm else [])]
+            args = [sys.executable, "-m", ZYGOTE_MODULE, *(["--warm"] if self._warm else [])]
             self._proc = subprocess.Popen(
                 args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self._env, cwd="/", start_new_session=True
             )

@@ -19,7 +19,9 @@ import pytest
 
 from cantata.sdk.job import Job
 from cantata.security.audit import Action, read_records, verify
+from cantata.server.launcher import AdoptedProcess
 from cantata.server.process_identity import running, start_time
+from cantata.server.zygote import ZYGOTE_GONE, ZYGOTE_MODULE
 from tests.platform import Platform
 from tests.test_jobs import _pids_of
 from tests.waiting import wait_for
@@ -64,7 +66,8 @@ def _assert_ran_once_through(handle, platform: Platform) -> None:
     assert [e.step for e in events if e.kind == "EVAL"] == list(range(100, STEPS + 1, 100))
     messages = [e.message for e in events]
     assert "server restarted; re-adopted 1 running worker process" in messages
-    assert not any("restarting the job" in m or "will resume" in m for m in messages)
+    restarts = [m for m in messages if "restarting the job" in m or "will resume" in m or "no heartbeat" in m]
+    assert not restarts, restarts
     actions = _audited(platform, handle.id)
     assert actions.count(Action.JOB_STARTED) == 1 and Action.JOB_RESTARTED not in actions
     log = (platform.data_dir / "jobs" / handle.id / "worker-0.log").read_text()
@@ -123,6 +126,57 @@ def test_a_worker_that_died_while_the_server_was_down_takes_the_failure_path(pla
     assert len(restarted) == 1 and restarted[0].startswith("worker 0 exited with code -9")
     assert "server restarted; re-adopted 0 running worker processes" in messages
     assert _audited(platform, handle.id).count(Action.JOB_RESTARTED) == 1
+
+
+# A stand-in for an earlier server's zygote (its argv names the zygote's module): it forks a worker that
+# sleeps, and reaps it and writes its status file only when told to on stdin, as late as a busy zygote may.
+SLOW_ZYGOTE = """
+import json, os, sys, time
+child = os.fork()
+if child == 0:
+    time.sleep(600)
+    os._exit(0)
+print(child, flush=True)
+sys.stdin.readline()
+_, status = os.waitpid(child, 0)
+open(sys.argv[1], "w").write(json.dumps({"pid": child, "code": -os.WTERMSIG(status)}))
+sys.stdin.readline()
+"""
+
+
+def test_an_adopted_worker_that_exited_waits_for_its_zygote_to_say_how_rather_than_counting_as_killed(tmp_path):
+    status = tmp_path / "worker-0.status"
+    zygote = subprocess.Popen(
+        [sys.executable, "-c", SLOW_ZYGOTE, str(status), ZYGOTE_MODULE],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert zygote.stdout is not None and zygote.stdin is not None
+        pid = int(zygote.stdout.readline())
+        worker = AdoptedProcess.adopt(pid, start_time(pid), status)
+        assert worker.zygote == (zygote.pid, start_time(zygote.pid))
+        assert worker.poll() is None  # running
+        os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: not running(pid, worker.started_at))  # a zombie: exited, its zygote has not reaped it
+        assert worker.poll() is None  # not yet known, not "killed"
+        zygote.stdin.write("reap\n")
+        zygote.stdin.flush()
+        wait_for(lambda: status.exists() and status.read_text())
+        assert worker.poll() == -signal.SIGTERM
+    finally:
+        zygote.kill()
+        zygote.wait()
+
+
+def test_an_adopted_worker_gone_with_no_status_and_no_zygote_counts_as_killed(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    worker = AdoptedProcess.adopt(child.pid, start_time(child.pid), tmp_path / "worker-0.status")
+    assert worker.zygote is None  # its parent is this test, not a zygote
+    child.kill()
+    child.wait()
+    assert worker.poll() == ZYGOTE_GONE
 
 
 def test_a_pid_is_the_same_process_only_with_its_start_time():
