@@ -9,7 +9,7 @@ Bytes are what each process's transport serialized (``GossipNode.bytes_sent``);
 the round time is the slowest process's ``after_round`` (the outer step with
 its exchange, screening, group agreement and, when replicated, the broadcast).
 Inner steps are replaced by a fixed perturbation of the parameters: only the
-outer round is measured. The control plane's peer directory is a shared table.
+outer round is measured. The control plane's peer directory is a shared table (``tests/gossip_rig.py``).
 
     .venv/bin/python benchmarks/bench_sharded_gossip.py [--quick]
 """
@@ -18,16 +18,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
+import sys
 import tempfile
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import harness
 import torch
 import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' stand-in for the control plane
+
+from tests.gossip_rig import Directory, Parts, credentials, free_port, worker_config
 
 JOB = "job-bench-sharded"
 GROUPS, RANKS = 2, 2
@@ -35,39 +38,6 @@ MODELS = {  # name -> decoder shape (None: the named model)
     "llama-tiny": None,
     "decoder-17m": dict(dim=512, n_layers=4, n_heads=8, n_kv_heads=4, head_dim=64, ffn_dim=1536, vocab_size=4096),
 }
-
-
-class Directory:
-    """The control plane's peer directory, as a table the processes share (reports are dropped)."""
-
-    def __init__(self, table, process: int):
-        self._table, self._process = table, process
-        self.stop_requested = False
-
-    def gossip_endpoint(self, address: str) -> None:
-        self._table[("address", self._process)] = address
-
-    def peers(self):
-        items = dict(self._table)
-        addresses = {k[1]: v for k, v in items.items() if k[0] == "address"}
-        return addresses, 0, {k[1]: v for k, v in items.items() if k[0] == "round"}
-
-    def round(self, round_: int, *args, **kwargs) -> None:
-        self._table[("round", self._process)] = round_
-
-    def anomaly(self, *args, **kwargs) -> None:
-        pass
-
-    def message(self, text: str) -> None:
-        pass
-
-    def gossip_refused(self, *args) -> None:
-        pass
-
-
-class Parts:
-    def register(self, name, scope, part) -> None:
-        pass
 
 
 def _model(name: str):
@@ -87,7 +57,6 @@ def _case(process: int, model_name: str, sharded: bool, rounds: int, port: int, 
     from cantata.proto import jobfields
     from cantata.proto.v1 import common_pb2
     from cantata.proto.vocabulary import MixedPrecision
-    from cantata.trainer.config import WorkerConfig
     from cantata.trainer.decentralized import Decentralized
     from cantata.trainer.group_agreement import local_shards
     from cantata.trainer.parallel import parallelize
@@ -106,22 +75,7 @@ def _case(process: int, model_name: str, sharded: bool, rounds: int, port: int, 
         round_deadline_s=60.0,
     )
     jobfields.fill_defaults(spec)
-    cfg = WorkerConfig(
-        job_id=JOB,
-        tenant="t",
-        worker=process,
-        workers=GROUPS,
-        attempt=0,
-        server="",
-        ca=paths["ca"],
-        cert=paths[f"cert{process}"],
-        key=paths[f"key{process}"],
-        rendezvous=f"tcp://127.0.0.1:{port + process // RANKS}",
-        threads=1,
-        spec=spec,
-        checkpoint_keys=None,  # type: ignore[arg-type]
-        dataset_access=None,  # type: ignore[arg-type]
-    )
+    cfg = worker_config(JOB, process, spec, port, paths)
     strategy = Decentralized(cfg, Directory(table, process))  # type: ignore[arg-type]
     try:
         model = _model(model_name)
@@ -152,23 +106,6 @@ def _process(process: int, plan: list, port: int, tables: list, paths: dict, out
     torch.save(rows, os.path.join(out, f"{process}.pt"))
 
 
-def _credentials(directory: Path) -> dict:
-    from cantata.security.pki import CertificateAuthority, Principal
-    from cantata.trainer.gossip import gossip_server_name
-
-    ca = CertificateAuthority.create()
-    paths = {"ca": directory / "ca.pem"}
-    paths["ca"].write_bytes(ca.cert_pem)
-    for i in range(GROUPS * RANKS):
-        bundle = ca.issue_bundle(
-            Principal.worker(JOB, i), dns_names=[gossip_server_name(JOB, i)], lifetime=timedelta(hours=1), server=True
-        )
-        paths[f"cert{i}"], paths[f"key{i}"] = directory / f"cert{i}.pem", directory / f"key{i}.pem"
-        paths[f"cert{i}"].write_bytes(bundle.cert_pem)
-        paths[f"key{i}"].write_bytes(bundle.key_pem)
-    return paths
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="llama-tiny only, one trial")
@@ -185,10 +122,9 @@ def main(argv=None) -> None:
             plan += [(model, sharded, args.rounds) for sharded in modes]
     with tempfile.TemporaryDirectory() as work, mp.Manager() as manager:
         tables = [manager.dict() for _ in plan]
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = 20000 + s.getsockname()[1] % 30000
-        mp.spawn(_process, args=(plan, port, tables, _credentials(Path(work)), work), nprocs=GROUPS * RANKS)
+        port = 20000 + free_port() % 30000
+        paths = credentials(Path(work), JOB, GROUPS * RANKS)
+        mp.spawn(_process, args=(plan, port, tables, paths, work), nprocs=GROUPS * RANKS)
         results = [torch.load(Path(work) / f"{p}.pt", weights_only=False) for p in range(GROUPS * RANKS)]
     rows = []
     for model in models:

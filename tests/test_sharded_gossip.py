@@ -13,9 +13,6 @@ directory and records what the workers would report (the platform test in
 from __future__ import annotations
 
 import os
-import socket
-from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
@@ -23,57 +20,15 @@ import torch.multiprocessing as mp
 from cantata.proto import jobfields
 from cantata.proto.v1 import common_pb2
 from cantata.proto.vocabulary import MixedPrecision
-from cantata.security.pki import CertificateAuthority, Principal
-from cantata.trainer.config import WorkerConfig
-from cantata.trainer.gossip import gossip_server_name
 from cantata.trainer.model import build_model
 from cantata.trainer.optim import build_optimizer
 from cantata.trainer.parallel import parallelize
+from tests.gossip_rig import Directory, Parts, credentials, free_port, worker_config
 
 JOB = "job-sharded"
 MODEL = "llama-tiny"
 GROUPS, RANKS, H = 2, 2, 3
 SCALE_ATTACK = {"kind": "scale", "scale": 30.0, "workers": [1]}
-
-
-class Directory:
-    """The control plane's peer directory and report sink, as a table the four processes share."""
-
-    def __init__(self, table, process: int):
-        self._table, self._process = table, process
-        self.stop_requested = False
-
-    def gossip_endpoint(self, address: str) -> None:
-        self._table[("address", self._process)] = address
-
-    def peers(self) -> tuple[dict[int, str], int, dict[int, int]]:
-        items = dict(self._table)
-        addresses = {key[1]: value for key, value in items.items() if key[0] == "address"}
-        rounds = {key[1]: value for key, value in items.items() if key[0] == "round"}
-        return addresses, 0, rounds
-
-    def round(self, round_: int, peers, skipped, seconds, **figures) -> None:
-        self._table[("round", self._process)] = round_
-        self._table[("report", self._process, round_)] = (list(peers), list(skipped), figures["bytes_sent"])
-
-    def anomaly(self, peer: int, round_: int, check: str, verdict: str, score: float, quarantined: bool) -> None:
-        self._table[("anomaly", self._process, peer, round_)] = (check, verdict)
-
-    def message(self, text: str) -> None:
-        pass
-
-    def gossip_refused(self, address: str, principal: str, reason: str) -> None:
-        self._table[("refused", self._process)] = principal
-
-
-class Parts:
-    """What ``Decentralized.prepare`` registers (the checkpoint registry's role; nothing is sealed here)."""
-
-    def __init__(self):
-        self.parts = {}
-
-    def register(self, name, scope, part) -> None:
-        self.parts[name] = part
 
 
 def _spec(sharded: bool, algorithm: str) -> common_pb2.JobSpec:
@@ -100,24 +55,8 @@ def _run(process: int, sharded: bool, algorithm: str, attack, port: int, table, 
     """One process's job: H AdamW steps on its own batches, one outer round, the final consensus."""
     from cantata.trainer.decentralized import Decentralized
 
-    group = process // RANKS
-    cfg = WorkerConfig(
-        job_id=JOB,
-        tenant="t",
-        worker=process,
-        workers=GROUPS,
-        attempt=0,
-        server="",
-        ca=paths["ca"],
-        cert=paths[f"cert{process}"],
-        key=paths[f"key{process}"],
-        rendezvous=f"tcp://127.0.0.1:{port + group}",
-        threads=1,
-        spec=_spec(sharded, algorithm),
-        checkpoint_keys=None,  # type: ignore[arg-type]  # nothing is sealed here
-        dataset_access=None,  # type: ignore[arg-type]
-        attack=attack if process == 3 else None,  # one shard of group 1 is malicious
-    )
+    attack = attack if process == 3 else None  # one shard of group 1 is malicious
+    cfg = worker_config(JOB, process, _spec(sharded, algorithm), port, paths, attack)
     directory = Directory(table, process)
     strategy = Decentralized(cfg, directory)  # type: ignore[arg-type]
     try:
@@ -162,26 +101,6 @@ def _process(process: int, runs: list, port: int, table, paths: dict, out: str) 
     torch.save(results, os.path.join(out, f"{process}.pt"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _credentials(directory: Path) -> dict:
-    ca = CertificateAuthority.create()
-    paths = {"ca": directory / "ca.pem"}
-    paths["ca"].write_bytes(ca.cert_pem)
-    for i in range(GROUPS * RANKS):
-        bundle = ca.issue_bundle(
-            Principal.worker(JOB, i), dns_names=[gossip_server_name(JOB, i)], lifetime=timedelta(hours=1), server=True
-        )
-        paths[f"cert{i}"], paths[f"key{i}"] = directory / f"cert{i}.pem", directory / f"key{i}.pem"
-        paths[f"cert{i}"].write_bytes(bundle.cert_pem)
-        paths[f"key{i}"].write_bytes(bundle.key_pem)
-    return paths
-
-
 def test_per_shard_gossip_matches_the_gathered_path_sends_a_shard_and_rejects_a_bad_shard_groupwide(tmp_path):
     """gasloc and diloco, sharded against gathered; then gasloc with one malicious shard."""
     runs = [
@@ -195,7 +114,7 @@ def test_per_shard_gossip_matches_the_gathered_path_sends_a_shard_and_rejects_a_
         tables = [manager.dict() for _ in runs]
         mp.spawn(
             _process,
-            args=(runs, 20000 + _free_port() % 40000, tables, _credentials(tmp_path), str(tmp_path)),
+            args=(runs, 20000 + free_port() % 40000, tables, credentials(tmp_path, JOB, GROUPS * RANKS), str(tmp_path)),
             nprocs=GROUPS * RANKS,
         )
         tables = [dict(t) for t in tables]
