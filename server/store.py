@@ -164,13 +164,15 @@ def _in(values: frozenset[int]) -> str:
     return ", ".join(str(int(v)) for v in sorted(values))
 
 
-# The scheduler's look at the queue: each tenant's oldest queued job, the tenant with the fewest active jobs
-# first; every part of it a seek in the index jobs_by_state, so it costs the same whatever the queue's length.
-# ``skipped`` placeholders name queued jobs to pass over (those the cluster cannot run as it is).
+# The scheduler's look at the queue: each tenant's oldest queued job that is not parked, the tenant with the fewest
+# active jobs first; every part of it a seek in an index (jobs_queue, jobs_by_state), so it costs the same whatever
+# the queue's length and however many jobs are parked. ``skipped`` placeholders name queued jobs to pass over
+# (those about to be parked).
 def queue_head_query(skipped: int) -> str:
     return (
         "SELECT head.id FROM (SELECT t.name AS tenant, (SELECT q.id FROM jobs q "
-        f"WHERE q.state={int(common_pb2.QUEUED)} AND q.tenant=t.name AND q.id NOT IN ({','.join('?' * skipped)}) "
+        f"WHERE q.state={int(common_pb2.QUEUED)} AND q.parked=0 AND q.tenant=t.name "
+        f"AND q.id NOT IN ({','.join('?' * skipped)}) "
         "ORDER BY q.created_at, q.rowid LIMIT 1) AS id FROM tenants t) AS head JOIN jobs ON jobs.id = head.id "
         "ORDER BY (SELECT COUNT(*) FROM jobs a "
         f"WHERE a.state IN ({_in(ACTIVE)}) AND a.tenant = head.tenant), jobs.created_at, jobs.rowid LIMIT 1"
@@ -587,7 +589,7 @@ class Store:
             self._check_quota(db, tenant, resumed)
             before(job)
             db.execute(
-                "UPDATE jobs SET state=?, reason=?, attempts=0, failures=0, updated_at=?, spec=? WHERE id=?",
+                "UPDATE jobs SET state=?, reason=?, attempts=0, failures=0, updated_at=?, spec=?, parked=0 WHERE id=?",
                 (common_pb2.QUEUED, reason, utcnow(), resumed.SerializeToString(), job_id),
             )
             job = dataclasses.replace(job, spec=resumed)
@@ -648,10 +650,14 @@ class Store:
         tag: str = "",
         since: str = "",
         after: str = "",
+        with_workers: bool = False,
         limit: int = 1000,
     ) -> list[JobRecord]:
-        """Jobs in creation order, filtered; ``since`` is a :func:`utcnow` time; ``after`` is a page token (the last id seen)."""
+        """Jobs in creation order, filtered; ``since`` is a :func:`utcnow` time; ``after`` is a page token (the last id
+        seen); ``with_workers``: only jobs with workers recorded."""
         clauses, args = [], []
+        if with_workers:
+            clauses.append("id IN (SELECT job_id FROM workers)")
         if tenant is not None:
             clauses.append("tenant=?")
             args.append(tenant)
@@ -681,9 +687,9 @@ class Store:
     def queue_head(self, skip: Collection[str] = ()) -> JobRecord | None:
         """The next job to place: each tenant's oldest queued job, the tenant with the fewest active jobs first.
 
-        Ties go to the job queued first (by insertion order: jobs queued in the same millisecond share a time). Each tenant's head and active jobs are index seeks (``jobs_by_state``),
-        so the look costs the same whatever the queue's length. Jobs in ``skip`` (those the cluster cannot run
-        as it is) are passed over.
+        Ties go to the job queued first (by insertion order: jobs queued in the same millisecond share a time).
+        Each tenant's head and active jobs are index seeks (``jobs_queue``, ``jobs_by_state``), so the look costs
+        the same whatever the queue's length. Parked jobs (:meth:`park`) and those in ``skip`` are passed over.
         """
         with self._settling_lock:
             skip = (*skip, *self._settling)  # not acknowledged yet: placed once settled
@@ -722,6 +728,53 @@ class Store:
                 if dt.datetime.fromisoformat(r["updated_at"]) < now - dt.timedelta(days=r["retention_days"])
             ]
 
+    def park(self, verdicts: Mapping[str, str]) -> None:
+        """Park queued jobs the executor can never run as it is (job id -> why): the look at the queue's heads
+        passes them until :meth:`unpark`; each says why it waits, as :meth:`set_waiting` does. One transaction."""
+        with self._tx() as db:
+            for job_id, reason in verdicts.items():
+                try:
+                    job = self._job(db, job_id)
+                except NotFound:  # deleted meanwhile
+                    continue
+                if job.state != common_pb2.QUEUED:
+                    continue
+                db.execute("UPDATE jobs SET parked=1 WHERE id=?", (job_id,))
+                if job.reason != reason:
+                    self._waiting(db, job, reason)
+
+    def queued_after(self, job: JobRecord, limit: int) -> list[JobRecord]:
+        """Up to ``limit`` unparked queued jobs of ``job``'s tenant queued after it, in queue order (an index range)."""
+        with self.database.read() as db:
+            ids = [
+                r[0]
+                for r in db.execute(
+                    f"SELECT id FROM jobs WHERE state={int(common_pb2.QUEUED)} AND parked=0 AND tenant=? "
+                    "AND (created_at, rowid) > (SELECT created_at, rowid FROM jobs WHERE id=?) "
+                    "ORDER BY created_at, rowid LIMIT ?",
+                    (job.tenant, job.id, limit),
+                )
+            ]
+            return [self._job(db, i) for i in ids]
+
+    def parked_verdicts(self) -> list[tuple[JobRecord, str]]:
+        """One parked job of each distinct reason it was parked for, with that reason (one pass over jobs_parked)."""
+        with self.database.read() as db:
+            rows = db.execute(
+                f"SELECT reason, MIN(rowid) AS first FROM jobs WHERE state={int(common_pb2.QUEUED)} AND parked=1 "
+                "GROUP BY reason"
+            ).fetchall()
+            ids = [db.execute("SELECT id FROM jobs WHERE rowid=?", (r["first"],)).fetchone()[0] for r in rows]
+            return [(self._job(db, job_id), r["reason"]) for job_id, r in zip(ids, rows, strict=True)]
+
+    def unpark(self, reason: str) -> int:
+        """Offer again the queued jobs parked for ``reason`` (the executor's verdict on them may have changed)."""
+        with self._tx() as db:
+            self.database.after_commit(self._queue_changed)
+            return db.execute(
+                f"UPDATE jobs SET parked=0 WHERE state={int(common_pb2.QUEUED)} AND parked=1 AND reason=?", (reason,)
+            ).rowcount
+
     def set_waiting(self, job_id: str, reason: str) -> None:
         """Say why a queued job is not placed yet (an event, once per new reason)."""
         with self.database.read() as db:  # the same reason again writes nothing, and syncs nothing
@@ -732,12 +785,15 @@ class Store:
             job = self._job(db, job_id)
             if job.state != common_pb2.QUEUED or job.reason == reason:
                 return
-            db.execute("UPDATE jobs SET reason=?, updated_at=? WHERE id=?", (reason, utcnow(), job_id))
-            self._append_event(
-                db,
-                job_id,
-                jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, total_steps=job.spec.steps, message=f"waiting: {reason}"),
-            )
+            self._waiting(db, job, reason)
+
+    def _waiting(self, db: sqlite3.Connection, job: JobRecord, reason: str) -> None:
+        db.execute("UPDATE jobs SET reason=?, updated_at=? WHERE id=?", (reason, utcnow(), job.id))
+        self._append_event(
+            db,
+            job.id,
+            jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, total_steps=job.spec.steps, message=f"waiting: {reason}"),
+        )
 
     def transition(self, job_id: str, state: common_pb2.JobState, reason: str = "", *, message: str = "") -> bool:
         """Move a job to ``state`` if allowed from its current state.
@@ -751,7 +807,7 @@ class Store:
                 return False
             attempts = job.attempts + (1 if state == common_pb2.STARTING else 0)
             db.execute(
-                "UPDATE jobs SET state=?, reason=?, attempts=?, updated_at=? WHERE id=?",
+                "UPDATE jobs SET state=?, reason=?, attempts=?, updated_at=?, parked=0 WHERE id=?",
                 (state, reason or job.reason if state not in TERMINAL else reason, attempts, utcnow(), job_id),
             )
             self._append_event(
