@@ -222,6 +222,8 @@ class Database:
         self._alongside: list[tuple[Callable[[], None], Callable[[], None]]] = []  # (wait, undo), likewise
         self._side_syncs: ThreadPoolExecutor | None = None  # runs alongside waits while a member syncs the WAL
         self._every_commit: list[Callable[[], None]] = []  # after each transaction that commits
+        self._changed_tables: dict[str, list[Callable[[], None]]] = {}  # table -> hooks after a commit changing it
+        self._changed_tables_now: set[str] = set()  # tables the open transaction changed
         self._awaiting_sync: deque[tuple[int, list[_Member]]] = deque()  # hooks of unsynced commits
         self._durable_lock = threading.Lock()
         self._writer: int | None = None  # the thread whose write transaction is open
@@ -411,6 +413,7 @@ class Database:
                 with self._durable_lock:
                     self._awaiting_sync.append((batch.commit, batch.through))
         finally:
+            self._run_change_hooks()  # after a rollback too: a cache may hold what the transaction read of its own
             batch.done = True
             self._batch_done.notify_all()
 
@@ -504,6 +507,32 @@ class Database:
     def on_every_commit(self, hook: Callable[[], None]) -> None:
         """Run ``hook`` after every transaction that commits (under the lock, at once: readers see it at once)."""
         self._every_commit.append(hook)
+
+    def on_commit_changing(self, table: str, hook: Callable[[], None]) -> None:
+        """Run ``hook`` after every commit that changed a row of ``table`` (under the lock, at once), whoever wrote it.
+
+        Triggers on the writing connection note the change as it is made, so a cache of the table's rows is
+        emptied only when they changed, not at every commit. A transaction that changed it and rolled back runs
+        it too (a cache may hold what the transaction read of its own changes).
+        """
+        with self.lock:
+            if not self._changed_tables:
+                self.connection.create_function("cantata_changed", 1, self._note_change)
+            self._changed_tables.setdefault(table, []).append(hook)
+            for op in ("INSERT", "UPDATE", "DELETE"):
+                self.connection.execute(
+                    f"CREATE TEMP TRIGGER IF NOT EXISTS cantata_{table}_{op.lower()} AFTER {op} ON main.{table} "
+                    f"BEGIN SELECT cantata_changed('{table}'); END"
+                )
+
+    def _note_change(self, table: str) -> None:
+        self._changed_tables_now.add(table)
+
+    def _run_change_hooks(self) -> None:
+        changed, self._changed_tables_now = self._changed_tables_now, set()
+        for table in changed:
+            for hook in self._changed_tables.get(table, ()):
+                hook()
 
     def after_commit(self, hook: Callable[[], None]) -> None:
         """Run ``hook`` once the open transaction's commit is synced (dropped if it, or its savepoint, rolls back).

@@ -250,7 +250,7 @@ def wrap_handler(
         return grpc.unary_unary_rpc_method_handler(
             unary(handler.unary_unary),
             request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
+            response_serializer=_passing_bytes(handler.response_serializer),
         )
     behaviour = handler.unary_stream
     if inspect.isasyncgenfunction(behaviour):
@@ -266,7 +266,7 @@ def wrap_handler(
 
 def _passing_bytes(serialize: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:
     """``serialize``, except that a message already serialized (bytes: one broadcast event's, shared by every
-    watcher) is sent as it is."""
+    watcher, or a reply kept in memory) is sent as it is."""
     if serialize is None or getattr(serialize, "passes_bytes", False):
         return serialize
 

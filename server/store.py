@@ -19,17 +19,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Generic, TypeVar, cast
+from typing import cast
 
 from cantata.proto.v1 import common_pb2, jobs_pb2
 from cantata.proto.vocabulary import TERMINAL_STATES as TERMINAL
 from cantata.security.audit import Action
 from cantata.server.broadcast import EventBroadcast
+from cantata.server.cache import Cache
 from cantata.server.database import Database
 from cantata.server.groups import processes
-
-K = TypeVar("K")
-V = TypeVar("V")
 
 ACTIVE = frozenset({common_pb2.STARTING, common_pb2.RUNNING, common_pb2.CANCELLING})
 # Ended states a tenant may resume from (``Store.resume_job``): the one way out of a terminal state.
@@ -194,12 +192,12 @@ class Store:
         self.database = database if isinstance(database, Database) else Database(database)
         self._broadcast = broadcast
         self.on_queue_change: Callable[[], None] = lambda: None  # a job was queued, or a quota or tenant changed
-        # What every call's gatekeeper asks, answered from memory; emptied whenever any write commits, so
-        # no writer (of tenants or certificates, in this class or another) can leave a stale answer behind.
-        self._tenant_statuses = _Cache[str, str | None]()
-        self._revoked = _Cache[int, bool]()
-        self.database.on_every_commit(self._tenant_statuses.clear)
-        self.database.on_every_commit(self._revoked.clear)
+        # What every call's gatekeeper asks, answered from memory; emptied whenever a commit changed its table,
+        # so no writer (of tenants or certificates, in this class or another) can leave a stale answer behind.
+        self._tenant_statuses = Cache[str, str | None]()
+        self._revoked = Cache[int, bool]()
+        self.database.on_commit_changing("tenants", self._tenant_statuses.clear)
+        self.database.on_commit_changing("certificates", self._revoked.clear)
         self._settling: dict[str, threading.Event] = {}  # jobs whose submission is not yet durable and recorded
         self._settling_lock = threading.Lock()
 
@@ -988,28 +986,3 @@ class Store:
                 "ELSE ? END WHERE job_id=? AND idx=?",
                 (int(finished), failure, failure, job_id, idx),
             )
-
-
-class _Cache(Generic[K, V]):
-    """Answers kept in memory until :meth:`clear`; a load that raced a clear is not kept."""
-
-    def __init__(self) -> None:
-        self._values: dict[K, V] = {}
-        self._generation = 0
-        self._lock = threading.Lock()
-
-    def get(self, key: K, load: Callable[[K], V]) -> V:
-        with self._lock:
-            if key in self._values:
-                return self._values[key]
-            generation = self._generation
-        value = load(key)
-        with self._lock:
-            if generation == self._generation:
-                self._values[key] = value
-        return value
-
-    def clear(self) -> None:
-        with self._lock:
-            self._values.clear()
-            self._generation += 1

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import calendar
 import contextlib
 import datetime as dt
+import functools
 import hashlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -14,6 +16,7 @@ from cantata.proto.vocabulary import REQUEST_ID_RULE, valid_request_id
 from cantata.security.audit import Action, AuditLogUnavailable, Outcome
 from cantata.server.auth import caller, request_id
 from cantata.server.broadcast import EventBroadcast
+from cantata.server.cache import Cache
 from cantata.server.datasource_store import DataSourceNotFound
 from cantata.server.deletion import JobDeletion
 from cantata.server.errors import InvalidRequest
@@ -47,9 +50,16 @@ def job_info(job: JobRecord) -> common_pb2.JobInfo:
         val_loss=job.val_loss,
         request_id=job.request_id,
     )
-    info.created.FromJsonString(job.created_at.replace("+00:00", "Z"))
-    info.updated.FromJsonString(job.updated_at.replace("+00:00", "Z"))
+    info.created.FromNanoseconds(_nanoseconds(job.created_at))
+    info.updated.FromNanoseconds(_nanoseconds(job.updated_at))
     return info
+
+
+@functools.lru_cache(maxsize=4096)  # a job's times are read on every look at it
+def _nanoseconds(stored: str) -> int:
+    """A store time (:func:`~cantata.server.store.utcnow`, with its offset) as nanoseconds since the epoch."""
+    moment = dt.datetime.fromisoformat(stored)
+    return (calendar.timegm(moment.utctimetuple()) * 1_000_000 + moment.microsecond) * 1000
 
 
 def _complete_lines(path: Path) -> list[str]:
@@ -84,6 +94,8 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
     ):
         self._store = store
         self._submissions = submissions
+        self._replies = Cache[str, tuple[str, bytes]](limit=10_000)  # GetJob's, until a commit changes a job
+        store.database.on_commit_changing("jobs", self._replies.clear)
         self._metrics = metrics
         self._lifecycle = lifecycle
         self._log_path = log_path
@@ -141,8 +153,17 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
             )
 
     async def GetJob(self, request, context):
-        """On the event loop, without a thread: one read by primary key, from this thread's reader."""
-        return job_info(self._job(context, request.job_id))
+        """On the event loop, without a thread: the reply from memory while the job is unchanged (no commit
+        changed a job since it was read), else one read by primary key, from this thread's reader."""
+        tenant, reply = self._replies.get(request.job_id, self._reply)
+        if tenant != caller(context).name:
+            raise NotFound(f"job {request.job_id!r} not found")
+        return reply
+
+    def _reply(self, job_id: str) -> tuple[str, bytes]:
+        """The job's tenant, and its ``GetJob`` reply as sent."""
+        job = self._store.job(job_id)
+        return job.tenant, job_info(job).SerializeToString()
 
     def GetMetrics(self, request, context):
         """A page of the job's metrics history: ``page_size`` 0 takes 5,000, more than 20,000 takes 20,000."""
