@@ -178,8 +178,8 @@ def queue_head_query(skipped: int) -> str:
 
 
 QUEUE_HEAD = queue_head_query(0)
-# A tenant's unfinished jobs (the concurrent-jobs quota), counted in the index without reading the jobs.
-UNFINISHED_OF_TENANT = f"SELECT COUNT(*) FROM jobs WHERE state IN ({_in(ACTIVE | {common_pb2.QUEUED})}) AND tenant=?"
+# A tenant's unfinished jobs (the concurrent-jobs quota): one row that triggers keep counted (migration 11).
+UNFINISHED_OF_TENANT = "SELECT COALESCE((SELECT n FROM unfinished_jobs WHERE tenant=?), 0)"
 
 
 class Store:

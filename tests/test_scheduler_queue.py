@@ -152,9 +152,44 @@ def test_the_looks_at_the_queue_seek_the_index_instead_of_scanning_the_jobs(stor
     _submit(store, "busy", 50)
     with store.database.read() as db:
         plan = [row["detail"] for row in db.execute("EXPLAIN QUERY PLAN " + query, ("busy",) * query.count("?"))]
-    assert all(step.startswith("SCAN t") for step in plan if step.startswith("SCAN")), plan  # only the tenants
-    if query == UNFINISHED_OF_TENANT:
-        assert any("COVERING INDEX jobs_by_state" in step for step in plan), plan
-    else:  # each tenant's unparked head, and its active jobs, are seeks
+    scans = [step for step in plan if step.startswith("SCAN")]
+    if query == UNFINISHED_OF_TENANT:  # one row, whatever the tenant's queue
+        assert scans == ["SCAN CONSTANT ROW"], plan
+        assert any("SEARCH unfinished_jobs USING PRIMARY KEY (tenant=?)" in step for step in plan), plan
+    else:
+        assert all(step.startswith("SCAN t") for step in scans), (
+            plan
+        )  # only the tenants  # each tenant's unparked head, and its active jobs, are seeks
         assert any("SEARCH q USING INDEX jobs_queue (tenant=?)" in step for step in plan), plan
         assert any("SEARCH a USING COVERING INDEX jobs_by_state" in step for step in plan), plan
+
+
+def test_the_unfinished_count_the_quota_reads_follows_every_change_of_the_jobs(store):
+    def counted(tenant: str) -> int:
+        with store.database.read() as db:
+            kept = db.execute(UNFINISHED_OF_TENANT, (tenant,)).fetchone()[0]
+            actual = db.execute(
+                "SELECT COUNT(*) FROM jobs WHERE state IN (1, 2, 3, 4) AND tenant=?", (tenant,)
+            ).fetchone()[0]
+        assert kept == actual, (kept, actual)
+        return kept
+
+    assert counted("busy") == 0
+    jobs = _submit(store, "busy", 4)
+    _submit(store, "small", 1)
+    assert counted("busy") == 4 and counted("small") == 1
+    store.transition(jobs[0], pb.STARTING)
+    store.transition(jobs[0], pb.RUNNING)
+    assert counted("busy") == 4
+    store.transition(jobs[0], pb.SUCCEEDED)
+    store.transition(jobs[1], pb.CANCELLED)
+    assert counted("busy") == 2
+    with pytest.raises(RuntimeError), store.database.transaction():  # a change rolled back is not counted
+        store.transition(jobs[2], pb.FAILED)
+        raise RuntimeError("rolled back")
+    assert counted("busy") == 2
+    store.resume_job(jobs[1], store.tenant("busy"), "resumed", before=lambda job: None)
+    assert counted("busy") == 3
+    store.undo_submission(jobs[3])
+    store.delete_job(jobs[0], before=lambda job: None)  # an ended job: not counted before or after
+    assert counted("busy") == 2 and counted("small") == 1
