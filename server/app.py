@@ -8,7 +8,9 @@ each given its collaborators (:mod:`cantata.server.ports`) in its constructor.
 gRPC is served by its asyncio server (:mod:`cantata.server.serving`): streams
 (event watches, log follows, downloads, health watches) wait on its event
 loop, so an idle one holds no thread; unary calls run in a pool of
-``RPC_THREADS`` threads, as does every blocking step of a stream.
+``RPC_THREADS`` threads, as does every blocking step of a stream, except
+``GetJob`` and ``SubmitJob``, which run on the loop (a submit's write is the
+submit writer's, :mod:`cantata.server.submissions`).
 """
 
 from __future__ import annotations

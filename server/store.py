@@ -496,7 +496,9 @@ class Store:
                 with self._settling_lock:
                     self._settling[job_id] = threading.Event()
                 db.execute("UPDATE jobs SET audit_seq=? WHERE id=?", (record(job_id), job_id))
-            return self._job(db, job_id), True
+            return JobRecord(
+                job_id, tenant.name, request_id, spec, common_pb2.QUEUED, "", 0, 0.0, 0.0, 0, now, now
+            ), True
 
     def settled(self, job_id: str) -> None:
         """The submission of ``job_id`` ended (durable and recorded, or undone): it may be placed, if it exists."""

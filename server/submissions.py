@@ -19,12 +19,13 @@ import queue
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from cantata.proto.v1 import common_pb2
 from cantata.security.audit import REQUEST_ID_DETAIL, Action
 from cantata.server.errors import Unavailable
 from cantata.server.request_audit import RequestAudit
-from cantata.server.store import JobRecord, Store
+from cantata.server.store import JobRecord, Store, Tenant
 
 MAX_BATCH = 256  # submissions in one transaction
 
@@ -109,18 +110,20 @@ class SubmitWriter:
     def _write(self, batch: Sequence[Submission]) -> None:
         """One transaction for the batch, each submission a savepoint of it; returns once all are durable."""
         database = self._store.database
+        tenants: dict[str, Tenant] = {}  # read once per batch, in its transaction
         try:
             with database.transaction():
                 for submission in batch:
                     try:
                         with database.transaction():
-                            tenant = self._store.tenant(submission.tenant)
+                            tenant = tenants.get(submission.tenant) or self._store.tenant(submission.tenant)
+                            tenants[submission.tenant] = tenant
                             submission.job, submission.created = self._store.submit_job(
                                 tenant,
                                 submission.request_id,
                                 submission.spec,
                                 submission.digest,
-                                record=lambda job_id, s=submission: self._record(s, job_id),
+                                record=partial(self._record, submission),
                             )
                     except Exception as exc:
                         submission.error, submission.created = exc, False
