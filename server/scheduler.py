@@ -204,13 +204,13 @@ class Scheduler:
         """Park ``head``, which can never run here, with the jobs queued right behind it in its tenant's queue that
         can never run either (up to ``PARK_BATCH``; a verdict depends on the job, not on its place): one
         transaction, and one look at the queue, for a run of them."""
-        verdicts = {head.id: str(never)}
+        verdicts = [(head, str(never))]
         for job in self._store.queued_after(head, PARK_BATCH - 1):
             try:
                 self._launcher.placement(job)
             except NotPlaceable as exc:
                 if exc.never:
-                    verdicts[job.id] = str(exc)
+                    verdicts.append((job, str(exc)))
                     continue
             break  # it may run once it is the head: judged then
         self._store.park(verdicts)

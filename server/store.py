@@ -14,7 +14,7 @@ import math
 import sqlite3
 import threading
 import uuid
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -728,19 +728,16 @@ class Store:
                 if dt.datetime.fromisoformat(r["updated_at"]) < now - dt.timedelta(days=r["retention_days"])
             ]
 
-    def park(self, verdicts: Mapping[str, str]) -> None:
-        """Park queued jobs the executor can never run as it is (job id -> why): the look at the queue's heads
-        passes them until :meth:`unpark`; each says why it waits, as :meth:`set_waiting` does. One transaction."""
+    def park(self, verdicts: Sequence[tuple[JobRecord, str]]) -> None:
+        """Park queued jobs the executor can never run as it is (each with why): the look at the queue's heads
+        passes them until :meth:`unpark`; each says why it waits, as :meth:`set_waiting` does. One transaction;
+        a job no longer queued is left as it is."""
         with self._tx() as db:
-            for job_id, reason in verdicts.items():
-                try:
-                    job = self._job(db, job_id)
-                except NotFound:  # deleted meanwhile
-                    continue
-                if job.state != common_pb2.QUEUED:
-                    continue
-                db.execute("UPDATE jobs SET parked=1 WHERE id=?", (job_id,))
-                if job.reason != reason:
+            for job, reason in verdicts:
+                row = db.execute(
+                    f"UPDATE jobs SET parked=1 WHERE id=? AND state={int(common_pb2.QUEUED)} RETURNING reason", (job.id,)
+                ).fetchone()
+                if row is not None and row[0] != reason:
                     self._waiting(db, job, reason)
 
     def queued_after(self, job: JobRecord, limit: int) -> list[JobRecord]:

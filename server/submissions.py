@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import queue
 import threading
 from collections.abc import Sequence
@@ -28,6 +29,8 @@ from cantata.server.request_audit import RequestAudit
 from cantata.server.store import JobRecord, Store, Tenant
 
 MAX_BATCH = 256  # submissions in one transaction
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -102,7 +105,12 @@ class SubmitWriter:
                         stop = True
                         break
                     batch.append(item)
-            self._write(batch)
+            try:
+                self._write(batch)
+            except Exception as exc:  # a fault of the writer itself: the calls fail, the thread goes on
+                log.exception("the submit writer failed on a batch of %d", len(batch))
+                for submission in batch:
+                    submission.error = submission.error or Unavailable(f"the submission could not be written: {exc}")
             _answer(batch)
             if stop:
                 return
