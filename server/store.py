@@ -735,7 +735,8 @@ class Store:
         with self._tx() as db:
             for job, reason in verdicts:
                 row = db.execute(
-                    f"UPDATE jobs SET parked=1 WHERE id=? AND state={int(common_pb2.QUEUED)} RETURNING reason", (job.id,)
+                    f"UPDATE jobs SET parked=1 WHERE id=? AND state={int(common_pb2.QUEUED)} RETURNING reason",
+                    (job.id,),
                 ).fetchone()
                 if row is not None and row[0] != reason:
                     self._waiting(db, job, reason)
