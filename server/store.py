@@ -198,7 +198,7 @@ class Store:
         self._revoked = Cache[int, bool]()
         self.database.on_commit_changing("tenants", self._tenant_statuses.clear)
         self.database.on_commit_changing("certificates", self._revoked.clear)
-        self._settling: dict[str, threading.Event] = {}  # jobs whose submission is not yet durable and recorded
+        self._settling: set[str] = set()  # jobs whose submission is not yet durable and recorded
         self._settling_lock = threading.Lock()
 
     def close(self) -> None:
@@ -452,7 +452,7 @@ class Store:
         ``record(job_id)``, last in the transaction, writes the job's audit
         record and returns its seq, kept with the job (:meth:`undo_unrecorded`).
         A job so recorded is *settling* until :meth:`settled`: the scheduler
-        passes it over, and a retry of its request waits (:meth:`await_settled`).
+        passes it over (one writer thread writes submissions, so a retry of its request is answered after it settled).
         """
         with self._tx() as db:
             row = db.execute(
@@ -494,7 +494,7 @@ class Store:
             )
             if record is not None:
                 with self._settling_lock:
-                    self._settling[job_id] = threading.Event()
+                    self._settling.add(job_id)
                 db.execute("UPDATE jobs SET audit_seq=? WHERE id=?", (record(job_id), job_id))
             return JobRecord(
                 job_id, tenant.name, request_id, spec, common_pb2.QUEUED, "", 0, 0.0, 0.0, 0, now, now
@@ -503,17 +503,10 @@ class Store:
     def settled(self, job_id: str) -> None:
         """The submission of ``job_id`` ended (durable and recorded, or undone): it may be placed, if it exists."""
         with self._settling_lock:
-            settling = self._settling.pop(job_id, None)
-        if settling is not None:
-            settling.set()
-            self.on_queue_change()
-
-    def await_settled(self, job_id: str) -> None:
-        """Return once the submission that made ``job_id`` ended (at once if it has)."""
-        with self._settling_lock:
-            settling = self._settling.get(job_id)
-        if settling is not None:
-            settling.wait()
+            if job_id not in self._settling:
+                return
+            self._settling.discard(job_id)
+        self.on_queue_change()
 
     def undo_submission(self, job_id: str) -> None:
         """Remove a job whose submission was not recorded (it was never acknowledged; nothing acted on it)."""

@@ -100,7 +100,6 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         self._lifecycle = lifecycle
         self._log_path = log_path
         self._spec_defaults = spec_defaults  # tenant -> parse_job_spec's keyword arguments
-        self._recorder = audit
         self._audit = audit.append
         self._data_source_exists = data_sources.exists
         self._broadcast = broadcast
