@@ -806,8 +806,15 @@ def control_plane(load: Callable[[str], dict]) -> list[str]:
         *lines,
         "",
         f"Idle server: {empty['idle_cpu_percent']}% CPU with an empty queue, {queued['idle_cpu_percent']}% with "
-        f"{queued['queued']:,} queued jobs ({queued['rss_mib']:.0f} MiB resident); the scheduler's look at the "
-        f"queue's head takes {queued['queue_head_ms']} ms with them ({empty['queue_head_ms']} ms empty).",
+        f"{queued['queued']:,} queued jobs ({queued['rss_mib']:.0f} MiB resident)"
+        + (
+            f" in the first window after start (the scheduler's one-time verdict on each job), "
+            f"{queued['idle_cpu_percent_later']}% in the next"
+            if "idle_cpu_percent_later" in queued
+            else ""
+        )
+        + f"; the scheduler's look at the queue's head takes {queued['queue_head_ms']} ms with them "
+        f"({empty['queue_head_ms']} ms empty).",
         missed(misses),
         reproduce("bench_control_plane.py", quick=result["quick"]),
     ]

@@ -8,12 +8,15 @@ each given its collaborators (:mod:`cantata.server.ports`) in its constructor.
 gRPC is served by its asyncio server (:mod:`cantata.server.serving`): streams
 (event watches, log follows, downloads, health watches) wait on its event
 loop, so an idle one holds no thread; unary calls run in a pool of
-``RPC_THREADS`` threads, as does every blocking step of a stream.
+``RPC_THREADS`` threads, as does every blocking step of a stream, except
+``GetJob`` and ``SubmitJob``, which run on the loop (a submit's write is the
+submit writer's, :mod:`cantata.server.submissions`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import logging
 import signal
 import threading
@@ -69,6 +72,7 @@ from cantata.server.services.worker import WorkerService
 from cantata.server.serving import ServingLoop
 from cantata.server.store import Store
 from cantata.server.streams import StreamCounter
+from cantata.server.submissions import SubmitWriter
 from cantata.server.sweeper import OrphanSweeper
 from cantata.server.telemetry import Telemetry
 from cantata.server.tls import RotatingCredentials
@@ -273,6 +277,8 @@ class ControlPlane:
                 "shared_roots": shared_roots,
             }
 
+        self.submissions = SubmitWriter(self.store, self.recorder)
+        self.submissions.start()
         deletion = JobDeletion(self.store, self.recorder, launcher.workspace, launcher.is_running)
         self.retention = RetentionSweeper(self.store, deletion, interval=self.settings.retention_sweep_seconds)
         tenancy = TenancyService(
@@ -311,6 +317,7 @@ class ControlPlane:
                 self.broadcast,
                 deletion,
                 self.metrics,
+                self.submissions,
             ),
             server,
         )
@@ -359,6 +366,9 @@ class ControlPlane:
             self.metrics_port = self._metrics_endpoint.start()
             log.info("serving /metrics on port %d (scraper certificates only)", self.metrics_port)
         self._serving.run(self.health.set("", health_pb2.HealthCheckResponse.SERVING))
+        # What start-up made lives as long as the server: kept out of the collector's passes, so that a full one
+        # (which a burst of calls or a fan-out to many watchers sets off) costs what serving allocates, not all of it.
+        gc.freeze()
         log.info("serving on port %d (enrollment on %s)", self.port, self.settings.enroll_listen)
         self.audit.append(
             "server",
@@ -417,6 +427,7 @@ class ControlPlane:
             self._serving.run(self.health.enter_graceful_shutdown())
             self._serving.run(self._enrollment.stop(grace))
             self._serving.run(self._server.stop(grace))
+            self.submissions.close()  # no call submits any more: what it queued is written
             for guard in self._guards:
                 guard.close()  # the lines of the streams that ended
             self.scheduler.shutdown(leave_jobs=self.on_stop == "leave")

@@ -283,8 +283,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                         ),
                     )
                 try:
-                    async for item in behaviour(request, context):
-                        yield item
+                    await behaviour(request, context)
                 finally:
                     self._streams.release(who)
             finally:

@@ -15,7 +15,7 @@ import asyncio
 import contextvars
 import inspect
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, NoReturn
@@ -191,26 +191,25 @@ async def abort_async(context: grpc.aio.ServicerContext, status: grpc.Status) ->
 
 
 def _in_pool(behaviour: Behaviour) -> Behaviour:
-    """A plain generator handler as an async generator that computes each item in a worker thread.
+    """A plain generator handler as a coroutine that computes each item in a worker thread and writes it.
 
     So a slow reader holds no thread between items, only the call itself.
     """
 
-    async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
+    async def stream(request: Any, context: Any) -> None:
         items = await asyncio.to_thread(lambda: iter(behaviour(request, context)))
         while (item := await asyncio.to_thread(next, items, _END)) is not _END:
-            yield item
+            await context.write(item)
 
     return stream
 
 
-def _awaited(behaviour: Behaviour) -> Behaviour:
-    """A handler that writes its replies with ``context.write`` as an async generator (that yields nothing)."""
+def _written(behaviour: Behaviour) -> Behaviour:
+    """An async generator handler as a coroutine that writes each item with ``context.write``."""
 
-    async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
-        await behaviour(request, context)
-        return
-        yield  # an async generator
+    async def stream(request: Any, context: Any) -> None:
+        async for item in behaviour(request, context):
+            await context.write(item)
 
     return stream
 
@@ -244,18 +243,19 @@ def wrap_handler(
     What a server interceptor returns to change how a method runs (an interceptor cannot act on the call itself).
     Unary behaviours are plain functions, run in the server's thread pool, or coroutine functions, run on the
     event loop (for what answers from memory or one indexed read); streaming ones run on the event loop as
-    async generators (a plain generator, or a coroutine writing with ``context.write``, is made one).
+    coroutines writing with ``context.write`` (an async or plain generator is made one), so that each wrapper
+    is one await per call rather than one more generator that every message passes through.
     """
     if handler.unary_unary:
         return grpc.unary_unary_rpc_method_handler(
             unary(handler.unary_unary),
             request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
+            response_serializer=_passing_bytes(handler.response_serializer),
         )
     behaviour = handler.unary_stream
-    if inspect.iscoroutinefunction(behaviour):
-        behaviour = _awaited(behaviour)
-    elif not inspect.isasyncgenfunction(behaviour):
+    if inspect.isasyncgenfunction(behaviour):
+        behaviour = _written(behaviour)
+    elif not inspect.iscoroutinefunction(behaviour):
         behaviour = _in_pool(behaviour)
     return grpc.unary_stream_rpc_method_handler(
         stream(behaviour),
@@ -266,7 +266,7 @@ def wrap_handler(
 
 def _passing_bytes(serialize: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:
     """``serialize``, except that a message already serialized (bytes: one broadcast event's, shared by every
-    watcher) is sent as it is."""
+    watcher, or a reply kept in memory) is sent as it is."""
     if serialize is None or getattr(serialize, "passes_bytes", False):
         return serialize
 
@@ -319,10 +319,9 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         return translated
 
     def _stream(self, method: str, behaviour: Behaviour):
-        async def translated(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async def translated(request: Any, context: grpc.aio.ServicerContext) -> None:
             try:
-                async for item in behaviour(request, context):
-                    yield item
+                await behaviour(request, context)
             except Exception as exc:
                 mapped = self._status(method, context, exc)
                 if mapped is not None:

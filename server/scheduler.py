@@ -15,8 +15,10 @@ fewest active jobs goes first, so one with a thousand queued jobs does not
 starve one with a single job, and a quiet server's cost does not grow with its
 queue. A head that does not fit yet waits (with its reason recorded), and so
 do the jobs behind it; one that cannot fit on the executor as it is (more GPUs
-than the cluster has) waits with its reason while the others pass it. A job whose earlier workers are still stopping (a restart, a resume, a
-deferred start) waits, and so do the jobs behind it.
+than the cluster has) is parked with its reason (:meth:`~cantata.server.store.Store.park`): the others pass it
+in the index, and it is offered again when a recheck (one look per distinct reason, every
+``UNFIT_RECHECK_S``) finds that reason changed. A job whose earlier workers are still stopping (a restart, a
+resume, a deferred start) waits, and so do the jobs behind it.
 
 While the audit log cannot be written (``audit_failure`` says why) a tick does
 nothing: workers run on, and their exits, the settling of their jobs and new
@@ -40,7 +42,8 @@ from cantata.server.lifecycle import JobLifecycle
 from cantata.server.store import ACTIVE, JobRecord, Store
 
 log = logging.getLogger(__name__)
-UNFIT_RECHECK_S = 30.0  # how long a "never fits" verdict is trusted before the job is offered again
+UNFIT_RECHECK_S = 30.0  # how long a "never fits" verdict is trusted before its reason is checked again
+PARK_BATCH = 256  # never-fitting jobs parked per transaction
 
 
 class Scheduler:
@@ -65,10 +68,9 @@ class Scheduler:
         self._stop = threading.Event()
         self._woken = threading.Event()
         self._place_due = True  # something changed that a placement depends on
-        # Queued jobs the executor said it can never run, remembered across passes (a pass then costs one look
-        # whatever their number) and forgotten every UNFIT_RECHECK_S, since a cluster can grow.
-        self._unfit: set[str] = set()
-        self._unfit_until = 0.0
+        # Queued jobs the executor said it can never run are parked in the store (a pass then passes them in the
+        # index, whatever their number); every UNFIT_RECHECK_S one of each reason is offered again, as a cluster can grow.
+        self._recheck_at = time.monotonic() + UNFIT_RECHECK_S
         self.on_placed: Callable[[JobRecord], None] = lambda job: None  # a job leaves the queue (its wait)
         self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
 
@@ -86,7 +88,8 @@ class Scheduler:
         started but never recorded) is killed; an active job with no recorded workers is queued again.
         """
         adopted: dict[str, int] = {}  # job id -> its workers still running
-        for job in self._store.jobs(states=ACTIVE | {pb.QUEUED}):
+        # A queued job's recorded workers are a restarting job's last ones; the others hold none (read no more).
+        for job in self._store.jobs(states=ACTIVE | {pb.QUEUED}, with_workers=True, limit=1_000_000):
             workers = self._store.workers(job.id)
             if job.state in ACTIVE and workers:
                 attack = self._store.attack(job.id)
@@ -144,6 +147,9 @@ class Scheduler:
                 self._lifecycle.workers_exited(self._unsettled[0])
                 self._unsettled.pop(0)
             self._kill_silent()
+            if time.monotonic() >= self._recheck_at:  # the executor may have grown (a Ray cluster can)
+                self._recheck_at = time.monotonic() + UNFIT_RECHECK_S
+                self._recheck_parked()
             if self._place_due:
                 self._place_due = False
                 self._place()
@@ -155,10 +161,7 @@ class Scheduler:
 
     def _place(self) -> None:
         tried: set[str] = set()
-        if time.monotonic() >= self._unfit_until:  # the executor may have changed: ask again about each
-            self._unfit, self._unfit_until = set(), time.monotonic() + UNFIT_RECHECK_S
-        unfit = self._unfit  # heads the executor as it is can never run: the others pass them, pass after pass
-        while not self._stop.is_set() and (job := self._store.queue_head(unfit)) is not None:
+        while not self._stop.is_set() and (job := self._store.queue_head()) is not None:
             if job.id in tried:  # its launch failed and it was queued again: once per pass
                 self._place_due = True
                 return
@@ -166,11 +169,11 @@ class Scheduler:
             try:
                 self._launcher.placement(job)
             except NotPlaceable as exc:
+                if exc.never:  # the others pass it: parked, it is looked at again only when its reason is rechecked
+                    self._park(job, exc)
+                    continue
                 self._store.set_waiting(job.id, str(exc))
                 self._place_due = self._place_due or exc.retry  # else a worker's exit brings the next try
-                if exc.never:
-                    unfit.add(job.id)
-                    continue
                 return  # no overtaking by smaller jobs
             if not self._lifecycle.due(job):
                 self._place_due = True  # nor while it waits to restart: try again next tick
@@ -196,3 +199,32 @@ class Scheduler:
                 self._lifecycle.placement_deferred(job, str(exc))
                 self._place_due = True
                 return
+
+    def _park(self, head: JobRecord, never: NotPlaceable) -> None:
+        """Park ``head``, which can never run here, with the jobs queued right behind it in its tenant's queue that
+        can never run either (up to ``PARK_BATCH``; a verdict depends on the job, not on its place): one
+        transaction, and one look at the queue, for a run of them."""
+        verdicts = [(head, str(never))]
+        for job in self._store.queued_after(head, PARK_BATCH - 1):
+            try:
+                self._launcher.placement(job)
+            except NotPlaceable as exc:
+                if exc.never:
+                    verdicts.append((job, str(exc)))
+                    continue
+            break  # it may run once it is the head: judged then
+        self._store.park(verdicts)
+
+    def _recheck_parked(self) -> None:
+        """Ask the executor again about one parked job per reason; unpark the jobs of a reason that changed.
+
+        A "never fits" verdict depends on the job's shape (its workers and what each needs), which its reason
+        states: jobs parked for the same reason stand or fall together, so a recheck costs one look per reason.
+        """
+        for job, reason in self._store.parked_verdicts():
+            try:
+                self._launcher.placement(job)
+            except NotPlaceable as exc:
+                if exc.never and str(exc) == reason:
+                    continue
+            self._store.unpark(reason)  # wakes the scheduler: they are placed, or parked again, in turn

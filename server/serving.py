@@ -1,8 +1,9 @@
 """Where the control plane's gRPC servers run: grpc's asyncio server on an event loop of its own thread.
 
 Streams run on the loop, so an idle one holds no thread; unary calls are plain
-functions that the server runs in the loop's thread pool, which is also where
-``asyncio.to_thread`` in a stream sends its blocking steps.
+functions that the server runs in the loop's thread pool (which is also where
+``asyncio.to_thread`` in a stream sends its blocking steps), or coroutines on
+the loop where they do not block.
 """
 
 from __future__ import annotations

@@ -14,22 +14,20 @@ import math
 import sqlite3
 import threading
 import uuid
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Generic, TypeVar, cast
+from typing import cast
 
 from cantata.proto.v1 import common_pb2, jobs_pb2
 from cantata.proto.vocabulary import TERMINAL_STATES as TERMINAL
 from cantata.security.audit import Action
 from cantata.server.broadcast import EventBroadcast
+from cantata.server.cache import Cache
 from cantata.server.database import Database
 from cantata.server.groups import processes
-
-K = TypeVar("K")
-V = TypeVar("V")
 
 ACTIVE = frozenset({common_pb2.STARTING, common_pb2.RUNNING, common_pb2.CANCELLING})
 # Ended states a tenant may resume from (``Store.resume_job``): the one way out of a terminal state.
@@ -164,13 +162,15 @@ def _in(values: frozenset[int]) -> str:
     return ", ".join(str(int(v)) for v in sorted(values))
 
 
-# The scheduler's look at the queue: each tenant's oldest queued job, the tenant with the fewest active jobs
-# first; every part of it a seek in the index jobs_by_state, so it costs the same whatever the queue's length.
-# ``skipped`` placeholders name queued jobs to pass over (those the cluster cannot run as it is).
+# The scheduler's look at the queue: each tenant's oldest queued job that is not parked, the tenant with the fewest
+# active jobs first; every part of it a seek in an index (jobs_queue, jobs_by_state), so it costs the same whatever
+# the queue's length and however many jobs are parked. ``skipped`` placeholders name queued jobs to pass over
+# (those about to be parked).
 def queue_head_query(skipped: int) -> str:
     return (
         "SELECT head.id FROM (SELECT t.name AS tenant, (SELECT q.id FROM jobs q "
-        f"WHERE q.state={int(common_pb2.QUEUED)} AND q.tenant=t.name AND q.id NOT IN ({','.join('?' * skipped)}) "
+        f"WHERE q.state={int(common_pb2.QUEUED)} AND q.parked=0 AND q.tenant=t.name "
+        f"AND q.id NOT IN ({','.join('?' * skipped)}) "
         "ORDER BY q.created_at, q.rowid LIMIT 1) AS id FROM tenants t) AS head JOIN jobs ON jobs.id = head.id "
         "ORDER BY (SELECT COUNT(*) FROM jobs a "
         f"WHERE a.state IN ({_in(ACTIVE)}) AND a.tenant = head.tenant), jobs.created_at, jobs.rowid LIMIT 1"
@@ -178,8 +178,8 @@ def queue_head_query(skipped: int) -> str:
 
 
 QUEUE_HEAD = queue_head_query(0)
-# A tenant's unfinished jobs (the concurrent-jobs quota), counted in the index without reading the jobs.
-UNFINISHED_OF_TENANT = f"SELECT COUNT(*) FROM jobs WHERE state IN ({_in(ACTIVE | {common_pb2.QUEUED})}) AND tenant=?"
+# A tenant's unfinished jobs (the concurrent-jobs quota): one row that triggers keep counted (migration 11).
+UNFINISHED_OF_TENANT = "SELECT COALESCE((SELECT n FROM unfinished_jobs WHERE tenant=?), 0)"
 
 
 class Store:
@@ -192,13 +192,13 @@ class Store:
         self.database = database if isinstance(database, Database) else Database(database)
         self._broadcast = broadcast
         self.on_queue_change: Callable[[], None] = lambda: None  # a job was queued, or a quota or tenant changed
-        # What every call's gatekeeper asks, answered from memory; emptied whenever any write commits, so
-        # no writer (of tenants or certificates, in this class or another) can leave a stale answer behind.
-        self._tenant_statuses = _Cache[str, str | None]()
-        self._revoked = _Cache[int, bool]()
-        self.database.on_every_commit(self._tenant_statuses.clear)
-        self.database.on_every_commit(self._revoked.clear)
-        self._settling: dict[str, threading.Event] = {}  # jobs whose submission is not yet durable and recorded
+        # What every call's gatekeeper asks, answered from memory; emptied whenever a commit changed its table,
+        # so no writer (of tenants or certificates, in this class or another) can leave a stale answer behind.
+        self._tenant_statuses = Cache[str, str | None]()
+        self._revoked = Cache[int, bool]()
+        self.database.on_commit_changing("tenants", self._tenant_statuses.clear)
+        self.database.on_commit_changing("certificates", self._revoked.clear)
+        self._settling: set[str] = set()  # jobs whose submission is not yet durable and recorded
         self._settling_lock = threading.Lock()
 
     def close(self) -> None:
@@ -452,7 +452,7 @@ class Store:
         ``record(job_id)``, last in the transaction, writes the job's audit
         record and returns its seq, kept with the job (:meth:`undo_unrecorded`).
         A job so recorded is *settling* until :meth:`settled`: the scheduler
-        passes it over, and a retry of its request waits (:meth:`await_settled`).
+        passes it over (one writer thread writes submissions, so a retry of its request is answered after it settled).
         """
         with self._tx() as db:
             row = db.execute(
@@ -494,24 +494,19 @@ class Store:
             )
             if record is not None:
                 with self._settling_lock:
-                    self._settling[job_id] = threading.Event()
+                    self._settling.add(job_id)
                 db.execute("UPDATE jobs SET audit_seq=? WHERE id=?", (record(job_id), job_id))
-            return self._job(db, job_id), True
+            return JobRecord(
+                job_id, tenant.name, request_id, spec, common_pb2.QUEUED, "", 0, 0.0, 0.0, 0, now, now
+            ), True
 
     def settled(self, job_id: str) -> None:
         """The submission of ``job_id`` ended (durable and recorded, or undone): it may be placed, if it exists."""
         with self._settling_lock:
-            settling = self._settling.pop(job_id, None)
-        if settling is not None:
-            settling.set()
-            self.on_queue_change()
-
-    def await_settled(self, job_id: str) -> None:
-        """Return once the submission that made ``job_id`` ended (at once if it has)."""
-        with self._settling_lock:
-            settling = self._settling.get(job_id)
-        if settling is not None:
-            settling.wait()
+            if job_id not in self._settling:
+                return
+            self._settling.discard(job_id)
+        self.on_queue_change()
 
     def undo_submission(self, job_id: str) -> None:
         """Remove a job whose submission was not recorded (it was never acknowledged; nothing acted on it)."""
@@ -587,7 +582,7 @@ class Store:
             self._check_quota(db, tenant, resumed)
             before(job)
             db.execute(
-                "UPDATE jobs SET state=?, reason=?, attempts=0, failures=0, updated_at=?, spec=? WHERE id=?",
+                "UPDATE jobs SET state=?, reason=?, attempts=0, failures=0, updated_at=?, spec=?, parked=0 WHERE id=?",
                 (common_pb2.QUEUED, reason, utcnow(), resumed.SerializeToString(), job_id),
             )
             job = dataclasses.replace(job, spec=resumed)
@@ -648,10 +643,14 @@ class Store:
         tag: str = "",
         since: str = "",
         after: str = "",
+        with_workers: bool = False,
         limit: int = 1000,
     ) -> list[JobRecord]:
-        """Jobs in creation order, filtered; ``since`` is a :func:`utcnow` time; ``after`` is a page token (the last id seen)."""
+        """Jobs in creation order, filtered; ``since`` is a :func:`utcnow` time; ``after`` is a page token (the last id
+        seen); ``with_workers``: only jobs with workers recorded."""
         clauses, args = [], []
+        if with_workers:
+            clauses.append("id IN (SELECT job_id FROM workers)")
         if tenant is not None:
             clauses.append("tenant=?")
             args.append(tenant)
@@ -681,9 +680,9 @@ class Store:
     def queue_head(self, skip: Collection[str] = ()) -> JobRecord | None:
         """The next job to place: each tenant's oldest queued job, the tenant with the fewest active jobs first.
 
-        Ties go to the job queued first (by insertion order: jobs queued in the same millisecond share a time). Each tenant's head and active jobs are index seeks (``jobs_by_state``),
-        so the look costs the same whatever the queue's length. Jobs in ``skip`` (those the cluster cannot run
-        as it is) are passed over.
+        Ties go to the job queued first (by insertion order: jobs queued in the same millisecond share a time).
+        Each tenant's head and active jobs are index seeks (``jobs_queue``, ``jobs_by_state``), so the look costs
+        the same whatever the queue's length. Parked jobs (:meth:`park`) and those in ``skip`` are passed over.
         """
         with self._settling_lock:
             skip = (*skip, *self._settling)  # not acknowledged yet: placed once settled
@@ -722,6 +721,51 @@ class Store:
                 if dt.datetime.fromisoformat(r["updated_at"]) < now - dt.timedelta(days=r["retention_days"])
             ]
 
+    def park(self, verdicts: Sequence[tuple[JobRecord, str]]) -> None:
+        """Park queued jobs the executor can never run as it is (each with why): the look at the queue's heads
+        passes them until :meth:`unpark`; each says why it waits, as :meth:`set_waiting` does. One transaction;
+        a job no longer queued is left as it is."""
+        with self._tx() as db:
+            for job, reason in verdicts:
+                row = db.execute(
+                    f"UPDATE jobs SET parked=1 WHERE id=? AND state={int(common_pb2.QUEUED)} RETURNING reason",
+                    (job.id,),
+                ).fetchone()
+                if row is not None and row[0] != reason:
+                    self._waiting(db, job, reason)
+
+    def queued_after(self, job: JobRecord, limit: int) -> list[JobRecord]:
+        """Up to ``limit`` unparked queued jobs of ``job``'s tenant queued after it, in queue order (an index range)."""
+        with self.database.read() as db:
+            ids = [
+                r[0]
+                for r in db.execute(
+                    f"SELECT id FROM jobs WHERE state={int(common_pb2.QUEUED)} AND parked=0 AND tenant=? "
+                    "AND (created_at, rowid) > (SELECT created_at, rowid FROM jobs WHERE id=?) "
+                    "ORDER BY created_at, rowid LIMIT ?",
+                    (job.tenant, job.id, limit),
+                )
+            ]
+            return [self._job(db, i) for i in ids]
+
+    def parked_verdicts(self) -> list[tuple[JobRecord, str]]:
+        """One parked job of each distinct reason it was parked for, with that reason (one pass over jobs_parked)."""
+        with self.database.read() as db:
+            rows = db.execute(
+                f"SELECT reason, MIN(rowid) AS first FROM jobs WHERE state={int(common_pb2.QUEUED)} AND parked=1 "
+                "GROUP BY reason"
+            ).fetchall()
+            ids = [db.execute("SELECT id FROM jobs WHERE rowid=?", (r["first"],)).fetchone()[0] for r in rows]
+            return [(self._job(db, job_id), r["reason"]) for job_id, r in zip(ids, rows, strict=True)]
+
+    def unpark(self, reason: str) -> int:
+        """Offer again the queued jobs parked for ``reason`` (the executor's verdict on them may have changed)."""
+        with self._tx() as db:
+            self.database.after_commit(self._queue_changed)
+            return db.execute(
+                f"UPDATE jobs SET parked=0 WHERE state={int(common_pb2.QUEUED)} AND parked=1 AND reason=?", (reason,)
+            ).rowcount
+
     def set_waiting(self, job_id: str, reason: str) -> None:
         """Say why a queued job is not placed yet (an event, once per new reason)."""
         with self.database.read() as db:  # the same reason again writes nothing, and syncs nothing
@@ -732,12 +776,15 @@ class Store:
             job = self._job(db, job_id)
             if job.state != common_pb2.QUEUED or job.reason == reason:
                 return
-            db.execute("UPDATE jobs SET reason=?, updated_at=? WHERE id=?", (reason, utcnow(), job_id))
-            self._append_event(
-                db,
-                job_id,
-                jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, total_steps=job.spec.steps, message=f"waiting: {reason}"),
-            )
+            self._waiting(db, job, reason)
+
+    def _waiting(self, db: sqlite3.Connection, job: JobRecord, reason: str) -> None:
+        db.execute("UPDATE jobs SET reason=?, updated_at=? WHERE id=?", (reason, utcnow(), job.id))
+        self._append_event(
+            db,
+            job.id,
+            jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, total_steps=job.spec.steps, message=f"waiting: {reason}"),
+        )
 
     def transition(self, job_id: str, state: common_pb2.JobState, reason: str = "", *, message: str = "") -> bool:
         """Move a job to ``state`` if allowed from its current state.
@@ -751,7 +798,7 @@ class Store:
                 return False
             attempts = job.attempts + (1 if state == common_pb2.STARTING else 0)
             db.execute(
-                "UPDATE jobs SET state=?, reason=?, attempts=?, updated_at=? WHERE id=?",
+                "UPDATE jobs SET state=?, reason=?, attempts=?, updated_at=?, parked=0 WHERE id=?",
                 (state, reason or job.reason if state not in TERMINAL else reason, attempts, utcnow(), job_id),
             )
             self._append_event(
@@ -932,28 +979,3 @@ class Store:
                 "ELSE ? END WHERE job_id=? AND idx=?",
                 (int(finished), failure, failure, job_id, idx),
             )
-
-
-class _Cache(Generic[K, V]):
-    """Answers kept in memory until :meth:`clear`; a load that raced a clear is not kept."""
-
-    def __init__(self) -> None:
-        self._values: dict[K, V] = {}
-        self._generation = 0
-        self._lock = threading.Lock()
-
-    def get(self, key: K, load: Callable[[K], V]) -> V:
-        with self._lock:
-            if key in self._values:
-                return self._values[key]
-            generation = self._generation
-        value = load(key)
-        with self._lock:
-            if generation == self._generation:
-                self._values[key] = value
-        return value
-
-    def clear(self) -> None:
-        with self._lock:
-            self._values.clear()
-            self._generation += 1

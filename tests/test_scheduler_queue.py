@@ -3,6 +3,7 @@ fakes for the audit log and the processes (no workers start here)."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,8 +25,13 @@ class Launcher:
 
     slots: int
     launched: list[str] = field(default_factory=list)
+    most_steps: int = 1_000_000  # a job with more steps can never run here
+    looked_at: list[str] = field(default_factory=list)
 
     def placement(self, job: JobRecord) -> None:
+        self.looked_at.append(job.id)
+        if job.spec.steps > self.most_steps:
+            raise NotPlaceable(f"needs {job.spec.steps} steps; this node runs at most {self.most_steps}", never=True)
         if len(self.launched) >= self.slots:
             raise NotPlaceable("no free slot")
 
@@ -54,14 +60,15 @@ def store(tmp_path: Path):
     store = Store(tmp_path / "state.db")
     for tenant in ("busy", "small"):
         store.add_tenancy_request(tenant, b"csr", f"sha256:{tenant}")
-        store.approve_tenant(tenant, f"sha256:{tenant}", b"cert", pb.Quota(max_concurrent_jobs=100), "root")
+        store.approve_tenant(tenant, f"sha256:{tenant}", b"cert", pb.Quota(max_concurrent_jobs=1000), "root")
     yield store
     store.close()
 
 
-def _submit(store: Store, tenant: str, n: int) -> list[str]:
-    spec = pb.JobSpec(name="j", workers=1, ranks_per_worker=1, steps=10, batch_size=4, seq_len=16)
-    return [store.submit_job(store.tenant(tenant), f"{tenant}-{i}", spec)[0].id for i in range(n)]
+def _submit(store: Store, tenant: str, n: int, steps: int = 10) -> list[str]:
+    spec = pb.JobSpec(name="j", workers=1, ranks_per_worker=1, steps=steps, batch_size=4, seq_len=16)
+    with store.database.transaction():
+        return [store.submit_job(store.tenant(tenant), uuid.uuid4().hex, spec)[0].id for _ in range(n)]
 
 
 def _scheduler(store: Store, slots: int) -> tuple[Scheduler, Launcher]:
@@ -107,6 +114,35 @@ def test_placement_runs_on_a_change_and_not_on_every_tick(store):
     assert launcher.launched == [first, second] and len(looks) >= 1
 
 
+def test_jobs_that_can_never_run_are_parked_once_and_passed_in_the_index_until_their_reason_changes(store):
+    scheduler, launcher = _scheduler(store, slots=5)
+    launcher.most_steps = 100
+    huge = _submit(store, "busy", 300, steps=500)  # more than one batch of parking
+    (fits,) = _submit(store, "busy", 1)  # behind them all, in the same tenant
+    scheduler.tick()
+    assert launcher.launched == [fits]  # the jobs that can never run were passed over
+    assert sorted(launcher.looked_at) == sorted([*huge, fits, fits])  # each that can never run, once
+    assert all(store.job(j).reason == "needs 500 steps; this node runs at most 100" for j in huge)
+    assert [e.message for e in store.events_after(huge[0], 0)][
+        -1
+    ] == "waiting: needs 500 steps; this node runs at most 100"
+    launcher.looked_at.clear()
+    (later,) = _submit(store, "busy", 1)  # a new job wakes a pass: it looks at the new head alone
+    scheduler.tick()
+    assert launcher.looked_at == [later] and launcher.launched == [fits, later]
+    assert [r for _, r in store.parked_verdicts()] == ["needs 500 steps; this node runs at most 100"]
+    launcher.looked_at.clear()
+    scheduler._recheck_parked()  # the node as it was: one look for the 300, which stay parked
+    assert len(launcher.looked_at) == 1
+    scheduler.tick()
+    assert launcher.launched == [fits, later]
+    launcher.most_steps = 1000  # the node grew: the recheck offers them again, and they are placed in queue order
+    scheduler._recheck_parked()
+    scheduler.tick()
+    assert launcher.launched == [fits, later, *huge[:3]]
+    assert store.parked_verdicts() == []
+
+
 @pytest.mark.parametrize(
     "query",
     [queue_head_query(0), queue_head_query(2), UNFINISHED_OF_TENANT],
@@ -116,5 +152,44 @@ def test_the_looks_at_the_queue_seek_the_index_instead_of_scanning_the_jobs(stor
     _submit(store, "busy", 50)
     with store.database.read() as db:
         plan = [row["detail"] for row in db.execute("EXPLAIN QUERY PLAN " + query, ("busy",) * query.count("?"))]
-    assert all(step.startswith("SCAN t") for step in plan if step.startswith("SCAN")), plan  # only the tenants
-    assert any("COVERING INDEX jobs_by_state" in step for step in plan), plan
+    scans = [step for step in plan if step.startswith("SCAN")]
+    if query == UNFINISHED_OF_TENANT:  # one row, whatever the tenant's queue
+        assert scans == ["SCAN CONSTANT ROW"], plan
+        assert any("SEARCH unfinished_jobs USING PRIMARY KEY (tenant=?)" in step for step in plan), plan
+    else:
+        assert all(step.startswith("SCAN t") for step in scans), (
+            plan
+        )  # only the tenants  # each tenant's unparked head, and its active jobs, are seeks
+        assert any("SEARCH q USING INDEX jobs_queue (tenant=?)" in step for step in plan), plan
+        assert any("SEARCH a USING COVERING INDEX jobs_by_state" in step for step in plan), plan
+
+
+def test_the_unfinished_count_the_quota_reads_follows_every_change_of_the_jobs(store):
+    def counted(tenant: str) -> int:
+        with store.database.read() as db:
+            kept = db.execute(UNFINISHED_OF_TENANT, (tenant,)).fetchone()[0]
+            actual = db.execute(
+                "SELECT COUNT(*) FROM jobs WHERE state IN (1, 2, 3, 4) AND tenant=?", (tenant,)
+            ).fetchone()[0]
+        assert kept == actual, (kept, actual)
+        return kept
+
+    assert counted("busy") == 0
+    jobs = _submit(store, "busy", 4)
+    _submit(store, "small", 1)
+    assert counted("busy") == 4 and counted("small") == 1
+    store.transition(jobs[0], pb.STARTING)
+    store.transition(jobs[0], pb.RUNNING)
+    assert counted("busy") == 4
+    store.transition(jobs[0], pb.SUCCEEDED)
+    store.transition(jobs[1], pb.CANCELLED)
+    assert counted("busy") == 2
+    with pytest.raises(RuntimeError), store.database.transaction():  # a change rolled back is not counted
+        store.transition(jobs[2], pb.FAILED)
+        raise RuntimeError("rolled back")
+    assert counted("busy") == 2
+    store.resume_job(jobs[1], store.tenant("busy"), "resumed", before=lambda job: None)
+    assert counted("busy") == 3
+    store.undo_submission(jobs[3])
+    store.delete_job(jobs[0], before=lambda job: None)  # an ended job: not counted before or after
+    assert counted("busy") == 2 and counted("small") == 1

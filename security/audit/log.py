@@ -518,20 +518,24 @@ class AuditLog:
                         self._syncing = True
                         break
                     self._sync_cv.wait()
+            synced = None
             try:
-                self._lead_sync()
+                synced = self._lead_sync()
             finally:
-                with self._sync_cv:
+                with self._sync_cv:  # one wake of the waiters: they return, or one of them leads the next sync
+                    if synced is not None:
+                        self._advance_durable(*synced)
                     self._syncing = False
                     self._sync_cv.notify_all()
 
-    def _lead_sync(self) -> None:
-        """One ``fdatasync`` of the segment for every record written before it started."""
+    def _lead_sync(self) -> tuple[int, str, int, int, int] | None:
+        """One ``fdatasync`` of the segment for every record written before it started; what it made durable
+        (None if nothing: a failed sync cut the records back, or the close's final sync covered them)."""
         with self._lock:
             if self._closed or self._broken is not None:  # the close's final sync, if it worked, covered them
                 with self._sync_cv:
                     if self._durable_seq >= self._seq:
-                        return
+                        return None
                 raise AuditLogUnavailable(self._broken or f"the audit log at {self.layout.root} was closed unsynced")
             target = (self._seq, self._head, self._segment_size, self._segment_number, self._generation)
             fd = os.dup(self._segment_fd)  # a segment rotation may close the original meanwhile
@@ -540,18 +544,22 @@ class AuditLog:
         except OSError as exc:
             with self._lock:
                 self._cut_back(exc, target[4])
-            return
+            return None
         finally:
             os.close(fd)
-        self._mark_durable(*target)
+        return target
 
     def _mark_durable(self, seq: int, head: str, size: int, segment: int, generation: int) -> None:
         with self._sync_cv:
-            if generation == self._generation and seq > self._durable_seq:
-                self._durable_seq, self._durable_head = seq, head
-                if segment == self._segment_number:
-                    self._durable_size = size
+            self._advance_durable(seq, head, size, segment, generation)
             self._sync_cv.notify_all()
+
+    def _advance_durable(self, seq: int, head: str, size: int, segment: int, generation: int) -> None:
+        """Records up to ``seq`` are synced (unless a failed sync cut them meanwhile). Holds ``_sync_cv``."""
+        if generation == self._generation and seq > self._durable_seq:
+            self._durable_seq, self._durable_head = seq, head
+            if segment == self._segment_number:
+                self._durable_size = size
 
     def _sync_locked(self) -> None:
         """Sync every record written so far, under the log's lock (checkpoints, key rotation, rotation)."""

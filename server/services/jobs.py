@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import calendar
 import contextlib
 import datetime as dt
+import functools
 import hashlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -12,8 +14,9 @@ from pathlib import Path
 from cantata.proto.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
 from cantata.proto.vocabulary import REQUEST_ID_RULE, valid_request_id
 from cantata.security.audit import Action, AuditLogUnavailable, Outcome
-from cantata.server.auth import caller
+from cantata.server.auth import caller, request_id
 from cantata.server.broadcast import EventBroadcast
+from cantata.server.cache import Cache
 from cantata.server.datasource_store import DataSourceNotFound
 from cantata.server.deletion import JobDeletion
 from cantata.server.errors import InvalidRequest
@@ -23,6 +26,7 @@ from cantata.server.metrics_store import MetricsStore, UnknownMetric
 from cantata.server.ports import DataSourceDirectory
 from cantata.server.request_audit import RequestAudit
 from cantata.server.store import JobRecord, NotFound, QuotaExceeded, RequestIdReused, Store
+from cantata.server.submissions import SubmitWriter
 
 LOG_POLL = 0.5  # seconds between looks at a followed job's log files
 # Submissions refused for what they ask (not for an outage): each is recorded in the audit log.
@@ -46,9 +50,16 @@ def job_info(job: JobRecord) -> common_pb2.JobInfo:
         val_loss=job.val_loss,
         request_id=job.request_id,
     )
-    info.created.FromJsonString(job.created_at.replace("+00:00", "Z"))
-    info.updated.FromJsonString(job.updated_at.replace("+00:00", "Z"))
+    info.created.FromNanoseconds(_nanoseconds(job.created_at))
+    info.updated.FromNanoseconds(_nanoseconds(job.updated_at))
     return info
+
+
+@functools.lru_cache(maxsize=4096)  # a job's times are read on every look at it
+def _nanoseconds(stored: str) -> int:
+    """A store time (:func:`~cantata.server.store.utcnow`, with its offset) as nanoseconds since the epoch."""
+    moment = dt.datetime.fromisoformat(stored)
+    return (calendar.timegm(moment.utctimetuple()) * 1_000_000 + moment.microsecond) * 1000
 
 
 def _complete_lines(path: Path) -> list[str]:
@@ -79,13 +90,16 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         broadcast: EventBroadcast,
         deletion: JobDeletion,
         metrics: MetricsStore,
+        submissions: SubmitWriter,
     ):
         self._store = store
+        self._submissions = submissions
+        self._replies = Cache[str, tuple[str, bytes]](limit=10_000)  # GetJob's, until a commit changes a job
+        store.database.on_commit_changing("jobs", self._replies.clear)
         self._metrics = metrics
         self._lifecycle = lifecycle
         self._log_path = log_path
         self._spec_defaults = spec_defaults  # tenant -> parse_job_spec's keyword arguments
-        self._recorder = audit
         self._audit = audit.append
         self._data_source_exists = data_sources.exists
         self._broadcast = broadcast
@@ -95,12 +109,32 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         """The caller's job; anyone else's is indistinguishable from a missing one."""
         return self._store.job(job_id, tenant=caller(context).name)
 
-    def SubmitJob(self, request, context):
+    async def SubmitJob(self, request, context):
+        """On the event loop: checked here, written by the submit writer's thread with others in one batch
+        (:mod:`cantata.server.submissions`), answered once the job and its audit record are both durable."""
+        who = caller(context)
         try:
-            return self._submit(request, context)
+            if not valid_request_id(request.request_id):
+                raise InvalidField("request_id", REQUEST_ID_RULE)
+            digest = submitted_digest(request.spec)
+            spec = parse_job_spec(request.spec, **self._spec_defaults(who.name))
+            for field, source in job_sources(spec).items():  # another tenant's source is not found either
+                if not self._data_source_exists(who.name, source):
+                    raise DataSourceNotFound(f"{field}: data source {source!r} not found")
+            job, created = await self._submissions.submit(
+                who.name, request.request_id, spec, digest, actor=who.uri, peer=context.peer(), call_id=request_id()
+            )
         except REFUSALS as exc:
-            self._record_refusal(request, context, exc)
+            await asyncio.to_thread(self._record_refusal, request, context, exc)
             raise
+        if not created:  # a retry: answered as the first submission, which is durable and recorded, or undone
+            try:
+                job = await asyncio.to_thread(self._store.job, job.id)
+            except NotFound:
+                raise AuditLogUnavailable(
+                    f"the first submission with request id {request.request_id} could not be recorded; submit again"
+                ) from None
+        return job_info(job)
 
     def _record_refusal(self, request, context, exc: Exception) -> None:
         """A refused submission is on the record too (what was asked, and why not); the refusal stands either way."""
@@ -117,48 +151,18 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
                 peer=context.peer(),
             )
 
-    def _submit(self, request, context):
-        tenant_name = caller(context).name
-        if not valid_request_id(request.request_id):
-            raise InvalidField("request_id", REQUEST_ID_RULE)
-        digest = submitted_digest(request.spec)
-        spec = parse_job_spec(request.spec, **self._spec_defaults(tenant_name))
-        for field, source in job_sources(spec).items():  # another tenant's source is not found either
-            if not self._data_source_exists(tenant_name, source):
-                raise DataSourceNotFound(f"{field}: data source {source!r} not found")
-
-        def record(job_id: str) -> int:  # synced beside the commit, neither under the database's lock
-            return self._recorder.append_alongside_commit(
-                caller(context).uri,
-                Action.JOB_SUBMITTED,
-                undo=lambda: self._store.undo_submission(job_id),
-                resource=job_id,
-                tenant=tenant_name,
-                details={"name": spec.name, "algorithm": spec.algorithm, "workers": spec.workers, "steps": spec.steps},
-                peer=context.peer(),
-            ).seq
-
-        created = False
-        try:
-            with self._store.database.transaction():  # acknowledged once the job and its record are both durable
-                tenant = self._store.tenant(tenant_name)
-                job, created = self._store.submit_job(tenant, request.request_id, spec, digest, record=record)
-        finally:
-            if created:
-                self._store.settled(job.id)
-        if not created:  # a retry: answered once the first submission is durable and recorded, or undone
-            self._store.await_settled(job.id)
-            try:
-                job = self._store.job(job.id)
-            except NotFound:
-                raise AuditLogUnavailable(
-                    f"the first submission with request id {request.request_id} could not be recorded; submit again"
-                ) from None
-        return job_info(job)
-
     async def GetJob(self, request, context):
-        """On the event loop, without a thread: one read by primary key, from this thread's reader."""
-        return job_info(self._job(context, request.job_id))
+        """On the event loop, without a thread: the reply from memory while the job is unchanged (no commit
+        changed a job since it was read), else one read by primary key, from this thread's reader."""
+        tenant, reply = self._replies.get(request.job_id, self._reply)
+        if tenant != caller(context).name:
+            raise NotFound(f"job {request.job_id!r} not found")
+        return reply
+
+    def _reply(self, job_id: str) -> tuple[str, bytes]:
+        """The job's tenant, and its ``GetJob`` reply as sent."""
+        job = self._store.job(job_id)
+        return job.tenant, job_info(job).SerializeToString()
 
     def GetMetrics(self, request, context):
         """A page of the job's metrics history: ``page_size`` 0 takes 5,000, more than 20,000 takes 20,000."""
@@ -222,7 +226,8 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         """Events after the cursor, to the job's end; an earlier end that a resume followed is not the end.
 
         What the store holds first, then what the broadcast pushes: the watcher waits on the event loop and
-        holds no thread while nothing happens.
+        holds no thread while nothing happens. It writes each event itself (a pushed one as the bytes every
+        watcher shares): no generator between it and the call.
         """
         _at_least_zero(request.cursor, "cursor")
         job = await asyncio.to_thread(self._job, context, request.job_id)
@@ -253,7 +258,7 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
                         )
                     ):
                         event, encoded = _not_terminal(event), None
-                    yield event if encoded is None else encoded
+                    await context.write(event if encoded is None else encoded)
                     cursor = event.seq
                     if event.terminal:
                         return
