@@ -33,6 +33,8 @@ from pathlib import Path
 from tests.waiting import wait_for
 
 RAY_PORT = 6379
+# this interpreter's Ray (a console script's #! may name another environment's Python, whose nodes import its Cantata)
+RAY_CLI = (sys.executable, "-m", "ray.scripts.scripts")
 NETNS_ETC = Path("/etc/netns")
 RESOLVER = "# a test node: no DNS server (the host's is out of reach); lookups fail at once\n"
 
@@ -124,15 +126,12 @@ class RayCluster:
             "RAY_USE_TLS": "1",
             "RAY_USAGE_STATS_ENABLED": "0",
         }
-        ray = str(Path(sys.executable).parent / "ray")
-        self._ray_start(ray, self.head, ["--head", f"--port={RAY_PORT}", "--include-dashboard=false"], cpus, gpus)
+        self._ray_start(self.head, ["--head", f"--port={RAY_PORT}", "--include-dashboard=false"], cpus, gpus)
         if self.failures:
             raise RuntimeError("\n".join(self.failures))
         # One after the other (two raylets registering at once on a loaded machine time out more often).
         others = [(node, [f"--address={self.address}"]) for node in self.nodes[1:]]
-        joining = threading.Thread(
-            target=lambda: [self._ray_start(ray, node, where, cpus, gpus) for node, where in others]
-        )
+        joining = threading.Thread(target=lambda: [self._ray_start(node, where, cpus, gpus) for node, where in others])
         joining.start()
         self._joining = [joining]
 
@@ -143,13 +142,13 @@ class RayCluster:
         if self.failures:
             raise RuntimeError("\n".join(self.failures))
 
-    def _ray_start(self, ray: str, node: Node, where: list[str], cpus: int, gpus: int, attempts: int = 3) -> None:
+    def _ray_start(self, node: Node, where: list[str], cpus: int, gpus: int, attempts: int = 3) -> None:
         """``ray start`` in ``node``'s namespace; again from scratch if it timed out (Ray waits 30 s for a
         raylet to register, which a loaded machine can exceed)."""
         for attempt in range(attempts):
             started = subprocess.run(
                 node.run(
-                    ray,
+                    *RAY_CLI,
                     "start",
                     *where,
                     f"--node-ip-address={node.ip}",
@@ -169,11 +168,10 @@ class RayCluster:
 
     def wait_idle(self) -> None:
         """Until no placement group holds a CPU (Ray removes an ended job's group after the job has ended)."""
-        ray = str(Path(sys.executable).parent / "ray")
 
         def idle() -> bool:
             status = subprocess.run(
-                self.head.run(ray, "status", f"--address={self.address}"),
+                self.head.run(*RAY_CLI, "status", f"--address={self.address}"),
                 env=self.node_env(self.head),
                 capture_output=True,
                 text=True,
