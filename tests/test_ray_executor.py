@@ -7,11 +7,13 @@ node's namespace as a Ray driver, the tenant's SDK calls it across the bridge.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -210,6 +212,37 @@ def test_the_workers_train_on_through_a_killed_and_a_stopped_control_plane_which
     for worker in (0, 1):  # one process trained it all, in the first attempt
         log = (node_root() / handle.id / f"worker-{worker}" / "worker.log").read_text()
         assert log.count("started (attempt") == 1 and "started (attempt 1)" in log
+
+
+def _host_pid(node) -> int:
+    """The pid of the node's host actor (Ray titles an actor's process ``ray::<class>``); 0 while there is none."""
+    for pid in node.pids():
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::NodeHost"):
+                return pid
+    return 0
+
+
+def test_a_node_host_that_dies_is_restarted_and_answers_for_the_workers_it_started(cluster, ray_tenant):
+    # The actor that forked a node's workers is SIGKILLed mid-job: the workers train on, Ray starts the host
+    # again, and the new one, from its records on the node, reaches them: it stops them on cancel, and reports
+    # their exits (none of which is taken for a failure).
+    long = {**TINY, "steps": 20_000, "eval_every": 20_000, "checkpoint_every": 20_000}  # a log line every 200 steps
+    handle = ray_tenant.submit(Job(name="host-loss", algorithm="allreduce", workers=2, **long))
+    wait_for(lambda: _node_step(handle.id) >= 200)
+    node = next(n for n in cluster.nodes if n.ip in _placement(handle).values())
+    pids, host = _pids_of(handle.id), _host_pid(node)
+    assert len(pids) == 2 and host, (pids, host)
+    os.kill(host, signal.SIGKILL)
+    wait_for(lambda: _host_pid(node) not in (0, host))
+    at = _node_step(handle.id)
+    wait_for(lambda: _node_step(handle.id) >= at + 200)
+    assert sorted(_pids_of(handle.id)) == sorted(pids)  # the same processes, training on
+    handle.cancel()
+    assert handle.wait().state == "CANCELLED"
+    assert _pids_of(handle.id) == []  # stopped through the new host
+    messages = [e.message for e in handle.events()]
+    assert not any("exited with code" in m or "restart" in m for m in messages), messages
 
 
 def test_a_gasloc_job_outlives_a_lost_node_its_worker_placed_again_on_another(cluster, ray_tenant):
