@@ -14,7 +14,7 @@ a job 8 worker slots (the Ray node has 8 logical CPUs). Per executor:
 Ray's share is a placement group (it only reserves the bundles) and a few
 calls to the node's host actor, which writes each worker's files and forks
 it from its warm zygote, as the local executor's are forked from the
-server's: no Ray worker process starts for a job. Each side's overhead is
+server's: no actor process starts for a job. Each side's overhead is
 reported against the other's, per job and to the first step.
 
 The namespace's resolver fails lookups at once (see ``tests/raycluster.py``):

@@ -10,8 +10,8 @@ reserves: each worker is forked by the warm zygote of the
 :class:`~cantata.server.executors.ray_actor.NodeHost` actor of the node its
 bundle is on, with the GPUs Ray assigned to that bundle. Ray finds the
 nodes, places the bundles, tracks the nodes' health and hands out GPUs; no
-Ray worker process starts for a job (one short task per bundle learns a GPU
-job's devices).
+actor process starts for a job (a GPU job's bundles each run one short task,
+in Ray's pooled worker processes, to learn their devices).
 
 Launching a job is two rounds of calls: first where Ray placed each bundle
 (its node's host says the node's cluster address and gives a free port for

@@ -16,13 +16,16 @@ call over Ray's TLS (never a constructor's arguments, which the cluster's GCS
 keeps, nor an environment); it writes them into a 0700 folder of the node
 owned by the job's uid and has its zygote fork ``cantata.trainer.worker``
 there, with the GPUs Ray reserved in the worker's bundle (:func:`bundle_gpus`)
-as ``CUDA_VISIBLE_DEVICES``. The config and key are deleted once the worker
+as ``CUDA_VISIBLE_DEVICES``, and gloo bound to the interface that carries the
+node's cluster address (``GLOO_SOCKET_IFNAME``: by default gloo takes the
+address the host name resolves to, often a loopback one, which a group
+spanning nodes cannot reach). The config and key are deleted once the worker
 exits.
 
-What the host knows of each worker is on the node's disk, root's alone: a
-record (``.workers/<job>-<worker>.json``: pid, start time, generation,
-rendezvous, GPUs) and the exit status its zygote writes there
-(``.exits/<job>-<worker>.json``). A host that restarts, and a control plane
+What the host knows of each worker is on the node's disk, root's alone, in
+a folder of its own (``.hosts/<node id>/``): a record
+(``workers/<job>-<worker>.json``: pid, start time, generation, rendezvous,
+GPUs) and the exit status its zygote writes (``exits/<job>-<worker>.json``). A host that restarts, and a control plane
 that restarts, find every worker again from them; the host and the workers
 outlive the control plane that started them.
 """
@@ -31,10 +34,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import signal
 import socket
+import struct
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -52,6 +57,7 @@ LOG_CHUNK = 1 << 20
 KILLED = -int(signal.SIGKILL)
 STATUS_GRACE_S = 5.0  # a reaped worker's status is written right after; past this its zygote died with it
 POLL_S = 0.1
+SIOCGIFADDR = 0x8915  # ioctl: an interface's IPv4 address
 
 
 def node_root() -> Path:
@@ -63,6 +69,16 @@ def bundle_gpus() -> list[str]:
     import ray
 
     return [str(g) for g in ray.get_gpu_ids()]
+
+
+def interface_of(ip: str) -> str:
+    """The name of this machine's network interface whose address is ``ip`` ("" if none is)."""
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s, contextlib.suppress(OSError):
+            answer = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            if socket.inet_ntoa(answer[20:24]) == ip:
+                return name
+    return ""
 
 
 @dataclass
@@ -87,7 +103,10 @@ class NodeHost:
         self.ip = ray.util.get_node_ip_address()
         self.node_id = ray.get_runtime_context().get_node_id()
         self.root = node_root()
-        for private in (self.root / ".workers", self.root / ".exits"):  # root's: a worker cannot forge them
+        self.interface = interface_of(self.ip)
+        # this host's own (the root may be shared by nodes), and root's: a worker can neither read nor forge them
+        self.private = self.root / ".hosts" / self.node_id
+        for private in (self.root / ".hosts", self.private, self.private / "workers", self.private / "exits"):
             private.mkdir(mode=0o700, parents=True, exist_ok=True)
             private.chmod(0o700)
         self._zygote = Zygote(warm=True, env=base_environment())
@@ -98,10 +117,10 @@ class NodeHost:
         return self.root / job_id / f"worker-{worker}"
 
     def _record_path(self, job_id: str, worker: int) -> Path:
-        return self.root / ".workers" / f"{job_id}-{worker}.json"
+        return self.private / "workers" / f"{job_id}-{worker}.json"
 
     def _status_path(self, job_id: str, worker: int) -> Path:
-        return self.root / ".exits" / f"{job_id}-{worker}.json"
+        return self.private / "exits" / f"{job_id}-{worker}.json"
 
     def _record(self, job_id: str, worker: int) -> Hosted | None:
         with contextlib.suppress(FileNotFoundError, ValueError, TypeError):
@@ -110,7 +129,7 @@ class NodeHost:
 
     def _records(self) -> list[Hosted]:
         found = []
-        for path in (self.root / ".workers").glob("*.json"):
+        for path in (self.private / "workers").glob("*.json"):
             with contextlib.suppress(FileNotFoundError, ValueError, TypeError):
                 found.append(Hosted(**json.loads(path.read_text())))
         return found
@@ -160,7 +179,8 @@ class NodeHost:
             for path in [folder, *folder.iterdir()]:
                 os.chown(path, uid, uid)
         status = self._status_path(job_id, worker)
-        spawn = SpawnRequest(**{**request, "status": str(status)})
+        env = request["env"] | ({"GLOO_SOCKET_IFNAME": self.interface} if self.interface else {})
+        spawn = SpawnRequest(**{**request, "env": env, "status": str(status)})
         pid = await asyncio.to_thread(self._zygote.spawn, spawn)  # minutes, while the zygote still warms up
         hosted = Hosted(job_id, worker, generation, pid, start_time(pid), rendezvous, gpus)
         write_private(self._record_path(job_id, worker), json.dumps(asdict(hosted)).encode())
