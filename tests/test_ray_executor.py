@@ -120,6 +120,16 @@ def test_a_gasloc_job_spreads_over_three_nodes_and_gossips_across_them(cluster, 
     ]
 
 
+def test_an_allreduce_group_too_big_for_one_node_spans_two_and_succeeds(cluster, ray_tenant):
+    # Three processes, two CPUs a node: PACK puts the group on two nodes, and its gloo pairs cross between them
+    # (bound to each node's cluster address: this machine's host name resolves to a loopback address).
+    cluster.wait_idle()
+    handle = ray_tenant.submit(Job(name="spanning", algorithm="allreduce", workers=3, **TINY))
+    status = handle.wait()
+    assert status.state == "SUCCEEDED", status.reason
+    assert len(set(_placement(handle).values())) == 2, _placement(handle)
+
+
 def test_a_job_asking_for_more_gpus_than_the_cluster_has_stays_queued_with_a_reason(ray_tenant):
     handle = ray_tenant.submit(Job(name="greedy", algorithm="allreduce", workers=4, gpus_per_worker=2, **TINY))
     reason = _waiting_reason(handle)
