@@ -142,6 +142,7 @@ class _Worker:
 @dataclass
 class _Job:
     group: Any  # the placement group (None: an adopted job's was gone)
+    reserved: dict[str, float] = field(default_factory=dict)  # what its bundles hold, all together
     workers: dict[int, _Worker] = field(default_factory=dict)
     rendezvous: list[str] = field(default_factory=list)
     attack: dict | None = None
@@ -272,13 +273,23 @@ class RayExecutor:
                     never=True,
                     retry=True,
                 )
+        ours = self._reserved()
         for resource, amount in bundle.items():
             wanted = amount * n
-            if wanted > free.get(resource, 0.0):
+            # Ray's view of what is free lags behind the groups just made: what ours hold counts at once
+            now = min(free.get(resource, 0.0), total.get(resource, 0.0) - ours.get(resource, 0.0))
+            if wanted > now:
                 raise NotPlaceable(
-                    f"waiting for {_amount(resource, wanted)} ({_amount(resource, free.get(resource, 0.0))} free)",
-                    retry=True,
+                    f"waiting for {_amount(resource, wanted)} ({_amount(resource, now)} free)", retry=True
                 )
+
+    def _reserved(self) -> dict[str, float]:
+        """What the placement groups of this executor's jobs hold, all together."""
+        held: dict[str, float] = {}
+        for running in self._jobs.values():
+            for resource, amount in running.reserved.items():
+                held[resource] = held.get(resource, 0.0) + amount
+        return held
 
     # ---- launching ----------------------------------------------------------
     def launch(self, job: JobRecord, *, attack: dict | None = None) -> dict[int, int]:
@@ -291,7 +302,7 @@ class RayExecutor:
         group = placement_group(
             [self.bundle(job)] * n, strategy=strategy, name=f"cantata-{job.id}-a{job.attempts}", lifetime="detached"
         )
-        running = self._jobs[job.id] = _Job(group, attack=attack)
+        running = self._jobs[job.id] = _Job(group, _times(self.bundle(job), n), attack=attack)
         self._resources = (0.0, {}, {}, {})
         nodes: dict[int, dict] = {}
         try:
@@ -648,7 +659,8 @@ class RayExecutor:
             group = get_placement_group(f"cantata-{job.id}-a{job.attempts}")
         except ValueError:
             group = None
-        running = self._jobs[job.id] = _Job(group, attack=attack)
+        reserved = _times(self.bundle(job), processes(job.spec)) if group is not None else {}
+        running = self._jobs[job.id] = _Job(group, reserved, attack=attack)
         size = group_size(job.spec)
         running.rendezvous = [""] * (len(workers) // size + 1)
         found: dict[int, dict] = {}
@@ -725,6 +737,10 @@ class RayExecutor:
 def _rendezvous(node: dict) -> str:
     """A torch.distributed rendezvous on ``node`` (see :meth:`RayExecutor._places`), at the free port found there."""
     return f"tcp://{node['ip']}:{node['port']}"
+
+
+def _times(bundle: dict[str, float], n: int) -> dict[str, float]:
+    return {resource: amount * n for resource, amount in bundle.items()}
 
 
 def _amount(resource: str, value: float) -> str:
