@@ -6,6 +6,14 @@ with Ray's token authentication and TLS on (node certificates from the test
 platform's CA) and fake GPU counts; the control plane runs in the head's
 namespace, beside the head node, as a Ray driver. Everything is torn down
 afterwards, processes first (``ip netns pids``), then the links and namespaces.
+
+A namespace cannot reach the host's DNS server (the bridge is not routed
+out), so each gets a resolver configuration of its own (``/etc/netns/<ns>/
+resolv.conf``, which ``ip netns exec`` puts over ``/etc/resolv.conf``) that
+names none: a lookup fails at once, as one to a working resolver answers at
+once. Without it, every reverse lookup waits out the host's resolver (10 s),
+and torch's rendezvous makes two per process (it names the peer's address in
+its log): 20 s before an all-reduce group's first step that no real node pays.
 """
 
 from __future__ import annotations
@@ -25,6 +33,10 @@ from pathlib import Path
 from tests.waiting import wait_for
 
 RAY_PORT = 6379
+# this interpreter's Ray (a console script's #! may name another environment's Python, whose nodes import its Cantata)
+RAY_CLI = (sys.executable, "-m", "ray.scripts.scripts")
+NETNS_ETC = Path("/etc/netns")
+RESOLVER = "# a test node: no DNS server (the host's is out of reach); lookups fail at once\n"
 
 
 def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -86,6 +98,8 @@ class RayCluster:
             netns, host_link, inner = f"{self.tag}n{k}", f"{self.tag}v{k}", f"{self.tag}i{k}"
             ip = f"10.213.{self.subnet}.{11 + k}"
             sh("ip", "netns", "add", netns)
+            (NETNS_ETC / netns).mkdir(parents=True, exist_ok=True)
+            (NETNS_ETC / netns / "resolv.conf").write_text(RESOLVER)
             sh("ip", "link", "add", host_link, "type", "veth", "peer", "name", inner)
             sh("ip", "link", "set", inner, "netns", netns)
             sh("ip", "link", "set", host_link, "master", self.bridge, "up")
@@ -112,15 +126,12 @@ class RayCluster:
             "RAY_USE_TLS": "1",
             "RAY_USAGE_STATS_ENABLED": "0",
         }
-        ray = str(Path(sys.executable).parent / "ray")
-        self._ray_start(ray, self.head, ["--head", f"--port={RAY_PORT}", "--include-dashboard=false"], cpus, gpus)
+        self._ray_start(self.head, ["--head", f"--port={RAY_PORT}", "--include-dashboard=false"], cpus, gpus)
         if self.failures:
             raise RuntimeError("\n".join(self.failures))
         # One after the other (two raylets registering at once on a loaded machine time out more often).
         others = [(node, [f"--address={self.address}"]) for node in self.nodes[1:]]
-        joining = threading.Thread(
-            target=lambda: [self._ray_start(ray, node, where, cpus, gpus) for node, where in others]
-        )
+        joining = threading.Thread(target=lambda: [self._ray_start(node, where, cpus, gpus) for node, where in others])
         joining.start()
         self._joining = [joining]
 
@@ -131,13 +142,13 @@ class RayCluster:
         if self.failures:
             raise RuntimeError("\n".join(self.failures))
 
-    def _ray_start(self, ray: str, node: Node, where: list[str], cpus: int, gpus: int, attempts: int = 3) -> None:
+    def _ray_start(self, node: Node, where: list[str], cpus: int, gpus: int, attempts: int = 3) -> None:
         """``ray start`` in ``node``'s namespace; again from scratch if it timed out (Ray waits 30 s for a
         raylet to register, which a loaded machine can exceed)."""
         for attempt in range(attempts):
             started = subprocess.run(
                 node.run(
-                    ray,
+                    *RAY_CLI,
                     "start",
                     *where,
                     f"--node-ip-address={node.ip}",
@@ -157,11 +168,10 @@ class RayCluster:
 
     def wait_idle(self) -> None:
         """Until no placement group holds a CPU (Ray removes an ended job's group after the job has ended)."""
-        ray = str(Path(sys.executable).parent / "ray")
 
         def idle() -> bool:
             status = subprocess.run(
-                self.head.run(ray, "status", f"--address={self.address}"),
+                self.head.run(*RAY_CLI, "status", f"--address={self.address}"),
                 env=self.node_env(self.head),
                 capture_output=True,
                 text=True,
@@ -189,5 +199,6 @@ class RayCluster:
                 time.sleep(0.1)
             sh("ip", "link", "del", node.host_link, check=False)
             sh("ip", "netns", "del", node.netns, check=False)
+            shutil.rmtree(NETNS_ETC / node.netns, ignore_errors=True)
         sh("ip", "link", "del", self.bridge, check=False)
         shutil.rmtree(self.root, ignore_errors=True)

@@ -7,11 +7,13 @@ node's namespace as a Ray driver, the tenant's SDK calls it across the bridge.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -118,6 +120,16 @@ def test_a_gasloc_job_spreads_over_three_nodes_and_gossips_across_them(cluster, 
     ]
 
 
+def test_an_allreduce_group_too_big_for_one_node_spans_two_and_succeeds(cluster, ray_tenant):
+    # Three processes, two CPUs a node: PACK puts the group on two nodes, and its gloo pairs cross between them
+    # (bound to each node's cluster address: this machine's host name resolves to a loopback address).
+    cluster.wait_idle()
+    handle = ray_tenant.submit(Job(name="spanning", algorithm="allreduce", workers=3, **TINY))
+    status = handle.wait()
+    assert status.state == "SUCCEEDED", status.reason
+    assert len(set(_placement(handle).values())) == 2, _placement(handle)
+
+
 def test_a_job_asking_for_more_gpus_than_the_cluster_has_stays_queued_with_a_reason(ray_tenant):
     handle = ray_tenant.submit(Job(name="greedy", algorithm="allreduce", workers=4, gpus_per_worker=2, **TINY))
     reason = _waiting_reason(handle)
@@ -212,6 +224,37 @@ def test_the_workers_train_on_through_a_killed_and_a_stopped_control_plane_which
         assert log.count("started (attempt") == 1 and "started (attempt 1)" in log
 
 
+def _host_pid(node) -> int:
+    """The pid of the node's host actor (Ray titles an actor's process ``ray::<class>``); 0 while there is none."""
+    for pid in node.pids():
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::NodeHost"):
+                return pid
+    return 0
+
+
+def test_a_node_host_that_dies_is_restarted_and_answers_for_the_workers_it_started(cluster, ray_tenant):
+    # The actor that forked a node's workers is SIGKILLed mid-job: the workers train on, Ray starts the host
+    # again, and the new one, from its records on the node, reaches them: it stops them on cancel, and reports
+    # their exits (none of which is taken for a failure).
+    long = {**TINY, "steps": 20_000, "eval_every": 20_000, "checkpoint_every": 20_000}  # a log line every 200 steps
+    handle = ray_tenant.submit(Job(name="host-loss", algorithm="allreduce", workers=2, **long))
+    wait_for(lambda: _node_step(handle.id) >= 200)
+    node = next(n for n in cluster.nodes if n.ip in _placement(handle).values())
+    pids, host = _pids_of(handle.id), _host_pid(node)
+    assert len(pids) == 2 and host, (pids, host)
+    os.kill(host, signal.SIGKILL)
+    wait_for(lambda: _host_pid(node) not in (0, host))
+    at = _node_step(handle.id)
+    wait_for(lambda: _node_step(handle.id) >= at + 200)
+    assert sorted(_pids_of(handle.id)) == sorted(pids)  # the same processes, training on
+    handle.cancel()
+    assert handle.wait().state == "CANCELLED"
+    assert _pids_of(handle.id) == []  # stopped through the new host
+    messages = [e.message for e in handle.events()]
+    assert not any("exited with code" in m or "restart" in m for m in messages), messages
+
+
 def test_a_gasloc_job_outlives_a_lost_node_its_worker_placed_again_on_another(cluster, ray_tenant):
     # Last in the module: the node stays lost. Its raylet and every process in its namespace are killed.
     handle = ray_tenant.submit(
@@ -295,7 +338,8 @@ def test_an_allreduce_job_restarts_its_group_on_another_node_when_its_node_is_lo
         placed = _placement(handle)
         lost = cluster.nodes[1]
         assert set(placed.values()) == {lost.ip}, placed
-        wait_for(lambda: any(c.step >= 20 for c in ray_tenant.checkpoints(handle.id)))
+        # the server's record of a checkpoint (the restart resumes from it), not only its objects in the store
+        wait_for(lambda: any(e.kind == "CHECKPOINT" and e.step >= 20 for e in _events_so_far(handle)))
         cluster.kill_node(lost)
     finally:
         assert holder.stdin is not None

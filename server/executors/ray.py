@@ -1,33 +1,37 @@
-"""The Ray executor: a job's workers are Ray actors, gang-scheduled in one placement group.
+"""The Ray executor: a job's workers are gang-scheduled in one placement group, and started by each node's host.
 
 The control plane is a Ray driver (it runs beside a Ray node, usually the
 head). Each job gets one placement group of one bundle per worker process,
 ``{"CPU": cpus_per_worker, "GPU": gpus_per_worker, "memory": its estimate}``:
 all of its bundles or none. ``PACK`` for an all-reduce or single job (one
 ``torch.distributed`` group, on as few nodes as fit), ``SPREAD`` for a
-decentralized one (a node's loss costs one worker group). Each process is a
-:class:`~cantata.server.executors.ray_actor.WorkerHost` actor in its bundle,
-which has its node's warm
-:class:`~cantata.server.executors.ray_actor.NodeZygote` fork the worker; Ray
-finds the nodes, tracks their health and hands out GPUs.
+decentralized one (a node's loss costs one worker group). The group only
+reserves: each worker is forked by the warm zygote of the
+:class:`~cantata.server.executors.ray_actor.NodeHost` actor of the node its
+bundle is on, with the GPUs Ray assigned to that bundle. Ray finds the
+nodes, places the bundles, tracks the nodes' health and hands out GPUs; no
+actor process starts for a job (a GPU job's bundles each run one short task,
+in Ray's pooled worker processes, to learn their devices).
 
-Launching a job is two rounds of calls: first each actor says where Ray put
-it (its node's cluster address, its folder, its GPUs); then the control plane
-mints each worker's certificate for that address (the gossip endpoint binds
-there), builds its config, picks each group's rendezvous on its first
-process's node, and sends each actor its files to start the worker.
+Launching a job is two rounds of calls: first where Ray placed each bundle
+(its node's host says the node's cluster address and gives a free port for
+each group's rendezvous; a task in each bundle of a GPU job says its GPUs);
+then the control plane mints each worker's certificate for that address (the
+gossip endpoint binds there), builds its config, and sends each host its
+workers' files to start them.
 
-The placement groups and actors are detached and named after the job
-(``cantata-<job>-a<attempt>``, ``cantata-<job>-<worker>.<generation>``, in
-the ``cantata`` namespace): they outlive the control plane, whose workers
-train on while it is down, and a restarted control plane adopts them
-(:meth:`RayExecutor.adopt`) and kills those no job of its store owns
+The placement groups (``cantata-<job>-a<attempt>``) and the hosts
+(``node@<node id>``, in the ``cantata`` namespace) are detached and named:
+they, and the workers, outlive the control plane, whose workers train on
+while it is down, and a restarted control plane adopts them from the hosts'
+records (:meth:`RayExecutor.adopt`) and stops those no job of its store owns
 (:meth:`RayExecutor.kill_strays`).
 
-A worker whose node was lost (its actor died and Ray marks the node dead) is
+A worker whose node was lost (its host died and Ray marks the node dead) is
 reported as such (``WorkerExit.node_lost``): an all-reduce job restarts its
 group from its latest checkpoint on the nodes that remain, and the lost node
-does not count against the job's failure budget.
+does not count against the job's failure budget; a decentralized job's
+worker is started again where Ray placed its bundle anew.
 
 The cluster is inside the trust boundary and must be locked
 (:func:`check_locked`): token authentication (``RAY_AUTH_MODE=token``) and
@@ -65,8 +69,9 @@ from cantata.server.store import JobRecord, WorkerRecord
 
 log = logging.getLogger(__name__)
 NAMESPACE = "cantata"
-ZYGOTE_PREFIX = "zygote@"  # + the node's id: its NodeZygote actor (no job's name starts so)
+HOST_PREFIX = "node@"  # + the node's id: its NodeHost actor
 READY_TIMEOUT_S = 120.0  # a placement group whose resources were free is placed in far less
+STOP_TIMEOUT_S = 10.0
 PROBE_TIMEOUT_S = 60.0
 NODE_DEATH_WAIT_S = 60.0  # how long a dead actor's exit waits for Ray to say whether its node died (~15 s)
 RESOURCES_TTL_S = 1.0  # the cluster's resources are asked at most this often
@@ -124,10 +129,11 @@ def probe_without_token(address: str, env: dict[str, str], timeout: float = PROB
 
 @dataclass
 class _Worker:
-    actor: Any
-    node: dict
+    host: Any  # the NodeHost actor of its node (None: an adopted worker no host knew)
+    node: dict  # node_id, ip, folder, gpus
     pid: int
-    done: Any  # the ObjectRef of WorkerHost.wait (None: the actor is gone)
+    generation: int
+    done: Any  # the ObjectRef of NodeHost.wait (None: the worker is gone)
     spawned: float
     log_offset: int = 0
     log_ref: Any = None
@@ -136,14 +142,15 @@ class _Worker:
 @dataclass
 class _Job:
     group: Any  # the placement group (None: an adopted job's was gone)
+    reserved: dict[str, float] = field(default_factory=dict)  # what its bundles hold, all together
     workers: dict[int, _Worker] = field(default_factory=dict)
     rendezvous: list[str] = field(default_factory=list)
     attack: dict | None = None
     exited: dict[int, int] = field(default_factory=dict)
     killed: set[int] = field(default_factory=set)
     kill_at: float | None = None
-    generations: dict[int, int] = field(default_factory=dict)  # actors started for each worker, less one
-    dead: dict[int, float] = field(default_factory=dict)  # worker -> when its actor was seen dead, its node not yet
+    generations: dict[int, int] = field(default_factory=dict)  # starts of each worker, less one
+    dead: dict[int, float] = field(default_factory=dict)  # worker -> when its host was seen dead, its node not yet
 
 
 class RayExecutor:
@@ -177,8 +184,8 @@ class RayExecutor:
         self._note = note  # a line in the job's events (where it was placed)
         self._jobs: dict[str, _Job] = {}
         self._resources: tuple[float, dict, dict, dict] = (0.0, {}, {}, {})
-        self._remote: Any = None  # the WorkerHost actor class, once made remote
-        self._zygotes: dict[str, Any] = {}  # node id -> its NodeZygote actor
+        self._hosts: dict[str, Any] = {}  # node id -> its NodeHost actor
+        self._probe: Any = None  # bundle_gpus as a Ray task, once made remote
 
     # ---- the cluster --------------------------------------------------------
     def start(self) -> None:
@@ -191,33 +198,37 @@ class RayExecutor:
             with contextlib.suppress(ValueError):  # not the main thread: ray.init left it alone too
                 signal.signal(signal.SIGTERM, on_sigterm)
         self._server = self._server_address(ray.util.get_node_ip_address())
-        for node in ray.nodes():  # their zygotes warm up (import torch) before the first job
-            if node.get("Alive"):
-                self._zygote(node["NodeID"])
+        self._live_hosts()  # their zygotes warm up (import torch) before the first job
 
-    def _zygote(self, node_id: str) -> Any:
-        """The node's :class:`~cantata.server.executors.ray_actor.NodeZygote` actor, started if it is not there."""
+    def _host(self, node_id: str) -> Any:
+        """The node's :class:`~cantata.server.executors.ray_actor.NodeHost` actor, started if it is not there."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from cantata.server.executors.ray_actor import NodeZygote
+        from cantata.server.executors.ray_actor import NodeHost
 
-        if node_id not in self._zygotes:
-            self._zygotes[node_id] = (
-                ray.remote(NodeZygote)
+        if node_id not in self._hosts:
+            self._hosts[node_id] = (
+                ray.remote(NodeHost)
                 .options(
-                    name=f"{ZYGOTE_PREFIX}{node_id}",
+                    name=f"{HOST_PREFIX}{node_id}",
                     namespace=NAMESPACE,
                     get_if_exists=True,
                     lifetime="detached",
                     num_cpus=0,
-                    max_concurrency=16,
+                    max_concurrency=1000,  # async: each running worker has a wait and a log read waiting in it
                     max_restarts=-1,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
                 )
                 .remote()
             )
-        return self._zygotes[node_id]
+        return self._hosts[node_id]
+
+    def _live_hosts(self) -> dict[str, Any]:
+        """The host of every live node, started where there is none."""
+        import ray
+
+        return {n["NodeID"]: self._host(n["NodeID"]) for n in ray.nodes() if n.get("Alive")}
 
     def _cluster(self) -> tuple[dict, dict, dict]:
         """The cluster's total and free resources, and the most of each that one live node has."""
@@ -262,20 +273,28 @@ class RayExecutor:
                     never=True,
                     retry=True,
                 )
+        ours = self._reserved()
         for resource, amount in bundle.items():
             wanted = amount * n
-            if wanted > free.get(resource, 0.0):
+            # Ray's view of what is free lags behind the groups just made: what ours hold counts at once
+            now = min(free.get(resource, 0.0), total.get(resource, 0.0) - ours.get(resource, 0.0))
+            if wanted > now:
                 raise NotPlaceable(
-                    f"waiting for {_amount(resource, wanted)} ({_amount(resource, free.get(resource, 0.0))} free)",
-                    retry=True,
+                    f"waiting for {_amount(resource, wanted)} ({_amount(resource, now)} free)", retry=True
                 )
+
+    def _reserved(self) -> dict[str, float]:
+        """What the placement groups of this executor's jobs hold, all together."""
+        held: dict[str, float] = {}
+        for running in self._jobs.values():
+            for resource, amount in running.reserved.items():
+                held[resource] = held.get(resource, 0.0) + amount
+        return held
 
     # ---- launching ----------------------------------------------------------
     def launch(self, job: JobRecord, *, attack: dict | None = None) -> dict[int, int]:
         import ray
         from ray.util.placement_group import placement_group
-
-        from cantata.server.executors.ray_actor import WorkerHost
 
         n = processes(job.spec)
         # SPREAD, not STRICT_SPREAD: a lost node's bundle must be placeable again on the nodes that remain
@@ -283,56 +302,90 @@ class RayExecutor:
         group = placement_group(
             [self.bundle(job)] * n, strategy=strategy, name=f"cantata-{job.id}-a{job.attempts}", lifetime="detached"
         )
-        running = self._jobs[job.id] = _Job(group, attack=attack)
+        running = self._jobs[job.id] = _Job(group, _times(self.bundle(job), n), attack=attack)
         self._resources = (0.0, {}, {}, {})
-        actors: dict[int, Any] = {}
+        nodes: dict[int, dict] = {}
         try:
             identity = self._identities.acquire(job.id)
             store = job.spec.checkpoint_store
             if store.startswith("file://"):  # under a root every node mounts (parse_job_spec saw to it)
                 prepare_job_folder(Path(unquote(urlparse(store).path)), job.tenant, job.id, identity)
             ray.get(group.ready(), timeout=READY_TIMEOUT_S)
-            actors.update({i: self._actor(WorkerHost, job, i) for i in range(n)})
-            nodes = dict(zip(actors, ray.get([a.node.remote() for a in actors.values()]), strict=True))
             size = group_size(job.spec)
+            nodes = self._places(job, list(range(n)), firsts=list(range(0, n, size)))
             running.rendezvous = [_rendezvous(nodes[g * size]) for g in range(n // size)]
             secrets = self._secrets.worker_secrets(job)
             uid = identity.uid if identity else None
-            pids = ray.get([self._start(job, i, a, nodes[i], secrets, uid) for i, a in actors.items()])
+            pids = ray.get([self._start(job, i, nodes[i], secrets, uid) for i in range(n)])
             for i, pid in enumerate(pids):
-                self._watch(job.id, i, actors[i], nodes[i], pid)
+                self._watch(job.id, i, nodes[i], pid)
             self._note(job.id, "placed on " + ", ".join(f"worker {i}: {nodes[i]['ip']}" for i in sorted(nodes)))
         except BaseException:
-            for actor in actors.values():
-                ray.kill(actor, no_restart=True)
+            for i, node in nodes.items():  # release stops those of them that started
+                host, generation = self._host(node["node_id"]), running.generations.get(i, 0)
+                running.workers[i] = _Worker(host, node, 0, generation, None, time.monotonic())
             self.release(job.id)
             raise
         return {i: w.pid for i, w in running.workers.items()}
 
-    def _actor(self, host_class: type, job: JobRecord, i: int) -> Any:
+    def _bundle_nodes(self, group: Any, workers: list[int]) -> dict[int, str]:
+        """The live node each of ``workers``' bundles is on; waits while Ray places a dead node's bundles anew."""
+        import ray
+        from ray.util.placement_group import placement_group_table
+
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            table = placement_group_table(group)
+            where = {i: table.get("bundles_to_node_id", {}).get(i, "") for i in workers}
+            alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+            if table.get("state") == "CREATED" and all(where[i] in alive for i in workers):
+                return where
+            if time.monotonic() > deadline:
+                raise RayClusterError(f"Ray did not place the bundles of workers {workers} in {READY_TIMEOUT_S:.0f} s")
+            time.sleep(0.05)
+
+    def _places(self, job: JobRecord, workers: list[int], firsts: list[int]) -> dict[int, dict]:
+        """Where each of ``workers`` starts: its bundle's node (id, cluster address), its folder there, the GPUs
+        Ray assigned to its bundle, and a free port there for the rendezvous of each worker in ``firsts``."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        bundle = self.bundle(job)
-        if self._remote is None:
-            self._remote = ray.remote(host_class)
-        running = self._jobs[job.id]
-        running.generations[i] = running.generations.get(i, -1) + 1  # a killed actor's name is freed later
-        return self._remote.options(
-            name=f"cantata-{job.id}-{i}.{running.generations[i]}",
-            namespace=NAMESPACE,
-            num_cpus=0,  # the bundle holds the resources; the actor itself asks for none beyond them
-            num_gpus=bundle["GPU"],
-            max_concurrency=8,  # wait() blocks while signal() and read_log() answer
-            lifetime="detached",  # the worker trains on while the control plane restarts
-            max_restarts=0,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=self._jobs[job.id].group, placement_group_bundle_index=i
-            ),
-        ).remote(job.id, i)
+        from cantata.server.executors.ray_actor import bundle_gpus
 
-    def _start(self, job: JobRecord, i: int, actor: Any, node: dict, secrets: dict, uid: int | None) -> Any:
-        """Mint worker ``i``'s certificate for its node, build its config and files; the ObjectRef of its pid."""
+        group = self._jobs[job.id].group
+        if group is None:
+            raise RayClusterError(f"the placement group of {job.id} is gone: its workers cannot be placed again")
+        where = self._bundle_nodes(group, workers)
+        hosts = {node_id: self._host(node_id) for node_id in set(where.values())}
+        about = {node_id: host.node.remote() for node_id, host in hosts.items()}
+        ports = {i: hosts[where[i]].free_port.remote() for i in firsts}
+        gpus: dict[int, Any] = {}
+        if job.spec.gpus_per_worker:  # a task asking for all of a bundle's GPUs is handed exactly those
+            if self._probe is None:
+                self._probe = ray.remote(bundle_gpus)
+            for i in workers:
+                gpus[i] = self._probe.options(
+                    num_cpus=0,
+                    num_gpus=self.bundle(job)["GPU"],
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i),
+                ).remote()
+        refs = [*about.values(), *ports.values(), *gpus.values()]
+        values = dict(zip(refs, ray.get(refs, timeout=READY_TIMEOUT_S), strict=True))
+        places = {}
+        for i in workers:
+            node = values[about[where[i]]]
+            places[i] = {
+                "node_id": node["node_id"],
+                "ip": node["ip"],
+                "folder": str(Path(node["root"]) / job.id / f"worker-{i}"),
+                "gpus": values[gpus[i]] if i in gpus else [],
+                "port": values[ports[i]] if i in ports else 0,
+            }
+        return places
+
+    def _start(self, job: JobRecord, i: int, node: dict, secrets: dict, uid: int | None) -> Any:
+        """Mint worker ``i``'s certificate for its node, build its config and files, and have its node's host
+        start it; the ObjectRef of its pid."""
         principal = Principal.worker(job.id, i)
         bundle = self._ca.issue_bundle(
             principal,
@@ -391,12 +444,17 @@ class RayExecutor:
             "gid": uid,
             "memory_bytes": self._memory_limit(job),
         }
-        rendezvous = self._jobs[job.id].rendezvous[i // size]
-        return actor.start.remote(files, request, uid, self._zygote(node["node_id"]), rendezvous)
+        running = self._jobs[job.id]
+        running.generations[i] = running.generations.get(i, -1) + 1
+        return self._host(node["node_id"]).start.remote(
+            job.id, i, running.generations[i], files, request, running.rendezvous[i // size], node["gpus"]
+        )
 
-    def _watch(self, job_id: str, i: int, actor: Any, node: dict, pid: int) -> None:
+    def _watch(self, job_id: str, i: int, node: dict, pid: int) -> None:
         running = self._jobs[job_id]
-        running.workers[i] = _Worker(actor, node, pid, actor.wait.remote(), time.monotonic())
+        host = self._host(node["node_id"])
+        generation = running.generations.get(i, 0)
+        running.workers[i] = _Worker(host, node, pid, generation, host.wait.remote(job_id, i, pid), time.monotonic())
         running.exited.pop(i, None)
         running.killed.discard(i)
         running.dead.pop(i, None)
@@ -407,25 +465,28 @@ class RayExecutor:
         running.workers[i].log_offset = log.stat().st_size
 
     def relaunch(self, job: JobRecord, worker: int) -> int:
-        """Start worker ``worker`` again in its bundle (Ray places the bundle anew if its node died)."""
+        """Start worker ``worker`` again where its bundle is (Ray places the bundle anew if its node died)."""
         import ray
 
-        from cantata.server.executors.ray_actor import WorkerHost
-
         running = self._jobs[job.id]
-        old = running.workers.get(worker)
-        if old is not None and old.actor is not None:
-            ray.kill(old.actor, no_restart=True)
-        actor = self._actor(WorkerHost, job, worker)
-        node = ray.get(actor.node.remote(), timeout=READY_TIMEOUT_S)
         size = group_size(job.spec)
+        node = self._places(job, [worker], firsts=[worker] if size == 1 else [])[worker]
+        old = running.workers.get(worker)
+        if (
+            old is not None
+            and old.host is not None
+            and old.node["node_id"] != node["node_id"]
+            and not self._node_lost(old.node["node_id"])
+        ):  # what is left of it on its old node goes first
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.get(old.host.stop.remote(job.id, worker, old.generation), timeout=STOP_TIMEOUT_S)
         if size == 1:  # its own group: the rendezvous moves with it
             running.rendezvous[worker] = _rendezvous(node)
         identity = self._identities.acquire(job.id)
         pid = ray.get(
-            self._start(job, worker, actor, node, self._secrets.worker_secrets(job), identity.uid if identity else None)
+            self._start(job, worker, node, self._secrets.worker_secrets(job), identity.uid if identity else None)
         )
-        self._watch(job.id, worker, actor, node, pid)
+        self._watch(job.id, worker, node, pid)
         self._note(job.id, f"worker {worker} placed on {node['ip']}")
         return pid
 
@@ -435,7 +496,7 @@ class RayExecutor:
 
         exits: list[tuple[float, WorkerExit]] = []
         for job_id, running in self._jobs.items():
-            for i, w in running.workers.items():  # an adopted worker whose actor was gone
+            for i, w in running.workers.items():  # an adopted worker no host knew
                 if w.done is None and i not in running.exited:
                     running.exited[i] = KILLED
                     exits.append((time.time(), WorkerExit(job_id, i, KILLED)))
@@ -444,32 +505,40 @@ class RayExecutor:
                 ready, _ = ray.wait(list(live), num_returns=len(live), timeout=0)
                 for ref in ready:
                     i, lost = live[ref], False
+                    w = running.workers[i]
                     try:
                         result = ray.get(ref)
-                    except ray.exceptions.RayError:  # the actor or its node died: the worker is gone
+                    except ray.exceptions.RayError:  # its host died, alone or with its node
                         seen = running.dead.setdefault(i, time.monotonic())
-                        lost = self._node_lost(running.workers[i].node["node_id"])
+                        lost = self._node_lost(w.node["node_id"])
                         if not lost and time.monotonic() - seen < NODE_DEATH_WAIT_S:
-                            continue  # until Ray tells whether the node went with it
+                            # Ray restarts a host (its workers train on), which answers from its records; a node
+                            # that died with it fails the call again once Ray says so
+                            w.done = w.host.wait.remote(job_id, i, w.pid)
+                            continue
                         result = (KILLED, time.time())
                     if result is None:  # still running: wait again
-                        running.workers[i].done = running.workers[i].actor.wait.remote()
+                        running.dead.pop(i, None)
+                        w.done = w.host.wait.remote(job_id, i, w.pid)
                         continue
                     code, ended = result
                     running.exited[i] = code
                     exits.append((ended, WorkerExit(job_id, i, code, node_lost=lost)))
             self._copy_logs(job_id, running)
             if running.kill_at is not None and time.monotonic() >= running.kill_at:
-                for i, w in running.workers.items():
-                    if i not in running.exited and w.actor is not None:
-                        w.actor.signal.remote(signal.SIGKILL)
+                self._signal(job_id, running, signal.SIGKILL)
         return [e for _, e in sorted(exits, key=lambda e: e[0])]  # in the order they died
 
+    def _signal(self, job_id: str, running: _Job, sig: int) -> None:
+        for i, w in running.workers.items():
+            if i not in running.exited and w.host is not None:
+                w.host.signal.remote(job_id, i, sig)
+
     def _node_lost(self, node_id: str) -> bool:
-        """Whether Ray declared the node dead (asked now: an actor's death may come first)."""
+        """Whether Ray declared the node dead (asked now: a host's death may come first)."""
         import ray
 
-        self._zygotes.pop(node_id, None)
+        self._hosts.pop(node_id, None)
         self._resources = (0.0, {}, {}, {})
         return any(n["NodeID"] == node_id and not n.get("Alive") for n in ray.nodes())
 
@@ -478,7 +547,7 @@ class RayExecutor:
         import ray
 
         for i, w in running.workers.items():
-            if w.actor is None:
+            if w.host is None:
                 continue
             if w.log_ref is not None:
                 ready, _ = ray.wait([w.log_ref], timeout=0)
@@ -495,7 +564,7 @@ class RayExecutor:
                     w.log_offset += len(data)
                 w.log_ref = None
             if i not in running.exited:
-                w.log_ref = w.actor.read_log.remote(w.log_offset)
+                w.log_ref = w.host.read_log.remote(job_id, i, w.log_offset)
 
     def finished_jobs(self) -> list[str]:
         return [job_id for job_id, r in self._jobs.items() if r.workers and len(r.exited) == len(r.workers)]
@@ -507,12 +576,10 @@ class RayExecutor:
         running = self._jobs.pop(job_id, None)
         if running is None:
             return
-        actors = [w.actor for w in running.workers.values() if w.actor is not None]
-        for stopped in [a.stop.remote() for a in actors]:
+        stopping = [w.host.stop.remote(job_id, i, w.generation) for i, w in running.workers.items() if w.host]
+        for stopped in stopping:
             with contextlib.suppress(ray.exceptions.RayError):  # its node is gone, and its folder with it
-                ray.get(stopped, timeout=10)
-        for actor in actors:
-            ray.kill(actor, no_restart=True)
+                ray.get(stopped, timeout=STOP_TIMEOUT_S)
         if running.group is not None:
             remove_placement_group(running.group)
         self._resources = (0.0, {}, {}, {})
@@ -523,15 +590,13 @@ class RayExecutor:
         if running is None or running.kill_at is not None:
             return
         running.kill_at = time.monotonic() + self._grace
-        for i, w in running.workers.items():
-            if i not in running.exited and w.actor is not None:
-                w.actor.signal.remote(signal.SIGTERM)
+        self._signal(job_id, running, signal.SIGTERM)
 
     def kill(self, job_id: str, worker: int) -> None:
         running = self._jobs[job_id]
         running.killed.add(worker)
-        if running.workers[worker].actor is not None:
-            running.workers[worker].actor.signal.remote(signal.SIGKILL)
+        if running.workers[worker].host is not None:
+            running.workers[worker].host.signal.remote(job_id, worker, signal.SIGKILL)
 
     def alive_workers(self, job_id: str) -> int:
         running = self._jobs.get(job_id)
@@ -571,57 +636,63 @@ class RayExecutor:
     def scrub_all(self) -> None:
         """Nothing secret is kept here (see :meth:`scrub`)."""
 
-    def adopt(self, job: JobRecord, workers: list[WorkerRecord], *, attack: dict | None = None) -> int:
-        """Find the job's placement group and worker actors (detached, by name) that an earlier control plane
-        started; how many of its workers still run. A worker whose actor is gone is reported as killed at the
-        next :meth:`poll`, and judged like any exit."""
+    # ---- a restarted control plane ------------------------------------------------
+    def _ask_hosts(self, method: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Each live node's host's answer to ``method`` (those that do not answer in time are left out)."""
         import ray
+
+        asked = {node_id: getattr(host, method).remote(*args, **kwargs) for node_id, host in self._live_hosts().items()}
+        answers = {}
+        for node_id, ref in asked.items():
+            with contextlib.suppress(ray.exceptions.RayError):
+                answers[node_id] = ray.get(ref, timeout=PROBE_TIMEOUT_S)
+        return answers
+
+    def adopt(self, job: JobRecord, workers: list[WorkerRecord], *, attack: dict | None = None) -> int:
+        """Find the job's placement group (detached, by name) and its workers in the records of the nodes' hosts,
+        which an earlier control plane started; how many of its workers still run. A worker no host knows is
+        reported as killed at the next :meth:`poll`, and judged like any exit; one that exited meanwhile, with
+        its exit status."""
         from ray.util.placement_group import get_placement_group
 
         try:
             group = get_placement_group(f"cantata-{job.id}-a{job.attempts}")
         except ValueError:
             group = None
-        running = self._jobs[job.id] = _Job(group, attack=attack)
-        names = _job_actors(job.id)
+        reserved = _times(self.bundle(job), processes(job.spec)) if group is not None else {}
+        running = self._jobs[job.id] = _Job(group, reserved, attack=attack)
         size = group_size(job.spec)
         running.rendezvous = [""] * (len(workers) // size + 1)
-        alive = 0
+        found: dict[int, dict] = {}
+        for hosted in [h for answer in self._ask_hosts("workers", job.id).values() for h in answer]:
+            if hosted["worker"] not in found or hosted["generation"] > found[hosted["worker"]]["generation"]:
+                found[hosted["worker"]] = hosted  # a worker started again elsewhere: its latest start
         for record in workers:
-            generations = [
-                int(n.rsplit(".", 1)[1]) for n in names if n.rsplit(".", 1)[0] == f"cantata-{job.id}-{record.idx}"
-            ]
-            actor: Any = None
-            described: dict = {}
-            if generations:
-                running.generations[record.idx] = max(generations)
-                name = f"cantata-{job.id}-{record.idx}.{max(generations)}"
-                with contextlib.suppress(ValueError, ray.exceptions.RayError):
-                    actor = ray.get_actor(name, namespace=NAMESPACE)
-                    described = ray.get(actor.describe.remote(), timeout=PROBE_TIMEOUT_S)
-            if not described.get("pid"):  # its actor (or its node) is gone, or it never started the worker
-                running.workers[record.idx] = _Worker(None, {"node_id": ""}, record.pid, None, time.monotonic())
+            hosted = found.get(record.idx)
+            if hosted is None:  # its node is gone, or it never started
+                running.workers[record.idx] = _Worker(None, {"node_id": ""}, record.pid, 0, None, time.monotonic())
                 continue
-            self._watch(job.id, record.idx, actor, described, described["pid"])
-            if described["rendezvous"]:
-                running.rendezvous[record.idx // size] = described["rendezvous"]
-            alive += 1
-        return alive
+            running.generations[record.idx] = hosted["generation"]
+            node = {
+                "node_id": hosted["node_id"],
+                "ip": hosted["ip"],
+                "folder": "",
+                "gpus": hosted["gpus"],
+            }
+            self._watch(job.id, record.idx, node, hosted["pid"])
+            if hosted["rendezvous"]:
+                running.rendezvous[record.idx // size] = hosted["rendezvous"]
+        return sum(1 for w in running.workers.values() if w.done is not None)
 
     def started_at(self, job_id: str, worker: int) -> int:
-        return 0  # an actor on some node, not a process of this machine
+        return 0  # a process on some node, not of this machine
 
     def kill_strays(self) -> list[int]:
-        """Kill the worker actors and remove the placement groups no adopted job owns (say, a job's last attempt's)."""
+        """Stop the workers and remove the placement groups no adopted job owns (say, a job's last attempt's)."""
         import ray
         from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-        killed = []
-        for name in ray.util.list_named_actors():
-            if name.startswith("cantata-") and _job_of(name) not in self._jobs:
-                with contextlib.suppress(ValueError):
-                    ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
-                    killed.append(name)
+        killed = sorted({job for jobs in self._ask_hosts("stop_jobs", keep=list(self._jobs)).values() for job in jobs})
         owned = {r.group.id.hex() for r in self._jobs.values() if r.group is not None}
         for group_id, group in ray.util.placement_group_table().items():
             if (
@@ -633,23 +704,19 @@ class RayExecutor:
                     remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_id))))
                     killed.append(group["name"])
         if killed:
-            log.warning("killed Ray actors and placement groups that no job owns: %s", ", ".join(killed))
-        return []  # no pids: these are actors on the cluster's nodes
+            log.warning("stopped the workers and removed the placement groups that no job owns: %s", ", ".join(killed))
+        return []  # no pids: these are processes on the cluster's nodes
 
     def detach(self) -> None:
-        """Let go of the cluster and leave the detached actors training, for the next control plane to adopt."""
+        """Let go of the cluster and leave the workers training, for the next control plane to adopt."""
         import ray
 
         self._jobs.clear()
         ray.shutdown()
 
     def kill_orphan(self, worker: WorkerRecord, job_id: str) -> None:
-        """Kill the job's actors an earlier control plane left (a restarting job's), by name, and its groups."""
-        import ray
-
-        for name in _job_actors(job_id):
-            with contextlib.suppress(ValueError):
-                ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+        """Stop the job's workers an earlier control plane left (a restarting job's), wherever they run."""
+        self._ask_hosts("stop_jobs", only=job_id)
 
     def stop_all(self) -> None:
         import ray
@@ -668,19 +735,12 @@ class RayExecutor:
 
 
 def _rendezvous(node: dict) -> str:
-    """A torch.distributed rendezvous on ``node`` (a :meth:`WorkerHost.node`), at the free port it found."""
+    """A torch.distributed rendezvous on ``node`` (see :meth:`RayExecutor._places`), at the free port found there."""
     return f"tcp://{node['ip']}:{node['port']}"
 
 
-def _job_of(actor_name: str) -> str:
-    """The job id in a worker actor's name ``cantata-<job>-<worker>.<generation>``."""
-    return actor_name.removeprefix("cantata-").rsplit("-", 1)[0]
-
-
-def _job_actors(job_id: str) -> list[str]:
-    import ray
-
-    return [n for n in ray.util.list_named_actors() if n.startswith("cantata-") and _job_of(n) == job_id]
+def _times(bundle: dict[str, float], n: int) -> dict[str, float]:
+    return {resource: amount * n for resource, amount in bundle.items()}
 
 
 def _amount(resource: str, value: float) -> str:

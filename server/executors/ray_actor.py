@@ -1,37 +1,48 @@
-"""The Ray actors on each node: a warm zygote per node, and one host per worker process of a job.
+"""Cantata's one Ray actor on each node: it starts, watches and stops the workers Ray reserved room for there.
 
-:class:`NodeZygote` is one named, detached actor per node (no CPU of its own):
-it keeps a warm zygote (:mod:`cantata.server.zygote`, torch and the training
-modules imported once) that forks every worker of that node into the same
+:class:`NodeHost` is one named, detached actor per node (no CPU of its own).
+It keeps a warm zygote (:mod:`cantata.server.zygote`: torch and the training
+modules imported once) that forks every worker of its node into the same
 sandbox as on the local executor (allow-listed environment, the job's uid, a
-memory limit). A job's first step no longer waits for a fresh interpreter to
-import torch.
+memory limit). A job's placement group only reserves the job's bundles (gang
+scheduling, ``PACK`` or ``SPREAD``, the GPUs); nothing is started in them, so
+a worker starts from a process that has imported torch, not from a fresh
+interpreter that imports Ray and torch.
 
-The control plane creates one :class:`WorkerHost` per worker process, in the
-job's placement group (so Ray reserves its bundle and hands it its GPUs). The
-actor runs no tenant code and unpickles nothing of a tenant's: it writes the
-files the control plane built for its worker (the worker's own certificate and
-key, its 0600 config) into a 0700 folder of the node owned by the job's uid,
-then asks its node's zygote to fork ``cantata.trainer.worker`` there, with
-``CUDA_VISIBLE_DEVICES`` set to the GPUs Ray gave the actor. The secrets reach
-it as the arguments of :meth:`WorkerHost.start`, an actor call over Ray's TLS
-(not the actor's constructor, which the cluster's GCS keeps), and they are
-deleted once the worker exits. The zygote writes the worker's exit status to a
-root-only folder of the node, where :meth:`WorkerHost.wait` reads it.
+The host runs no tenant code and unpickles nothing of a tenant's. The files
+the control plane built for a worker (its own certificate and key, its 0600
+config) reach the host as the arguments of :meth:`NodeHost.start`, an actor
+call over Ray's TLS (never a constructor's arguments, which the cluster's GCS
+keeps, nor an environment); it writes them into a 0700 folder of the node
+owned by the job's uid and has its zygote fork ``cantata.trainer.worker``
+there, with the GPUs Ray reserved in the worker's bundle (:func:`bundle_gpus`)
+as ``CUDA_VISIBLE_DEVICES``, and gloo bound to the interface that carries the
+node's cluster address (``GLOO_SOCKET_IFNAME``: by default gloo takes the
+address the host name resolves to, often a loopback one, which a group
+spanning nodes cannot reach). The config and key are deleted once the worker
+exits.
 
-Both actors are detached: they, and the workers, outlive the control plane
-that created them, and a restarted one finds them again by name.
+What the host knows of each worker is on the node's disk, root's alone, in
+a folder of its own (``.hosts/<node id>/``): a record
+(``workers/<job>-<worker>.json``: pid, start time, generation, rendezvous,
+GPUs) and the exit status its zygote writes (``exits/<job>-<worker>.json``). A host that restarts, and a control plane
+that restarts, find every worker again from them; the host and the workers
+outlive the control plane that started them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import signal
 import socket
+import struct
 import tempfile
 import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cantata.security.process_sandbox import SpawnRequest
@@ -45,134 +56,204 @@ SECRET_SUFFIXES = (".json", ".key")
 LOG_CHUNK = 1 << 20
 KILLED = -int(signal.SIGKILL)
 STATUS_GRACE_S = 5.0  # a reaped worker's status is written right after; past this its zygote died with it
+POLL_S = 0.1
+SIOCGIFADDR = 0x8915  # ioctl: an interface's IPv4 address
 
 
 def node_root() -> Path:
     return Path(os.environ.get(NODE_ROOT_ENV) or Path(tempfile.gettempdir()) / "cantata-ray")
 
 
-class NodeZygote:
-    """The node's warm zygote; every worker of the node is forked from it."""
+def bundle_gpus() -> list[str]:
+    """The GPUs Ray assigned to the calling task: run in a bundle, asking for all of its GPUs, they are the bundle's."""
+    import ray
+
+    return [str(g) for g in ray.get_gpu_ids()]
+
+
+def interface_of(ip: str) -> str:
+    """The name of this machine's network interface whose address is ``ip`` ("" if none is)."""
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s, contextlib.suppress(OSError):
+            answer = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            if socket.inet_ntoa(answer[20:24]) == ip:
+                return name
+    return ""
+
+
+@dataclass
+class Hosted:
+    """One worker process a host started (its record on the node)."""
+
+    job_id: str
+    worker: int
+    generation: int  # how many times the control plane started this worker before, on any node
+    pid: int
+    started: int  # its start time (with the pid, it names the process)
+    rendezvous: str
+    gpus: list[str] = field(default_factory=list)
+
+
+class NodeHost:
+    """The node's warm zygote and the workers forked from it (async: a worker's wait holds no thread)."""
 
     def __init__(self) -> None:
+        import ray  # in the actor's process, which Ray started
+
+        self.ip = ray.util.get_node_ip_address()
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self.root = node_root()
+        self.interface = interface_of(self.ip)
+        # this host's own (the root may be shared by nodes), and root's: a worker can neither read nor forge them
+        self.private = self.root / ".hosts" / self.node_id
+        for private in (self.root / ".hosts", self.private, self.private / "workers", self.private / "exits"):
+            private.mkdir(mode=0o700, parents=True, exist_ok=True)
+            private.chmod(0o700)
         self._zygote = Zygote(warm=True, env=base_environment())
         self._zygote.start()  # warms up (imports torch) before the first job asks
 
-    def spawn(self, request: dict) -> int:
-        """Fork a worker as ``request`` (a :class:`SpawnRequest`) says; its pid."""
-        return self._zygote.spawn(SpawnRequest(**request))
+    # ---- files on the node ---------------------------------------------------------
+    def _folder(self, job_id: str, worker: int) -> Path:
+        return self.root / job_id / f"worker-{worker}"
 
+    def _record_path(self, job_id: str, worker: int) -> Path:
+        return self.private / "workers" / f"{job_id}-{worker}.json"
 
-class WorkerHost:
-    """One worker process of one job, on the node Ray placed this actor."""
+    def _status_path(self, job_id: str, worker: int) -> Path:
+        return self.private / "exits" / f"{job_id}-{worker}.json"
 
-    def __init__(self, job_id: str, worker: int):
-        self.job_id = job_id
-        self.worker = worker
-        self.folder = node_root() / job_id / f"worker-{worker}"
-        self.log = self.folder / "worker.log"
-        self.status = node_root() / ".exits" / f"{job_id}-{worker}.json"  # root's: the worker cannot forge it
-        self._pid: int | None = None
-        self._started = 0
-        self._rendezvous = ""
+    def _record(self, job_id: str, worker: int) -> Hosted | None:
+        with contextlib.suppress(FileNotFoundError, ValueError, TypeError):
+            return Hosted(**json.loads(self._record_path(job_id, worker).read_text()))
+        return None
 
-    def node(self) -> dict:
-        """Where this actor runs: the node's cluster address, this worker's folder, the GPUs Ray gave it, a free port."""
-        import ray  # in the actor's process, which Ray started
+    def _records(self) -> list[Hosted]:
+        found = []
+        for path in (self.private / "workers").glob("*.json"):
+            with contextlib.suppress(FileNotFoundError, ValueError, TypeError):
+                found.append(Hosted(**json.loads(path.read_text())))
+        return found
 
-        ip = ray.util.get_node_ip_address()
-        return {
-            "ip": ip,
-            "node_id": ray.get_runtime_context().get_node_id(),
-            "folder": str(self.folder),
-            "gpus": [str(g) for g in ray.get_gpu_ids()],
-            "port": self.free_port(ip),  # for a rendezvous here, if this worker is its group's first
-        }
+    def _exit_code(self, job_id: str, worker: int, pid: int) -> int | None:
+        with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
+            status = json.loads(self._status_path(job_id, worker).read_text())
+            if status["pid"] == pid:
+                return int(status["code"])
+        return None
 
-    def describe(self) -> dict:
-        """What a restarted control plane needs to adopt this worker: :meth:`node`, its pid and rendezvous."""
-        return {**self.node(), "pid": self._pid, "rendezvous": self._rendezvous}
+    # ---- the control plane's calls ---------------------------------------------------
+    async def node(self) -> dict:
+        """Where this host runs: the node's id and cluster address, and where its workers' folders go."""
+        return {"node_id": self.node_id, "ip": self.ip, "root": str(self.root)}
 
-    def free_port(self, host: str) -> int:
-        """A free TCP port on ``host`` (this node's address), for a torch.distributed rendezvous."""
+    async def free_port(self) -> int:
+        """A free TCP port on this node's cluster address, for a torch.distributed rendezvous here."""
         with socket.socket() as s:
-            s.bind((host, 0))
+            s.bind((self.ip, 0))
             return s.getsockname()[1]
 
-    def start(self, files: dict[str, bytes], request: dict, uid: int | None, zygote, rendezvous: str) -> int:
-        """Write the worker's files (secrets 0600) into its folder, owned by ``uid``, and have the node's
-        ``zygote`` fork it; returns its pid."""
-        import ray
-
-        self.folder.parent.mkdir(parents=True, exist_ok=True)
-        self.folder.parent.chmod(0o711)
-        self.folder.mkdir(exist_ok=True)
-        self.folder.chmod(0o700)
-        (self.folder / "tmp").mkdir(exist_ok=True)
+    async def start(
+        self,
+        job_id: str,
+        worker: int,
+        generation: int,
+        files: dict[str, bytes],
+        request: dict,
+        rendezvous: str,
+        gpus: list[str],
+    ) -> int:
+        """Write the worker's files (secrets 0600) into its folder, owned by the request's uid, and fork it from
+        the warm zygote as ``request`` (a :class:`SpawnRequest`) says; its pid. A process this node still runs for
+        the same worker (an earlier start) is killed first: one process per worker."""
+        await self.stop(job_id, worker)
+        folder, uid = self._folder(job_id, worker), request["uid"]
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        folder.parent.chmod(0o711)
+        folder.mkdir(exist_ok=True)
+        folder.chmod(0o700)
+        (folder / "tmp").mkdir(exist_ok=True)
         for name, data in files.items():
-            write_private(self.folder / name, data)
-        self.log.touch(mode=0o600)
+            write_private(folder / name, data)
+        (folder / "worker.log").touch(mode=0o600)
         if uid is not None:
-            for path in [self.folder, *self.folder.iterdir()]:
+            for path in [folder, *folder.iterdir()]:
                 os.chown(path, uid, uid)
-        self.status.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.status.unlink(missing_ok=True)
-        self._rendezvous = rendezvous
-        self._pid = ray.get(zygote.spawn.remote({**request, "status": str(self.status)}))
-        self._started = start_time(self._pid)
-        return self._pid
+        status = self._status_path(job_id, worker)
+        env = request["env"] | ({"GLOO_SOCKET_IFNAME": self.interface} if self.interface else {})
+        spawn = SpawnRequest(**{**request, "env": env, "status": str(status)})
+        pid = await asyncio.to_thread(self._zygote.spawn, spawn)  # minutes, while the zygote still warms up
+        hosted = Hosted(job_id, worker, generation, pid, start_time(pid), rendezvous, gpus)
+        write_private(self._record_path(job_id, worker), json.dumps(asdict(hosted)).encode())
+        return pid
 
-    def wait(self, timeout_s: float = 30.0) -> tuple[int, float] | None:
-        """Until the worker exits (its status, when, its secrets deleted), or None after ``timeout_s``.
+    async def wait(self, job_id: str, worker: int, pid: int, timeout_s: float = 30.0) -> tuple[int, float] | None:
+        """Until worker process ``pid`` exits (its status, when; its secrets deleted), or None after ``timeout_s``.
 
         Bounded, so that the calls of a control plane that died do not pile up in the actor.
         """
-        assert self._pid is not None
+        hosted = self._record(job_id, worker)
+        if hosted is None or hosted.pid != pid:  # stopped, or started again since: that process is gone
+            return KILLED, time.time()
         deadline, gone_at = time.monotonic() + timeout_s, None
-        while (code := self._exit_code()) is None:
-            if not running(self._pid, self._started):
+        while (code := self._exit_code(job_id, worker, pid)) is None:
+            if not running(pid, hosted.started):
                 gone_at = gone_at or time.monotonic()
                 if time.monotonic() - gone_at > STATUS_GRACE_S:  # its zygote died too: no status will come
                     code = KILLED
                     break
             if time.monotonic() >= deadline:
                 return None
-            time.sleep(0.1)
-        self.scrub()
+            await asyncio.sleep(POLL_S)
+        self._scrub(job_id, worker)
         return code, time.time()
 
-    def _exit_code(self) -> int | None:
-        with contextlib.suppress(FileNotFoundError, ValueError):
-            return int(json.loads(self.status.read_text())["code"])
-        return None
-
-    def signal(self, sig: int) -> None:
+    async def signal(self, job_id: str, worker: int, sig: int) -> None:
         """Send ``sig`` to the worker's process group (never to a process that reused its pid)."""
-        if self._pid is not None and running(self._pid, self._started):
+        hosted = self._record(job_id, worker)
+        if hosted is not None and running(hosted.pid, hosted.started):
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self._pid, sig)
+                os.killpg(hosted.pid, sig)
 
-    def read_log(self, offset: int, wait_s: float = 1.0) -> bytes:
+    async def read_log(self, job_id: str, worker: int, offset: int, wait_s: float = 1.0) -> bytes:
         """The worker's log from ``offset`` on; waits up to ``wait_s`` for something new."""
         deadline = time.monotonic() + wait_s
         while True:
-            with contextlib.suppress(FileNotFoundError), self.log.open("rb") as f:
+            with contextlib.suppress(FileNotFoundError), (self._folder(job_id, worker) / "worker.log").open("rb") as f:
                 f.seek(offset)
                 data = f.read(LOG_CHUNK)
                 if data:
                     return data
             if time.monotonic() >= deadline:
                 return b""
-            time.sleep(0.2)
+            await asyncio.sleep(POLL_S * 2)
 
-    def scrub(self) -> None:
+    async def workers(self, job_id: str) -> list[dict]:
+        """The records of the job's workers this node started (what a restarted control plane adopts)."""
+        return [asdict(h) | {"node_id": self.node_id, "ip": self.ip} for h in self._records() if h.job_id == job_id]
+
+    async def stop(self, job_id: str, worker: int, generation: int | None = None) -> None:
+        """Kill the worker if it still runs, delete its secrets, status and record (only ``generation``'s, if given)."""
+        hosted = self._record(job_id, worker)
+        if hosted is None or (generation is not None and hosted.generation != generation):
+            return
+        if running(hosted.pid, hosted.started):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(hosted.pid, signal.SIGKILL)
+        self._scrub(job_id, worker)
+        self._status_path(job_id, worker).unlink(missing_ok=True)
+        self._record_path(job_id, worker).unlink(missing_ok=True)
+
+    async def stop_jobs(self, *, only: str | None = None, keep: list[str] | None = None) -> list[str]:
+        """:meth:`stop` every worker of job ``only``, or of every job not in ``keep``; the jobs it stopped."""
+        stopped = set()
+        for hosted in self._records():
+            if hosted.job_id == only or (only is None and hosted.job_id not in (keep or [])):
+                await self.stop(hosted.job_id, hosted.worker)
+                stopped.add(hosted.job_id)
+        return sorted(stopped)
+
+    def _scrub(self, job_id: str, worker: int) -> None:
         """Delete the worker's config and key."""
-        for path in self.folder.glob("*"):
+        for path in self._folder(job_id, worker).glob("*"):
             if path.suffix in SECRET_SUFFIXES:
                 path.unlink(missing_ok=True)
-
-    def stop(self) -> None:
-        """Kill the worker if it still runs and delete its secrets and status (before the actor goes)."""
-        self.signal(signal.SIGKILL)
-        self.scrub()
-        self.status.unlink(missing_ok=True)
