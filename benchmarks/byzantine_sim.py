@@ -39,9 +39,9 @@ from cantata.security.anomaly import (
     Verdict,
     WorkerMomentum,
     clipped_gossip,
-    find_opposition,
     make_canary,
     multi_krum,
+    opposition_from_gram,
     trimmed_mean,
 )
 from cantata.security.anomaly.screening import CANARY_SCALE
@@ -97,7 +97,7 @@ class BatchedGPT:
         self.shapes = dict(shape.parameter_shapes())
 
     def init(self, workers: int, generator: torch.Generator) -> torch.Tensor:
-        """Every worker starts from the same initialization (as a job does)."""
+        """Every worker starts from the same initialization (as a job does), drawn on the CPU."""
         flat = torch.zeros(self.layout.size)
         for name, (start, stop) in zip(self.layout.names, itertools.pairwise(self.layout.bounds), strict=True):
             if name.endswith(("ln1.w", "ln2.w", "lnf.w")):
@@ -120,7 +120,7 @@ class BatchedGPT:
         n, b, _ = tokens.shape
         t, d, heads = self.shape.context, self.shape.width, self.shape.heads
         x, target = tokens[:, :, :-1], tokens[:, :, 1:]
-        worker = torch.arange(n)[:, None, None]
+        worker = torch.arange(n, device=flat.device)[:, None, None]
         h = p["embed"][worker, x] + p["position"][:, None, :t]
         for k in range(self.shape.layers):
             a = F.layer_norm(h, (d,)) * p[f"h{k}.ln1.w"][:, None, None] + p[f"h{k}.ln1.b"][:, None, None]
@@ -181,13 +181,23 @@ class RunResult:
 
 
 class Simulation:
-    """Runs one ``RunSpec`` of GASLoC with the benchmark's model and data."""
+    """Runs one ``RunSpec`` of GASLoC with the benchmark's model and data.
 
-    def __init__(self, setup: Setup, screening: ScreeningConfig, quarantine: QuarantinePolicy):
+    On ``device`` (``cpu`` or ``cuda``): the data, the parameters and every
+    vector exchanged live there. Random draws (initialization, batches,
+    canaries, attack noise) come from CPU generators and are moved, so a
+    run draws the same numbers on any device and the CPU path is unchanged.
+    """
+
+    def __init__(
+        self, setup: Setup, screening: ScreeningConfig, quarantine: QuarantinePolicy, device: str | torch.device = "cpu"
+    ):
         self.setup = setup
         self.screening = screening
         self.quarantine_policy = quarantine
+        self.device = torch.device(device)
         self.tokens, vocab = corpus()
+        self.tokens = self.tokens.to(self.device)
         self.model = BatchedGPT(ModelShape(vocab))
         split = int(0.9 * len(self.tokens))
         self.train, self.val = self.tokens[:split], self.tokens[split:]
@@ -200,12 +210,12 @@ class Simulation:
         n, b, span = self.setup.workers, self.setup.batch, self.model.shape.context + 1
         shard = (len(self.train) - span) // n
         starts = torch.randint(0, shard, (n, b), generator=generator) + torch.arange(n)[:, None] * shard
-        return self.train[starts[..., None] + torch.arange(span)]
+        return self.train[(starts[..., None] + torch.arange(span)).to(self.device)]
 
     def _val_loss(self, theta: torch.Tensor, honest: list[int]) -> float:
         span = self.model.shape.context + 1
         starts = torch.linspace(0, len(self.val) - span - 1, self.setup.val_windows).long()
-        windows = self.val[starts[:, None] + torch.arange(span)]
+        windows = self.val[(starts[:, None] + torch.arange(span)).to(self.device)]
         with torch.no_grad():
             losses = self.model.loss(theta[honest], windows.expand(len(honest), -1, -1))
         return losses.mean().item() if torch.isfinite(losses).all() else math.inf
@@ -219,7 +229,7 @@ class Simulation:
         byzantine = spec.byzantine
         honest = [i for i in range(n) if i not in byzantine]
         tolerated = self.tolerated(spec.topology)
-        params = self.model.init(n, generator).requires_grad_()
+        params = self.model.init(n, generator).to(self.device).requires_grad_()
         optimizer = torch.optim.AdamW([params], lr=setup.inner_lr, weight_decay=0.0)
         z_previous = params.detach().clone()
         screeners = {i: UpdateScreener(self.model.layout, self.screening) for i in honest}
@@ -245,7 +255,7 @@ class Simulation:
                     result.screening_seconds += time.perf_counter() - canaried_at  # the canaries are the screening's
                 else:
                     sent = y
-                mixing = topology.mixing_matrix(round).to(torch.float32)
+                mixing = topology.mixing_matrix(round).to(self.device, torch.float32)
                 z = torch.empty_like(y)
                 crafting = 0.0
                 for i in honest:
@@ -343,8 +353,8 @@ class Simulation:
         screenings = screeners[i].screen_round(
             {j: messages[j] for j in open_peers}, y_i - theta_i, anchor=theta_i, canary=sent_i - y_i
         )
-        echoed = {j for j in open_peers if screenings[j].checks[0].check == "echo"}
-        opposition = find_opposition({j: messages[j] - sent_i for j in open_peers if j not in echoed})
+        pulling = [j for j in open_peers if screenings[j].checks[0].check != "echo"]
+        opposition = opposition_from_gram(pulling, screenings.pull_gram(pulling))
         accepted = set()
         for j in open_peers:
             events = quarantines[i].record(round, screenings[j])
