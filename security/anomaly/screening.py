@@ -296,9 +296,9 @@ class UpdateScreener:
         # one float32 block: the differences from the receiver's point, then own and the canary, so that
         # one pass over the layers and one product give every statistic
         block = torch.empty(k + 1 + (canary is not None), own.numel(), dtype=torch.float32, device=own.device)
-        for row, peer in enumerate(peers):
-            block[row].copy_(received[peer].detach())
-        differences = block[:k].sub_(reference)
+        for row, peer in enumerate(peers):  # one pass per vector: read it, subtract, write the row
+            torch.sub(received[peer].detach(), reference, out=block[row])
+        differences = block[:k]
         block[k].copy_(own)
         if canary is not None:
             block[k + 1].copy_(canary.detach())
