@@ -211,12 +211,20 @@ class RobustWindow:
     def add(self, values: torch.Tensor) -> None:
         self._values.append(values)
 
+    def values(self) -> torch.Tensor:
+        """``[len, m]``: the values, oldest first."""
+        return torch.stack(list(self._values))
+
     def median_and_spread(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Per statistic, the median and ``1.4826 * MAD`` (a normal sample's sigma)."""
-        stacked = torch.stack(list(self._values))
-        median = stacked.median(dim=0).values
-        mad = (stacked - median).abs().median(dim=0).values
-        return median, _MAD_TO_SIGMA * mad
+        return median_and_spread(self.values())
+
+
+def median_and_spread(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Median and ``1.4826 * MAD`` over the second-to-last dimension (windows stacked on the first)."""
+    median = values.median(dim=-2).values
+    mad = (values - median.unsqueeze(-2)).abs().median(dim=-2).values
+    return median, _MAD_TO_SIGMA * mad
 
 
 def make_canary(own: torch.Tensor, scale: float, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -315,18 +323,53 @@ class UpdateScreener:
         differences_squared = squares[:k]
         statistics = self._statistics(layers[:k], differences_squared, own_layers, own_squared, dots)
         own_norm = own_squared.sqrt().item()
-        results = {}
+        results, judged = {}, []
         for row, (peer, difference_squared) in enumerate(zip(peers, differences_squared.tolist(), strict=True)):
             if not math.isfinite(difference_squared):
                 count = float((~torch.isfinite(differences[row])).sum().item())
                 # a vector whose squares overflow float32 cannot be measured: rejected as well
                 results[peer] = ScreeningResult(peer, (CheckResult("finite", max(count, 1.0), Verdict.REJECT),))
-                continue
-            if echoes is not None and self._echoed(echoes[0][row], echoes[1], difference_squared):
+            elif echoes is not None and self._echoed(echoes[0][row], echoes[1], difference_squared):
                 results[peer] = ScreeningResult(peer, (CheckResult("echo", echoes[0][row], Verdict.REJECT),))
-                continue
-            results[peer] = self._judge(peer, statistics[row], own_norm)
-        return RoundScreening(results, peers, pulls)
+            else:
+                judged.append(row)
+        if judged:
+            rows = statistics[judged]
+            warm, median, spread = self._references([peers[row] for row in judged], rows.device)
+            z, values, medians = ((rows - median) / spread).tolist(), rows.tolist(), median[:, 1].tolist()
+            for k, row in enumerate(judged):
+                results[peers[row]] = self._judge(
+                    peers[row], rows[k], values[k][0], z[k], warm[k], medians[k], own_norm
+                )
+        return RoundScreening({peer: results[peer] for peer in peers}, peers, pulls)
+
+    def _references(self, peers: list[int], device: torch.device) -> tuple[list[bool], torch.Tensor, torch.Tensor]:
+        """Per peer: whether it is warm, and the median and spread its statistics are scored against.
+
+        A warm peer's come from its window (the windows of one length in one batch), floored as the
+        config says; a new peer's are the prior.
+        """
+        config = self.config
+        histories = [self._history.setdefault(peer, RobustWindow(config.window)) for peer in peers]
+        warm = [len(history) >= max(config.warmup, 1) for history in histories]
+        prior_median, prior_spread = (prior.to(device) for prior in self._prior)
+        median = prior_median.expand(len(peers), -1).clone()
+        spread = prior_spread.expand(len(peers), -1).clone()
+        for length in {len(h) for h, w in zip(histories, warm, strict=True) if w}:
+            rows = [k for k, (h, w) in enumerate(zip(histories, warm, strict=True)) if w and len(h) == length]
+            window_median, window_spread = median_and_spread(torch.stack([histories[k].values() for k in rows]))
+            median[rows] = window_median
+            spread[rows] = torch.cat(
+                [
+                    window_spread[:, :1].clamp_min(config.cosine_min_spread),
+                    torch.maximum(window_spread[:, 1:2], config.min_relative_spread * window_median[:, 1:2]).clamp_min(
+                        _EPS
+                    ),
+                    window_spread[:, 2:].clamp_min(config.layer_min_spread),
+                ],
+                dim=1,
+            )
+        return warm, median, spread
 
     def _statistics(
         self,
@@ -379,26 +422,17 @@ class UpdateScreener:
         upper = upper.to(torch.float64)
         return upper + upper.triu(diagonal=1).T
 
-    def _judge(self, peer: int, statistics: torch.Tensor, own_norm: float) -> ScreeningResult:
-        """The verdicts on one peer's ``[cosine, ratio, shares...]`` against its history (or the prior)."""
-        config = self.config
-        history = self._history.get(peer)
-        if history is None:
-            history = self._history[peer] = RobustWindow(config.window)
-        warm = len(history) >= max(config.warmup, 1)
-        if warm:
-            median, spread = history.median_and_spread()
-            spread = torch.cat(
-                [
-                    spread[:1].clamp_min(config.cosine_min_spread),
-                    torch.maximum(spread[1:2], config.min_relative_spread * median[1:2]).clamp_min(_EPS),
-                    spread[2:].clamp_min(config.layer_min_spread),
-                ]
-            )
-        else:
-            median, spread = (prior.to(statistics.device) for prior in self._prior)
-        z = ((statistics - median) / spread).tolist()
-        cosine = statistics[0].item()
+    def _judge(
+        self,
+        peer: int,
+        statistics: torch.Tensor,
+        cosine: float,
+        z: list[float],
+        warm: bool,
+        median_ratio: float,
+        own_norm: float,
+    ) -> ScreeningResult:
+        """The verdicts on one peer from its ``[cosine, ratio, shares...]`` and their z-scores (``_references``)."""
         checks = (
             CheckResult("finite", 0.0, Verdict.ACCEPT),
             CheckResult("difference_norm", z[1], self._z_verdict(z[1])),
@@ -407,8 +441,8 @@ class UpdateScreener:
         )
         verdict = max(check.verdict for check in checks)
         if verdict is not Verdict.REJECT:
-            history.add(statistics)
-        clip_norm = median[1].item() * own_norm if verdict is Verdict.CLIP else None
+            self._history[peer].add(statistics)
+        clip_norm = median_ratio * own_norm if verdict is Verdict.CLIP else None
         return ScreeningResult(peer, checks, clip_norm)
 
     def _z_verdict(self, z: float) -> Verdict:
