@@ -177,6 +177,9 @@ class RunResult:
     honest_clipped: int = 0
     screening_seconds: float = 0.0
     round_seconds: float = 0.0
+    # the same two in this thread's CPU time, which other processes' load does not inflate
+    screening_cpu_seconds: float = 0.0
+    round_cpu_seconds: float = 0.0
     quarantined: list[tuple[int, int, int]] = field(default_factory=list)  # (worker, peer, round)
 
 
@@ -239,7 +242,7 @@ class Simulation:
         result = RunResult(val_loss=math.inf)
 
         for round in range(setup.rounds):
-            started = time.perf_counter()
+            started, started_cpu = time.perf_counter(), time.thread_time()
             theta = params.detach().clone()
             for _ in range(setup.inner_steps):
                 optimizer.zero_grad(set_to_none=True)
@@ -250,22 +253,24 @@ class Simulation:
                 if spec.defence == "centered_clipping":
                     sent = torch.stack([theta[j] + momenta[j].update(y[j] - theta[j]) for j in range(n)])
                 elif spec.defence == "screened":  # each worker sends its point plus a secret canary (echo check)
-                    canaried_at = time.perf_counter()
+                    canaried_at, canaried_cpu = time.perf_counter(), time.thread_time()
                     sent = y + torch.stack([make_canary(y[j] - theta[j], CANARY_SCALE, canaries) for j in range(n)])
                     result.screening_seconds += time.perf_counter() - canaried_at  # the canaries are the screening's
+                    result.screening_cpu_seconds += time.thread_time() - canaried_cpu
                 else:
                     sent = y
                 mixing = topology.mixing_matrix(round).to(self.device, torch.float32)
                 z = torch.empty_like(y)
-                crafting = 0.0
+                crafting = crafting_cpu = 0.0
                 for i in honest:
                     neighbours = topology.neighbors(i, round)
-                    crafted_at = time.perf_counter()
+                    crafted_at, crafted_cpu = time.perf_counter(), time.thread_time()
                     messages = {
                         j: self._message(spec, round, i, j, neighbours, theta, sent, mixing, attack_noise)
                         for j in neighbours
                     }
                     crafting += time.perf_counter() - crafted_at
+                    crafting_cpu += time.thread_time() - crafted_cpu
                     z[i] = self._defend(
                         spec,
                         round,
@@ -287,6 +292,7 @@ class Simulation:
                 z_previous = z
                 params.copy_(theta_next)
             result.round_seconds += time.perf_counter() - started - crafting
+            result.round_cpu_seconds += time.thread_time() - started_cpu - crafting_cpu
             if not torch.isfinite(theta_next[honest]).all():
                 return result
         result.val_loss = self._val_loss(params.detach(), honest)
@@ -348,7 +354,7 @@ class Simulation:
             if defence == "krum":
                 return theta_i + multi_krum(rows, tolerated, selected=1)
             return theta_i + centered[i](rows)
-        screened_at = time.perf_counter()
+        screened_at, screened_cpu = time.perf_counter(), time.thread_time()
         open_peers = [j for j in messages if not quarantines[i].is_quarantined(j)]
         screenings = screeners[i].screen_round(
             {j: messages[j] for j in open_peers}, y_i - theta_i, anchor=theta_i, canary=sent_i - y_i
@@ -379,6 +385,7 @@ class Simulation:
                 result.honest_blocked += verdict is Verdict.REJECT
                 result.honest_clipped += verdict is Verdict.CLIP
         result.screening_seconds += time.perf_counter() - screened_at
+        result.screening_cpu_seconds += time.thread_time() - screened_cpu
         step = mixing[i, next(iter(messages))].item()
         # ClippedGossip's radius bounds b liars among at least 2b + 1 neighbours; among fewer (the ring's
         # two) it would clip an honest neighbour every round, and the echo and opposition checks bound them

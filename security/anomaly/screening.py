@@ -234,7 +234,7 @@ def make_canary(own: torch.Tensor, scale: float, generator: torch.Generator | No
     """
     device = generator.device if generator is not None else torch.device("cpu")
     direction = torch.randn(own.shape, generator=generator, dtype=torch.float32, device=device).to(own.device)
-    return direction * (scale * own.detach().to(torch.float32).norm() / direction.norm().clamp_min(_EPS))
+    return direction.mul_(scale * own.detach().to(torch.float32).norm() / direction.norm().clamp_min(_EPS))
 
 
 class UpdateScreener:
@@ -255,6 +255,7 @@ class UpdateScreener:
         if not self._screened_layers:
             raise ValueError(f"no layer holds min_layer_size={self.config.min_layer_size} elements")
         self._history: dict[int, RobustWindow] = {}
+        self._block: torch.Tensor | None = None
         screened = len(self._screened_layers)
         self._prior = (
             torch.tensor([0.0, self.config.prior_ratio] + [1.0] * screened, dtype=torch.float64),
@@ -300,10 +301,10 @@ class UpdateScreener:
         peers = tuple(received)
         k = len(peers)
         own = own.detach().to(torch.float32)
-        reference = own if anchor is None else anchor.detach().to(torch.float32) + own
         # one float32 block: the differences from the receiver's point, then own and the canary, so that
-        # one pass over the layers and one product give every statistic
-        block = torch.empty(k + 1 + (canary is not None), own.numel(), dtype=torch.float32, device=own.device)
+        # one pass over the layers and one product give every statistic; own's row holds the point first
+        block = self._block_for(k + 1 + (canary is not None), own)
+        reference = own if anchor is None else torch.add(anchor.detach(), own, out=block[k])
         for row, peer in enumerate(peers):  # one pass per vector: read it, subtract, write the row
             torch.sub(received[peer].detach(), reference, out=block[row])
         differences = block[:k]
@@ -402,6 +403,14 @@ class UpdateScreener:
         noise = math.sqrt(difference_squared / (self.layout.size * canary_squared)) if canary_squared else math.inf
         return echo > self.config.echo_reject and echo > self.config.echo_min_z * noise
 
+    def _block_for(self, rows: int, own: torch.Tensor) -> torch.Tensor:
+        """A ``[rows, D]`` float32 buffer on ``own``'s device, kept from round to round (a new one each
+        round costs a fresh allocation of several MB, and its page faults, on every screen)."""
+        block = self._block
+        if block is None or block.shape[0] != rows or block.device != own.device:
+            block = self._block = torch.empty(rows, own.numel(), dtype=torch.float32, device=own.device)
+        return block
+
     def _layer_square_sums(self, rows: torch.Tensor) -> torch.Tensor:
         """``[r, S]`` float64 sums of squares of each row's screened layers."""
         bounds = self.layout.bounds
@@ -418,7 +427,7 @@ class UpdateScreener:
         count = rows.shape[0]
         upper = rows.new_zeros(count, count)
         for i in range(count):
-            upper[i, i:] = rows[i:] @ rows[i]
+            torch.mv(rows[i:], rows[i], out=upper[i, i:])
         upper = upper.to(torch.float64)
         return upper + upper.triu(diagonal=1).T
 
