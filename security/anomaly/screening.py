@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import IntEnum
@@ -200,20 +199,33 @@ class LayerLayout:
 
 
 class RobustWindow:
-    """The last ``size`` values of a vector of statistics, summarized by median and MAD."""
+    """The last ``size`` values of a vector of statistics, summarized by median and MAD.
+
+    The values live in one ``[size, m]`` tensor written round-robin, so a
+    round's windows stack without copying each value again.
+    """
 
     def __init__(self, size: int):
-        self._values: deque[torch.Tensor] = deque(maxlen=size)
+        self._size = size
+        self._buffer: torch.Tensor | None = None
+        self._count = 0
+        self._next = 0
 
     def __len__(self) -> int:
-        return len(self._values)
+        return self._count
 
     def add(self, values: torch.Tensor) -> None:
-        self._values.append(values)
+        if self._buffer is None:
+            self._buffer = values.new_empty(self._size, *values.shape)
+        self._buffer[self._next] = values
+        self._next = (self._next + 1) % self._size
+        self._count = min(self._count + 1, self._size)
 
     def values(self) -> torch.Tensor:
-        """``[len, m]``: the values, oldest first."""
-        return torch.stack(list(self._values))
+        """``[len, m]``: the values, in no particular order (the median and MAD do not depend on it)."""
+        if self._buffer is None:
+            raise ValueError("the window is empty")
+        return self._buffer[: self._count]
 
     def median_and_spread(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Per statistic, the median and ``1.4826 * MAD`` (a normal sample's sigma)."""
@@ -351,7 +363,12 @@ class UpdateScreener:
         config says; a new peer's are the prior.
         """
         config = self.config
-        histories = [self._history.setdefault(peer, RobustWindow(config.window)) for peer in peers]
+        histories = []
+        for peer in peers:
+            history = self._history.get(peer)
+            histories.append(
+                self._history.setdefault(peer, RobustWindow(config.window)) if history is None else history
+            )
         warm = [len(history) >= max(config.warmup, 1) for history in histories]
         prior_median, prior_spread = (prior.to(device) for prior in self._prior)
         median = prior_median.expand(len(peers), -1).clone()
