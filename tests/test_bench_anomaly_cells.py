@@ -5,7 +5,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-import bench_anomaly  # noqa: E402
+import bench_anomaly
 
 
 def _keys(patterns: str, seeds: int = 1) -> list[tuple]:
