@@ -299,9 +299,10 @@ class UpdateScreen:
         canary = proposal.canary
         anchor, own = proposal.theta, (proposal.sent if canary is None else proposal.sent - canary) - proposal.theta
         by_process = {self._cfg.gossip_process(g): update for g, update in decoded.items()}
-        results = self._screener.screen_round(by_process, own, anchor=anchor, canary=canary)
+        screening = self._screener.screen_round(by_process, own, anchor=anchor, canary=canary)
+        results: dict[int, ScreeningResult] = screening
         pulling = [p for p in by_process if results[p].checks[0].check != "echo"]
-        opposition = opposition_from_gram(pulling, results.pull_gram(pulling))
+        opposition = opposition_from_gram(pulling, screening.pull_gram(pulling))
         accepted = opposition.whole_pairs(
             {
                 p
