@@ -18,14 +18,20 @@ screening time as a fraction of the round time, over the grid and for two
 rounds of the full setup on the complete graph (7 peers screened per worker).
 
     .venv/bin/python benchmarks/bench_anomaly.py [--quick] [--seeds 3] [--processes 2]
-        [--rerun screened --reuse PREVIOUS.json]
+        [--rerun screened --reuse PREVIOUS.json] [--device cuda] [--cells 'complete/2/alie*/*']
 
 Writes ``bench_anomaly.json``/``.png`` for ``--quick`` (a temporary folder unless ``--out``) and
 ``benchmarks/results/bench_anomaly_full.json``/``.png`` for the full setup, after every run, labelled
 a subset until the whole grid is done. ``--attacks`` runs the clean runs and those attacks only.
 ``--rerun`` runs only the named defences and reads the others' runs back from an earlier report of
 the same setup and seeds. ``--overhead-only`` measures the screening overhead again into earlier
-reports. The committed quick grid is complete; the committed full-setup results are the clean runs
+reports. ``--cells`` runs only the cells matching its patterns (``topology/byzantine/attack/defence``,
+shell-style, comma-separated; the clean undefended runs they are measured against always run), and
+may name cells outside the grid: the ``alie_z0`` control (ALIE at z = 0: the attackers send the
+honest mean, so only their own data is missing) and 3 Byzantine workers on the complete graph (ALIE's
+z is then 0.67). ``--device cuda`` runs the simulation on a GPU (several processes may share it);
+every random draw is made on the CPU, so runs match the CPU's up to floating-point rounding. The
+time per run is printed as runs finish, with an estimate of the time left. The committed quick grid is complete; the committed full-setup results are the clean runs
 and paper-z ALIE, one seed (21 runs in 41 min at a load average of 9-21 on 2 shared cores; the
 whole full grid is 357 runs). The simulation is compute-bound (one batched forward/backward over
 the 8 workers per inner step, about half of it in batched matmuls).
@@ -34,6 +40,7 @@ the 8 workers per inner step, about half of it in batched matmuls).
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import math
 import multiprocessing
 import statistics
@@ -55,6 +62,8 @@ from cantata.trainer.attacks import alie_z_max
 
 TOPOLOGIES = ("ring", "complete")
 BYZANTINE_SETS = {1: frozenset({0}), 2: frozenset({0, 4})}  # never adjacent on the ring
+# outside the grid (--cells only), on the complete graph: ALIE's z from n=8, f=3 is 0.67
+EXTRA_BYZANTINE_SETS = {3: frozenset({0, 3, 5})}
 # ALIE's z from its paper's formula, with n and f those of each receiver's
 # neighbourhood (trainer.attacks.alie_z_max): 0.43 on the ring (n=3, f=1), 0 and
 # 0.32 on the complete graph (n=8, f=1 or 2). At this scale that z does not
@@ -65,6 +74,9 @@ IPM_EPSILON = 10.0  # "large" IPM (Xie et al. 2020 use 0.1 and 100); 0.1 and 1 d
 EASY_ATTACKS = ("nan", "sign_flip", "scale", "gaussian")
 STEALTHY_ATTACKS = ("alie", "alie_stress", "ipm", "dissensus")
 ATTACKS = ("nan", "sign_flip", "scale", "gaussian", "alie", "alie_stress", "ipm", "dissensus")
+# outside the grid (--cells only): ALIE at z = 0, the attackers' missing data alone, against which
+# ALIE at its paper's z is measured
+CONTROLS = ("alie_z0",)
 HURTS = 1.02  # an attack hurts when the undefended run ends above this loss relative to clean
 OVERHEAD_TARGET = 0.03  # screening time over round time, at the full setup's rounds
 
@@ -89,10 +101,35 @@ def grid(seeds: int, attacks: tuple[str, ...] = ATTACKS) -> list[RunSpec]:
     return specs
 
 
+def cells(patterns: list[str], seeds: int) -> list[RunSpec]:
+    """Seed by seed, the runs whose ``topology/byzantine/attack/defence`` matches one of ``patterns``.
+
+    Candidates are the grid's cells, the ``CONTROLS`` and, on the complete
+    graph, the ``EXTRA_BYZANTINE_SETS``; the clean undefended run of every
+    topology that has a selected cell is added (the losses are relative to it).
+    """
+    specs = []
+    for seed in range(seeds):
+        for topology in TOPOLOGIES:
+            sets = BYZANTINE_SETS | (EXTRA_BYZANTINE_SETS if topology == "complete" else {})
+            chosen = []
+            for defence in defences(topology):
+                chosen.append(RunSpec(topology, defence, None, seed))
+                for workers in sets.values():
+                    chosen.extend(RunSpec(topology, defence, attack(a, workers), seed) for a in ATTACKS + CONTROLS)
+            chosen = [s for s in chosen if any(fnmatch.fnmatchcase("/".join(map(str, _key(s))), p) for p in patterns)]
+            if chosen:
+                clean = RunSpec(topology, "undefended", None, seed)
+                specs += [clean, *(spec for spec in chosen if spec != clean)]
+    return specs
+
+
 def attack(name: str, workers: frozenset[int]) -> AttackConfig:
-    """The attack ``name`` of ``ATTACKS`` as configured for this benchmark."""
+    """The attack ``name`` of ``ATTACKS`` or ``CONTROLS`` as configured for this benchmark."""
     if name == "alie_stress":
         return AttackConfig(AttackKind.ALIE, workers, alie_z=ALIE_STRESS_Z)
+    if name == "alie_z0":
+        return AttackConfig(AttackKind.ALIE, workers, alie_z=0.0)
     return AttackConfig(AttackKind(name), workers, ipm_epsilon=IPM_EPSILON)
 
 
@@ -100,21 +137,23 @@ def attack_name(config: AttackConfig | None) -> str:
     if config is None:
         return "clean"
     if config.kind is AttackKind.ALIE and config.alie_z is not None:
-        return "alie_stress"
+        return "alie_z0" if config.alie_z == 0 else "alie_stress"
     return config.kind.value
 
 
 _simulation: Simulation | None = None
 
 
-def _start_worker(setup: Setup) -> None:
+def _start_worker(setup: Setup, device: str) -> None:
     global _simulation
     torch.set_num_threads(1)
-    _simulation = Simulation(setup, ScreeningConfig(), QuarantinePolicy())
+    _simulation = Simulation(setup, ScreeningConfig(), QuarantinePolicy(), device)
 
 
-def _run(spec: RunSpec) -> tuple[RunSpec, RunResult]:
-    return spec, _simulation.run(spec)
+def _run(spec: RunSpec) -> tuple[RunSpec, RunResult, float]:
+    started = time.perf_counter()
+    result = _simulation.run(spec)
+    return spec, result, time.perf_counter() - started
 
 
 def _key(spec: RunSpec) -> tuple[str, int, str, str]:
@@ -215,10 +254,15 @@ def plot(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(t, b) for t in TOPOLOGIES for b in BYZANTINE_SETS]
-    attacks = ["clean", *sorted({r["attack"] for r in rows if r["attack"] != "clean"}, key=ATTACKS.index)]
-    figure, axes = plt.subplots(len(panels), 1, figsize=(11, 3.2 * len(panels)), sharey=True)
-    for axis, (topology, byzantine) in zip(axes, panels, strict=True):
+    panels = sorted(
+        {(r["topology"], r["byzantine"]) for r in rows if r["byzantine"]}, key=lambda p: (TOPOLOGIES.index(p[0]), p[1])
+    )
+    names = ATTACKS + CONTROLS
+    attacks = ["clean", *sorted({r["attack"] for r in rows if r["attack"] != "clean"}, key=names.index)]
+    if not panels:
+        return
+    figure, axes = plt.subplots(len(panels), 1, figsize=(11, 3.2 * len(panels)), sharey=True, squeeze=False)
+    for axis, (topology, byzantine) in zip(axes[:, 0], panels, strict=True):
         columns = defences(topology)
         width = 0.8 / len(columns)
         index = {
@@ -245,24 +289,29 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(figure)
 
 
-def full_round_overhead(seeds: int = 3) -> dict:
+def full_round_overhead(seeds: int = 3, device: str = "cpu") -> dict:
     """Screening time over round time on the complete graph with the full setup's rounds.
 
     The quick grid's rounds are short (few, small inner steps), which inflates
     the fraction; this measures two clean rounds of the full setup per seed
     and sums the times over the seeds.
     """
-    simulation = Simulation(replace(FULL, rounds=2), ScreeningConfig(), QuarantinePolicy())
+    simulation = Simulation(replace(FULL, rounds=2), ScreeningConfig(), QuarantinePolicy(), device)
     results = [simulation.run(RunSpec("complete", "screened", None, seed)) for seed in range(seeds)]
     screening = sum(r.screening_seconds for r in results)
     rounds = sum(r.round_seconds for r in results)
     return {
         "setup": asdict(simulation.setup),
         "seeds": seeds,
+        "device": device,
         "screening_seconds": screening,
         "round_seconds": rounds,
         "fraction": screening / rounds,
         "fraction_per_seed": [r.screening_seconds / r.round_seconds for r in results],
+        # in this thread's CPU time: on a shared, loaded machine the wall-clock fraction swings with the
+        # other processes' bursts; on an idle one the two agree (one thread, torch.set_num_threads(1))
+        "cpu_fraction": sum(r.screening_cpu_seconds for r in results) / sum(r.round_cpu_seconds for r in results),
+        "cpu_fraction_per_seed": [r.screening_cpu_seconds / r.round_cpu_seconds for r in results],
     }
 
 
@@ -275,10 +324,12 @@ def write_report(outcomes, args, setup: Setup, started: float, runs: int, overhe
     out = harness.output_dir(args.out, args.quick)
     report = {
         "mode": "quick" if args.quick else "full",
-        "complete": len(outcomes) == runs and args.attacks == ATTACKS,
+        "complete": len(outcomes) == runs and args.attacks == ATTACKS and not args.cells,
         "runs_done": len(outcomes),
         "runs_planned": runs,
         "attacks": list(args.attacks),
+        "cells": args.cells,
+        "device": device_name(args.device),
         "setup": asdict(setup),
         "seeds": args.seeds,
         "alie_z": {
@@ -286,6 +337,7 @@ def write_report(outcomes, args, setup: Setup, started: float, runs: int, overhe
             "ring": alie_z_max(3, 1),
             "complete_1byz": alie_z_max(8, 1),
             "complete_2byz": alie_z_max(8, 2),
+            "complete_3byz": alie_z_max(8, 3),
             "stress": ALIE_STRESS_Z,
         },
         "ipm_epsilon": IPM_EPSILON,
@@ -303,7 +355,12 @@ def write_report(outcomes, args, setup: Setup, started: float, runs: int, overhe
     return summary
 
 
-def remeasure_overhead(paths: list[Path]) -> None:
+def device_name(device: str) -> str:
+    """``device``, with the GPU's name for a CUDA device."""
+    return f"{device} ({torch.cuda.get_device_name(device)})" if device.startswith("cuda") else device
+
+
+def remeasure_overhead(paths: list[Path], device: str = "cpu") -> None:
     """Measure the screening overhead again and write it into the reports at ``paths`` (their runs kept).
 
     The runs' losses and verdicts do not depend on how fast the screening is,
@@ -311,13 +368,17 @@ def remeasure_overhead(paths: list[Path]) -> None:
     """
     import json
 
-    overhead = {**full_round_overhead(), "remeasured": harness.machine()}
+    overhead = {**full_round_overhead(device=device), "remeasured": harness.machine()}
     for path in paths:
         report = json.loads(path.read_text())
         report["full_round_overhead"] = overhead
         report["overhead_target"] = {"fraction<=0.03": overhead["fraction"] <= OVERHEAD_TARGET}
         path.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"screening overhead at the full setup's rounds: {overhead['fraction']:.4f}")
+    print(
+        f"screening overhead at the full setup's rounds: {overhead['fraction']:.4f} "
+        f"(per seed {', '.join(f'{f:.4f}' for f in overhead['fraction_per_seed'])}); "
+        f"in CPU time {overhead['cpu_fraction']:.4f}"
+    )
 
 
 def reused_outcomes(path: Path, rerun: set[str], setup: Setup, seeds: int) -> list[tuple[RunSpec, RunResult]]:
@@ -337,7 +398,11 @@ def reused_outcomes(path: Path, rerun: set[str], setup: Setup, seeds: int) -> li
     for row in report["rows"]:
         if row["defence"] in rerun:
             continue
-        config = None if row["attack"] == "clean" else attack(row["attack"], BYZANTINE_SETS[row["byzantine"]])
+        config = (
+            None
+            if row["attack"] == "clean"
+            else attack(row["attack"], (BYZANTINE_SETS | EXTRA_BYZANTINE_SETS)[row["byzantine"]])
+        )
         for seed, loss in enumerate(row["val_loss"]):
             spec = RunSpec(row["topology"], row["defence"], config, seed)
             outcomes.append((spec, RunResult(val_loss=math.inf if loss is None else loss)))
@@ -367,17 +432,27 @@ def main() -> None:
         nargs="+",
         help="only measure the screening overhead again, into these earlier reports",
     )
+    parser.add_argument(
+        "--cells",
+        help="comma-separated shell patterns over topology/byzantine/attack/defence (e.g. 'complete/2/alie*/*'); "
+        "only matching runs (and the clean undefended ones) run, labelled a subset",
+    )
+    parser.add_argument("--device", default="cpu", help="torch device of the simulation: cpu (default) or cuda")
     harness.add_output_argument(parser)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: CUDA is not available here")
     if args.overhead_only:
-        remeasure_overhead(args.overhead_only)
+        remeasure_overhead(args.overhead_only, args.device)
         return
     if (args.rerun is None) != (args.reuse is None):
         parser.error("--rerun and --reuse go together")
     args.attacks = tuple(a for a in ATTACKS if a in args.attacks.split(","))
     setup = QUICK if args.quick else FULL
-    specs = grid(args.seeds, args.attacks)
+    specs = cells(args.cells.split(","), args.seeds) if args.cells else grid(args.seeds, args.attacks)
+    if not specs:
+        parser.error(f"--cells {args.cells!r} matches no run")
     outcomes = []
     if args.rerun:
         rerun = set(args.rerun.split(","))
@@ -386,12 +461,21 @@ def main() -> None:
         args.reused = {"from": str(args.reuse), "defences_run": sorted(rerun), "runs_reused": len(outcomes)}
     started = time.perf_counter()
     runs = len(outcomes) + len(specs)
-    with multiprocessing.get_context("spawn").Pool(args.processes, _start_worker, (setup,)) as pool:
-        for done, outcome in enumerate(pool.imap(_run, specs), 1):
-            outcomes.append(outcome)
-            print(f"{done}/{len(specs)} runs, {time.perf_counter() - started:.0f} s", flush=True)
+    print(f"{len(specs)} runs on {device_name(args.device)}, {args.processes} processes", flush=True)
+    run_seconds = []
+    with multiprocessing.get_context("spawn").Pool(args.processes, _start_worker, (setup, args.device)) as pool:
+        for done, (spec, result, seconds) in enumerate(pool.imap(_run, specs), 1):
+            outcomes.append((spec, result))
+            run_seconds.append(seconds)
+            per_run = statistics.mean(run_seconds)
+            left = per_run * (len(specs) - done) / min(args.processes, max(len(specs) - done, 1))
+            print(
+                f"{done}/{len(specs)} runs, {time.perf_counter() - started:.0f} s; {seconds:.1f} s this run, "
+                f"{per_run:.1f} s per run on average, about {left / 60:.1f} min left",
+                flush=True,
+            )
             write_report(outcomes, args, setup, started, runs, None)
-    overhead = full_round_overhead()
+    overhead = full_round_overhead(device=args.device)
     summary = write_report(outcomes, args, setup, started, runs, overhead)
     print(table(summary["rows"]))
     fractions = [r["screening_overhead"] for r in summary["rows"] if r["defence"] == "screened"]

@@ -39,9 +39,9 @@ from cantata.security.anomaly import (
     Verdict,
     WorkerMomentum,
     clipped_gossip,
-    find_opposition,
     make_canary,
     multi_krum,
+    opposition_from_gram,
     trimmed_mean,
 )
 from cantata.security.anomaly.screening import CANARY_SCALE
@@ -97,7 +97,7 @@ class BatchedGPT:
         self.shapes = dict(shape.parameter_shapes())
 
     def init(self, workers: int, generator: torch.Generator) -> torch.Tensor:
-        """Every worker starts from the same initialization (as a job does)."""
+        """Every worker starts from the same initialization (as a job does), drawn on the CPU."""
         flat = torch.zeros(self.layout.size)
         for name, (start, stop) in zip(self.layout.names, itertools.pairwise(self.layout.bounds), strict=True):
             if name.endswith(("ln1.w", "ln2.w", "lnf.w")):
@@ -120,7 +120,7 @@ class BatchedGPT:
         n, b, _ = tokens.shape
         t, d, heads = self.shape.context, self.shape.width, self.shape.heads
         x, target = tokens[:, :, :-1], tokens[:, :, 1:]
-        worker = torch.arange(n)[:, None, None]
+        worker = torch.arange(n, device=flat.device)[:, None, None]
         h = p["embed"][worker, x] + p["position"][:, None, :t]
         for k in range(self.shape.layers):
             a = F.layer_norm(h, (d,)) * p[f"h{k}.ln1.w"][:, None, None] + p[f"h{k}.ln1.b"][:, None, None]
@@ -177,17 +177,30 @@ class RunResult:
     honest_clipped: int = 0
     screening_seconds: float = 0.0
     round_seconds: float = 0.0
+    # the same two in this thread's CPU time, which other processes' load does not inflate
+    screening_cpu_seconds: float = 0.0
+    round_cpu_seconds: float = 0.0
     quarantined: list[tuple[int, int, int]] = field(default_factory=list)  # (worker, peer, round)
 
 
 class Simulation:
-    """Runs one ``RunSpec`` of GASLoC with the benchmark's model and data."""
+    """Runs one ``RunSpec`` of GASLoC with the benchmark's model and data.
 
-    def __init__(self, setup: Setup, screening: ScreeningConfig, quarantine: QuarantinePolicy):
+    On ``device`` (``cpu`` or ``cuda``): the data, the parameters and every
+    vector exchanged live there. Random draws (initialization, batches,
+    canaries, attack noise) come from CPU generators and are moved, so a
+    run draws the same numbers on any device and the CPU path is unchanged.
+    """
+
+    def __init__(
+        self, setup: Setup, screening: ScreeningConfig, quarantine: QuarantinePolicy, device: str | torch.device = "cpu"
+    ):
         self.setup = setup
         self.screening = screening
         self.quarantine_policy = quarantine
+        self.device = torch.device(device)
         self.tokens, vocab = corpus()
+        self.tokens = self.tokens.to(self.device)
         self.model = BatchedGPT(ModelShape(vocab))
         split = int(0.9 * len(self.tokens))
         self.train, self.val = self.tokens[:split], self.tokens[split:]
@@ -200,12 +213,12 @@ class Simulation:
         n, b, span = self.setup.workers, self.setup.batch, self.model.shape.context + 1
         shard = (len(self.train) - span) // n
         starts = torch.randint(0, shard, (n, b), generator=generator) + torch.arange(n)[:, None] * shard
-        return self.train[starts[..., None] + torch.arange(span)]
+        return self.train[(starts[..., None] + torch.arange(span)).to(self.device)]
 
     def _val_loss(self, theta: torch.Tensor, honest: list[int]) -> float:
         span = self.model.shape.context + 1
         starts = torch.linspace(0, len(self.val) - span - 1, self.setup.val_windows).long()
-        windows = self.val[starts[:, None] + torch.arange(span)]
+        windows = self.val[(starts[:, None] + torch.arange(span)).to(self.device)]
         with torch.no_grad():
             losses = self.model.loss(theta[honest], windows.expand(len(honest), -1, -1))
         return losses.mean().item() if torch.isfinite(losses).all() else math.inf
@@ -219,7 +232,7 @@ class Simulation:
         byzantine = spec.byzantine
         honest = [i for i in range(n) if i not in byzantine]
         tolerated = self.tolerated(spec.topology)
-        params = self.model.init(n, generator).requires_grad_()
+        params = self.model.init(n, generator).to(self.device).requires_grad_()
         optimizer = torch.optim.AdamW([params], lr=setup.inner_lr, weight_decay=0.0)
         z_previous = params.detach().clone()
         screeners = {i: UpdateScreener(self.model.layout, self.screening) for i in honest}
@@ -229,7 +242,7 @@ class Simulation:
         result = RunResult(val_loss=math.inf)
 
         for round in range(setup.rounds):
-            started = time.perf_counter()
+            started, started_cpu = time.perf_counter(), time.thread_time()
             theta = params.detach().clone()
             for _ in range(setup.inner_steps):
                 optimizer.zero_grad(set_to_none=True)
@@ -240,22 +253,24 @@ class Simulation:
                 if spec.defence == "centered_clipping":
                     sent = torch.stack([theta[j] + momenta[j].update(y[j] - theta[j]) for j in range(n)])
                 elif spec.defence == "screened":  # each worker sends its point plus a secret canary (echo check)
-                    canaried_at = time.perf_counter()
+                    canaried_at, canaried_cpu = time.perf_counter(), time.thread_time()
                     sent = y + torch.stack([make_canary(y[j] - theta[j], CANARY_SCALE, canaries) for j in range(n)])
                     result.screening_seconds += time.perf_counter() - canaried_at  # the canaries are the screening's
+                    result.screening_cpu_seconds += time.thread_time() - canaried_cpu
                 else:
                     sent = y
-                mixing = topology.mixing_matrix(round).to(torch.float32)
+                mixing = topology.mixing_matrix(round).to(self.device, torch.float32)
                 z = torch.empty_like(y)
-                crafting = 0.0
+                crafting = crafting_cpu = 0.0
                 for i in honest:
                     neighbours = topology.neighbors(i, round)
-                    crafted_at = time.perf_counter()
+                    crafted_at, crafted_cpu = time.perf_counter(), time.thread_time()
                     messages = {
                         j: self._message(spec, round, i, j, neighbours, theta, sent, mixing, attack_noise)
                         for j in neighbours
                     }
                     crafting += time.perf_counter() - crafted_at
+                    crafting_cpu += time.thread_time() - crafted_cpu
                     z[i] = self._defend(
                         spec,
                         round,
@@ -277,6 +292,7 @@ class Simulation:
                 z_previous = z
                 params.copy_(theta_next)
             result.round_seconds += time.perf_counter() - started - crafting
+            result.round_cpu_seconds += time.thread_time() - started_cpu - crafting_cpu
             if not torch.isfinite(theta_next[honest]).all():
                 return result
         result.val_loss = self._val_loss(params.detach(), honest)
@@ -338,13 +354,13 @@ class Simulation:
             if defence == "krum":
                 return theta_i + multi_krum(rows, tolerated, selected=1)
             return theta_i + centered[i](rows)
-        screened_at = time.perf_counter()
+        screened_at, screened_cpu = time.perf_counter(), time.thread_time()
         open_peers = [j for j in messages if not quarantines[i].is_quarantined(j)]
         screenings = screeners[i].screen_round(
             {j: messages[j] for j in open_peers}, y_i - theta_i, anchor=theta_i, canary=sent_i - y_i
         )
-        echoed = {j for j in open_peers if screenings[j].checks[0].check == "echo"}
-        opposition = find_opposition({j: messages[j] - sent_i for j in open_peers if j not in echoed})
+        pulling = [j for j in open_peers if screenings[j].checks[0].check != "echo"]
+        opposition = opposition_from_gram(pulling, screenings.pull_gram(pulling))
         accepted = set()
         for j in open_peers:
             events = quarantines[i].record(round, screenings[j])
@@ -369,6 +385,7 @@ class Simulation:
                 result.honest_blocked += verdict is Verdict.REJECT
                 result.honest_clipped += verdict is Verdict.CLIP
         result.screening_seconds += time.perf_counter() - screened_at
+        result.screening_cpu_seconds += time.thread_time() - screened_cpu
         step = mixing[i, next(iter(messages))].item()
         # ClippedGossip's radius bounds b liars among at least 2b + 1 neighbours; among fewer (the ring's
         # two) it would clip an honest neighbour every round, and the echo and opposition checks bound them

@@ -537,7 +537,7 @@ def gossip_transport(load: Callable[[str], dict]) -> list[str]:
     ]
 
 
-ATTACKS = ("clean", "nan", "sign_flip", "scale", "gaussian", "alie", "alie_stress", "ipm", "dissensus")
+ATTACKS = ("clean", "nan", "sign_flip", "scale", "gaussian", "alie", "alie_z0", "alie_stress", "ipm", "dissensus")
 DEFENCES = ("undefended", "screened", "trimmed_mean", "krum", "centered_clipping")
 
 
@@ -589,7 +589,13 @@ def _anomaly(result: dict) -> list[str]:
         if result["mode"] == "quick"
         else f"the full setup ({setup['rounds']} rounds of {setup['inner_steps']} inner steps, batch {setup['batch']})"
     )
-    if not result["complete"]:
+    if result.get("cells"):
+        mode += (
+            f"; **a subset**: the cells `{result['cells']}` (topology/Byzantine/attack/defence), "
+            f"{result.get('runs_done')} of {result.get('runs_planned')} planned runs done, on {result['device']} "
+            f"({result['machine']['cpus']} cores, Python {result['machine']['python']})"
+        )
+    elif not result["complete"]:
         attacks = ", ".join(a.replace("_", " ") for a in result.get("attacks", ATTACKS[1:]))
         mode += (
             f"; **a subset of the grid**: the clean runs and {attacks} only, {result.get('runs_done')} of "
@@ -614,8 +620,15 @@ def _anomaly(result: dict) -> list[str]:
     return [
         f"{setup['workers']} GASLoC workers, {result['seeds']} seed{'s' if result['seeds'] != 1 else ''}, {mode}. ALIE runs at its paper's z for each "
         f"receiver's neighbourhood ({z['ring']:.2f} on the ring, {z['complete_1byz']:.2f} and "
-        f"{z['complete_2byz']:.2f} on the complete graph) and at a stress z of {z['stress']:g} (`alie stress`, "
-        f"beyond the formula); IPM at ε = {result['ipm_epsilon']:g}. Each cell: detection TPR / FPR / final "
+        f"{z['complete_2byz']:.2f} on the complete graph"
+        + (f", {z['complete_3byz']:.2f} with 3 Byzantine" if any(k[1] == 3 for k in rows) else "")
+        + f") and at a stress z of {z['stress']:g} (`alie stress`, beyond the formula)"
+        + (
+            "; `alie z0` is the control at z = 0 (only the attackers' data missing)"
+            if any(k[2] == "alie_z0" for k in rows)
+            else ""
+        )
+        + f"; IPM at ε = {result['ipm_epsilon']:g}. Each cell: detection TPR / FPR / final "
         "validation loss relative to the clean run, screened (undefended in brackets):",
         "",
         *lines,
@@ -628,13 +641,16 @@ def _anomaly(result: dict) -> list[str]:
         f"Screening takes {100 * overhead['fraction']:.1f}% of a round at the full setup's rounds "
         f"(complete graph, 7 peers per worker; target ≤ 3%; load average "
         f"{overhead.get('remeasured', result['machine'])['load_average_1m']:g} on "
-        f"{result['machine']['cpus']} cores), {grid_overhead} in the grid's runs when they were made.",
+        f"{overhead.get('remeasured', result['machine'])['cpus']} cores), {grid_overhead} in the grid's runs "
+        "when they were made.",
         *reused,
         missed(misses),
         reproduce(
             "bench_anomaly.py"
             + (
-                ""
+                f" --seeds {result['seeds']} --cells '{result['cells']}'"
+                if result.get("cells")
+                else ""
                 if result["complete"] or result["mode"] == "quick"
                 else f" --seeds {result['seeds']} --attacks " + ",".join(result["attacks"])
             ),

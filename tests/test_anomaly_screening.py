@@ -3,7 +3,15 @@ import math
 import pytest
 import torch
 
-from cantata.security.anomaly import LayerLayout, ScreeningConfig, UpdateScreener, Verdict, make_canary
+from cantata.security.anomaly import (
+    LayerLayout,
+    ScreeningConfig,
+    UpdateScreener,
+    Verdict,
+    find_opposition,
+    make_canary,
+    opposition_from_gram,
+)
 from cantata.security.anomaly.screening import CANARY_SCALE
 
 torch.set_num_threads(1)
@@ -241,3 +249,29 @@ def test_an_echo_within_the_honest_noise_of_a_far_vector_is_left_to_the_other_ch
     results = UpdateScreener(LAYOUT).screen_round({1: far, 2: near}, own, canary=canary)
     assert results[1].checks[0].check == "finite"
     assert results[2].checks[0].check == "echo" and results[2].checks[0].score == pytest.approx(0.6, abs=1e-3)
+
+
+def test_the_round_gives_the_gram_matrix_of_the_pulls_from_the_receivers_sent_point(own, generator):
+    """``pull_gram`` is ``P @ P.T`` for the pulls ``x_j - sent``, and finds the pairs ``find_opposition`` finds."""
+    anchor = torch.randn(LAYOUT.size, generator=generator)
+    y = anchor + own
+    canary = make_canary(own, CANARY_SCALE, generator)
+    sent = y + canary
+    neighbour = anchor + honest(own, generator)
+    received = {
+        3: neighbour,
+        1: sent - 1.5 * (neighbour - sent),  # a mirror of 3's pull (echoed)
+        2: anchor + honest(own, generator),
+        7: torch.full_like(own, math.nan),
+    }
+    results = UpdateScreener(LAYOUT).screen_round(received, own, anchor=anchor, canary=canary)
+    pulls = torch.stack([received[p] - sent for p in (2, 3, 1)]).double()
+    assert torch.allclose(results.pull_gram([2, 3, 1]), pulls @ pulls.T, rtol=1e-4, atol=1e-3 * own.norm().item())
+    assert not math.isfinite(results.pull_gram([7])[0, 0].item())
+    peers = [2, 3, 1, 7]
+    from_gram = opposition_from_gram(peers, results.pull_gram(peers))
+    explicit = find_opposition({p: received[p] - sent for p in peers})
+    assert from_gram.pairs == explicit.pairs == ((3, 1),)
+    assert from_gram.caps == pytest.approx(explicit.caps, rel=1e-4)
+    with pytest.raises(ValueError):
+        opposition_from_gram(peers, results.pull_gram(peers[:3]))

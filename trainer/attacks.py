@@ -75,7 +75,8 @@ def craft(config: AttackConfig, view: AttackView, generator: torch.Generator) ->
     if kind is AttackKind.SCALE:
         return config.scale * view.own
     if kind is AttackKind.GAUSSIAN:
-        noise = torch.randn(view.own.shape, generator=generator, dtype=view.own.dtype)
+        noise = torch.randn(view.own.shape, generator=generator, dtype=view.own.dtype, device=generator.device)
+        noise = noise.to(view.own.device)
         return view.own + config.sigma * noise
     if kind is AttackKind.NAN:
         return torch.full_like(view.own, math.nan)

@@ -52,7 +52,7 @@ from cantata.proto.jobfields import MAX_WORKERS
 from cantata.proto.vocabulary import Algorithm, Compression
 from cantata.security.anomaly.attack_policy import SpecOrigin, parse_attack_config
 from cantata.security.anomaly.clipping import clip
-from cantata.security.anomaly.opposition import find_opposition
+from cantata.security.anomaly.opposition import opposition_from_gram
 from cantata.security.anomaly.quarantine import AnomalyKind, Quarantine
 from cantata.security.anomaly.screening import (
     CANARY_SCALE,
@@ -271,7 +271,7 @@ class UpdateScreen:
     The ``echo`` check looks for this worker's canary (``proposal.canary``)
     in each payload; among the rest, two peers whose pulls oppose each other
     are capped to the nearer one's distance and mixed both or neither
-    (``find_opposition``). A rejected or quarantined peer is treated like a
+    (``opposition_from_gram``). A rejected or quarantined peer is treated like a
     skipped one, so the mixing stays doubly stochastic.
 
     Peers are named by their group's rank-0 process. With sharded groups each
@@ -299,10 +299,10 @@ class UpdateScreen:
         canary = proposal.canary
         anchor, own = proposal.theta, (proposal.sent if canary is None else proposal.sent - canary) - proposal.theta
         by_process = {self._cfg.gossip_process(g): update for g, update in decoded.items()}
-        results = self._screener.screen_round(by_process, own, anchor=anchor, canary=canary)
-        opposition = find_opposition(
-            {p: u - proposal.sent for p, u in by_process.items() if results[p].checks[0].check != "echo"}
-        )
+        screening = self._screener.screen_round(by_process, own, anchor=anchor, canary=canary)
+        results: dict[int, ScreeningResult] = screening
+        pulling = [p for p in by_process if results[p].checks[0].check != "echo"]
+        opposition = opposition_from_gram(pulling, screening.pull_gram(pulling))
         accepted = opposition.whole_pairs(
             {
                 p

@@ -20,12 +20,13 @@ if TYPE_CHECKING:
         parse_attack_config,
     )
     from .clipping import AdaptiveRadius, ClipRule, FixedRadius, clip, clipped_gossip
-    from .opposition import Opposition, find_opposition
+    from .opposition import Opposition, find_opposition, opposition_from_gram
     from .quarantine import AnomalyEvent, AnomalyKind, Quarantine, QuarantinePolicy
     from .screening import (
         CheckResult,
         LayerLayout,
         RobustWindow,
+        RoundScreening,
         ScreeningConfig,
         ScreeningResult,
         UpdateScreener,
@@ -53,6 +54,7 @@ _EXPORTS = {
     "clipped_gossip": "clipping",
     "Opposition": "opposition",
     "find_opposition": "opposition",
+    "opposition_from_gram": "opposition",
     "AnomalyEvent": "quarantine",
     "AnomalyKind": "quarantine",
     "Quarantine": "quarantine",
@@ -60,6 +62,7 @@ _EXPORTS = {
     "CheckResult": "screening",
     "LayerLayout": "screening",
     "RobustWindow": "screening",
+    "RoundScreening": "screening",
     "ScreeningConfig": "screening",
     "ScreeningResult": "screening",
     "UpdateScreener": "screening",
@@ -94,6 +97,7 @@ __all__ = [
     "Quarantine",
     "QuarantinePolicy",
     "RobustWindow",
+    "RoundScreening",
     "ScreeningConfig",
     "ScreeningResult",
     "SpecOrigin",
@@ -107,6 +111,7 @@ __all__ = [
     "krum_scores",
     "make_canary",
     "multi_krum",
+    "opposition_from_gram",
     "parse_attack_config",
     "trimmed_mean",
 ]

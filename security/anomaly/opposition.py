@@ -31,9 +31,8 @@ clean run (whose pulls are rarely opposed) mixes as it did.
 
 from __future__ import annotations
 
-import itertools
 import math
-from collections.abc import Mapping, Set
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
 import torch
@@ -60,27 +59,37 @@ def find_opposition(pulls: Mapping[int, torch.Tensor], threshold: float = OPPOSE
     A pull without a finite norm (NaN or Inf entries) is left out: it has no
     direction, and the screening rejects it on its own.
     """
+    peers = list(pulls)
+    if len(peers) < 2:
+        return opposition_from_gram(peers, torch.zeros(len(peers), len(peers), dtype=torch.float64), threshold)
+    # one float32 Gram matrix of the pulls gives every norm and cosine (a float64 copy of [k, D] cost 10x more)
+    stacked = torch.stack([pulls[p].detach().reshape(-1) for p in peers]).to(torch.float32)
+    return opposition_from_gram(peers, (stacked @ stacked.T).to(torch.float64), threshold)
+
+
+def opposition_from_gram(peers: Sequence[int], gram: torch.Tensor, threshold: float = OPPOSED_COSINE) -> Opposition:
+    """``find_opposition`` from the Gram matrix of the pulls (rows in the order of ``peers``).
+
+    ``UpdateScreener.screen_round`` computes it on the way (``RoundScreening.pull_gram``), so the
+    receiver reads its vectors once for both.
+    """
     if not -1 <= threshold <= 1:
         raise ValueError(f"threshold must be a cosine in [-1, 1], got {threshold}")
-    candidates = list(pulls)
-    if len(candidates) < 2:
-        return Opposition((), {})
-    # one float32 Gram matrix of the pulls gives every norm and cosine (a float64 copy of [k, D] cost 10x more)
-    stacked = torch.stack([pulls[p].detach().reshape(-1) for p in candidates]).to(torch.float32)
-    gram = (stacked @ stacked.T).to(torch.float64)
-    finite = [k for k in range(len(candidates)) if math.isfinite(gram[k, k].item())]
+    if gram.shape != (len(peers), len(peers)):
+        raise ValueError(f"the Gram matrix must be {len(peers)} x {len(peers)}, got {tuple(gram.shape)}")
+    finite = [k for k, value in enumerate(gram.diagonal().tolist()) if math.isfinite(value)]
     if len(finite) < 2:
         return Opposition((), {})
-    peers = [candidates[k] for k in finite]
+    kept = [peers[k] for k in finite]
     gram = gram[finite][:, finite]
     norms = gram.diagonal().sqrt()
     cosines = gram / (norms[:, None] * norms[None, :]).clamp_min(1e-30)
+    norm_values = norms.tolist()
     pairs: list[tuple[int, int]] = []
     caps: dict[int, float] = {}
-    for a, b in itertools.combinations(range(len(peers)), 2):
-        if cosines[a, b].item() < threshold:
-            pairs.append((peers[a], peers[b]))
-            nearer = min(norms[a].item(), norms[b].item())
-            for k in (a, b):
-                caps[peers[k]] = min(caps.get(peers[k], math.inf), nearer)
+    for a, b in (cosines < threshold).triu(diagonal=1).nonzero().tolist():
+        pairs.append((kept[a], kept[b]))
+        nearer = min(norm_values[a], norm_values[b])
+        for k in (a, b):
+            caps[kept[k]] = min(caps.get(kept[k], math.inf), nearer)
     return Opposition(tuple(pairs), caps)

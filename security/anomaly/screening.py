@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import IntEnum
@@ -93,6 +92,25 @@ class ScreeningResult:
 
     def scores(self) -> dict[str, float]:
         return {check.check: check.score for check in self.checks}
+
+
+class RoundScreening(dict[int, ScreeningResult]):
+    """One round's results by peer, and the Gram matrix of the peers' pulls.
+
+    A pull is a peer's vector less the point the receiver sent (its own
+    point plus the canary). ``pull_gram`` gives ``opposition_from_gram`` its
+    cosines without another pass over the vectors.
+    """
+
+    def __init__(self, results: Mapping[int, ScreeningResult], peers: tuple[int, ...], gram: torch.Tensor):
+        super().__init__(results)
+        self._rows = {peer: row for row, peer in enumerate(peers)}
+        self._gram = gram
+
+    def pull_gram(self, peers: Iterable[int]) -> torch.Tensor:
+        """The float64 Gram matrix of ``peers``' pulls, in that order."""
+        rows = [self._rows[peer] for peer in peers]
+        return self._gram[rows][:, rows]
 
 
 @dataclass(frozen=True)
@@ -181,29 +199,54 @@ class LayerLayout:
 
 
 class RobustWindow:
-    """The last ``size`` values of a vector of statistics, summarized by median and MAD."""
+    """The last ``size`` values of a vector of statistics, summarized by median and MAD.
+
+    The values live in one ``[size, m]`` tensor written round-robin, so a
+    round's windows stack without copying each value again.
+    """
 
     def __init__(self, size: int):
-        self._values: deque[torch.Tensor] = deque(maxlen=size)
+        self._size = size
+        self._buffer: torch.Tensor | None = None
+        self._count = 0
+        self._next = 0
 
     def __len__(self) -> int:
-        return len(self._values)
+        return self._count
 
     def add(self, values: torch.Tensor) -> None:
-        self._values.append(values)
+        if self._buffer is None:
+            self._buffer = values.new_empty(self._size, *values.shape)
+        self._buffer[self._next] = values
+        self._next = (self._next + 1) % self._size
+        self._count = min(self._count + 1, self._size)
+
+    def values(self) -> torch.Tensor:
+        """``[len, m]``: the values, in no particular order (the median and MAD do not depend on it)."""
+        if self._buffer is None:
+            raise ValueError("the window is empty")
+        return self._buffer[: self._count]
 
     def median_and_spread(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Per statistic, the median and ``1.4826 * MAD`` (a normal sample's sigma)."""
-        stacked = torch.stack(list(self._values))
-        median = stacked.median(dim=0).values
-        mad = (stacked - median).abs().median(dim=0).values
-        return median, _MAD_TO_SIGMA * mad
+        return median_and_spread(self.values())
+
+
+def median_and_spread(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Median and ``1.4826 * MAD`` over the second-to-last dimension (windows stacked on the first)."""
+    median = values.median(dim=-2).values
+    mad = (values - median.unsqueeze(-2)).abs().median(dim=-2).values
+    return median, _MAD_TO_SIGMA * mad
 
 
 def make_canary(own: torch.Tensor, scale: float, generator: torch.Generator | None = None) -> torch.Tensor:
-    """A random vector of norm ``scale * ||own||`` for the receiver to add to the point it sends (``echo``)."""
-    direction = torch.randn(own.shape, generator=generator, dtype=torch.float32)
-    return direction * (scale * own.detach().to(torch.float32).norm() / direction.norm().clamp_min(_EPS))
+    """A random vector of norm ``scale * ||own||`` for the receiver to add to the point it sends (``echo``).
+
+    Drawn on the generator's device (the CPU without one) and moved to ``own``'s.
+    """
+    device = generator.device if generator is not None else torch.device("cpu")
+    direction = torch.randn(own.shape, generator=generator, dtype=torch.float32, device=device).to(own.device)
+    return direction.mul_(scale * own.detach().to(torch.float32).norm() / direction.norm().clamp_min(_EPS))
 
 
 class UpdateScreener:
@@ -224,6 +267,7 @@ class UpdateScreener:
         if not self._screened_layers:
             raise ValueError(f"no layer holds min_layer_size={self.config.min_layer_size} elements")
         self._history: dict[int, RobustWindow] = {}
+        self._block: torch.Tensor | None = None
         screened = len(self._screened_layers)
         self._prior = (
             torch.tensor([0.0, self.config.prior_ratio] + [1.0] * screened, dtype=torch.float64),
@@ -242,14 +286,19 @@ class UpdateScreener:
         own: torch.Tensor,
         anchor: torch.Tensor | None = None,
         canary: torch.Tensor | None = None,
-    ) -> dict[int, ScreeningResult]:
+    ) -> RoundScreening:
         """Screen one round's vectors from several peers against the same ``own`` update.
 
         With ``anchor`` (the receiver's round-start parameters) the received
         vectors are the peers' points and their updates are ``received - anchor``;
-        without it they are the updates already. Either way no copy of the
-        updates is made. ``canary``: what the receiver's sent point adds to its
-        own (the ``echo`` check); None skips that check.
+        without it they are the updates already. ``canary``: what the
+        receiver's sent point adds to its own (the ``echo`` check); None skips
+        that check. The vectors are copied once, into one float32 block of
+        their differences from the receiver's point (with ``own`` and
+        ``canary`` as two more rows), and every statistic comes from two
+        passes over it: one norm per screened layer, and the block's Gram
+        matrix (every row's squared norm, its products with ``own`` and
+        ``canary``, and the pulls' Gram matrix that ``RoundScreening`` keeps).
         """
         if own.dim() != 1 or own.numel() != self.layout.size:
             raise ValueError(f"own must be a vector of {self.layout.size} elements")
@@ -257,35 +306,88 @@ class UpdateScreener:
             anchor is not None and anchor.shape != own.shape
         ):
             raise ValueError(f"every vector must have the shape of own, {tuple(own.shape)}")
+        if canary is not None and canary.shape != own.shape:
+            raise ValueError(f"canary must have the shape of own, {tuple(own.shape)}")
         if not received:
-            return {}
-        peers = list(received)
-        stacked = torch.stack([received[peer].detach() for peer in peers]).to(torch.float32)
+            return RoundScreening({}, (), torch.zeros(0, 0, dtype=torch.float64, device=own.device))
+        peers = tuple(received)
+        k = len(peers)
         own = own.detach().to(torch.float32)
-        reference = own if anchor is None else anchor.detach().to(torch.float32) + own
-        own_layers = self._layer_square_sums(own[None])[0]
-        own_squared = own_layers.sum()
-        layers = self._layer_square_sums(stacked - reference)
-        dots = (stacked @ own).to(torch.float64)
-        if anchor is not None:
-            dots -= torch.dot(anchor.detach().to(torch.float32), own).item()
-        echoes = None if canary is None else self._echoes(stacked, reference, canary)
+        # one float32 block: the differences from the receiver's point, then own and the canary, so that
+        # one pass over the layers and one product give every statistic; own's row holds the point first
+        block = self._block_for(k + 1 + (canary is not None), own)
+        reference = own if anchor is None else torch.add(anchor.detach(), own, out=block[k])
+        for row, peer in enumerate(peers):  # one pass per vector: read it, subtract, write the row
+            torch.sub(received[peer].detach(), reference, out=block[row])
+        differences = block[:k]
+        block[k].copy_(own)
+        if canary is not None:
+            block[k + 1].copy_(canary.detach())
+        layers, gram = self._layer_square_sums(block), self._gram(block)
+        squares = gram.diagonal()
+        own_layers, own_squared = layers[k], squares[k]
+        products = gram[k:, :k]  # <d, own> and <d, canary> for every row d
+        dots = products[0] + own_squared  # <update, own> with update = d + own
+        echoes = None if canary is None else self._echoes(products[1], squares[k + 1].item())
+        pulls = gram[:k, :k]
+        if echoes is not None:  # the pulls are d - canary
+            pulls = pulls - products[1][:, None] - products[1][None, :] + echoes[1]
         # every peer's statistics at once (per-peer tensor ops cost more than the arithmetic here)
-        differences_squared = layers.sum(dim=1)
-        statistics = self._statistics(layers, differences_squared, own_layers, own_squared, dots)
+        differences_squared = squares[:k]
+        statistics = self._statistics(layers[:k], differences_squared, own_layers, own_squared, dots)
         own_norm = own_squared.sqrt().item()
-        results = {}
+        results, judged = {}, []
         for row, (peer, difference_squared) in enumerate(zip(peers, differences_squared.tolist(), strict=True)):
             if not math.isfinite(difference_squared):
-                count = float((~torch.isfinite(stacked[row])).sum().item())
+                count = float((~torch.isfinite(differences[row])).sum().item())
                 # a vector whose squares overflow float32 cannot be measured: rejected as well
                 results[peer] = ScreeningResult(peer, (CheckResult("finite", max(count, 1.0), Verdict.REJECT),))
-                continue
-            if echoes is not None and self._echoed(echoes[0][row], echoes[1], difference_squared):
+            elif echoes is not None and self._echoed(echoes[0][row], echoes[1], difference_squared):
                 results[peer] = ScreeningResult(peer, (CheckResult("echo", echoes[0][row], Verdict.REJECT),))
-                continue
-            results[peer] = self._judge(peer, statistics[row], own_norm)
-        return results
+            else:
+                judged.append(row)
+        if judged:
+            rows = statistics[judged]
+            warm, median, spread = self._references([peers[row] for row in judged], rows.device)
+            z, values, medians = ((rows - median) / spread).tolist(), rows.tolist(), median[:, 1].tolist()
+            for k, row in enumerate(judged):
+                results[peers[row]] = self._judge(
+                    peers[row], rows[k], values[k][0], z[k], warm[k], medians[k], own_norm
+                )
+        return RoundScreening({peer: results[peer] for peer in peers}, peers, pulls)
+
+    def _references(self, peers: list[int], device: torch.device) -> tuple[list[bool], torch.Tensor, torch.Tensor]:
+        """Per peer: whether it is warm, and the median and spread its statistics are scored against.
+
+        A warm peer's come from its window (the windows of one length in one batch), floored as the
+        config says; a new peer's are the prior.
+        """
+        config = self.config
+        histories = []
+        for peer in peers:
+            history = self._history.get(peer)
+            histories.append(
+                self._history.setdefault(peer, RobustWindow(config.window)) if history is None else history
+            )
+        warm = [len(history) >= max(config.warmup, 1) for history in histories]
+        prior_median, prior_spread = (prior.to(device) for prior in self._prior)
+        median = prior_median.expand(len(peers), -1).clone()
+        spread = prior_spread.expand(len(peers), -1).clone()
+        for length in {len(h) for h, w in zip(histories, warm, strict=True) if w}:
+            rows = [k for k, (h, w) in enumerate(zip(histories, warm, strict=True)) if w and len(h) == length]
+            window_median, window_spread = median_and_spread(torch.stack([histories[k].values() for k in rows]))
+            median[rows] = window_median
+            spread[rows] = torch.cat(
+                [
+                    window_spread[:, :1].clamp_min(config.cosine_min_spread),
+                    torch.maximum(window_spread[:, 1:2], config.min_relative_spread * window_median[:, 1:2]).clamp_min(
+                        _EPS
+                    ),
+                    window_spread[:, 2:].clamp_min(config.layer_min_spread),
+                ],
+                dim=1,
+            )
+        return warm, median, spread
 
     def _statistics(
         self,
@@ -299,22 +401,16 @@ class UpdateScreener:
         updates_squared = (differences_squared + 2 * dots - own_squared).clamp_min(0)
         cosines = (dots / (updates_squared.sqrt() * own_squared.sqrt()).clamp_min(_EPS)).clamp(-1, 1)
         ratios = (differences_squared / own_squared.clamp_min(_EPS)).sqrt()
-        screened = self._screened_layers
-        layer_ratios = (layers[:, screened] / own_layers[screened].clamp_min(_EPS)).sqrt()
+        layer_ratios = (layers / own_layers.clamp_min(_EPS)).sqrt()
         shares = layer_ratios / ratios.clamp_min(_EPS)[:, None]
         return torch.cat([cosines[:, None], ratios[:, None], shares], dim=1)
 
     @staticmethod
-    def _echoes(stacked: torch.Tensor, reference: torch.Tensor, canary: torch.Tensor) -> tuple[list[float], float]:
+    def _echoes(products: torch.Tensor, squared: float) -> tuple[list[float], float]:
         """Per row, ``<row - reference, canary> / ||canary||^2`` (0 for a zero canary), and ``||canary||^2``."""
-        canary = canary.detach().to(torch.float32)
-        if canary.shape != reference.shape:
-            raise ValueError(f"canary must have the shape of own, {tuple(reference.shape)}")
-        squared = torch.dot(canary, canary).item()
         if squared == 0:
-            return [0.0] * stacked.shape[0], 0.0
-        dots = (stacked @ canary).to(torch.float64) - torch.dot(reference, canary).item()
-        return (dots / squared).tolist(), squared
+            return [0.0] * products.shape[0], 0.0
+        return (products / squared).tolist(), squared
 
     def _echoed(self, echo: float, canary_squared: float, difference_squared: float) -> bool:
         """Above ``echo_reject``, and ``echo_min_z`` times the echo of a vector independent of the canary.
@@ -324,31 +420,45 @@ class UpdateScreener:
         noise = math.sqrt(difference_squared / (self.layout.size * canary_squared)) if canary_squared else math.inf
         return echo > self.config.echo_reject and echo > self.config.echo_min_z * noise
 
-    def _layer_square_sums(self, rows: torch.Tensor) -> torch.Tensor:
-        """``[k, L]`` float64 sums of squares of each row's layers."""
-        parts = rows.split(self.layout.layer_sizes, dim=1)
-        return torch.stack([torch.linalg.vector_norm(part, dim=1) for part in parts], dim=1).to(torch.float64).square()
+    def _block_for(self, rows: int, own: torch.Tensor) -> torch.Tensor:
+        """A ``[rows, D]`` float32 buffer on ``own``'s device, kept from round to round (a new one each
+        round costs a fresh allocation of several MB, and its page faults, on every screen)."""
+        block = self._block
+        if block is None or block.shape[0] != rows or block.device != own.device:
+            block = self._block = torch.empty(rows, own.numel(), dtype=torch.float32, device=own.device)
+        return block
 
-    def _judge(self, peer: int, statistics: torch.Tensor, own_norm: float) -> ScreeningResult:
-        """The verdicts on one peer's ``[cosine, ratio, shares...]`` against its history (or the prior)."""
-        config = self.config
-        history = self._history.get(peer)
-        if history is None:
-            history = self._history[peer] = RobustWindow(config.window)
-        warm = len(history) >= max(config.warmup, 1)
-        if warm:
-            median, spread = history.median_and_spread()
-            spread = torch.cat(
-                [
-                    spread[:1].clamp_min(config.cosine_min_spread),
-                    torch.maximum(spread[1:2], config.min_relative_spread * median[1:2]).clamp_min(_EPS),
-                    spread[2:].clamp_min(config.layer_min_spread),
-                ]
-            )
-        else:
-            median, spread = self._prior
-        z = ((statistics - median) / spread).tolist()
-        cosine = statistics[0].item()
+    def _layer_square_sums(self, rows: torch.Tensor) -> torch.Tensor:
+        """``[r, S]`` float64 sums of squares of each row's screened layers."""
+        bounds = self.layout.bounds
+        norms = [torch.linalg.vector_norm(rows[:, bounds[k] : bounds[k + 1]], dim=1) for k in self._screened_layers]
+        return torch.stack(norms, dim=1).to(torch.float64).square()
+
+    @staticmethod
+    def _gram(rows: torch.Tensor) -> torch.Tensor:
+        """``rows @ rows.T`` in float64, from one product per row with the rows from it on.
+
+        For a handful of long rows these products read about half of what
+        one matrix product does, and take about 0.6 of its time.
+        """
+        count = rows.shape[0]
+        upper = rows.new_zeros(count, count)
+        for i in range(count):
+            torch.mv(rows[i:], rows[i], out=upper[i, i:])
+        upper = upper.to(torch.float64)
+        return upper + upper.triu(diagonal=1).T
+
+    def _judge(
+        self,
+        peer: int,
+        statistics: torch.Tensor,
+        cosine: float,
+        z: list[float],
+        warm: bool,
+        median_ratio: float,
+        own_norm: float,
+    ) -> ScreeningResult:
+        """The verdicts on one peer from its ``[cosine, ratio, shares...]`` and their z-scores (``_references``)."""
         checks = (
             CheckResult("finite", 0.0, Verdict.ACCEPT),
             CheckResult("difference_norm", z[1], self._z_verdict(z[1])),
@@ -357,8 +467,8 @@ class UpdateScreener:
         )
         verdict = max(check.verdict for check in checks)
         if verdict is not Verdict.REJECT:
-            history.add(statistics)
-        clip_norm = median[1].item() * own_norm if verdict is Verdict.CLIP else None
+            self._history[peer].add(statistics)
+        clip_norm = median_ratio * own_norm if verdict is Verdict.CLIP else None
         return ScreeningResult(peer, checks, clip_norm)
 
     def _z_verdict(self, z: float) -> Verdict:
