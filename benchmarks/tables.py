@@ -393,8 +393,10 @@ def gpu(load: Callable[[str], dict]) -> list[str]:
         f"through the SDK, loads on the CPU ({job['gpu_checkpoint_loaded_on_cpu_tensors']} tensors). One GPU "
         "cannot hold a 2-worker NCCL group (NCCL refuses two ranks on one device), so the 2-worker NCCL job "
         "is still unmeasured.",
-        "Reproduce on a GPU machine: `python benchmarks/gpu_mfu.py` and `python benchmarks/gpu_job.py` "
-        "(`--check` runs either on the CPU).",
+        reproduce(
+            "gpu_job.py",
+            " and `.venv/bin/python benchmarks/gpu_mfu.py` on a GPU machine (`--check` runs either on the CPU)",
+        ),
     ]
 
 
