@@ -470,7 +470,9 @@ def gasloc_bandwidth(load: Callable[[str], dict]) -> list[str]:
     skipped = [label for scenario, label in BANDWIDTH_SCENARIOS.items() if scenario not in ran]
     not_run = f" Not run: {', '.join(skipped)}." if skipped else ""
     reruns = result.get("reruns") or []
-    for rerun in reruns[1:]:
+    for k, rerun in enumerate(reruns[1:], start=1):
+        if any(set(rerun["scenarios"]) <= set(later["scenarios"]) for later in reruns[k + 1 :]):
+            continue  # its rows were run again since
         labels = ", ".join(BANDWIDTH_SCENARIOS[s] for s in rerun["scenarios"])
         seeds = {r["seeds"] for r in result["rows"] if r["scenario"] in rerun["scenarios"]}
         not_run += (
