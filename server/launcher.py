@@ -134,11 +134,8 @@ def free_port() -> int:
 
 def process_alive(pid: int, job_id: str) -> bool:
     """True if ``pid`` is still a worker of ``job_id`` (guards against reused pids)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    return b"cantata.trainer.worker" in cmdline and job_id.encode() in cmdline
+    argv = proc_identity.command_line(pid)
+    return "cantata.trainer.worker" in argv and job_id in argv
 
 
 def worker_pids(config_prefix: str) -> dict[int, str]:
@@ -146,12 +143,11 @@ def worker_pids(config_prefix: str) -> dict[int, str]:
     found = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                argv = (entry / "cmdline").read_bytes().decode(errors="replace").replace("\0", " ").split()
-                if "cantata.trainer.worker" in argv and "--config" in argv and "--job" in argv:
-                    config, job_id = argv[argv.index("--config") + 1], argv[argv.index("--job") + 1]
-                    if config.startswith(config_prefix):
-                        found[int(entry.name)] = job_id
+            argv = proc_identity.command_line(int(entry.name))
+            if "cantata.trainer.worker" in argv and "--config" in argv and "--job" in argv:
+                config, job_id = argv[argv.index("--config") + 1], argv[argv.index("--job") + 1]
+                if config.startswith(config_prefix):
+                    found[int(entry.name)] = job_id
     return found
 
 

@@ -41,9 +41,12 @@ def parent(pid: int) -> int:
 
 
 def command_line(pid: int) -> list[str]:
-    """Process ``pid``'s arguments; empty if there is no such process (or it is a zombie)."""
+    """Process ``pid``'s command line as words; empty if there is no such process (or it is a zombie).
+
+    Split on whitespace as well as NULs: a process title set by ``setproctitle`` (a worker's) is one string.
+    """
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return []
-    return raw.decode(errors="replace").split("\0")[:-1]
+    return raw.decode(errors="replace").replace("\0", " ").split()
