@@ -239,14 +239,24 @@ def median_and_spread(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return median, _MAD_TO_SIGMA * mad
 
 
+# row b: the signs (+1 or -1) that the 8 bits of byte b stand for, least significant first
+_BYTE_SIGNS = ((torch.arange(256)[:, None] >> torch.arange(8)) & 1).to(torch.float32).mul_(2).sub_(1)
+
+
 def make_canary(own: torch.Tensor, scale: float, generator: torch.Generator | None = None) -> torch.Tensor:
     """A random vector of norm ``scale * ||own||`` for the receiver to add to the point it sends (``echo``).
 
+    Each entry is ``+s`` or ``-s`` by one random bit: as secret as a Gaussian
+    of the same norm (the echo of a vector independent of it has the same
+    spread), and about a quarter of its cost, since 32 bits come from one draw.
     Drawn on the generator's device (the CPU without one) and moved to ``own``'s.
     """
     device = generator.device if generator is not None else torch.device("cpu")
-    direction = torch.randn(own.shape, generator=generator, dtype=torch.float32, device=device).to(own.device)
-    return direction.mul_(scale * own.detach().to(torch.float32).norm() / direction.norm().clamp_min(_EPS))
+    count = own.numel()
+    words = torch.randint(-(2**31), 2**31, ((count + 31) // 32,), generator=generator, dtype=torch.int32, device=device)
+    signs = _BYTE_SIGNS.to(device).index_select(0, words.view(torch.uint8).int()).view(-1)[:count]
+    magnitude = scale * own.detach().to(torch.float32).norm() / math.sqrt(max(count, 1))
+    return signs.view(own.shape).to(own.device).mul_(magnitude)
 
 
 class UpdateScreener:
@@ -323,7 +333,7 @@ class UpdateScreener:
         block[k].copy_(own)
         if canary is not None:
             block[k + 1].copy_(canary.detach())
-        layers, gram = self._layer_square_sums(block), self._gram(block)
+        layers, gram = self._layer_square_sums(block[: k + 1]), self._gram(block)  # no layer needs the canary
         squares = gram.diagonal()
         own_layers, own_squared = layers[k], squares[k]
         products = gram[k:, :k]  # <d, own> and <d, canary> for every row d
