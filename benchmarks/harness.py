@@ -96,7 +96,13 @@ def result_file(out: Path, name: str, suffix: str = ".json") -> Path:
 
 
 def write_results(name: str, report: Mapping, out: Path) -> Path:
-    """Write ``out/bench_<name>.json``: the benchmark's name, the machine, then ``report``."""
+    """Write ``out/bench_<name>.json``: the benchmark's name, the machine, then ``report``.
+
+    Written whole or not at all (a new file renamed over the old), so a run stopped while
+    writing keeps its previous report.
+    """
     path = result_file(out, name)
-    path.write_text(json.dumps({"benchmark": name, "machine": machine(), **report}, indent=2) + "\n")
+    partial = path.with_suffix(".json.partial")
+    partial.write_text(json.dumps({"benchmark": name, "machine": machine(), **report}, indent=2) + "\n")
+    partial.replace(path)
     return path

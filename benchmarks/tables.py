@@ -559,6 +559,11 @@ def anomaly_full(load: Callable[[str], dict]) -> list[str]:
     return _anomaly(load("anomaly_full"))
 
 
+@table("anomaly_full_cells")
+def anomaly_full_cells(load: Callable[[str], dict]) -> list[str]:
+    return _anomaly(load("anomaly_full_cells"))
+
+
 def _anomaly(result: dict) -> list[str]:
     rows = {(r["topology"], r["byzantine"], r["attack"], r["defence"]): r for r in result["rows"]}
     panels = sorted({(t, b) for t, b, a, _ in rows if a != "clean"}, key=lambda p: (p[0] != "ring", p[1]))
@@ -589,16 +594,21 @@ def _anomaly(result: dict) -> list[str]:
     misses = [f"`{check}` in {', '.join(cells)}" for check, cells in failed.items()]
     setup = result["setup"]
     mode = (
-        f"a `--quick` run ({setup['rounds']} rounds of {setup['inner_steps']} inner steps); the full grid was not run"
+        f"a `--quick` run ({setup['rounds']} rounds of {setup['inner_steps']} inner steps)"
         if result["mode"] == "quick"
         else f"the full setup ({setup['rounds']} rounds of {setup['inner_steps']} inner steps, batch {setup['batch']})"
+    )
+    on_gpu = result["device"].startswith("cuda")
+    where = (
+        f"on {result['device']}, with {result['machine']['cpus']} CPU cores and Python {result['machine']['python']}"
     )
     if result.get("cells"):
         mode += (
             f"; **a subset**: the cells `{result['cells']}` (topology/Byzantine/attack/defence), "
-            f"{result.get('runs_done')} of {result.get('runs_planned')} planned runs done, on {result['device']} "
-            f"({result['machine']['cpus']} cores, Python {result['machine']['python']})"
+            f"{result.get('runs_done')} of {result.get('runs_planned')} planned runs done, {where}"
         )
+    elif on_gpu:
+        mode += f", {result['runs_done']} runs {where}"
     elif not result["complete"]:
         attacks = ", ".join(a.replace("_", " ") for a in result.get("attacks", ATTACKS[1:]))
         mode += (
@@ -608,6 +618,9 @@ def _anomaly(result: dict) -> list[str]:
     overhead = result["full_round_overhead"] or {"fraction": math.nan}
     fractions = [r["screening_overhead"] for r in result["rows"] if r["defence"] == "screened"]
     grid_overhead = f"{100 * min(fractions):.1f}–{100 * max(fractions):.1f}%" if fractions else "not yet measured"
+    grid_runs = "in the grid's runs when they were made"
+    if on_gpu:
+        grid_runs = "in the grid's runs on the GPU, whose rounds are short while the screening's bookkeeping is not"
     reused = []
     if result.get("reused"):
         reused = [
@@ -645,12 +658,12 @@ def _anomaly(result: dict) -> list[str]:
         f"Screening takes {100 * overhead['fraction']:.1f}% of a round at the full setup's rounds "
         f"(complete graph, 7 peers per worker; target ≤ 3%; load average "
         f"{overhead.get('remeasured', result['machine'])['load_average_1m']:g} on "
-        f"{overhead.get('remeasured', result['machine'])['cpus']} cores), {grid_overhead} in the grid's runs "
-        "when they were made.",
+        f"{overhead.get('remeasured', result['machine'])['cpus']} cores), {grid_overhead} {grid_runs}.",
         *reused,
         missed(misses),
         reproduce(
             "bench_anomaly.py"
+            + (f" --device {result['device'].split()[0]} --processes 14" if on_gpu else "")
             + (
                 f" --seeds {result['seeds']} --cells '{result['cells']}'"
                 if result.get("cells")
