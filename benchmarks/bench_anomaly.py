@@ -18,20 +18,21 @@ screening time as a fraction of the round time, over the grid and for two
 rounds of the full setup on the complete graph (7 peers screened per worker).
 
     .venv/bin/python benchmarks/bench_anomaly.py [--quick] [--seeds 3] [--processes 2]
-        [--rerun screened --reuse PREVIOUS.json] [--device cuda] [--cells 'complete/2/alie*/*']
+        [--rerun screened --reuse PREVIOUS.json] [--device cuda] [--cells 'complete/2/alie*/*' [--rounds N]]
 
 Writes ``bench_anomaly.json``/``.png`` for ``--quick`` (a temporary folder unless ``--out``) and
 ``benchmarks/results/bench_anomaly_full.json``/``.png`` for the full setup, after every run, labelled
 a subset until the whole grid is done; a ``--cells`` subset writes ``bench_anomaly[_full]_cells``.
 ``--attacks`` runs the clean runs and those attacks only. ``--rerun`` runs only the named defences
 and reads the others' runs back from an earlier report of the same setup and seeds.
-``--overhead-only`` measures the screening overhead again into earlier reports. ``--cells`` runs
-only the cells matching its patterns (``topology/byzantine/attack/defence``, shell-style,
-comma-separated; the clean undefended runs they are measured against always run), and may name
-cells outside the grid: the ``alie_z0`` control (ALIE at z = 0: the attackers send the honest mean,
-so only their own data is missing) and 3 Byzantine workers on the complete graph (ALIE's z is then
-0.67). ``--device cuda`` runs the simulation on a GPU (several processes may share it); every random
-draw is made on the CPU, so runs match the CPU's up to floating-point rounding. The time per run is
+``--overhead-only`` measures the screening overhead again into earlier reports. ``--cells`` runs only
+the cells matching its patterns (``topology/byzantine/attack/defence``, shell-style,
+comma-separated; the clean undefended runs they are measured against always run), for ``--rounds``
+outer rounds instead of the setup's if given, and may name cells outside the grid: the ``alie_z0``
+control (ALIE at z = 0: the attackers send the honest mean, so only their own data is missing) and 3
+Byzantine workers on the complete graph (ALIE's z is then 0.67). ``--device cuda`` runs the
+simulation on a GPU (several processes may share it); every random draw is made on the CPU, so runs
+match the CPU's up to floating-point rounding. The time per run is
 printed as runs finish, with an estimate of the time left.
 
 The committed quick and full grids are complete, both run on one H200 (``--device cuda
@@ -350,6 +351,7 @@ def write_report(outcomes, args, setup: Setup, started: float, runs: int, overhe
         "quarantine": asdict(QuarantinePolicy()),
         "wall_seconds": time.perf_counter() - started,
         "reused": getattr(args, "reused", None),
+        "rounds_override": args.rounds,
         "full_round_overhead": overhead,
         **summary,
     }
@@ -448,6 +450,7 @@ def main() -> None:
         "only matching runs (and the clean undefended ones) run, labelled a subset",
     )
     parser.add_argument("--device", default="cpu", help="torch device of the simulation: cpu (default) or cuda")
+    parser.add_argument("--rounds", type=int, help="outer rounds instead of the setup's (only with --cells)")
     harness.add_output_argument(parser)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -460,6 +463,10 @@ def main() -> None:
         parser.error("--rerun and --reuse go together")
     args.attacks = tuple(a for a in ATTACKS if a in args.attacks.split(","))
     setup = QUICK if args.quick else FULL
+    if args.rounds is not None:
+        if not args.cells or args.rounds < 1:
+            parser.error("--rounds takes a positive count, and goes with --cells (the grids keep their setup)")
+        setup = replace(setup, rounds=args.rounds)
     specs = cells(args.cells.split(","), args.seeds) if args.cells else grid(args.seeds, args.attacks)
     if not specs:
         parser.error(f"--cells {args.cells!r} matches no run")
@@ -489,7 +496,8 @@ def main() -> None:
     summary = write_report(outcomes, args, setup, started, runs, overhead)
     print(table(summary["rows"]))
     fractions = [r["screening_overhead"] for r in summary["rows"] if r["defence"] == "screened"]
-    print(f"\nscreening overhead per round: {min(fractions):.3f}..{max(fractions):.3f} of round time")
+    if fractions:  # a --cells subset may have no screened run
+        print(f"\nscreening overhead per round: {min(fractions):.3f}..{max(fractions):.3f} of round time")
     print(f"at the full setup's rounds (complete graph): {overhead['fraction']:.3f}")
     failed = [
         f"{name}: {check}" for name, checks in summary["targets"].items() for check, ok in checks.items() if not ok

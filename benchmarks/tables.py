@@ -559,6 +559,11 @@ def anomaly_full(load: Callable[[str], dict]) -> list[str]:
     return _anomaly(load("anomaly_full"))
 
 
+@table("anomaly_cells")
+def anomaly_cells(load: Callable[[str], dict]) -> list[str]:
+    return _anomaly(load("anomaly_cells"))
+
+
 @table("anomaly_full_cells")
 def anomaly_full_cells(load: Callable[[str], dict]) -> list[str]:
     return _anomaly(load("anomaly_full_cells"))
@@ -566,6 +571,8 @@ def anomaly_full_cells(load: Callable[[str], dict]) -> list[str]:
 
 def _anomaly(result: dict) -> list[str]:
     rows = {(r["topology"], r["byzantine"], r["attack"], r["defence"]): r for r in result["rows"]}
+    if not any(defence == "screened" for *_, defence in rows):
+        return _undefended_only(result, rows)
     panels = sorted({(t, b) for t, b, a, _ in rows if a != "clean"}, key=lambda p: (p[0] != "ring", p[1]))
     lines = header("attack", *(f"{t}, {b} Byzantine" for t, b in panels))
     for attack in (a for a in ATTACKS if any(key[2] == a for key in rows)):
@@ -666,6 +673,7 @@ def _anomaly(result: dict) -> list[str]:
             + (f" --device {result['device'].split()[0]} --processes 14" if on_gpu else "")
             + (
                 f" --seeds {result['seeds']} --cells '{result['cells']}'"
+                + (f" --rounds {result['rounds_override']}" if result.get("rounds_override") else "")
                 if result.get("cells")
                 else ""
                 if result["complete"] or result["mode"] == "quick"
@@ -677,6 +685,37 @@ def _anomaly(result: dict) -> list[str]:
             quick=result["mode"] == "quick",
         ),
     ]
+
+
+def _undefended_only(result: dict, rows: dict) -> list[str]:
+    """A ``--cells`` subset of undefended runs: each attack's final loss relative to clean, per panel."""
+    setup, machine = result["setup"], result["machine"]
+    panels = sorted({(t, b) for t, b, a, _ in rows if a != "clean"}, key=lambda p: (p[0] != "ring", p[1]))
+    lines = header("attack", *(f"{t}, {b} Byzantine (ALIE's z {_alie_z(result, t, b):.2f})" for t, b in panels))
+    for attack in (a for a in ATTACKS if a != "clean" and any(key[2] == a for key in rows)):
+        cells = [rows.get((t, b, attack, "undefended")) for t, b in panels]
+        lines.append(row(attack.replace("_", " "), *("" if c is None else _loss(c) for c in cells)))
+    return [
+        f"{setup['workers']} GASLoC workers, {result['seeds']} seeds, {setup['rounds']} rounds of "
+        f"{setup['inner_steps']} inner steps (batch {setup['batch']}), undefended; the cells `{result['cells']}`, "
+        f"{result['runs_done']} of {result['runs_planned']} planned runs done, on {result['device']} "
+        f"({machine['cpus']} cores). Final validation loss relative to the clean run of the same graph and seed:",
+        "",
+        *lines,
+        "",
+        reproduce(
+            f"bench_anomaly.py --seeds {result['seeds']} --cells '{result['cells']}'"
+            + (f" --rounds {result['rounds_override']}" if result.get("rounds_override") else ""),
+            f" (about {result['wall_seconds'] / 60:.0f} min at a load average of {machine['load_average_1m']:g}"
+            f" on {machine['cpus']} cores)",
+            quick=result["mode"] == "quick",
+        ),
+    ]
+
+
+def _alie_z(result: dict, topology: str, byzantine: int) -> float:
+    z = result["alie_z"]
+    return z["ring"] if topology == "ring" else z[f"complete_{byzantine}byz"]
 
 
 CHECKPOINT_STORES = {"local": "local disk", "s3": "S3 (moto)", "azure": "Azure (Azurite)"}

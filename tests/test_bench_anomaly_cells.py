@@ -3,6 +3,8 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import bench_anomaly
@@ -34,3 +36,13 @@ def test_cells_outside_the_grid_exist_only_where_they_are_defined():
     grid = {bench_anomaly._key(s) for s in bench_anomaly.grid(1)}
     extra = {bench_anomaly._key(s) for s in bench_anomaly.cells(["*/[012]/*/*"], 1)} - grid
     assert extra and all(key[2] == "alie_z0" for key in extra)  # the grid's cells plus the control only
+
+
+def test_a_subset_has_a_report_of_its_own_and_only_a_subset_may_change_the_rounds(monkeypatch, capsys):
+    assert bench_anomaly.report_name(quick=False, cells=True) == "anomaly_full_cells"
+    assert bench_anomaly.report_name(quick=True, cells=False) == "anomaly"  # the whole grid's is never overwritten
+    for argv in (["--rounds", "100"], ["--cells", "ring/2/alie/*", "--rounds", "0"]):
+        monkeypatch.setattr(sys, "argv", ["bench_anomaly.py", *argv])
+        with pytest.raises(SystemExit) as refused:
+            bench_anomaly.main()
+        assert refused.value.code == 2 and "--rounds" in capsys.readouterr().err
