@@ -106,8 +106,9 @@ class JobLifecycle:
             self._audit_job(job, Action.JOB_STARTED, workers=len(pids))
 
     def placement_deferred(self, job: JobRecord, why: str) -> None:
-        """The audit log could not record the start (its workers, if any, are stopped): queue the job again."""
-        self._store.transition(job.id, pb.QUEUED, f"{why}; will start once the audit log can be written")
+        """The start could not go on (the audit log could not record it, or the executor's resources were
+        taken meanwhile); its workers, if any, are stopped: queue the job again, saying ``why``."""
+        self._store.transition(job.id, pb.QUEUED, why)
 
     def launch_failed(self, job: JobRecord, error: Exception) -> None:
         reason = f"could not start workers: {error}"

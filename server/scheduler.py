@@ -185,7 +185,11 @@ class Scheduler:
                 attack = self._store.attack(job.id)
                 pids = self._launcher.launch(self._store.job(job.id), attack=json.loads(attack) if attack else None)
             except AuditLogUnavailable as exc:  # its keys were not released: nothing started
-                self._lifecycle.placement_deferred(job, str(exc))
+                self._lifecycle.placement_deferred(job, f"{exc}; will start once the audit log can be written")
+                self._place_due = True
+                return
+            except NotPlaceable as exc:  # the room placement saw was taken before the launch (a cluster's other users)
+                self._lifecycle.placement_deferred(job, f"waiting: {exc}")
                 self._place_due = True
                 return
             except Exception as exc:
@@ -196,7 +200,7 @@ class Scheduler:
                 self._lifecycle.placed(job, pids)
             except AuditLogUnavailable as exc:  # started but not recorded: stop it, and start it again later
                 self._launcher.terminate(job.id)
-                self._lifecycle.placement_deferred(job, str(exc))
+                self._lifecycle.placement_deferred(job, f"{exc}; will start once the audit log can be written")
                 self._place_due = True
                 return
 

@@ -193,3 +193,20 @@ def test_the_unfinished_count_the_quota_reads_follows_every_change_of_the_jobs(s
     store.undo_submission(jobs[3])
     store.delete_job(jobs[0], before=lambda job: None)  # an ended job: not counted before or after
     assert counted("busy") == 2 and counted("small") == 1
+
+
+def test_a_launch_whose_room_was_taken_meanwhile_queues_the_job_again_instead_of_failing_it(store):
+    (job,) = _submit(store, "busy", 1)
+    scheduler, launcher = _scheduler(store, slots=2)
+    taken = NotPlaceable("the resources free at placement were taken", retry=True)
+
+    def launch_once_taken(job: JobRecord, *, attack: dict | None = None) -> dict[int, int]:
+        launcher.launch = Launcher.launch.__get__(launcher)  # type: ignore[method-assign]
+        raise taken
+
+    launcher.launch = launch_once_taken  # type: ignore[method-assign]
+    scheduler.tick()
+    assert store.job(job).state == pb.QUEUED
+    assert store.job(job).reason == "waiting: the resources free at placement were taken"
+    scheduler.tick()  # the next tick tries again, without a worker's exit to wake it
+    assert launcher.launched == [job] and store.job(job).state == pb.STARTING

@@ -44,7 +44,11 @@ class Executor(Protocol):
         ...
 
     def launch(self, job: JobRecord, *, attack: dict | None = None) -> dict[int, int]:
-        """Start every worker process of ``job``; returns process index -> pid."""
+        """Start every worker process of ``job``; returns process index -> pid.
+
+        Raises :class:`NotPlaceable` (having started nothing) if the room ``placement`` saw was taken
+        meanwhile: the job is queued again, not failed.
+        """
         ...
 
     def relaunch(self, job: JobRecord, worker: int) -> int:

@@ -71,6 +71,7 @@ log = logging.getLogger(__name__)
 NAMESPACE = "cantata"
 HOST_PREFIX = "node@"  # + the node's id: its NodeHost actor
 READY_TIMEOUT_S = 120.0  # a placement group whose resources were free is placed in far less
+CLAIM_WAIT_S = 10.0  # a new job's group not placed by then: its resources were taken; it waits in the queue
 STOP_TIMEOUT_S = 10.0
 PROBE_TIMEOUT_S = 60.0
 NODE_DEATH_WAIT_S = 60.0  # how long a dead actor's exit waits for Ray to say whether its node died (~15 s)
@@ -310,7 +311,13 @@ class RayExecutor:
             store = job.spec.checkpoint_store
             if store.startswith("file://"):  # under a root every node mounts (parse_job_spec saw to it)
                 prepare_job_folder(Path(unquote(urlparse(store).path)), job.tenant, job.id, identity)
-            ray.get(group.ready(), timeout=READY_TIMEOUT_S)
+            ready, _ = ray.wait([group.ready()], timeout=CLAIM_WAIT_S)
+            if not ready:  # the scheduler's thread is not held: the group is removed and the job queued again
+                raise NotPlaceable(
+                    f"the resources free at placement were taken before its placement group was placed "
+                    f"(another user of the Ray cluster?); not placed in {CLAIM_WAIT_S:.0f} s",
+                    retry=True,
+                )
             size = group_size(job.spec)
             nodes = self._places(job, list(range(n)), firsts=list(range(0, n, size)))
             running.rendezvous = [_rendezvous(nodes[g * size]) for g in range(n // size)]
