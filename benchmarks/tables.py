@@ -549,24 +549,16 @@ def _loss(r: dict) -> str:
     return "diverged" if r["relative_loss"] is None else f"{r['relative_loss']:.3f}"
 
 
-@table("anomaly")
-def anomaly(load: Callable[[str], dict]) -> list[str]:
-    return _anomaly(load("anomaly"))
+def _anomaly_table(report: str) -> Table:
+    def render(load: Callable[[str], dict]) -> list[str]:
+        return _anomaly(load(report))
+
+    return render
 
 
-@table("anomaly_full")
-def anomaly_full(load: Callable[[str], dict]) -> list[str]:
-    return _anomaly(load("anomaly_full"))
-
-
-@table("anomaly_cells")
-def anomaly_cells(load: Callable[[str], dict]) -> list[str]:
-    return _anomaly(load("anomaly_cells"))
-
-
-@table("anomaly_full_cells")
-def anomaly_full_cells(load: Callable[[str], dict]) -> list[str]:
-    return _anomaly(load("anomaly_full_cells"))
+# the whole grids (quick and full) and their --cells subsets: one renderer for the four reports
+for _report in ("anomaly", "anomaly_full", "anomaly_cells", "anomaly_full_cells"):
+    table(_report)(_anomaly_table(_report))
 
 
 def _anomaly(result: dict) -> list[str]:
