@@ -30,7 +30,7 @@ demo: $(STAMP)
 
 test: $(STAMP) $(AZURITE) $(CHROMIUM)
 	$(PY) -m cantata.proto.codegen --check
-	PATH="$(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$$PATH" $(PY) -m pytest -q
+	PATH="$(CURDIR)/$(VENV)/bin:$(CURDIR)/node_modules/.bin:$$PATH" $(PY) -m pytest -q --durations=20
 
 test-fast: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -m "not integration"
