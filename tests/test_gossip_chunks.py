@@ -4,7 +4,6 @@ import torch
 from cantata.proto.v1 import gossip_pb2
 from cantata.trainer.gossip import CorruptPayload, TokenBucket, bandwidth, wire
 from cantata.trainer.gossip.chunks import Assembly, to_chunks
-from cantata.trainer.gossip.mailbox import Mailbox
 from cantata.trainer.gossip.wire import Chunk
 
 torch.set_num_threads(1)
@@ -168,20 +167,3 @@ def test_chunks_whose_data_no_longer_matches_their_checksum_are_refused(damage):
     with pytest.raises(CorruptPayload, match="chunk 1 of stripe 0 fails its checksum"):
         for c in chunks:
             assembly.add(c)
-
-
-def test_a_peer_whose_payload_was_arriving_when_the_round_closed_is_late_and_no_other_is():
-    mailbox = Mailbox()
-    mailbox.post(3, torch.zeros(500))
-    sending, silent, broken = mailbox.assembly(3, 1), mailbox.assembly(3, 2), mailbox.assembly(3, 4)
-    sending.add(_chunks(torch.ones(500))[0])  # one chunk of two: alive, not done
-    broken.add(_chunks(torch.ones(500), sender=4)[0])
-    mailbox.fail(3, 4)  # its link broke (reset, refused): not a deadline's doing
-    assert silent is not None and mailbox.collect(3, [1, 2, 4, 5], deadline=0.0, grace=0.0) == {}
-    assert mailbox.take_late() == {1}
-    assert mailbox.take_late() == set()
-    mailbox.post(4, torch.zeros(500))
-    mailbox.assembly(4, 1).add(_chunks(torch.ones(500), round=4)[0])
-    mailbox.fail(4, 1, out_of_time=True)  # the dialling side's call ran out of time
-    mailbox.collect(4, [1], deadline=0.0, grace=0.0)
-    assert mailbox.take_late() == {1}

@@ -35,8 +35,6 @@ class ServicerContext(Protocol):
 
     def peer(self) -> str: ...
 
-    def time_remaining(self) -> float | None: ...
-
 
 class GossipService:
     """Answers a peer's ``Exchange`` (streams this worker's stripe while taking in the peer's) and ``Commit``."""
@@ -101,9 +99,8 @@ class GossipService:
             first.stripes,
         )
         receiver.join()
-        if failure:  # a stream cut by the caller's deadline (the round's) is out of time, not broken
-            left = context.time_remaining()
-            self.mailbox.fail(first.round, peer, out_of_time=left is not None and left <= 0)
+        if failure:
+            self.mailbox.fail(first.round, peer)
             context.abort(grpc.StatusCode.DATA_LOSS, f"payload from worker {peer} rejected: {failure[0]}")
         if assembly.complete:
             self.mailbox.received(assembly)
