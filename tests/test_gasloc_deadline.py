@@ -26,30 +26,6 @@ def test_the_adaptive_deadline_follows_the_slowest_of_the_last_eight_rounds_with
     assert deadline.seconds == ROUND_DEADLINE_BOUNDS[1]
 
 
-def test_a_round_that_cut_a_live_peer_doubles_the_adaptive_deadline_until_fast_rounds_bring_it_down():
-    deadline = RoundDeadline()
-    deadline.record(0.2)
-    assert deadline.seconds == pytest.approx(2.0)  # learnt on an idle machine
-    deadline.stretch()
-    assert deadline.seconds == pytest.approx(4.0)
-    deadline.stretch()
-    assert deadline.seconds == pytest.approx(8.0)
-    deadline.record(1.5)  # the slower round now fits, and counts with the stretch
-    assert deadline.seconds == pytest.approx(8.0)
-    for _ in range(8):  # the stretch leaves the window like any slow round
-        deadline.record(1.5)
-    assert deadline.seconds == pytest.approx(7.0)
-    for _ in range(10):
-        deadline.stretch()
-    assert deadline.seconds == ROUND_DEADLINE_BOUNDS[1]
-
-
-def test_a_fixed_deadline_is_not_stretched():
-    deadline = RoundDeadline(3.0)
-    deadline.stretch()
-    assert deadline.seconds == 3.0
-
-
 @pytest.mark.parametrize("bad", [0.0, -1.0])
 def test_a_deadline_must_be_positive(bad):
     with pytest.raises(ValueError):

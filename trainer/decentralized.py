@@ -548,11 +548,8 @@ class Decentralized:
                 deadline_s=self.deadline.seconds,
                 traffic=self.exchange.take_traffic(),
             )
-            late = self.node.take_late()
             if not stats.skipped:
                 self.deadline.record(seconds)
-            elif late:  # a live peer was still sending: the deadline, not the peer, was too short
-                self.deadline.stretch()
         if not cfg.sharded:
             sync_parameters(self.model, self.group)
 

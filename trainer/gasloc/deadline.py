@@ -5,12 +5,6 @@ slowest exchange of the last 8 complete rounds (no edge dropped) plus 1 s,
 within ``ROUND_DEADLINE_BOUNDS``; a round cut short by a dead peer says
 nothing about the live ones, so it is not counted. Until a round has run it
 is 20 s, long enough for workers that are still starting.
-
-A round that cut a live peer mid-payload (``stretch``) says the deadline is
-too short: it doubles, within the bounds, and the faster rounds before it
-no longer count. Without that, a deadline learnt on an idle machine would
-cut every exchange once the machine got busy, and no complete round would
-ever come to raise it again.
 """
 
 from __future__ import annotations
@@ -45,11 +39,3 @@ class RoundDeadline:
 
     def record(self, seconds: float) -> None:
         self._recent.append(seconds)
-
-    def stretch(self) -> None:
-        """The last round cut a live peer mid-payload: double the adaptive deadline (within its bounds)."""
-        if self.fixed_s is not None:
-            return
-        target = min(ROUND_DEADLINE_BOUNDS[1], 2 * self.seconds)
-        self._recent.clear()
-        self._recent.append((target - SLACK_S) / FACTOR)  # the round time that gives ``target``

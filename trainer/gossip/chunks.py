@@ -94,11 +94,6 @@ class Assembly:
         self._header: tuple[int, str, int] | None = None  # total bytes, dtype, stripes
         self._cursors: dict[int, _StripeCursor] = {}
 
-    @property
-    def started(self) -> bool:
-        """Whether any chunk of the payload has arrived."""
-        return self._header is not None
-
     def _cursor(self, chunk: Chunk) -> _StripeCursor:
         with self._lock:
             header = (chunk.total_bytes, chunk.dtype, chunk.stripes)

@@ -18,11 +18,6 @@ mixing matrix stays symmetric and doubly stochastic, and the workers' mean is
 preserved. A peer whose link fails (refused, reset, corrupt) is marked failed
 at once, so a round never waits out its deadline for it.
 
-A peer whose payload had begun to arrive when the deadline closed the round is
-*late*: it was alive and sending, and the deadline was too short for it (a dead
-or unreachable peer, or one in another round, sends nothing). ``take_late``
-tells the round's deadline to grow.
-
 Receive buffers are recycled: the buffers behind the payloads handed out by
 ``collect`` are reused once the next round is posted (fresh memory costs page
 faults that take longer than the copy into it). Buffers of payloads that
@@ -64,8 +59,6 @@ class Mailbox:
         self._decisions: dict[int, frozenset[int]] = {}  # round -> peers whose commit this worker answered yes
         self._handed_out: list[bytearray] = []
         self._spare: list[bytearray] = []
-        self._broken: set[int] = set()  # peers whose link failed this round before the deadline
-        self._late: set[int] = set()  # peers cut mid-payload by a deadline since the last take_late
 
     def post(self, round: int, payload: torch.Tensor, per_peer: Mapping[int, torch.Tensor] | None = None) -> None:
         """Open ``round`` with ``payload`` for every peer, or ``per_peer[j]`` for the peers named there."""
@@ -82,7 +75,6 @@ class Mailbox:
             self._per_peer = dict(per_peer or {})
             self._assemblies = {}
             self._edges = {}
-            self._broken = set()
             self._cond.notify_all()
 
     def outgoing(self, round: int, timeout: float, peer: int | None = None) -> torch.Tensor | None:
@@ -113,16 +105,11 @@ class Mailbox:
                 self._edges[assembly.sender] = Edge.RECEIVED
                 self._cond.notify_all()
 
-    def fail(self, round: int, peer: int, *, out_of_time: bool = False) -> None:
-        """The link to ``peer`` failed this round: the edge is unused unless it was already kept.
-
-        ``out_of_time``: it failed because the round's deadline passed, not because the link broke.
-        """
+    def fail(self, round: int, peer: int) -> None:
+        """The link to ``peer`` failed this round: the edge is unused unless it was already kept."""
         with self._cond:
             if round == self._round and self._edges.get(peer) is not Edge.KEPT:
                 self._edges[peer] = Edge.FAILED
-                if not out_of_time:
-                    self._broken.add(peer)
                 self._cond.notify_all()
 
     def commit(self, round: int, peer: int) -> bool:
@@ -180,20 +167,11 @@ class Mailbox:
             kept = {p for p in wanted if self._edges.get(p) is Edge.KEPT}
             for p in wanted - kept:
                 self._edges[p] = Edge.FAILED
-                assembly = self._assemblies.get(p)
-                if p not in self._broken and assembly is not None and assembly.started:
-                    self._late.add(p)
             self._decisions[round] = frozenset(kept)
             received = {p: self._assemblies[p] for p in kept}
             self._handed_out.extend(a.buffer for a in received.values())
             self._assemblies = {}  # late stripes can no longer complete a payload for this round
             return {p: a.tensor() for p, a in received.items()}
-
-    def take_late(self) -> set[int]:
-        """The peers cut mid-payload by a round's deadline since the last call."""
-        with self._cond:
-            late, self._late = self._late, set()
-            return late
 
     def _current(self, assembly: Assembly) -> bool:
         return assembly.round == self._round and self._assemblies.get(assembly.sender) is assembly

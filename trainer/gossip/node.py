@@ -43,8 +43,7 @@ class GossipNode:
     connections so TLS work spreads over cores; then the caller commits the
     edge (see :mod:`.mailbox`), so both ends use it or neither. A peer that
     is refused, unreachable, reset, corrupt or not done by the round's
-    deadline is missing from the result; a failed link ends its wait at once,
-    and ``take_late`` names the peers that were still sending at the deadline.
+    deadline is missing from the result; a failed link ends its wait at once.
     ``bytes_sent`` counts every message this node serialized for sending.
     """
 
@@ -119,11 +118,6 @@ class GossipNode:
     def bytes_sent(self) -> int:
         return self.wire.total
 
-    def take_late(self) -> set[int]:
-        """Peers whose payload was still arriving when a round's deadline cut their edge, since the last call:
-        alive, and slower than the deadline (see :mod:`.mailbox`)."""
-        return self.mailbox.take_late()
-
     def exchange(
         self,
         round: int,
@@ -180,8 +174,7 @@ class GossipNode:
         except (grpc.RpcError, CorruptPayload) as error:
             detail = error.details() if isinstance(error, grpc.RpcError) else str(error)
             log.warning("gossip round %d: worker %d -> %d failed: %s", round, self.worker_index, peer, detail)
-            out_of_time = isinstance(error, grpc.RpcError) and error.code() is grpc.StatusCode.DEADLINE_EXCEEDED
-            self.mailbox.fail(round, peer, out_of_time=out_of_time)
+            self.mailbox.fail(round, peer)
             return
         if self.mailbox.begin_commit(assembly):
             kept = commit_with(link[0], round, self.worker_index, deadline + self.commit_grace_s, self.wire)
