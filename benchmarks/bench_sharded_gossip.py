@@ -30,7 +30,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' stand-in for the control plane
 
-from tests.gossip_rig import Directory, Parts, credentials, free_port, worker_config
+from tests.gossip_rig import Directory, Parts, credentials, free_ports, worker_config
 
 JOB = "job-bench-sharded"
 GROUPS, RANKS = 2, 2
@@ -122,7 +122,7 @@ def main(argv=None) -> None:
             plan += [(model, sharded, args.rounds) for sharded in modes]
     with tempfile.TemporaryDirectory() as work, mp.Manager() as manager:
         tables = [manager.dict() for _ in plan]
-        port = 20000 + free_port() % 30000
+        port = free_ports(10 * len(plan))
         paths = credentials(Path(work), JOB, GROUPS * RANKS)
         mp.spawn(_process, args=(plan, port, tables, paths, work), nprocs=GROUPS * RANKS)
         results = [torch.load(Path(work) / f"{p}.pt", weights_only=False) for p in range(GROUPS * RANKS)]

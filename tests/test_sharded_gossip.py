@@ -23,7 +23,7 @@ from cantata.proto.vocabulary import MixedPrecision
 from cantata.trainer.model import build_model
 from cantata.trainer.optim import build_optimizer
 from cantata.trainer.parallel import parallelize
-from tests.gossip_rig import Directory, Parts, credentials, free_port, worker_config
+from tests.gossip_rig import Directory, Parts, credentials, free_ports, worker_config
 
 JOB = "job-sharded"
 MODEL = "llama-tiny"
@@ -114,7 +114,7 @@ def test_per_shard_gossip_matches_the_gathered_path_sends_a_shard_and_rejects_a_
         tables = [manager.dict() for _ in runs]
         mp.spawn(
             _process,
-            args=(runs, 20000 + free_port() % 40000, tables, credentials(tmp_path, JOB, GROUPS * RANKS), str(tmp_path)),
+            args=(runs, free_ports(10 * len(runs)), tables, credentials(tmp_path, JOB, GROUPS * RANKS), str(tmp_path)),
             nprocs=GROUPS * RANKS,
         )
         tables = [dict(t) for t in tables]
