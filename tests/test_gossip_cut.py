@@ -12,6 +12,7 @@ import torch
 from cantata.security.pki import CertificateAuthority, Principal
 from cantata.trainer.gossip import GossipNode, gossip_server_name
 from tests.faultproxy import FaultProxy
+from tests.waiting import wait_for
 
 torch.set_num_threads(1)
 
@@ -101,3 +102,62 @@ def test_a_refused_link_fails_its_edge_at_once_not_at_the_deadline():
     finally:
         closed.close()
         node.stop()
+
+
+def test_a_peer_the_round_does_not_name_is_refused_so_neither_end_uses_the_edge():
+    # Worker 1's round is with worker 2 only (it left worker 0 out, say as done with the round). Worker 0 still
+    # dials it: worker 1 must refuse at once rather than take worker 0's payload and say yes to its commit.
+    ca = CertificateAuthority.create()
+    nodes = [_node(ca, i) for i in range(3)]
+    addresses = [node.start() for node in nodes]
+    try:
+        results: dict[int, dict] = {}
+        one = threading.Thread(
+            target=lambda: results.update({1: nodes[1].exchange(0, {2: addresses[2]}, torch.ones(8))})
+        )
+        one.start()
+        wait_for(lambda: nodes[1].mailbox.outgoing(0, timeout=0.1) is not None)  # worker 1's round 0 is open
+        began = time.monotonic()
+        results[0] = nodes[0].exchange(0, {1: addresses[1]}, torch.zeros(8), deadline_s=120.0)
+        refused_after = time.monotonic() - began
+        results[2] = nodes[2].exchange(0, {1: addresses[1]}, torch.full((8,), 2.0))
+        one.join()
+        assert results[0] == {} and refused_after < 60.0  # refused, not left to its deadline
+        assert set(results[1]) == {2} and torch.equal(results[1][2], torch.full((8,), 2.0))
+        assert set(results[2]) == {1}
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def test_a_round_gives_up_on_a_peer_as_soon_as_it_is_reported_gone():
+    # Worker 1 waits for worker 0's call, which will not come (worker 0 is done with the round without it). The
+    # round asks ``gone`` while it waits and ends once worker 0 is named, long before its deadline.
+    ca = CertificateAuthority.create()
+    nodes = [_node(ca, i) for i in range(2)]
+    addresses = [node.start() for node in nodes]
+    asked = threading.Event()
+    reported = threading.Event()
+    polls = []
+
+    def gone():
+        polls.append(reported.is_set())
+        asked.set()
+        return [0] if reported.is_set() else []
+
+    try:
+        result: list[dict] = []
+        one = threading.Thread(
+            target=lambda: result.append(nodes[1].exchange(0, {0: addresses[0]}, torch.ones(8), 120.0, gone=gone))
+        )
+        began = time.monotonic()
+        one.start()
+        asked.wait()
+        assert one.is_alive()  # still waiting for worker 0 while nobody says it is gone
+        reported.set()
+        one.join()
+        assert result == [{}] and time.monotonic() - began < 60.0
+        assert polls[-1] is True and False in polls
+    finally:
+        for node in nodes:
+            node.stop()

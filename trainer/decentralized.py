@@ -102,6 +102,13 @@ class GossipExchange:
     Quarantined groups are not dialled. With sharded groups the group's ranks
     keep only the edges every shard used, and an all-reduce's sum only if
     every shard's all-reduce succeeded (``agreement``).
+
+    Rounds stay aligned: a gasloc round leaves out at once the peers already
+    done with it (as the control plane says), waits up to its deadline for
+    the others, and gives up on a peer as soon as it is gone (its endpoint
+    withdrawn) or done with the round without this worker. So a worker that
+    fell behind (held up by a dead peer, or restarted) runs its rounds without
+    exchanges until it has caught up, while its peers wait for it.
     """
 
     def __init__(
@@ -139,9 +146,14 @@ class GossipExchange:
         """Exchange with the worker groups ``groups``; returns the wire each one whose edge was used sent."""
         peers = [self._cfg.shard_peer(g) for g in groups]
         sent = self._maybe_attack(round_, wire)
-        self._wait_for_laggards(round_, peers)
-        wanted = {p: self.addresses[p] for p in peers if self._trusted(p)}
-        received = self._node.exchange(wire_round(round_), wanted, sent, deadline_s=self.deadline.seconds)
+        self._refresh()
+        wanted = {p: self.addresses[p] for p in peers if self._trusted(p) and not self._done(p, round_)}
+
+        def gone() -> list[int]:
+            self._refresh()
+            return [p for p in wanted if p not in self.addresses or self._done(p, round_)]
+
+        received = self._node.exchange(wire_round(round_), wanted, sent, deadline_s=self.deadline.seconds, gone=gone)
         self._count(dict.fromkeys(wanted, sent), received)
         usable = {peer // self._cfg.ranks_per_worker: t.clone() for peer, t in received.items() if _readable(t, sent)}
         agreed = self._agreement.common(usable)  # a sharded group mixes a peer in every shard or in none
@@ -154,17 +166,15 @@ class GossipExchange:
     def sum(self, round_: int, vector: torch.Tensor, deadline_s: float | None = None) -> torch.Tensor | None:
         """The sum of ``vector`` over every live, trusted worker by a ring all-reduce; None if it failed.
 
-        The ring is every trusted worker that finished the previous round
-        (after the bounded wait for laggards), so a dead worker drops out of it
-        once the others have moved on. One deadline (the round's, unless
-        ``deadline_s`` says otherwise) covers the whole all-reduce.
+        The ring is every trusted worker in this round (after the bounded wait
+        for laggards), so a dead worker drops out of it once the others have
+        moved on. One deadline (the round's, unless ``deadline_s`` says
+        otherwise) covers the whole all-reduce.
         """
         me = self._cfg.worker
         others = [self._cfg.shard_peer(g) for g in range(self._cfg.workers) if g != self._cfg.group]
         self._wait_for_laggards(round_, others)
-        live = [
-            p // self._cfg.ranks_per_worker for p in others if self._trusted(p) and self.rounds.get(p, 0) >= round_ - 1
-        ]
+        live = [p // self._cfg.ranks_per_worker for p in others if self._trusted(p) and self._in_round(p, round_)]
         groups = self._agreement.first(live)  # a sharded group's rank 0 names the ring for all its shards
         members = sorted([me] + [self._cfg.shard_peer(g) for g in groups])
         end = time.monotonic() + (self.deadline.seconds if deadline_s is None else deadline_s)
@@ -185,19 +195,31 @@ class GossipExchange:
             return None
         return total
 
+    def _refresh(self) -> None:
+        """The peers' endpoints and rounds, as the control plane has them now."""
+        self.addresses, _, self.rounds = self._reporter.peers()
+
+    def _done(self, peer: int, round_: int) -> bool:
+        """Whether ``peer`` has finished ``round_`` (the control plane counts no round finished as round 0)."""
+        return round_ > 0 and self.rounds.get(peer, 0) >= round_
+
+    def _in_round(self, peer: int, round_: int) -> bool:
+        """Whether ``peer`` has finished the round before ``round_``, and not ``round_`` itself."""
+        return self.rounds.get(peer, 0) >= round_ - 1 and not self._done(peer, round_)
+
     def _trusted(self, peer: int) -> bool:
         group = self._cfg.gossip_process(peer // self._cfg.ranks_per_worker)  # quarantine is per group
         return peer in self.addresses and not self._quarantine.is_quarantined(group)
 
     def _wait_for_laggards(self, round_: int, peers: list[int]) -> None:
-        """Keep rounds aligned: wait (bounded) until every live, trusted peer has finished the previous round.
+        """Wait (bounded) until every live, trusted peer has finished the previous round.
 
-        Without this, a worker that a dead peer held back for a whole deadline
-        falls one round behind its neighbours and their exchanges keep missing.
+        A ring all-reduce needs every member to name the same ring: the
+        workers in the round, which this wait lets a laggard join.
         """
         deadline = time.monotonic() + self.deadline.seconds
         while True:
-            self.addresses, _, self.rounds = self._reporter.peers()
+            self._refresh()
             behind = [p for p in peers if self._trusted(p) and self.rounds.get(p, 0) < round_ - 1]
             if not behind or time.monotonic() > deadline:
                 return

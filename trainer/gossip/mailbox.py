@@ -18,6 +18,11 @@ mixing matrix stays symmetric and doubly stochastic, and the workers' mean is
 preserved. A peer whose link fails (refused, reset, corrupt) is marked failed
 at once, so a round never waits out its deadline for it.
 
+A round names the peers it exchanges with; anyone else is refused at once (no
+payload taken, no commit), so leaving a peer out is symmetric too. A round
+may give up on a peer it learns will not come (``fail``), but never on an edge
+whose commit is already out: the callee may have said yes.
+
 Receive buffers are recycled: the buffers behind the payloads handed out by
 ``collect`` are reused once the next round is posted (fresh memory costs page
 faults that take longer than the copy into it). Buffers of payloads that
@@ -45,6 +50,9 @@ class Edge(enum.Enum):
     FAILED = "failed"
 
 
+FINAL = (Edge.KEPT, Edge.FAILED)
+
+
 class Mailbox:
     """Thread-safe hand-over between ``GossipNode.exchange`` and the links serving it."""
 
@@ -55,13 +63,20 @@ class Mailbox:
         self._outgoing: torch.Tensor | None = None
         self._per_peer: Mapping[int, torch.Tensor] = {}
         self._assemblies: dict[int, Assembly] = {}
+        self._wanted: frozenset[int] = frozenset()
         self._edges: dict[int, Edge] = {}
         self._decisions: dict[int, frozenset[int]] = {}  # round -> peers whose commit this worker answered yes
         self._handed_out: list[bytearray] = []
         self._spare: list[bytearray] = []
 
-    def post(self, round: int, payload: torch.Tensor, per_peer: Mapping[int, torch.Tensor] | None = None) -> None:
-        """Open ``round`` with ``payload`` for every peer, or ``per_peer[j]`` for the peers named there."""
+    def post(
+        self,
+        round: int,
+        peers: Iterable[int],
+        payload: torch.Tensor,
+        per_peer: Mapping[int, torch.Tensor] | None = None,
+    ) -> None:
+        """Open ``round`` with ``peers``: ``payload`` for each, or ``per_peer[j]`` for the peers named there."""
         with self._cond:
             if round <= self._round:
                 raise ValueError(f"round {round} is not after round {self._round}")
@@ -74,6 +89,7 @@ class Mailbox:
             self._outgoing = payload
             self._per_peer = dict(per_peer or {})
             self._assemblies = {}
+            self._wanted = frozenset(peers)
             self._edges = {}
             self._cond.notify_all()
 
@@ -86,10 +102,11 @@ class Mailbox:
             return self._per_peer.get(peer, self._outgoing) if peer is not None else self._outgoing
 
     def assembly(self, round: int, peer: int) -> Assembly | None:
-        """Where ``peer``'s payload for ``round`` is put together; None if the round is not current or closed."""
+        """Where ``peer``'s payload for ``round`` is put together; None if the round is not current, is closed,
+        or is not with ``peer``."""
         with self._cond:
             outgoing = self._per_peer.get(peer, self._outgoing)
-            if round != self._round or not self._open or outgoing is None:
+            if round != self._round or not self._open or outgoing is None or peer not in self._wanted:
                 return None
             if peer not in self._assemblies:
                 size = outgoing.numel() * outgoing.element_size()
@@ -106,11 +123,20 @@ class Mailbox:
                 self._cond.notify_all()
 
     def fail(self, round: int, peer: int) -> None:
-        """The link to ``peer`` failed this round: the edge is unused unless it was already kept."""
+        """The edge to ``peer`` is unused this round (its link failed, or the peer will not come); not once it was
+        kept, nor while our commit request is out."""
         with self._cond:
-            if round == self._round and self._edges.get(peer) is not Edge.KEPT:
+            if round == self._round and self._edges.get(peer) not in (Edge.KEPT, Edge.COMMITTING):
                 self._edges[peer] = Edge.FAILED
                 self._cond.notify_all()
+
+    def settled(self, round: int, until: float) -> bool:
+        """Wait until every edge of ``round`` is decided (True), or ``until`` (monotonic) passes (False)."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: self._round != round or all(self._edges.get(p) in FINAL for p in self._wanted),
+                timeout=max(0.0, until - time.monotonic()),
+            )
 
     def commit(self, round: int, peer: int) -> bool:
         """Callee side: ``peer`` holds our payload and asks to use the edge; True if we keep its payload.
@@ -143,20 +169,16 @@ class Mailbox:
                 self._edges[assembly.sender] = Edge.KEPT if kept else Edge.FAILED
                 self._cond.notify_all()
 
-    def collect(self, round: int, peers: Iterable[int], deadline: float, grace: float) -> dict[int, torch.Tensor]:
+    def collect(self, round: int, deadline: float, grace: float) -> dict[int, torch.Tensor]:
         """The payloads of the edges used in ``round``, once every peer's edge is decided or ``deadline`` passed.
 
         At the deadline the round closes (commits are refused from then on);
         commits already out are waited for until ``deadline + grace``. The
         tensors are views of receive buffers that the next round reuses.
         """
-        wanted = set(peers)
-        final = (Edge.KEPT, Edge.FAILED)
+        self.settled(round, deadline)
         with self._cond:
-            self._cond.wait_for(
-                lambda: self._round != round or all(self._edges.get(p) in final for p in wanted),
-                timeout=max(0.0, deadline - time.monotonic()),
-            )
+            wanted = self._wanted
             if self._round != round:
                 return {}
             self._open = False

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -23,6 +23,8 @@ from .service import GossipService, RefusalHook, add_gossip_service
 from .wire import WireCounter
 
 log = logging.getLogger(__name__)
+
+POLL_S = 0.25  # how often a waiting round asks ``gone()`` which peers will not come
 
 GRPC_OPTIONS = [
     ("grpc.max_send_message_length", -1),
@@ -44,7 +46,10 @@ class GossipNode:
     edge (see :mod:`.mailbox`), so both ends use it or neither. A peer that
     is refused, unreachable, reset, corrupt or not done by the round's
     deadline is missing from the result; a failed link ends its wait at once.
-    ``bytes_sent`` counts every message this node serialized for sending.
+    While it waits, ``gone()`` is asked every ``POLL_S`` which peers will not
+    come this round (dead, or done with the round without this node), and
+    their edges are given up at once. ``bytes_sent`` counts every message this
+    node serialized for sending.
     """
 
     def __init__(
@@ -124,9 +129,10 @@ class GossipNode:
         peers: Mapping[int, str],
         payload: torch.Tensor | Mapping[int, torch.Tensor],
         deadline_s: float | None = None,
+        gone: Callable[[], Iterable[int]] | None = None,
     ) -> dict[int, torch.Tensor]:
         """Swap ``payload`` (1-D; or ``{peer: payload}``, all of one size and dtype) with every peer
-        ``{index: address}`` for ``round``.
+        ``{index: address}`` for ``round``; only these peers may exchange with this node in ``round``.
 
         Returns ``{peer: payload}`` for the edges used. The returned tensors
         live in receive buffers that the next ``exchange`` reuses: use or copy
@@ -142,13 +148,17 @@ class GossipNode:
             default = next(iter(per_peer.values()), torch.empty(0))
             if len({(p.numel(), p.dtype) for p in per_peer.values()}) > 1:
                 raise ValueError("payloads to different peers differ in size or dtype")
-        self.mailbox.post(round, default, per_peer)
+        self.mailbox.post(round, peers, default, per_peer)
         for peer, address in peers.items():
             if peer > self.worker_index:
                 self._dialer.submit(self._dial, round, peer, address, per_peer.get(peer, default), deadline)
-        received = self.mailbox.collect(
-            round, peers, deadline, self.commit_grace_s + 1.0
-        )  # past the last commit answer
+        if gone is not None:
+            while not self.mailbox.settled(round, min(deadline, time.monotonic() + POLL_S)):
+                if time.monotonic() >= deadline:
+                    break
+                for peer in gone():
+                    self.mailbox.fail(round, peer)
+        received = self.mailbox.collect(round, deadline, self.commit_grace_s + 1.0)  # past the last commit answer
         missing = sorted(set(peers) - received.keys())
         if missing:
             log.warning("gossip round %d: worker %d skips peers %s", round, self.worker_index, missing)
