@@ -664,8 +664,7 @@ def _anomaly(result: dict) -> list[str]:
             "bench_anomaly.py"
             + (f" --device {result['device'].split()[0]} --processes 14" if on_gpu else "")
             + (
-                f" --seeds {result['seeds']} --cells '{result['cells']}'"
-                + (f" --rounds {result['rounds_override']}" if result.get("rounds_override") else "")
+                _cells_flags(result)
                 if result.get("cells")
                 else ""
                 if result["complete"] or result["mode"] == "quick"
@@ -696,13 +695,18 @@ def _undefended_only(result: dict, rows: dict) -> list[str]:
         *lines,
         "",
         reproduce(
-            f"bench_anomaly.py --seeds {result['seeds']} --cells '{result['cells']}'"
-            + (f" --rounds {result['rounds_override']}" if result.get("rounds_override") else ""),
+            "bench_anomaly.py" + _cells_flags(result),
             f" (about {result['wall_seconds'] / 60:.0f} min at a load average of {machine['load_average_1m']:g}"
             f" on {machine['cpus']} cores)",
             quick=result["mode"] == "quick",
         ),
     ]
+
+
+def _cells_flags(result: dict) -> str:
+    """The flags that made a ``--cells`` subset of the anomaly grid."""
+    rounds = f" --rounds {result['rounds_override']}" if result.get("rounds_override") else ""
+    return f" --seeds {result['seeds']} --cells '{result['cells']}'{rounds}"
 
 
 def _alie_z(result: dict, topology: str, byzantine: int) -> float:

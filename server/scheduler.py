@@ -44,6 +44,7 @@ from cantata.server.store import ACTIVE, JobRecord, Store
 log = logging.getLogger(__name__)
 UNFIT_RECHECK_S = 30.0  # how long a "never fits" verdict is trusted before its reason is checked again
 PARK_BATCH = 256  # never-fitting jobs parked per transaction
+UNTIL_AUDITABLE = "will start once the audit log can be written"  # why a job that could start waits
 
 
 class Scheduler:
@@ -185,7 +186,7 @@ class Scheduler:
                 attack = self._store.attack(job.id)
                 pids = self._launcher.launch(self._store.job(job.id), attack=json.loads(attack) if attack else None)
             except AuditLogUnavailable as exc:  # its keys were not released: nothing started
-                self._lifecycle.placement_deferred(job, f"{exc}; will start once the audit log can be written")
+                self._lifecycle.placement_deferred(job, f"{exc}; {UNTIL_AUDITABLE}")
                 self._place_due = True
                 return
             except NotPlaceable as exc:  # the room placement saw was taken before the launch (a cluster's other users)
@@ -200,7 +201,7 @@ class Scheduler:
                 self._lifecycle.placed(job, pids)
             except AuditLogUnavailable as exc:  # started but not recorded: stop it, and start it again later
                 self._launcher.terminate(job.id)
-                self._lifecycle.placement_deferred(job, f"{exc}; will start once the audit log can be written")
+                self._lifecycle.placement_deferred(job, f"{exc}; {UNTIL_AUDITABLE}")
                 self._place_due = True
                 return
 
