@@ -19,6 +19,7 @@ from cantata.proto.v1 import common_pb2
 from cantata.security.pki import CertificateAuthority, Principal
 from cantata.trainer.config import WorkerConfig
 from cantata.trainer.gossip import gossip_server_name
+from cantata.trainer.reporter import Peers
 
 
 class Directory:
@@ -28,14 +29,14 @@ class Directory:
         self._table, self._process = table, process
         self.stop_requested = False
 
-    def gossip_endpoint(self, address: str) -> None:
+    def gossip_endpoint(self, address: str, first_round: int = 0) -> None:
         self._table[("address", self._process)] = address
 
-    def peers(self) -> tuple[dict[int, str], int, dict[int, int]]:
+    def peers(self) -> Peers:
         items = dict(self._table)
         addresses = {key[1]: value for key, value in items.items() if key[0] == "address"}
         rounds = {key[1]: value for key, value in items.items() if key[0] == "round"}
-        return addresses, 0, rounds
+        return Peers(addresses, 0, rounds, restarts={})  # nothing here is restarted
 
     def round(self, round_: int, peers, skipped, seconds, **figures) -> None:
         self._table[("round", self._process)] = round_

@@ -46,6 +46,21 @@ def test_accepted_and_clipped_updates_raise_no_events():
     assert not quarantine.is_quarantined(1)
 
 
+def test_rejections_in_the_window_after_a_restart_are_reported_but_do_not_count():
+    quarantine = Quarantine(worker=0, policy=QuarantinePolicy(rejections=3, window=5))
+    quarantine.record(0, result(1, Verdict.REJECT))  # before the restart: forgotten with it
+    quarantine.grace(1, 10)  # peer 1 was restarted and rejoins at round 10, from an older checkpoint
+    for round in range(10, 15):
+        events = quarantine.record(round, result(1, Verdict.REJECT))
+        assert [e.kind for e in events] == [AnomalyKind.ANOMALY_DETECTED] and events[0].rejections_in_window == 0
+    assert not quarantine.is_quarantined(1)
+    for round in (15, 16):  # the grace is over: rejections count again
+        quarantine.record(round, result(1, Verdict.REJECT))
+    assert not quarantine.is_quarantined(1)
+    assert AnomalyKind.PEER_QUARANTINED in [e.kind for e in quarantine.record(17, result(1, Verdict.REJECT))]
+    assert quarantine.is_quarantined(1)
+
+
 def test_quarantine_is_for_the_job_and_reported_once():
     quarantine = Quarantine(worker=0, policy=QuarantinePolicy(rejections=1, window=1))
     assert len(quarantine.record(0, result(1, Verdict.REJECT))) == 2

@@ -161,3 +161,24 @@ def test_a_status_poll_does_not_tell_whether_a_name_exists(quiet):
             answers.append(_status_answer(quiet, name, unix_time, signed))
         assert answers[0] == answers[1], f"{what}: an existing name answers {answers[0]}, a missing one {answers[1]}"
         assert answers[0][0] != grpc.StatusCode.OK
+
+
+def test_a_worker_cannot_claim_to_join_past_its_jobs_last_round(quiet):
+    # A restarted worker says from which round it takes part (its peers stop waiting for it before that); the
+    # claim is bounded by the job's own number of rounds, so it cannot make the job's round look further on.
+    with quiet.enroll("rounds-co") as tenant:
+        job = tenant.submit(
+            Job(name="rounds", algorithm="gasloc", workers=2, local_steps=5, steps=100, batch_size=4, seq_len=16)
+        )
+    worker = _ca(quiet).issue_bundle(Principal.worker(job.id, 0), lifetime=dt.timedelta(hours=1))
+    with _channel(quiet, worker) as channel:
+        stub = worker_pb2_grpc.WorkerStub(channel)
+
+        def join(first_round: int) -> None:
+            endpoint = worker_pb2.GossipEndpoint(address="127.0.0.1:1", first_round=first_round)
+            stub.Report(worker_pb2.WorkerReport(job_id=job.id, worker=0, gossip=endpoint), timeout=30)
+
+        with pytest.raises(grpc.RpcError) as err:
+            join(21)  # 100 steps of 5 a round: rounds 0..19
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "gossip.first_round" in err.value.details()
+        join(20)

@@ -40,7 +40,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import grpc
 import torch
@@ -129,6 +129,7 @@ class GossipExchange:
         self._wire_dtype = torch.bfloat16 if cfg.spec.compression == Compression.BF16 else None
         self.addresses: dict[int, str] = {}
         self.rounds: dict[int, int] = {}  # each worker's latest finished round, as the control plane last said
+        self._restarts: dict[int, int] = {}  # how often the server had restarted each, when first or last seen
         self._traffic: dict[int, list[int]] = {}  # peer process -> [payload bytes sent, received] this round
 
     def take_traffic(self) -> dict[int, tuple[int, int]]:
@@ -146,14 +147,11 @@ class GossipExchange:
         """Exchange with the worker groups ``groups``; returns the wire each one whose edge was used sent."""
         peers = [self._cfg.shard_peer(g) for g in groups]
         sent = self._maybe_attack(round_, wire)
-        self._refresh()
+        self._refresh(round_)
         wanted = {p: self.addresses[p] for p in peers if self._trusted(p) and not self._done(p, round_)}
-
-        def gone() -> list[int]:
-            self._refresh()
-            return [p for p in wanted if p not in self.addresses or self._done(p, round_)]
-
-        received = self._node.exchange(wire_round(round_), wanted, sent, deadline_s=self.deadline.seconds, gone=gone)
+        received = self._node.exchange(
+            wire_round(round_), wanted, sent, deadline_s=self.deadline.seconds, gone=self._gone(round_, wanted)
+        )
         self._count(dict.fromkeys(wanted, sent), received)
         usable = {peer // self._cfg.ranks_per_worker: t.clone() for peer, t in received.items() if _readable(t, sent)}
         agreed = self._agreement.common(usable)  # a sharded group mixes a peer in every shard or in none
@@ -168,7 +166,8 @@ class GossipExchange:
 
         The ring is every trusted worker in this round (after the bounded wait
         for laggards), so a dead worker drops out of it once the others have
-        moved on. One deadline (the round's, unless ``deadline_s`` says
+        moved on; a swap gives up on a member as soon as it is gone or done
+        with the round. One deadline (the round's, unless ``deadline_s`` says
         otherwise) covers the whole all-reduce.
         """
         me = self._cfg.worker
@@ -182,7 +181,9 @@ class GossipExchange:
         def swap(step: int, payloads):
             addresses = {p: self.addresses[p] for p in payloads if p in self.addresses}
             left = max(0.0, end - time.monotonic())
-            received = self._node.exchange(wire_round(round_, step), addresses, payloads, deadline_s=left)
+            received = self._node.exchange(
+                wire_round(round_, step), addresses, payloads, deadline_s=left, gone=self._gone(round_, addresses)
+            )
             self._count(payloads, received)
             return received
 
@@ -195,9 +196,28 @@ class GossipExchange:
             return None
         return total
 
-    def _refresh(self) -> None:
-        """The peers' endpoints and rounds, as the control plane has them now."""
-        self.addresses, _, self.rounds = self._reporter.peers()
+    def _refresh(self, round_: int) -> None:
+        """The peers' endpoints and rounds, as the control plane has them now.
+
+        A peer the server restarted since the last look rejoins from an older
+        checkpoint: for a while its updates may be rejected as too far off,
+        and those rejections do not count towards quarantining it.
+        """
+        peers = self._reporter.peers()
+        self.addresses, self.rounds = peers.addresses, peers.rounds
+        for peer, restarts in peers.restarts.items():
+            if restarts > self._restarts.setdefault(peer, restarts):
+                self._restarts[peer] = restarts
+                self._quarantine.grace(self._cfg.gossip_process(peer // self._cfg.ranks_per_worker), round_)
+
+    def _gone(self, round_: int, peers: Iterable[int]) -> Callable[[], list[int]]:
+        """For an exchange of ``round_``: which of ``peers`` will not come (endpoint withdrawn, or done with it)."""
+
+        def gone() -> list[int]:
+            self._refresh(round_)
+            return [p for p in peers if p not in self.addresses or self._done(p, round_)]
+
+        return gone
 
     def _done(self, peer: int, round_: int) -> bool:
         """Whether ``peer`` has finished ``round_`` (the control plane counts no round finished as round 0)."""
@@ -219,7 +239,7 @@ class GossipExchange:
         """
         deadline = time.monotonic() + self.deadline.seconds
         while True:
-            self._refresh()
+            self._refresh(round_)
             behind = [p for p in peers if self._trusted(p) and self.rounds.get(p, 0) < round_ - 1]
             if not behind or time.monotonic() > deadline:
                 return
@@ -302,6 +322,11 @@ class UpdateScreen:
     shard was, mixed only if every shard would mix it, scaled by the smallest
     clipping factor of its shards; the group's rank 0 reports the strictest
     shard's check, and every rank's quarantine records the same verdicts.
+
+    A worker that rejoined from an older checkpoint is the one that is off:
+    until it has caught up (``catch_up``) it mixes whatever finite update its
+    peers send, unscreened, so that it comes level with them; its peers still
+    screen it, so a peer that poisons it only loses them the rejoiner.
     """
 
     def __init__(
@@ -315,8 +340,20 @@ class UpdateScreen:
         self._cfg, self._reporter, self._quarantine = cfg, reporter, quarantine
         self._screener = UpdateScreener(layout, WORKER_SCREENING)
         self._agreement = agreement
+        self._catching_up_until = 0  # the first round screened again after a rejoin
+
+    def catch_up(self, first: int) -> None:
+        """This worker rejoins at round ``first``, behind its peers: for a quarantine window it mixes their finite
+        updates unscreened, and their rejections do not count towards quarantining them."""
+        self._catching_up_until = first + self._quarantine.policy.window
+        for group in set(range(self._cfg.workers)) - {self._cfg.group}:
+            self._quarantine.grace(self._cfg.gossip_process(group), first)
 
     def __call__(self, proposal: Proposal, decoded: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        if proposal.round < self._catching_up_until:
+            finite = {g for g, update in decoded.items() if bool(torch.isfinite(update).all())}
+            agreed = finite if self._agreement is None else self._agreement.common(finite)
+            return {g: update for g, update in decoded.items() if g in agreed}
         # the sent point less the canary: the compression error stays in (it is in the peers' points too)
         canary = proposal.canary
         anchor, own = proposal.theta, (proposal.sent if canary is None else proposal.sent - canary) - proposal.theta
@@ -421,9 +458,9 @@ def wait_for_peers(reporter: Reporter, workers: int, timeout: float = PEER_WAIT_
     """Wait until every worker has registered its endpoint (or time out); return the job's round."""
     deadline = time.monotonic() + timeout
     while True:
-        addresses, current, _ = reporter.peers()
-        if len(addresses) == workers or time.monotonic() > deadline:
-            return current
+        peers = reporter.peers()
+        if len(peers.addresses) == workers or time.monotonic() > deadline:
+            return peers.round
         time.sleep(0.2)
 
 
@@ -547,7 +584,13 @@ class Decentralized:
                 first = max(first, current + 1)
                 if cfg.group_rank == 0:
                     self.reporter.message(f"worker {cfg.worker} rejoins at round {first} from checkpoint step {start}")
-        return share_from_rank0(first, self.group)
+        first = share_from_rank0(first, self.group)
+        if self.gossips and first > 0:  # its peers need not wait for it in the rounds it skips
+            assert self.node is not None and self.node.address is not None
+            self.reporter.gossip_endpoint(self.node.address, first_round=first)
+            if first > start // self.local_steps:  # the job went on past its checkpoint: this worker is off
+                self.screen.catch_up(first)
+        return first
 
     def after_round(self, round_: int, steps_done: int) -> None:
         """The outer step (gasloc gossip or diloco all-reduce), then a replicated group's ranks take rank 0's."""

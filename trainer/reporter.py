@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import grpc
 
@@ -88,6 +88,15 @@ class Endpoint:
     def load(cls, path: Path) -> Endpoint:
         raw = json.loads(Path(path).read_text())
         return cls(raw["server"], Path(raw["ca"]), Path(raw["cert"]), Path(raw["key"]), raw["job_id"], raw["worker"])
+
+
+class Peers(NamedTuple):
+    """A job's workers as the control plane knows them (keyed by worker index)."""
+
+    addresses: dict[int, str]  # registered gossip endpoints (a dead worker's is withdrawn)
+    round: int  # the latest round any worker finished
+    rounds: dict[int, int]  # the latest round each finished (0 also for none yet)
+    restarts: dict[int, int]  # times the server restarted each
 
 
 class Reporter:
@@ -235,8 +244,8 @@ class Reporter:
         self.send(failed=worker_pb2.Failed(reason=reason, permanent=permanent))
         self.flush()
 
-    def gossip_endpoint(self, address: str) -> None:
-        self.send(gossip=worker_pb2.GossipEndpoint(address=address))
+    def gossip_endpoint(self, address: str, first_round: int = 0) -> None:
+        self.send(gossip=worker_pb2.GossipEndpoint(address=address, first_round=first_round))
 
     def round(
         self,
@@ -277,8 +286,8 @@ class Reporter:
     def gossip_refused(self, address: str, principal: str, reason: str) -> None:
         self.send(refused=worker_pb2.GossipRefused(address=address, principal=principal, reason=reason))
 
-    def peers(self) -> tuple[dict[int, str], int, dict[int, int]]:
-        """The job's registered gossip endpoints, the latest finished round, and each worker's.
+    def peers(self) -> Peers:
+        """The job's gossip peers as the control plane knows them now (see :class:`Peers`).
 
         Asked once this worker's own reports (its endpoint among them) are delivered; sent again while the server is away.
         """
@@ -287,7 +296,7 @@ class Reporter:
         reply = retry_unavailable(
             lambda: self._stub.GetPeers(request, timeout=REPORT_TIMEOUT, wait_for_ready=True), self.retry_for, RETRIED
         )
-        return dict(reply.peers), reply.round, dict(reply.rounds)
+        return Peers(dict(reply.peers), reply.round, dict(reply.rounds), dict(reply.restarts))
 
     def close(self, wait: float | None = None) -> None:
         """Deliver what is queued (for at most ``wait`` seconds, else as long as ``retry_for`` allows), then stop."""

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x63\x61ntata/v1/worker.proto\x12\ncantata.v1\"\xc8\x01\n\x08Progress\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04loss\x18\x02 \x01(\x01\x12\x14\n\x0ctokens_per_s\x18\x03 \x01(\x01\x12\n\n\x02lr\x18\x04 \x01(\x01\x12\x13\n\x0bstep_time_s\x18< \x01(\x01\x12\x13\n\x0b\x64\x61ta_wait_s\x18= \x01(\x01\x12\x16\n\tgrad_norm\x18> \x01(\x01H\x00\x88\x01\x01\x12.\n\toptimizer\x18? \x01(\x0b\x32\x1b.cantata.v1.OptimizerWindowB\x0c\n\n_grad_norm\"\xad\x02\n\x0fOptimizerWindow\x12\x0e\n\x06step_s\x18\x01 \x01(\x01\x12\x12\n\nsent_bytes\x18\x04 \x01(\x01\x12\x16\n\tcompute_s\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x1e\n\x11\x63ompute_imbalance\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12\x1f\n\x12ns_flops_imbalance\x18\x05 \x01(\x01H\x02\x88\x01\x01\x12\x1b\n\x0eowned_matrices\x18\x06 \x01(\x01H\x03\x88\x01\x01\x12\x1d\n\x10updated_matrices\x18\x07 \x01(\x01H\x04\x88\x01\x01\x42\x0c\n\n_compute_sB\x14\n\x12_compute_imbalanceB\x15\n\x13_ns_flops_imbalanceB\x11\n\x0f_owned_matricesB\x13\n\x11_updated_matrices\"&\n\x04\x45val\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x10\n\x08val_loss\x18\x02 \x01(\x01\"S\n\x11\x43heckpointWritten\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0b\n\x03uri\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18< \x01(\x01\"\"\n\x08\x46inished\x12\x16\n\x0e\x66inal_val_loss\x18\x01 \x01(\x01\"+\n\x06\x46\x61iled\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x11\n\tpermanent\x18\x02 \x01(\x08\"\x17\n\x07Message\x12\x0c\n\x04text\x18\x01 \x01(\t\"!\n\x0eGossipEndpoint\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\"\xae\x01\n\x05Round\x12\r\n\x05round\x18\x01 \x01(\x03\x12\r\n\x05peers\x18\x02 \x03(\x05\x12\x0f\n\x07skipped\x18\x03 \x03(\x05\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\x13\n\x0binner_steps\x18\x05 \x01(\x03\x12\x12\n\nbytes_sent\x18\x06 \x01(\x03\x12\x12\n\ndeadline_s\x18\x07 \x01(\x01\x12(\n\x07traffic\x18< \x03(\x0b\x32\x17.cantata.v1.PeerTraffic\"G\n\x0bPeerTraffic\x12\x0c\n\x04peer\x18\x01 \x01(\x05\x12\x12\n\nbytes_sent\x18\x02 \x01(\x03\x12\x16\n\x0e\x62ytes_received\x18\x03 \x01(\x03\"z\n\x07\x41nomaly\x12\x0c\n\x04peer\x18\x01 \x01(\x05\x12\r\n\x05round\x18\x02 \x01(\x03\x12\r\n\x05\x63heck\x18\x03 \x01(\t\x12\x0f\n\x07verdict\x18\x04 \x01(\t\x12\r\n\x05score\x18\x05 \x01(\x01\x12\x13\n\x0bquarantined\x18\x06 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x07 \x01(\t\"C\n\rGossipRefused\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x11\n\tprincipal\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x0b\n\tHeartbeat\"\xa6\x04\n\x0cWorkerReport\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06worker\x18\x02 \x01(\x05\x12\x11\n\x07started\x18\x03 \x01(\x08H\x00\x12(\n\x08progress\x18\x04 \x01(\x0b\x32\x14.cantata.v1.ProgressH\x00\x12 \n\x04\x65val\x18\x05 \x01(\x0b\x32\x10.cantata.v1.EvalH\x00\x12\x33\n\ncheckpoint\x18\x06 \x01(\x0b\x32\x1d.cantata.v1.CheckpointWrittenH\x00\x12(\n\x08\x66inished\x18\x07 \x01(\x0b\x32\x14.cantata.v1.FinishedH\x00\x12$\n\x06\x66\x61iled\x18\x08 \x01(\x0b\x32\x12.cantata.v1.FailedH\x00\x12&\n\x07message\x18\t \x01(\x0b\x32\x13.cantata.v1.MessageH\x00\x12,\n\x06gossip\x18\n \x01(\x0b\x32\x1a.cantata.v1.GossipEndpointH\x00\x12\"\n\x05round\x18\x0b \x01(\x0b\x32\x11.cantata.v1.RoundH\x00\x12&\n\x07\x61nomaly\x18\x0c \x01(\x0b\x32\x13.cantata.v1.AnomalyH\x00\x12,\n\x07refused\x18\r \x01(\x0b\x32\x19.cantata.v1.GossipRefusedH\x00\x12*\n\theartbeat\x18\x0e \x01(\x0b\x32\x15.cantata.v1.HeartbeatH\x00\x12\x0b\n\x03seq\x18i \x01(\x04\x42\t\n\x07payload\"?\n\x11WorkerReportReply\x12\x0c\n\x04stop\x18\x01 \x01(\x08\x12\x1c\n\x14heartbeat_interval_s\x18\x02 \x01(\x01\"!\n\x0fGetPeersRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xe7\x01\n\rGetPeersReply\x12\x33\n\x05peers\x18\x01 \x03(\x0b\x32$.cantata.v1.GetPeersReply.PeersEntry\x12\r\n\x05round\x18\x02 \x01(\x03\x12\x35\n\x06rounds\x18\x03 \x03(\x0b\x32%.cantata.v1.GetPeersReply.RoundsEntry\x1a,\n\nPeersEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a-\n\x0bRoundsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x32\x8f\x01\n\x06Worker\x12\x41\n\x06Report\x12\x18.cantata.v1.WorkerReport\x1a\x1d.cantata.v1.WorkerReportReply\x12\x42\n\x08GetPeers\x12\x1b.cantata.v1.GetPeersRequest\x1a\x19.cantata.v1.GetPeersReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x63\x61ntata/v1/worker.proto\x12\ncantata.v1\"\xc8\x01\n\x08Progress\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04loss\x18\x02 \x01(\x01\x12\x14\n\x0ctokens_per_s\x18\x03 \x01(\x01\x12\n\n\x02lr\x18\x04 \x01(\x01\x12\x13\n\x0bstep_time_s\x18< \x01(\x01\x12\x13\n\x0b\x64\x61ta_wait_s\x18= \x01(\x01\x12\x16\n\tgrad_norm\x18> \x01(\x01H\x00\x88\x01\x01\x12.\n\toptimizer\x18? \x01(\x0b\x32\x1b.cantata.v1.OptimizerWindowB\x0c\n\n_grad_norm\"\xad\x02\n\x0fOptimizerWindow\x12\x0e\n\x06step_s\x18\x01 \x01(\x01\x12\x12\n\nsent_bytes\x18\x04 \x01(\x01\x12\x16\n\tcompute_s\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x1e\n\x11\x63ompute_imbalance\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12\x1f\n\x12ns_flops_imbalance\x18\x05 \x01(\x01H\x02\x88\x01\x01\x12\x1b\n\x0eowned_matrices\x18\x06 \x01(\x01H\x03\x88\x01\x01\x12\x1d\n\x10updated_matrices\x18\x07 \x01(\x01H\x04\x88\x01\x01\x42\x0c\n\n_compute_sB\x14\n\x12_compute_imbalanceB\x15\n\x13_ns_flops_imbalanceB\x11\n\x0f_owned_matricesB\x13\n\x11_updated_matrices\"&\n\x04\x45val\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x10\n\x08val_loss\x18\x02 \x01(\x01\"S\n\x11\x43heckpointWritten\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0b\n\x03uri\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18< \x01(\x01\"\"\n\x08\x46inished\x12\x16\n\x0e\x66inal_val_loss\x18\x01 \x01(\x01\"+\n\x06\x46\x61iled\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x11\n\tpermanent\x18\x02 \x01(\x08\"\x17\n\x07Message\x12\x0c\n\x04text\x18\x01 \x01(\t\"6\n\x0eGossipEndpoint\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x13\n\x0b\x66irst_round\x18\x02 \x01(\x03\"\xae\x01\n\x05Round\x12\r\n\x05round\x18\x01 \x01(\x03\x12\r\n\x05peers\x18\x02 \x03(\x05\x12\x0f\n\x07skipped\x18\x03 \x03(\x05\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\x13\n\x0binner_steps\x18\x05 \x01(\x03\x12\x12\n\nbytes_sent\x18\x06 \x01(\x03\x12\x12\n\ndeadline_s\x18\x07 \x01(\x01\x12(\n\x07traffic\x18< \x03(\x0b\x32\x17.cantata.v1.PeerTraffic\"G\n\x0bPeerTraffic\x12\x0c\n\x04peer\x18\x01 \x01(\x05\x12\x12\n\nbytes_sent\x18\x02 \x01(\x03\x12\x16\n\x0e\x62ytes_received\x18\x03 \x01(\x03\"z\n\x07\x41nomaly\x12\x0c\n\x04peer\x18\x01 \x01(\x05\x12\r\n\x05round\x18\x02 \x01(\x03\x12\r\n\x05\x63heck\x18\x03 \x01(\t\x12\x0f\n\x07verdict\x18\x04 \x01(\t\x12\r\n\x05score\x18\x05 \x01(\x01\x12\x13\n\x0bquarantined\x18\x06 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x07 \x01(\t\"C\n\rGossipRefused\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x11\n\tprincipal\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x0b\n\tHeartbeat\"\xa6\x04\n\x0cWorkerReport\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06worker\x18\x02 \x01(\x05\x12\x11\n\x07started\x18\x03 \x01(\x08H\x00\x12(\n\x08progress\x18\x04 \x01(\x0b\x32\x14.cantata.v1.ProgressH\x00\x12 \n\x04\x65val\x18\x05 \x01(\x0b\x32\x10.cantata.v1.EvalH\x00\x12\x33\n\ncheckpoint\x18\x06 \x01(\x0b\x32\x1d.cantata.v1.CheckpointWrittenH\x00\x12(\n\x08\x66inished\x18\x07 \x01(\x0b\x32\x14.cantata.v1.FinishedH\x00\x12$\n\x06\x66\x61iled\x18\x08 \x01(\x0b\x32\x12.cantata.v1.FailedH\x00\x12&\n\x07message\x18\t \x01(\x0b\x32\x13.cantata.v1.MessageH\x00\x12,\n\x06gossip\x18\n \x01(\x0b\x32\x1a.cantata.v1.GossipEndpointH\x00\x12\"\n\x05round\x18\x0b \x01(\x0b\x32\x11.cantata.v1.RoundH\x00\x12&\n\x07\x61nomaly\x18\x0c \x01(\x0b\x32\x13.cantata.v1.AnomalyH\x00\x12,\n\x07refused\x18\r \x01(\x0b\x32\x19.cantata.v1.GossipRefusedH\x00\x12*\n\theartbeat\x18\x0e \x01(\x0b\x32\x15.cantata.v1.HeartbeatH\x00\x12\x0b\n\x03seq\x18i \x01(\x04\x42\t\n\x07payload\"?\n\x11WorkerReportReply\x12\x0c\n\x04stop\x18\x01 \x01(\x08\x12\x1c\n\x14heartbeat_interval_s\x18\x02 \x01(\x01\"!\n\x0fGetPeersRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xd3\x02\n\rGetPeersReply\x12\x33\n\x05peers\x18\x01 \x03(\x0b\x32$.cantata.v1.GetPeersReply.PeersEntry\x12\r\n\x05round\x18\x02 \x01(\x03\x12\x35\n\x06rounds\x18\x03 \x03(\x0b\x32%.cantata.v1.GetPeersReply.RoundsEntry\x12\x39\n\x08restarts\x18\x04 \x03(\x0b\x32\'.cantata.v1.GetPeersReply.RestartsEntry\x1a,\n\nPeersEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a-\n\x0bRoundsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a/\n\rRestartsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x32\x8f\x01\n\x06Worker\x12\x41\n\x06Report\x12\x18.cantata.v1.WorkerReport\x1a\x1d.cantata.v1.WorkerReportReply\x12\x42\n\x08GetPeers\x12\x1b.cantata.v1.GetPeersRequest\x1a\x19.cantata.v1.GetPeersReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,6 +35,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETPEERSREPLY_PEERSENTRY']._serialized_options = b'8\001'
   _globals['_GETPEERSREPLY_ROUNDSENTRY']._loaded_options = None
   _globals['_GETPEERSREPLY_ROUNDSENTRY']._serialized_options = b'8\001'
+  _globals['_GETPEERSREPLY_RESTARTSENTRY']._loaded_options = None
+  _globals['_GETPEERSREPLY_RESTARTSENTRY']._serialized_options = b'8\001'
   _globals['_PROGRESS']._serialized_start=40
   _globals['_PROGRESS']._serialized_end=240
   _globals['_OPTIMIZERWINDOW']._serialized_start=243
@@ -50,29 +52,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MESSAGE']._serialized_start=752
   _globals['_MESSAGE']._serialized_end=775
   _globals['_GOSSIPENDPOINT']._serialized_start=777
-  _globals['_GOSSIPENDPOINT']._serialized_end=810
-  _globals['_ROUND']._serialized_start=813
-  _globals['_ROUND']._serialized_end=987
-  _globals['_PEERTRAFFIC']._serialized_start=989
-  _globals['_PEERTRAFFIC']._serialized_end=1060
-  _globals['_ANOMALY']._serialized_start=1062
-  _globals['_ANOMALY']._serialized_end=1184
-  _globals['_GOSSIPREFUSED']._serialized_start=1186
-  _globals['_GOSSIPREFUSED']._serialized_end=1253
-  _globals['_HEARTBEAT']._serialized_start=1255
-  _globals['_HEARTBEAT']._serialized_end=1266
-  _globals['_WORKERREPORT']._serialized_start=1269
-  _globals['_WORKERREPORT']._serialized_end=1819
-  _globals['_WORKERREPORTREPLY']._serialized_start=1821
-  _globals['_WORKERREPORTREPLY']._serialized_end=1884
-  _globals['_GETPEERSREQUEST']._serialized_start=1886
-  _globals['_GETPEERSREQUEST']._serialized_end=1919
-  _globals['_GETPEERSREPLY']._serialized_start=1922
-  _globals['_GETPEERSREPLY']._serialized_end=2153
-  _globals['_GETPEERSREPLY_PEERSENTRY']._serialized_start=2062
-  _globals['_GETPEERSREPLY_PEERSENTRY']._serialized_end=2106
-  _globals['_GETPEERSREPLY_ROUNDSENTRY']._serialized_start=2108
-  _globals['_GETPEERSREPLY_ROUNDSENTRY']._serialized_end=2153
-  _globals['_WORKER']._serialized_start=2156
-  _globals['_WORKER']._serialized_end=2299
+  _globals['_GOSSIPENDPOINT']._serialized_end=831
+  _globals['_ROUND']._serialized_start=834
+  _globals['_ROUND']._serialized_end=1008
+  _globals['_PEERTRAFFIC']._serialized_start=1010
+  _globals['_PEERTRAFFIC']._serialized_end=1081
+  _globals['_ANOMALY']._serialized_start=1083
+  _globals['_ANOMALY']._serialized_end=1205
+  _globals['_GOSSIPREFUSED']._serialized_start=1207
+  _globals['_GOSSIPREFUSED']._serialized_end=1274
+  _globals['_HEARTBEAT']._serialized_start=1276
+  _globals['_HEARTBEAT']._serialized_end=1287
+  _globals['_WORKERREPORT']._serialized_start=1290
+  _globals['_WORKERREPORT']._serialized_end=1840
+  _globals['_WORKERREPORTREPLY']._serialized_start=1842
+  _globals['_WORKERREPORTREPLY']._serialized_end=1905
+  _globals['_GETPEERSREQUEST']._serialized_start=1907
+  _globals['_GETPEERSREQUEST']._serialized_end=1940
+  _globals['_GETPEERSREPLY']._serialized_start=1943
+  _globals['_GETPEERSREPLY']._serialized_end=2282
+  _globals['_GETPEERSREPLY_PEERSENTRY']._serialized_start=2142
+  _globals['_GETPEERSREPLY_PEERSENTRY']._serialized_end=2186
+  _globals['_GETPEERSREPLY_ROUNDSENTRY']._serialized_start=2188
+  _globals['_GETPEERSREPLY_ROUNDSENTRY']._serialized_end=2233
+  _globals['_GETPEERSREPLY_RESTARTSENTRY']._serialized_start=2235
+  _globals['_GETPEERSREPLY_RESTARTSENTRY']._serialized_end=2282
+  _globals['_WORKER']._serialized_start=2285
+  _globals['_WORKER']._serialized_end=2428
 # @@protoc_insertion_point(module_scope)

@@ -85,10 +85,12 @@ class Message(_message.Message):
     def __init__(self, text: _Optional[str] = ...) -> None: ...
 
 class GossipEndpoint(_message.Message):
-    __slots__ = ("address",)
+    __slots__ = ("address", "first_round")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_ROUND_FIELD_NUMBER: _ClassVar[int]
     address: str
-    def __init__(self, address: _Optional[str] = ...) -> None: ...
+    first_round: int
+    def __init__(self, address: _Optional[str] = ..., first_round: _Optional[int] = ...) -> None: ...
 
 class Round(_message.Message):
     __slots__ = ("round", "peers", "skipped", "seconds", "inner_steps", "bytes_sent", "deadline_s", "traffic")
@@ -201,7 +203,7 @@ class GetPeersRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class GetPeersReply(_message.Message):
-    __slots__ = ("peers", "round", "rounds")
+    __slots__ = ("peers", "round", "rounds", "restarts")
     class PeersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -216,10 +218,19 @@ class GetPeersReply(_message.Message):
         key: int
         value: int
         def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    class RestartsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
     PEERS_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
     peers: _containers.ScalarMap[int, str]
     round: int
     rounds: _containers.ScalarMap[int, int]
-    def __init__(self, peers: _Optional[_Mapping[int, str]] = ..., round: _Optional[int] = ..., rounds: _Optional[_Mapping[int, int]] = ...) -> None: ...
+    restarts: _containers.ScalarMap[int, int]
+    def __init__(self, peers: _Optional[_Mapping[int, str]] = ..., round: _Optional[int] = ..., rounds: _Optional[_Mapping[int, int]] = ..., restarts: _Optional[_Mapping[int, int]] = ...) -> None: ...

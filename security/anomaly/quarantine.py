@@ -5,6 +5,14 @@ A peer whose updates were rejected ``rejections`` times within the last
 mixing it in, its mixing weight goes to the worker's own value, and the worker
 reports an ``AnomalyEvent`` to the server, which records it in the audit log
 (``gradient_anomaly_detected`` for every rejection, ``peer_quarantined`` once).
+
+A worker that the server restarted rejoins from the job's last checkpoint,
+rounds behind its neighbours, so for a while its updates look too far off to
+them, and theirs to it, although all are honest. So for ``window`` rounds
+after a restart (``grace``: a peer's, or this worker's own for every peer)
+rejections are still rejections, and still reported, but do not count
+towards quarantine. Only the server restarts a worker, a bounded number of
+times, so a peer cannot buy itself this grace.
 """
 
 from __future__ import annotations
@@ -67,13 +75,15 @@ class Quarantine:
     policy: QuarantinePolicy = field(default_factory=QuarantinePolicy)
     quarantined: set[int] = field(default_factory=set)
     _rejected_rounds: dict[int, deque[int]] = field(default_factory=dict)
+    _grace_until: dict[int, int] = field(default_factory=dict)  # peer -> first round its rejections count again
 
     def record(self, round: int, result: ScreeningResult) -> list[AnomalyEvent]:
         """Note one screening result; return the events it gives rise to."""
         if result.verdict is not Verdict.REJECT or result.peer in self.quarantined:
             return []
         rounds = self._rejected_rounds.setdefault(result.peer, deque())
-        rounds.append(round)
+        if round >= self._grace_until.get(result.peer, round):
+            rounds.append(round)
         while rounds and rounds[0] <= round - self.policy.window:
             rounds.popleft()
         count = len(rounds)
@@ -86,6 +96,11 @@ class Quarantine:
             event,
             AnomalyEvent(AnomalyKind.PEER_QUARANTINED, self.worker, result.peer, round, result.scores(), count),
         ]
+
+    def grace(self, peer: int, round: int) -> None:
+        """A restart at ``round`` (``peer``'s or this worker's): ``peer``'s rejections count from ``round + window``."""
+        self._grace_until[peer] = round + self.policy.window
+        self._rejected_rounds.pop(peer, None)
 
     def is_quarantined(self, peer: int) -> bool:
         return peer in self.quarantined

@@ -117,7 +117,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         elif kind == "message":
             event = jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, message=request.message.text[:2000])
         elif kind == "gossip":
-            self._store.set_gossip_address(job.id, request.worker, request.gossip.address[:200])
+            self._join_gossip(job, request.worker, request.gossip)
         elif kind == "round":
             r = request.round
             self._record_round(job, request.worker, r)
@@ -133,6 +133,18 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             event.total_steps = job.spec.steps
             self._store.append_event(job.id, event)
         return self._reply(job.id)
+
+    def _join_gossip(self, job, worker: int, endpoint: worker_pb2.GossipEndpoint) -> None:
+        """The worker's gossip endpoint; one that starts at a later round is done with the rounds before it."""
+        rounds = math.ceil(job.spec.steps / job.spec.local_steps) if job.spec.local_steps > 0 else 0
+        if not 0 <= endpoint.first_round <= rounds:
+            raise InvalidRequest(
+                f"gossip.first_round must be in 0..{rounds}, not {endpoint.first_round}", field="gossip.first_round"
+            )
+        with self._store.database.transaction():
+            self._store.set_gossip_address(job.id, worker, endpoint.address[:200])
+            if endpoint.first_round > 0:
+                self._store.set_round(job.id, worker, endpoint.first_round - 1)
 
     def _record_round(self, job, worker: int, r: worker_pb2.Round) -> None:
         """The round's number, and its figures in the job's history (at the round's last step)."""
@@ -163,9 +175,12 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         me = caller(context)
         if request.job_id != me.name:
             raise Refused("a worker may only ask for its own job's peers")
-        peers = {w.idx: w.gossip_address for w in self._store.workers(me.name) if w.gossip_address}
+        workers = self._store.workers(me.name)
         return worker_pb2.GetPeersReply(
-            peers=peers, round=self._store.latest_round(me.name), rounds=self._store.rounds(me.name)
+            peers={w.idx: w.gossip_address for w in workers if w.gossip_address},
+            round=self._store.latest_round(me.name),
+            rounds=self._store.rounds(me.name),
+            restarts={w.idx: w.restarts for w in workers},
         )
 
     def _gossip_refused(self, me, job, r, peer: str) -> jobs_pb2.JobEvent:
