@@ -38,3 +38,16 @@ def test_a_job_fails_once_fewer_than_min_workers_are_alive(tenant):
     status = handle.wait()
     assert status.state == "FAILED"
     assert "worker 1 exited with code -9" in status.reason and "min_workers=3" in status.reason
+
+
+def test_a_diloco_ring_goes_on_without_a_dead_worker_and_its_rounds_say_so(tenant):
+    handle = tenant.submit(
+        Job(name="ring-quorate", algorithm="diloco", min_workers=2, **{**SMALL, "workers": 3, "steps": 150})
+    )
+    kill_after_round_3(handle, worker=1)
+    status = handle.wait()
+    assert status.state == "SUCCEEDED", status.reason
+    rounds = [e.message for e in handle.events() if e.kind == "ROUND"]
+    # the all-reduce's ring is workers 0 and 2 from then on, and their rounds name worker 1 skipped, not summed
+    assert any("exchanged with [2], skipped [1]" in m for m in rounds), rounds
+    assert any("exchanged with [0], skipped [1]" in m for m in rounds), rounds

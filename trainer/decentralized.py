@@ -41,6 +41,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 
 import grpc
 import torch
@@ -131,6 +132,7 @@ class GossipExchange:
         self.rounds: dict[int, int] = {}  # each worker's latest finished round, as the control plane last said
         self._restarts: dict[int, int] = {}  # how often the server had restarted each, when first or last seen
         self._traffic: dict[int, list[int]] = {}  # peer process -> [payload bytes sent, received] this round
+        self.ring: tuple[int, ...] = ()  # the other worker groups the last all-reduce summed over (none if it failed)
 
     def take_traffic(self) -> dict[int, tuple[int, int]]:
         """Payload bytes sent to and received from each peer process since the last call."""
@@ -193,7 +195,8 @@ class GossipExchange:
             log.warning("round %d: worker %d's all-reduce failed: %s", round_, me, failure)
             total = None
         if not self._agreement.all(total is not None):  # one shard's failure: the whole group keeps its own
-            return None
+            total = None
+        self.ring = tuple(groups) if total is not None else ()
         return total
 
     def _refresh(self, round_: int) -> None:
@@ -600,6 +603,12 @@ class Decentralized:
             exchanged = time.perf_counter()
             if self.diloco:
                 stats = self.outer.round_mean(round_, self.exchange.allreduce, weight=float(steps_done))
+                ring = self.exchange.ring  # not every planned peer: a dead or late worker is left out of the ring
+                stats = replace(
+                    stats,
+                    mixed=tuple(g for g in stats.peers if g in ring),
+                    skipped=tuple(g for g in stats.peers if g not in ring),
+                )
             else:
                 stats = self.outer.round(round_, self.exchange, self.screen, weight=float(steps_done))
             seconds = time.perf_counter() - exchanged
