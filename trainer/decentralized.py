@@ -347,10 +347,8 @@ class UpdateScreen:
 
     def catch_up(self, first: int) -> None:
         """This worker rejoins at round ``first``, behind its peers: for a quarantine window it mixes their finite
-        updates unscreened, and their rejections do not count towards quarantining them."""
+        updates unscreened (so it neither rejects nor quarantines them for being where it is not yet)."""
         self._catching_up_until = first + self._quarantine.policy.window
-        for group in set(range(self._cfg.workers)) - {self._cfg.group}:
-            self._quarantine.grace(self._cfg.gossip_process(group), first)
 
     def __call__(self, proposal: Proposal, decoded: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
         if proposal.round < self._catching_up_until:

@@ -8,11 +8,10 @@ reports an ``AnomalyEvent`` to the server, which records it in the audit log
 
 A worker that the server restarted rejoins from the job's last checkpoint,
 rounds behind its neighbours, so for a while its updates look too far off to
-them, and theirs to it, although all are honest. So for ``window`` rounds
-after a restart (``grace``: a peer's, or this worker's own for every peer)
-rejections are still rejections, and still reported, but do not count
-towards quarantine. Only the server restarts a worker, a bounded number of
-times, so a peer cannot buy itself this grace.
+them although it is honest. So for ``window`` rounds after a peer's restart
+(``grace``) its rejections are still rejections, and still reported, but do
+not count towards quarantine. Only the server restarts a worker, a bounded
+number of times, so a peer cannot buy itself this grace.
 """
 
 from __future__ import annotations
@@ -98,7 +97,7 @@ class Quarantine:
         ]
 
     def grace(self, peer: int, round: int) -> None:
-        """A restart at ``round`` (``peer``'s or this worker's): ``peer``'s rejections count from ``round + window``."""
+        """``peer`` was restarted and rejoins at ``round``: its rejections count from ``round + window`` on."""
         self._grace_until[peer] = round + self.policy.window
         self._rejected_rounds.pop(peer, None)
 
