@@ -30,7 +30,8 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' stand-in for the control plane
 
-from tests.gossip_rig import Directory, Parts, credentials, free_ports, worker_config
+from tests.gossip_rig import Directory, Parts, credentials, worker_config
+from tests.platform import free_ports
 
 JOB = "job-bench-sharded"
 GROUPS, RANKS = 2, 2

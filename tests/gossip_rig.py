@@ -9,9 +9,6 @@ record) kept in a table the processes share through a ``Manager``.
 
 from __future__ import annotations
 
-import contextlib
-import random
-import socket
 from datetime import timedelta
 from pathlib import Path
 
@@ -60,22 +57,6 @@ class Parts:
 
     def register(self, name, scope, part) -> None:
         self.parts[name] = part
-
-
-def free_ports(count: int) -> int:
-    """The first of ``count`` consecutive loopback ports that are free now, below the kernel's ephemeral range
-    (32768 and up), so that no connection of another process is handed one of them while the test runs."""
-    candidates = list(range(20000, 32768 - count, count))
-    random.shuffle(candidates)
-    for base in candidates:
-        with contextlib.ExitStack() as held:
-            try:
-                for port in range(base, base + count):
-                    held.enter_context(socket.socket()).bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return base
-    raise RuntimeError(f"no {count} consecutive free ports below 32768")
 
 
 def credentials(directory: Path, job: str, processes: int) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,9 +24,24 @@ from cantata.server.launcher import worker_pids
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port that is free now (see :func:`free_ports`)."""
+    return free_ports(1)
+
+
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive loopback ports that are free now, below the kernel's ephemeral range
+    (32768 and up), so that no connection of another process is handed one of them while the test runs."""
+    candidates = list(range(20000, 32768 - count, count))
+    random.shuffle(candidates)
+    for base in candidates:
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(base, base + count):
+                    held.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return base
+    raise RuntimeError(f"no {count} consecutive free ports below 32768")
 
 
 def cli(*args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:

@@ -23,7 +23,8 @@ from cantata.proto.vocabulary import MixedPrecision
 from cantata.trainer.model import build_model
 from cantata.trainer.optim import build_optimizer
 from cantata.trainer.parallel import parallelize
-from tests.gossip_rig import Directory, Parts, credentials, free_ports, worker_config
+from tests.gossip_rig import Directory, Parts, credentials, worker_config
+from tests.platform import free_ports
 
 JOB = "job-sharded"
 MODEL = "llama-tiny"

@@ -581,8 +581,8 @@ class Decentralized:
             layout = shard_layout(self.model) if cfg.sharded else LayerLayout.from_module(self.model)
             self.screen = UpdateScreen(cfg, self.reporter, layout, quarantine, agreement)
             current = wait_for_peers(self.reporter, cfg.workers * (cfg.ranks_per_worker if cfg.sharded else 1))
-            if current:
-                first = max(first, current + 1)
+            if current and current >= first:  # the job went on past this worker's checkpoint: it rejoins later
+                first = current + 1
                 if cfg.group_rank == 0:
                     self.reporter.message(f"worker {cfg.worker} rejoins at round {first} from checkpoint step {start}")
         first = share_from_rank0(first, self.group)
