@@ -203,6 +203,7 @@ class ControlPlane:
             memory_limit=memory_limit,
             warm=self.settings.warm_workers,
             slots=self.settings.max_workers_on_node,
+            memory=node_capacity(self.settings.node_memory_mib),
             gpus=self.gpus,
         )
 

@@ -71,7 +71,7 @@ class ServerSettings:
     warm_workers: bool = True  # fork workers from a zygote that already imported torch (false: each imports it)
     worker_uid_base: int = 61000  # as root, each running job's workers get a uid of their own from here up
     worker_uid_count: int = 1000
-    node_memory_mib: int = 0  # memory for workers on this node (0: the machine's); bigger jobs are refused
+    node_memory_mib: int = 0  # memory for workers on this node (0: the machine's); running jobs reserve their estimate
     worker_memory_mib: int = 0  # a worker's memory limit past its loaded size (0: twice its estimate + 1 GiB)
     gpus: int = -1  # GPUs of this node for the local executor (-1: torch.cuda.device_count() in a subprocess)
     executor: str = "local"  # where workers run: "local" (children of this server) or "ray" (a Ray cluster)
