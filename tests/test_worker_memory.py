@@ -3,13 +3,14 @@ asks for, and a worker past its limit stopped and reported."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
 from cantata.proto.v1 import common_pb2
-from cantata.proto.vocabulary import Model
+from cantata.proto.vocabulary import MODEL_SHAPES, Model
 from cantata.sdk import errors
 from cantata.sdk.job import Job
 from cantata.server import memory
@@ -118,6 +119,18 @@ def test_activations_shrink_with_checkpointing_tensor_parallelism_and_bf16_and_g
     assert memory.activations(_mesh("qwen3-1.7b", tp=2, **base)) < plain
     assert memory.activations(_mesh("qwen3-1.7b", dp_shard=2, mixed_precision="bf16", **base)) < plain
     assert memory.activations(_mesh("qwen3-1.7b", dp_shard=4, **base)) == plain  # data parallelism does not split
+
+
+def test_the_estimate_is_within_15_percent_of_the_peak_rss_bench_memory_measured(monkeypatch):
+    measured = json.loads((Path(__file__).parents[1] / "benchmarks/results/bench_memory.json").read_text())
+    monkeypatch.setitem(MODEL_SHAPES, Model.LLAMA_TINY, measured["config"])  # its decoder, under a model's name
+    assert memory.parameters(Model.LLAMA_TINY) == measured["parameters"]
+    batch, seq_len = measured["batch"]
+    for row in measured["rows"]:
+        shards = row["D"]
+        spec = _mesh("llama-tiny", dp_shard=shards, batch_size=batch, seq_len=seq_len)
+        peak = max(rank["peak_rss_bytes"] for rank in row["ranks"])
+        assert 0.85 * peak < memory.worker_estimate(spec) < 1.15 * peak, (shards, peak)
 
 
 def test_a_refusal_names_the_cause_and_a_change_that_fits():
