@@ -120,6 +120,16 @@ def test_a_transformers_folder_loads_into_the_decoder_with_its_logits(name, tmp_
     assert (logits_of(ours, idx) - logits_of(hf_model, idx)).abs().max() > 0.01
 
 
+def test_a_bfloat16_folder_loads_as_transformers_loads_it_in_float32(tmp_path):
+    folder = tmp_path / "bf16"  # as the published checkpoints are stored
+    random_hf_model("qwen3-tiny", seed=4).to(torch.bfloat16).save_pretrained(folder)
+    theirs = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ours = build_model("qwen3-tiny", seed=1).eval()
+    load_weights(ours, local_weights(folder))
+    assert ours.embed_tokens.weight.dtype == torch.float32
+    torch.testing.assert_close(logits_of(ours, tokens(2)), logits_of(theirs, tokens(2)), rtol=0, atol=1e-5)
+
+
 def _with_config(folder: Path, change: dict) -> Path:
     config = json.loads((folder / "config.json").read_text())
     for key, value in change.items():
