@@ -4,8 +4,10 @@
 from, ``s3://SOURCE@bucket/prefix`` or ``az://SOURCE@container/prefix`` (read
 with the named data source's credentials): one ``.safetensors`` file or object,
 or every one directly in a directory or under a prefix, in key order. Local
-files and store objects go through the same loader. Names follow Hugging Face
-checkpoints; their ``model.`` prefix is dropped. Each object's tensors are
+files and store objects go through the same loader. A directory or prefix may
+be a Hugging Face Llama or Qwen3 folder: its config.json must then be the
+job's model and its index, if sharded, names the files to read; tensor names
+are mapped to the decoder's (:mod:`cantata.trainer.hf`). Each object's tensors are
 handed to ``set_model_state_dict`` as full tensors, so on a mesh every rank
 keeps only its own shard of them, and no more than one object is held at once.
 Every parameter must come from some object with its exact shape; a missing or
@@ -27,6 +29,7 @@ from safetensors.torch import load
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
 from cantata.storage import open_store
+from cantata.trainer import hf
 from cantata.trainer.data.errors import DatasetPathError
 from cantata.trainer.data.sources import (
     DatasetURI,
@@ -37,7 +40,6 @@ from cantata.trainer.data.sources import (
     translated_store_errors,
 )
 
-PREFIX = "model."
 SUFFIX = ".safetensors"
 
 
@@ -52,6 +54,7 @@ class WeightObjects:
     uri: str  # where they are, for messages: the directory or prefix
     keys: tuple[str, ...]
     read: Callable[[str], bytes]
+    listing: frozenset[str] = frozenset()  # every object directly there (config.json, an index), for hf
 
 
 def open_weights(
@@ -72,10 +75,11 @@ def open_weights(
     with translated_store_errors(f"opening init_from {uri}"):
         store = open_store(f"{parsed.scheme}://{parsed.location}/{folder}", **options)
     objects = StoreObjects(store)
-    keys = sorted(k for k in objects.sizes() if "/" not in k and k.endswith(SUFFIX) and k == (name or k))
+    listing = frozenset(k for k in objects.sizes() if "/" not in k and k == (name or k))
+    keys = sorted(k for k in listing if k.endswith(SUFFIX))
     if not keys:
         raise WeightsError(f"init_from {uri}: no {SUFFIX} object under {store.uri}")
-    return WeightObjects(store.uri, tuple(keys), objects.read)
+    return WeightObjects(store.uri, tuple(keys), objects.read, listing)
 
 
 def local_weights(path: Path, uri: str | None = None) -> WeightObjects:
@@ -85,7 +89,8 @@ def local_weights(path: Path, uri: str | None = None) -> WeightObjects:
     )
     if not keys or not all((folder / k).is_file() and k.endswith(SUFFIX) for k in keys):
         raise WeightsError(f"init_from {path}: no {SUFFIX} file there")
-    return WeightObjects(f"{folder}/", tuple(keys), LocalDirectory(folder, uri or path.as_uri()).read)
+    listing = frozenset(f.name for f in folder.iterdir()) if path.is_dir() else frozenset(keys)
+    return WeightObjects(f"{folder}/", tuple(keys), LocalDirectory(folder, uri or path.as_uri()).read, listing)
 
 
 def load_weights(model: torch.nn.Module, objects: WeightObjects) -> int:
@@ -93,7 +98,8 @@ def load_weights(model: torch.nn.Module, objects: WeightObjects) -> int:
     expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
     tied = {name for name in expected if name == "lm_head.weight" and getattr(model.cfg, "tie_embeddings", False)}
     seen: set[str] = set()
-    for key in objects.keys:
+    files = hf.checked_files(objects.keys, objects.listing, objects.read, model.cfg, f"init_from {objects.uri}")
+    for key in files:
         where = f"{objects.uri}{key}"
         try:
             loaded = load(objects.read(key))
@@ -101,7 +107,7 @@ def load_weights(model: torch.nn.Module, objects: WeightObjects) -> int:
             raise WeightsError(f"init_from {where}: not a safetensors file ({error})") from None
         # In name order: safetensors' parser hands them over in a per-process random order, and on a mesh
         # every rank must distribute the same tensor in the same collective.
-        tensors: dict[str, Any] = {name.removeprefix(PREFIX): loaded[name] for name in sorted(loaded)}
+        tensors: dict[str, Any] = {hf.cantata_name(name): loaded[name] for name in sorted(loaded)}
         for name, tensor in tensors.items():
             if name not in expected:
                 raise WeightsError(f"init_from {where}: tensor {name!r} is not in the model")
@@ -117,4 +123,4 @@ def load_weights(model: torch.nn.Module, objects: WeightObjects) -> int:
         raise WeightsError(
             f"init_from {objects.uri}: no tensor for {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else "")
         )
-    return len(objects.keys)
+    return len(files)
