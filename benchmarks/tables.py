@@ -1,12 +1,12 @@
-"""The README's benchmark tables, generated from ``benchmarks/results/bench_*.json``.
+"""The benchmark tables of docs/benchmarks.md, generated from ``benchmarks/results/bench_*.json``.
 
-README.md marks each table's place with ``<!-- bench:NAME -->`` and
+docs/benchmarks.md marks each table's place with ``<!-- bench:NAME -->`` and
 ``<!-- /bench:NAME -->``; this script rewrites what lies between them. Each
 table ends with the command that reproduces it, and says which targets were
 missed. Targets that the JSON does not record are the benchmark issues' own.
 
-    .venv/bin/python benchmarks/tables.py            # rewrite README.md
-    .venv/bin/python benchmarks/tables.py --check    # exit 1 if README.md is stale
+    .venv/bin/python benchmarks/tables.py            # rewrite docs/benchmarks.md
+    .venv/bin/python benchmarks/tables.py --check    # exit 1 if docs/benchmarks.md is stale
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "benchmarks.md"
 REGION = re.compile(r"(<!-- bench:(?P<name>[a-z_]+) -->\n)(?P<body>.*?)(<!-- /bench:(?P=name) -->)", re.DOTALL)
 RUN = ".venv/bin/python benchmarks/"
 
@@ -1066,7 +1066,7 @@ def executor(load: Callable[[str], dict]) -> list[str]:
 
 
 def render(name: str, results: Path = RESULTS) -> str:
-    """The body of one README region, from the results JSON."""
+    """The body of one region of the page, from the results JSON."""
 
     def load(benchmark: str) -> dict:
         return json.loads((results / f"bench_{benchmark}.json").read_text())
@@ -1081,26 +1081,26 @@ def rewrite(text: str, results: Path = RESULTS) -> str:
     absent = sorted(TABLES.keys() - set(found))
     repeated = sorted({n for n in found if found.count(n) > 1})
     if unknown or absent or repeated:
-        raise ValueError(f"README regions: unknown {unknown}, missing {absent}, repeated {repeated}")
+        raise ValueError(f"benchmark regions: unknown {unknown}, missing {absent}, repeated {repeated}")
     return REGION.sub(lambda m: m.group(1) + render(m.group("name"), results) + m.group(4), text)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="fail if README.md is not what the JSON gives")
-    parser.add_argument("--readme", type=Path, default=README)
+    parser.add_argument("--check", action="store_true", help="fail if the page is not what the JSON gives")
+    parser.add_argument("--page", type=Path, default=PAGE)
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    text = args.readme.read_text()
+    text = args.page.read_text()
     fresh = rewrite(text, args.results)
     if args.check:
         if fresh != text:
-            print(f"{args.readme} is stale: run {RUN}tables.py", file=sys.stderr)
+            print(f"{args.page} is stale: run {RUN}tables.py", file=sys.stderr)
             return 1
         return 0
     if fresh != text:
-        args.readme.write_text(fresh)
-        print(f"rewrote {args.readme}")
+        args.page.write_text(fresh)
+        print(f"rewrote {args.page}")
     return 0
 
 
