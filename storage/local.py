@@ -77,6 +77,10 @@ class LocalStore(BlobStore):
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise BlobNotFoundError(f"no object {key!r} in {self.uri}") from None
 
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        with self.get(key) as reader:
+            return os.pread(reader.fileno(), length, offset)
+
     def sizes(self, prefix: str = "") -> dict[str, int]:
         validate_prefix(prefix)
         start = self._root / prefix.rpartition("/")[0]
@@ -110,6 +114,9 @@ class _FileReader(BlobReader):
 
     def read(self, size: int = -1) -> bytes:
         return self._file.read(size)
+
+    def fileno(self) -> int:
+        return self._file.fileno()
 
     def close(self) -> None:
         self._file.close()
