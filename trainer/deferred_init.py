@@ -19,9 +19,9 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from cantata.trainer.shards import local_block
 
 aten = torch.ops.aten
 CHUNK_ELEMENTS = 1 << 22  # values generated at once (16 MiB of fp32)
@@ -92,17 +92,6 @@ class InitRecorder(TorchDispatchMode):
         if missing:
             raise DeferredInitError(f"no initial values for {sorted(missing)}")
         return InitPlan(writes)
-
-
-def local_block(param: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
-    """This rank's part of ``param`` and where it starts in the full tensor (the whole of a plain tensor)."""
-    if not isinstance(param, DTensor):
-        return param, (0,) * param.dim()
-    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
-    local = param.to_local()
-    if tuple(local.shape) != tuple(shape):
-        raise DeferredInitError(f"a shard of shape {tuple(local.shape)} is not the block {shape} at {offset}")
-    return local, tuple(offset)
 
 
 def row_chunks(shape: tuple[int, ...], kind: str) -> int:
