@@ -134,10 +134,10 @@ def read_header(objects: WeightObjects, key: str) -> dict[str, StoredTensor]:
     try:
         header = json.loads(objects.read_range(key, HEADER_BYTES, length))
         header.pop("__metadata__", None)
-        entries = {
-            name: (DTYPES[e["dtype"]], tuple(int(d) for d in e["shape"]), *(int(o) for o in e["data_offsets"]))
-            for name, e in header.items()
-        }
+        entries = {}
+        for name, entry in header.items():
+            begin, end = (int(o) for o in entry["data_offsets"])
+            entries[name] = (DTYPES[entry["dtype"]], tuple(int(d) for d in entry["shape"]), begin, end)
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise WeightsError(f"{where}: not a safetensors file (its header: {error!r})") from None
     tensors = {}
