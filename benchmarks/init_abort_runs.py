@@ -15,7 +15,7 @@ process group still open.
     .venv/bin/python benchmarks/init_abort_runs.py                 # 20 runs, new and old paths
     .venv/bin/python benchmarks/init_abort_runs.py --runs 3 --model qwen3-tiny --out /tmp/x
 
-Writes ``benchmarks/results/bench_init_abort.json`` (with ``--out``: that folder).
+Writes ``benchmarks/results/bench_init_abort.json`` (one path: ``bench_init_abort_PATH.json``; ``--out``: that folder).
 """
 
 from __future__ import annotations
@@ -120,7 +120,8 @@ def main() -> None:
             "runs": runs,
         }
     out = harness.output_dir(args.out, quick=False)
-    print(f"wrote {harness.write_results('init_abort', report, out)}")
+    name = "init_abort" if args.path == "both" else f"init_abort_{args.path}"
+    print(f"wrote {harness.write_results(name, report, out)}")
     for path, counts in report["paths"].items():
         print(
             f"{path}: {counts['succeeded']}/{args.runs} clean, {counts['aborted']} SIGABRT, {counts['failed']} failed"
