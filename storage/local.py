@@ -71,7 +71,7 @@ class LocalStore(BlobStore):
                 continue
         return removed
 
-    def get(self, key: str) -> BlobReader:
+    def get(self, key: str) -> _FileReader:
         try:
             return _FileReader(open(self._path(key), "rb"))
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
@@ -120,6 +120,9 @@ class _FileReader(BlobReader):
 
     def close(self) -> None:
         self._file.close()
+
+    def __enter__(self) -> _FileReader:
+        return self
 
 
 class _LocalUpload(BlobUpload):
