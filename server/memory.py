@@ -16,8 +16,13 @@ it runs, enforced as a limit.
   only each layer's input, and one layer recomputed at a time), and the logits (fp32, for the loss and its
   gradient); for a byte GPT, a cost per token measured (peak RSS of one forward, backward and optimizer step,
   CPU, torch 2.13: gpt-tiny 13.3 KiB, gpt-small 40.3 KiB).
-- **build**: every rank builds the whole model in fp32 before it is sharded (:data:`WHOLE_MODEL_BUILT_FIRST`),
-  so a sharded rank's peak is the larger of that and its training footprint.
+- **vocabulary**: the embedding's gradients in flight during the backward pass, each the fp32 size of the
+  embedding: the lookup's, the tied head's (summed into the one parameter afterwards) and, on a mesh, the root
+  unit's unsharded gradient entering the reduce-scatter (fitted to bench_memory's qwen3-0.6b peaks at D=1/2/4).
+
+No rank builds the whole model: a mesh job's model is built on the meta device and each rank
+materializes only its own shards (:mod:`cantata.trainer.deferred_init`), so a rank's peak is its training
+footprint.
 
 Parameters are counted from :data:`~cantata.proto.vocabulary.MODEL_SHAPES` (tests/test_worker_memory.py checks
 them against the trainer's). :func:`refusal` says why a job cannot fit a node and which change would; a running
@@ -44,9 +49,6 @@ ADAMW_STATES, MUON_STATES = 2, 1  # state tensors per parameter: AdamW's two mom
 OUTER_COPIES = 4  # a decentralized round's copies of the rank's parameters: theta, the outer state, the flat
 # parameters and the mixed result
 ACTIVATION_BYTES_PER_TOKEN = {Model.GPT_TINY: 14 * 1024, Model.GPT_SMALL: 41 * 1024}  # measured byte GPTs
-# cantata.trainer.loop builds the whole model in fp32 on every rank, then shards it: a sharded rank's peak is
-# at least that. False once the trainer builds on the meta device and materializes only its shards.
-WHOLE_MODEL_BUILT_FIRST = True
 CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
 
 
@@ -113,15 +115,15 @@ class RankEstimate:
     state: int
     gathered: int
     activations: int
-    build: int
+    vocabulary: int
 
     @property
     def training(self) -> int:
-        return self.state + self.gathered + self.activations
+        return self.state + self.gathered + self.activations + self.vocabulary
 
     @property
     def total(self) -> int:
-        return self.loaded + max(self.build, self.training)
+        return self.loaded + self.training
 
     def causes(self) -> str:
         """Where the bytes go, biggest first: ``params+grads+AdamW 37.0 GiB, activations 4.0 GiB, ...``."""
@@ -129,10 +131,9 @@ class RankEstimate:
             (self.state, f"params+grads+{self.optimizer}"),
             (self.activations, "activations"),
             (self.gathered, "FSDP's unsharded layers"),
+            (self.vocabulary, "the embedding's gradients in flight"),
             (self.loaded, "the process"),
         ]
-        if self.build > self.training:
-            named = [(self.build, "the whole fp32 model built before sharding"), (self.loaded, "the process")]
         return ", ".join(f"{label} {size(amount)}" for amount, label in named if amount)
 
 
@@ -156,8 +157,17 @@ def rank_estimate(spec: common_pb2.JobSpec) -> RankEstimate:
         state=state,
         gathered=_gathered(spec, p, mesh),
         activations=activations(spec),
-        build=FP32 * p.total if mesh.sharded and WHOLE_MODEL_BUILT_FIRST else 0,
+        vocabulary=_vocabulary(spec, mesh),
     )
+
+
+def _vocabulary(spec: common_pb2.JobSpec, mesh: Mesh) -> int:
+    model = Model(spec.model)
+    if model in BYTE_GPTS:
+        return 0  # in the measured cost per token
+    s = MODEL_SHAPES[model]
+    copies = (2 if s["tie_embeddings"] else 1) + (1 if mesh.sharded else 0)
+    return FP32 * copies * int(s["vocab_size"]) * int(s["dim"])
 
 
 def _gathered(spec: common_pb2.JobSpec, p: Parts, mesh: Mesh) -> int:
@@ -214,9 +224,11 @@ def refusal(spec: common_pb2.JobSpec, capacity: int, *, one_node: bool) -> tuple
         else f"no dp_shard, batch_size or activation_checkpointing fits it in {size(capacity)}: "
         "use a smaller model or a node with more memory"
     )
-    if estimate.activations >= max(estimate.state, estimate.build):
+    if not fits:
+        field = "model"  # no change of the mesh or the batch fits it
+    elif estimate.activations >= estimate.state:
         field = "batch_size"
-    elif estimate.build > estimate.training or Model(spec.model) in BYTE_GPTS:
+    elif Model(spec.model) in BYTE_GPTS:
         field = "model"  # more shards do not shrink it
     else:
         field = "dp_shard"
