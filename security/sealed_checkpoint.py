@@ -496,7 +496,7 @@ def _deserialise(kind: str, plaintext: memoryview) -> Any:
         return bytes(plaintext)
     import torch  # here, not at the top: the server lists and streams checkpoints without torch
 
-    return torch.load(_ViewFile(plaintext), weights_only=True, map_location="cpu")
+    return torch.load(cast("IO[bytes]", _ViewFile(plaintext)), weights_only=True, map_location="cpu")
 
 
 class _ViewFile(io.RawIOBase):

@@ -89,7 +89,7 @@ class JobCheckpoints:
     def save_sharded(self, step: int, part: str, state: dict, group) -> list[ShardInfo]:
         """Every rank writes its own shards of ``state`` (DTensors) as the sealed objects ``PART.*`` (collective)."""
 
-        def seal(name: str, parts: Iterable[bytes]) -> ShardInfo:
+        def seal(name: str, parts: Iterable[bytes | memoryview]) -> ShardInfo:
             return write_shard_parts(
                 self._store, step=step, name=name, parts=parts, kek=self._keys.current, **self._where
             )

@@ -79,7 +79,7 @@ def _raw(data: torch.Tensor | io.BytesIO) -> memoryview:
     """The bytes of ``data``: a view of a CPU tensor's own memory (a copy only if it lives elsewhere or is strided)."""
     if isinstance(data, io.BytesIO):
         return data.getbuffer()
-    return memoryview(data.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy())
+    return data.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().data
 
 
 class SealedWriter(StorageWriter):
