@@ -741,6 +741,44 @@ def checkpoint(load: Callable[[str], dict]) -> list[str]:
         f"{stream['mb_s']:.0f} MB/s, peak memory {stream['peak_rss_above_baseline_mib']:.1f} MiB above the baseline.",
         missed(misses),
         reproduce(f"bench_checkpoint.py --repeat {result['repeat']}", quick=result["quick"]),
+        "",
+        *_sealed_vs_plain(load("sealed_vs_plain")),
+    ]
+
+
+SEALED_BASELINES = {"sealed": ("one object: torch.save / torch.load", "torch"), "sealed_dcp": ("sharded: DCP", "dcp")}
+
+
+def _sealed_vs_plain(result: dict) -> list[str]:
+    """Sealed against plain DCP and plain torch.save/torch.load on the same disk (targets: load ≥ 0.8×, save ≥ 0.9×)."""
+    cases, ratios = result["cases"], result["sealed_over_plain"]
+    lines = header(
+        "format", "save s plain / sealed", "save ratio (trials)", "load s plain / sealed", "load ratio (trials)"
+    )
+    misses = []
+    for sealed, (label, plain) in SEALED_BASELINES.items():
+        cells = []
+        for op, target in (("save", 0.9), ("load", 0.8)):
+            ratio = ratios[sealed][op]
+            trials = ratio["per_trial"]
+            cells += [
+                f"{cases[plain][op]['median']:.2f} / {cases[sealed][op]['median']:.2f}",
+                f"{ratio['of_medians']:.2f}× ({trials['min']:.2f}–{trials['max']:.2f})",
+            ]
+            if ratio["of_medians"] < target:
+                misses.append(f"sealed {label} {op} at {ratio['of_medians']:.2f}× plain (target ≥ {target}×)")
+        lines.append(row(label, *cells))
+    machine = result["machine"]
+    return [
+        f"Against plain checkpoints on the same disk ({size(result['state_size_mib'])} state, median of "
+        f"{result['trials']} interleaved trials, each in a fresh process; ratio: sealed throughput over plain, "
+        f"of the medians, with the range of the per-trial ratios; load average {machine['load_average_1m']:g} "
+        f"on {machine['cpus']} CPUs):",
+        "",
+        *lines,
+        "",
+        missed(misses),
+        reproduce(f"bench_sealed_vs_plain.py --trials {result['trials']}", quick=result["quick"]),
     ]
 
 
