@@ -122,6 +122,7 @@ class _Window:
     last: str
     actor: str
     tenant: str
+    outcome: str
     count: int = 0  # refusals after the first, not yet recorded
     resources: set[str] = field(default_factory=set)
 
@@ -184,7 +185,7 @@ class RefusalDigest:
                 if len(window.resources) < MAX_LISTED_RESOURCES:
                     window.resources.add(resource)
                 return None
-            self._open[key] = _Window(now, stamp, stamp, actor, tenant, resources={resource})
+            self._open[key] = _Window(now, stamp, stamp, actor, tenant, str(outcome), resources={resource})
         return self._append(  # the first refusal of a window is recorded at once, as it happened
             actor,
             action,
@@ -236,7 +237,7 @@ class RefusalDigest:
                 action,
                 resource=sorted(window.resources)[0] if len(window.resources) == 1 else "*",
                 tenant=window.tenant if source != "*" else "",
-                outcome=Outcome.DENIED,
+                outcome=window.outcome,
                 details=details,
                 peer=source if anonymous and source != "*" else "",
             )
