@@ -64,7 +64,7 @@ class _BoundedProtocol(H11Protocol):
         self._ended = ended
         self._head_deadline: asyncio.TimerHandle | None = None
 
-    def connection_made(self, transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport) -> None:
         super().connection_made(transport)
         self._await_head()
 
