@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import pytest
 
+from cantata.proto.v1 import common_pb2
 from cantata.proto.vocabulary import Model
 from cantata.sdk.job import Job
 from cantata.server import memory
+from cantata.server.jobspec import parse_job_spec
 from tests.platform import Platform
 
 CAP_MIB = 6656  # each worker's address space past its loaded size
@@ -23,12 +25,17 @@ MODEL = Model.QWEN3_0_6B
 SMALL = dict(steps=3, batch_size=1, seq_len=16, eval_every=3, eval_batches=1, checkpoint_every=3)
 
 
+def _parsed(**mesh: int) -> common_pb2.JobSpec:
+    spec = common_pb2.JobSpec(name="x", model=MODEL.value, **SMALL, **mesh)
+    return parse_job_spec(spec, default_store="file:///tmp/ckpt", roots=[])
+
+
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory):
-    # The submit check counts the whole model's 16 B a parameter on every worker, sharded or not: this node
-    # declares room for four of those, and the cap, not the check, is what each worker meets.
-    whole_worker = memory.LOADED_BYTES + memory.BYTES_PER_PARAMETER * memory.parameters(MODEL)
-    settings = {"worker_memory_mib": CAP_MIB, "node_memory_mib": (4 * whole_worker + (1 << 30)) // memory.MIB}
+    # The node declares room for the larger of the two jobs by the admission estimate, so both are admitted
+    # and the address-space cap, not the submit check, is what each worker meets.
+    largest = max(memory.job_estimate(_parsed(workers=w, dp_shard=w)) for w in (1, 4))
+    settings = {"worker_memory_mib": CAP_MIB, "node_memory_mib": (largest + (1 << 30)) // memory.MIB}
     p = Platform(tmp_path_factory.mktemp("platform"), settings=settings)
     p.start()
     yield p

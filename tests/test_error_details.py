@@ -17,6 +17,7 @@ from cantata.security.audit import AuditLogUnavailable
 from cantata.security.keys import UnknownTenantError
 from cantata.security.pki import InvalidCSR, InvalidName, Principal
 from cantata.server import errors as server_errors
+from cantata.server.dashboard.signin import LoginsLimited
 from cantata.server.datasource_store import (
     DataSourceExists,
     DataSourceNotFound,
@@ -44,6 +45,7 @@ EXPECTED = [
     (DataSourceExists("data source 'x' exists"), Code.ALREADY_EXISTS, "DATA_SOURCE_EXISTS"),
     (QuotaExceeded("concurrent jobs", 2, 2), Code.RESOURCE_EXHAUSTED, "QUOTA_EXCEEDED"),
     (EnrollmentLimited("pending requests", 100, 3600), Code.RESOURCE_EXHAUSTED, "ENROLLMENT_LIMITED"),
+    (LoginsLimited("login links per minute", 10, 10, 12.5), Code.RESOURCE_EXHAUSTED, "QUOTA_EXCEEDED"),
     (InvalidField("steps", "must be positive"), Code.INVALID_ARGUMENT, "INVALID_JOB"),
     (server_errors.InvalidRequest("empty report"), Code.INVALID_ARGUMENT, "INVALID_ARGUMENT"),
     (InvalidDataSource("kind: S3 or AZURE_BLOB is required"), Code.INVALID_ARGUMENT, "INVALID_DATA_SOURCE"),
@@ -172,6 +174,31 @@ def test_an_enrollment_limit_is_an_sdk_enrollment_limited_with_when_to_retry():
         42,
     )
     assert sdk_error.code == Code.RESOURCE_EXHAUSTED and sdk_error.request_id == "e"
+
+
+def test_a_login_link_limit_is_an_sdk_quota_error_that_says_when_to_retry():
+    limited = _FailedCall(
+        server_errors.status_of(
+            LoginsLimited("login links per minute", 10, 10, 12.5), request_id="l", principal=Principal.tenant("t")
+        )
+    )
+    details = _rich(limited)
+    assert dict(details[error_details_pb2.ErrorInfo].metadata) == {
+        "what": "login links per minute",
+        "limit": "10",
+        "used": "10",
+        "retry_after_s": "12",
+    }
+    (violation,) = details[error_details_pb2.QuotaFailure].violations
+    assert violation.subject == "tenant:t"
+    sdk_error = errors.from_rpc_error(limited)
+    assert type(sdk_error) is errors.QuotaExceeded
+    assert (sdk_error.what, sdk_error.limit, sdk_error.used, sdk_error.retry_after_s) == (
+        "login links per minute",
+        10,
+        10,
+        12,
+    )
 
 
 def test_a_full_store_is_not_mistaken_for_an_oversized_request():
