@@ -10,7 +10,7 @@ addresses are open to its four ports. Each row times ``ListTenants`` over a fres
 enrollment port's health check (``CALLS`` each), and reads what the server holds from /proc. A second flood row
 comes from ``DISTRIBUTED`` addresses, enough to fill every port's total: new connections then wait for a slot
 (the handshake timeout frees them), so that row times ``ListTenants`` over an admin connection opened before it.
-The issue's target: the admin call answers within 1 s under the flood. Writes benchmarks/results/flood.json.
+The issue's target: the admin call answers within 1 s under the flood. Writes benchmarks/results/bench_flood.json.
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def main() -> None:
         "meets_target": max(flooded["list_tenants"]["max_s"], distributed["list_tenants"]["max_s"]) <= TARGET_S,
     }
     out = Path(tempfile.gettempdir()) if args.quick else harness.RESULTS
-    path = out / "flood.json"
+    path = out / "bench_flood.json"
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
     print(f"wrote {path}")
