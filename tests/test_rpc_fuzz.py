@@ -157,14 +157,15 @@ def call(channel: grpc.Channel, method: str, request, streaming: bool) -> grpc.S
 def fuzzed(tmp_path_factory):
     """A server that never starts workers (so jobs stay QUEUED), two tenants, queued jobs and a worker of each.
 
-    The fuzzed worker's job may end under the fuzz (a report that says finished); the parse test's worker
-    belongs to a second job whose id the fuzz never learns, so it stays a caller the worker methods admit.
+    The fuzz may end its worker's job (a report that says finished) and suspend its tenants (which cancels
+    their jobs); the parse test calls as a third tenant and a worker of that tenant's job, whose names the
+    fuzz never learns, so they stay callers the methods admit.
     """
     platform = Platform(tmp_path_factory.mktemp("fuzz"), settings={"max_workers_on_node": 0})
     platform.start()
-    with platform.enroll("acme") as acme, platform.enroll("bob"):
+    with platform.enroll("acme") as acme, platform.enroll("bob"), platform.enroll("quiet") as quiet:
         job = acme.submit(Job(name="target", steps=100_000, batch_size=4, seq_len=16))
-        untouched = acme.submit(Job(name="untouched", steps=100_000, batch_size=4, seq_len=16))
+        untouched = quiet.submit(Job(name="untouched", steps=100_000, batch_size=4, seq_len=16))
     pending = enroll.request_tenancy("victim", platform.address, platform.ca_pem, platform.enroll_address)
     ca = CertificateAuthority.load(platform.paths.ca_cert.read_bytes(), platform.paths.ca_key.read_bytes())
     worker = ca.issue_bundle(Principal.worker(job.id, 0), lifetime=dt.timedelta(hours=1))
@@ -185,6 +186,7 @@ def fuzzed(tmp_path_factory):
         "anonymous": grpc.secure_channel(platform.enroll_address, grpc.ssl_channel_credentials(platform.ca_pem)),
         "tenant": grpc.secure_channel(platform.address, credentials("acme")),
         "other_tenant": grpc.secure_channel(platform.address, credentials("bob")),
+        "parse_tenant": grpc.secure_channel(platform.address, credentials("quiet")),
         "worker": grpc.secure_channel(
             platform.address, grpc.ssl_channel_credentials(platform.ca_pem, worker.key_pem, worker.cert_pem)
         ),
@@ -292,7 +294,12 @@ def test_no_generated_request_makes_the_server_fail(fuzzed, identity):
     no_failure()
 
 
-ALLOWED_CALLER = ((PUBLIC, "anonymous"), (ADMIN, "admin"), (TENANT, "tenant"), (WORKER, "parse_worker"))  # by role
+ALLOWED_CALLER = (
+    (PUBLIC, "anonymous"),
+    (ADMIN, "admin"),
+    (TENANT, "parse_tenant"),
+    (WORKER, "parse_worker"),
+)  # by role
 MALFORMED = b"\x0a\x05ab"  # field 1, length-delimited, 5 bytes announced and 2 sent: no message type parses it
 
 
