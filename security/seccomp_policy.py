@@ -102,7 +102,7 @@ class SeccompUnavailable(RuntimeError):
 def library() -> ModuleType:
     """The libseccomp binding; :class:`SeccompUnavailable`, saying what to do, when it cannot load."""
     try:
-        import pyseccomp
+        import pyseccomp  # type: ignore[import-untyped]
     except (ImportError, RuntimeError, OSError) as error:  # pyseccomp raises RuntimeError without libseccomp.so
         raise SeccompUnavailable(
             f"the worker syscall filter needs libseccomp.so.2 and pyseccomp ({error}); install them "
