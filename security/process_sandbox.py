@@ -1,9 +1,12 @@
-"""How a freshly forked process becomes a worker: session, descriptors, user, directory, environment, memory.
+"""How a freshly forked process becomes a worker: session, descriptors, user, confinement, directory, environment, memory.
 
 The server decides what a worker gets (:mod:`cantata.server.sandbox`) and
 sends it as a :class:`SpawnRequest`; the zygote's child applies it with
 :func:`enter` before running a line of the worker, then
-:func:`limit_memory` once the worker's modules are loaded.
+:func:`limit_memory` once the worker's modules are loaded. The confinement
+(its own ``/proc`` that hides other users' processes, a task limit,
+no new privileges, a syscall filter) is :mod:`cantata.security.worker_confinement`
+and :mod:`cantata.security.seccomp_policy`.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ import signal
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from cantata.security import seccomp_policy
+from cantata.security.worker_confinement import forbid_new_privileges, hide_other_processes, limit_tasks
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,8 @@ class SpawnRequest:
     gid: int | None
     memory_bytes: int  # 0: no limit
     status: str = ""  # where the zygote writes how it exited ({"pid", "code"}), for a server started after it
+    max_tasks: int = 0  # RLIMIT_NPROC: processes and threads of its uid (0: no limit)
+    seccomp: bool = True  # the syscall filter; False only where the operator turned it off
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -41,7 +49,8 @@ def _open_fds() -> list[int]:
 
 
 def enter(request: SpawnRequest) -> None:
-    """In a freshly forked child: become the worker ``request`` describes (session, files, user, directory, env)."""
+    """In a freshly forked child: become the worker ``request`` describes (session, files, user, confinement,
+    directory, env). Fails (the worker does not start) if the syscall filter is asked for and cannot be loaded."""
     os.setsid()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGPIPE, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
@@ -54,11 +63,20 @@ def enter(request: SpawnRequest) -> None:
         if fd > 2:
             with contextlib.suppress(OSError):  # the listing's own descriptor is gone by now
                 os.close(fd)
+    if request.seccomp:
+        seccomp_policy.library()  # loaded while every library folder is still readable
     pinned = _pin_library_folders() if request.uid is not None else {}
+    visible = hide_other_processes() if request.uid is not None else ""
     if request.uid is not None and request.gid is not None:
         os.setgroups([])
         os.setgid(request.gid)
         os.setuid(request.uid)
+    limit_tasks(request.max_tasks)
+    forbid_new_privileges()
+    if request.seccomp:
+        seccomp_policy.install()
+    if visible:
+        print(f"cantata sandbox: other users' processes stay visible in /proc ({visible})", file=sys.stderr)
     _repoint(pinned)
     os.umask(0o077)
     os.chdir(request.cwd)

@@ -37,8 +37,10 @@ from cantata.proto.v1 import (
     tenancy_pb2_grpc,
     worker_pb2_grpc,
 )
+from cantata.security import seccomp_policy
 from cantata.security.audit import Action, AuditLog, AuditLogUnavailable
 from cantata.security.pki import CertificateAuthority, Principal
+from cantata.security.worker_confinement import ConfinementPolicy
 from cantata.server.auth import AuthInterceptor, Gatekeeper, request_id
 from cantata.server.broadcast import EventBroadcast
 from cantata.server.config import DataDir, ServerSettings, connection_limits, enrollment_limits, signin_limits
@@ -186,6 +188,9 @@ class ControlPlane:
     def _executor(self, secrets: SecretsBroker, connect_host: str) -> Executor:
         """The executor ``server.json`` (or ``server start``) names: where and how workers start."""
         identities = Identities(self.settings.worker_uid_base, self.settings.worker_uid_count)
+        confinement = ConfinementPolicy(self.settings.worker_seccomp, self.settings.worker_task_allowance)
+        if confinement.seccomp:
+            seccomp_policy.library()  # refuse to start, saying why, rather than fail every worker
         memory_limit = lambda job: runtime_budget(job.spec, self.settings.worker_memory_mib)  # noqa: E731
         if self.executor == "ray":
             from cantata.server.executors.ray import RayExecutor
@@ -203,6 +208,7 @@ class ControlPlane:
                 identities=identities,
                 memory_limit=memory_limit,
                 note=self._note,
+                confinement=confinement,
             )
         return LocalExecutor(
             self.paths.jobs,
@@ -215,6 +221,7 @@ class ControlPlane:
             identities=identities,
             memory_limit=memory_limit,
             warm=self.settings.warm_workers,
+            confinement=confinement,
             slots=self.settings.max_workers_on_node,
             memory=node_capacity(self.settings.node_memory_mib),
             gpus=self.gpus,

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cantata.security.keys import MASTER_KEY_ENV, LocalKeyring, MasterKey
+from cantata.security.worker_confinement import DEFAULT_TASK_ALLOWANCE
 from cantata.server.admission import ConnectionLimits
 from cantata.server.dashboard.signin import SignInLimits
 from cantata.server.enrollment import EnrollmentLimits
@@ -73,6 +74,10 @@ class ServerSettings:
     warm_workers: bool = True  # fork workers from a zygote that already imported torch (false: each imports it)
     worker_uid_base: int = 61000  # as root, each running job's workers get a uid of their own from here up
     worker_uid_count: int = 1000
+    worker_seccomp: bool = True  # the workers' syscall filter (needs libseccomp); false: run them without it
+    worker_task_allowance: int = (
+        DEFAULT_TASK_ALLOWANCE  # RLIMIT_NPROC: tasks per worker process beyond its compute threads (0: none)
+    )
     node_memory_mib: int = 0  # memory for workers on this node (0: the machine's); running jobs reserve their estimate
     worker_memory_mib: int = 0  # a worker's memory limit past its loaded size (0: twice its estimate + 1 GiB)
     gpus: int = -1  # GPUs of this node for the local executor (-1: torch.cuda.device_count() in a subprocess)

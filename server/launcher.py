@@ -14,7 +14,7 @@ descriptors, the workspace as working directory, the job's own uid, a memory
 limit); each shows as ``python -m cantata.trainer.worker --config FILE --job ID``
 and leads its own process group, so stopping a job reaches every process it started. Processes
 that share a ``torch.distributed`` group (all of an all-reduce job, or the
-ranks of one decentralized worker group) share its rendezvous address.
+ranks of one decentralized worker group) share its rendezvous, a file in the workspace (:mod:`cantata.server.rendezvous`).
 
 Workers outlive the server: neither they nor the zygote are in its process
 group or session, and the zygote stays with its workers when the server goes
@@ -33,7 +33,6 @@ import itertools
 import json
 import os
 import signal
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,11 +43,13 @@ from google.protobuf import json_format
 
 from cantata.security.pki import CertificateAuthority, Principal, gossip_server_name
 from cantata.security.process_sandbox import SpawnRequest
+from cantata.security.worker_confinement import DEFAULT_POLICY, ConfinementPolicy
 from cantata.server import process_identity as proc_identity
 from cantata.server.config import write_private
 from cantata.server.executors.base import WorkerExit
 from cantata.server.groups import group_size, processes
 from cantata.server.ports import CertificateRegistry, SecretsBroker
+from cantata.server.rendezvous import file_rendezvous, remove_rendezvous_files
 from cantata.server.sandbox import Identities, Identity, base_environment, give, prepare_job_folder, store_environment
 from cantata.server.store import JobRecord, WorkerRecord
 from cantata.server.zygote import ZYGOTE_GONE, ZYGOTE_MODULE, Zygote
@@ -126,12 +127,6 @@ class _Running:
     killed: set[int] = field(default_factory=set)  # killed one by one (hung), not yet reaped
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def process_alive(pid: int, job_id: str) -> bool:
     """True if ``pid`` is still a worker of ``job_id`` (guards against reused pids)."""
     argv = proc_identity.command_line(pid)
@@ -175,6 +170,7 @@ class WorkerLauncher:
         identities: Identities,
         memory_limit: Callable[[JobRecord], int],
         warm: bool = True,
+        confinement: ConfinementPolicy = DEFAULT_POLICY,
     ):
         self._jobs_dir = jobs_dir
         self._ca = ca
@@ -185,6 +181,7 @@ class WorkerLauncher:
         self._grace = grace
         self._identities = identities
         self._memory_limit = memory_limit  # bytes a worker of the job may allocate once loaded (0: no limit)
+        self._confinement = confinement
         self._zygote = Zygote(warm=warm, env=base_environment())
         self._running: dict[str, _Running] = {}
         self._exits = jobs_dir.with_name("exits")  # the zygotes' exit statuses, the server's alone
@@ -259,7 +256,7 @@ class WorkerLauncher:
         ws.mkdir(parents=True, exist_ok=True)
         ws.chmod(0o700)
         (ws / "ca.pem").write_bytes(self._ca.cert_pem)
-        rendezvous = [f"tcp://127.0.0.1:{free_port()}" for _ in range(processes(job.spec) // group_size(job.spec))]
+        rendezvous = [file_rendezvous(ws, g) for g in range(processes(job.spec) // group_size(job.spec))]
         running = self._running[job.id] = _Running({}, self._identities.acquire(job.id), rendezvous, attack)
         try:
             (ws / "tmp").mkdir(exist_ok=True)
@@ -280,6 +277,9 @@ class WorkerLauncher:
         Returns its pid; raises ``DataSourceError`` if the job's data source is gone.
         """
         running = self._running[job.id]
+        size, first = group_size(job.spec), worker - worker % group_size(job.spec)
+        if not any(running.procs[j].poll() is None for j in range(first, first + size) if j != worker):
+            running.rendezvous[worker // size] = file_rendezvous(self.workspace(job.id), worker // size)
         proc = self._spawn(job, worker, self._secrets.worker_secrets(job))
         running.procs[worker] = proc
         running.exited.pop(worker, None)
@@ -291,6 +291,7 @@ class WorkerLauncher:
         ws = self.workspace(job_id)
         for path in [*ws.glob("worker-*.json"), *ws.glob("worker-*.key")]:
             path.unlink(missing_ok=True)
+        remove_rendezvous_files(ws)
 
     def kill_orphan(self, worker: WorkerRecord, job_id: str) -> None:
         """Kill a worker an earlier server left running, if its pid still names that job's worker (and start time)."""
@@ -360,6 +361,7 @@ class WorkerLauncher:
             gid=running.identity.gid if running.identity else None,
             memory_bytes=self._memory_limit(job),
             status=str(self._status(job.id, i)),
+            **self._confinement.request_fields(processes(job.spec), int(threads)),
         )
         self._status(job.id, i).unlink(missing_ok=True)
         running.spawned[i] = time.monotonic()

@@ -61,6 +61,7 @@ from urllib.parse import unquote, urlparse
 from google.protobuf import json_format
 
 from cantata.security.pki import CertificateAuthority, Principal, gossip_server_name
+from cantata.security.worker_confinement import DEFAULT_POLICY, ConfinementPolicy
 from cantata.server.executors.base import NotPlaceable, WorkerExit
 from cantata.server.groups import decentralized, group_size, processes
 from cantata.server.memory import worker_estimate
@@ -172,6 +173,7 @@ class RayExecutor:
         identities: Identities,
         memory_limit: Callable[[JobRecord], int],
         note: Callable[[str, str], None] = lambda job_id, message: None,
+        confinement: ConfinementPolicy = DEFAULT_POLICY,
     ):
         self._address = address
         self._jobs_dir = jobs_dir
@@ -184,6 +186,7 @@ class RayExecutor:
         self._identities = identities
         self._memory_limit = memory_limit
         self._note = note  # a line in the job's events (where it was placed)
+        self._confinement = confinement
         self._jobs: dict[str, _Job] = {}
         self._resources: tuple[float, dict, dict, dict] = (0.0, {}, {}, {})
         self._hosts: dict[str, Any] = {}  # node id -> its NodeHost actor
@@ -451,6 +454,7 @@ class RayExecutor:
             "uid": uid,
             "gid": uid,
             "memory_bytes": self._memory_limit(job),
+            **self._confinement.request_fields(processes(job.spec), threads),
         }
         running = self._jobs[job.id]
         running.generations[i] = running.generations.get(i, -1) + 1
