@@ -71,7 +71,7 @@ def enter(request: SpawnRequest) -> None:
         os.setgroups([])
         os.setgid(request.gid)
         os.setuid(request.uid)
-    limit_tasks(request.max_tasks)
+    limit_tasks(request.max_tasks if request.uid is not None else 0)  # the limit counts every task of the uid
     forbid_new_privileges()
     if request.seccomp:
         seccomp_policy.install()
