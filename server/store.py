@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import math
 import sqlite3
 import threading
@@ -23,7 +24,7 @@ from typing import cast
 
 from cantata.proto.v1 import common_pb2, jobs_pb2
 from cantata.proto.vocabulary import TERMINAL_STATES as TERMINAL
-from cantata.security.audit import Action
+from cantata.security.audit import Action, Unsigned
 from cantata.server.broadcast import EventBroadcast
 from cantata.server.cache import Cache
 from cantata.server.database import Database
@@ -515,20 +516,35 @@ class Store:
             db.execute("DELETE FROM events WHERE job_id=?", (job_id,))
             db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
 
-    def undo_unrecorded(self, signed: int, recorded: Mapping[int, tuple[str, str]]) -> list[str]:
+    def undo_unrecorded(self, signed: int, recorded: Mapping[int, Unsigned]) -> list[str]:
         """On start: remove the jobs whose ``job_submitted`` record a crash took from the audit log; their ids.
 
-        ``signed`` is the seq the audit log's last checkpoint signed when it was opened and ``recorded`` the
-        (action, resource) by seq of each record after it. A job whose record's seq is past ``signed`` and not
+        ``signed`` is the seq the audit log's last checkpoint signed when it was opened and ``recorded`` each
+        record after it, by seq. A job whose record's seq is past ``signed`` and not
         so recorded was committed while its record was being synced, and the crash came first: the submission
         was never acknowledged, and nothing acted on the job (it was not placed before it settled).
         """
         with self.database.read() as db:
             rows = db.execute("SELECT id, audit_seq FROM jobs WHERE audit_seq > ?", (signed,)).fetchall()
-        undone = [r["id"] for r in rows if recorded.get(r["audit_seq"]) != (Action.JOB_SUBMITTED, r["id"])]
+        undone = [
+            r["id"]
+            for r in rows
+            if (kept := recorded.get(r["audit_seq"])) is None
+            or (kept.action, kept.resource) != (Action.JOB_SUBMITTED, r["id"])
+        ]
         for job_id in undone:
             self.undo_submission(job_id)
         return undone
+
+    def existing_jobs(self, job_ids: Collection[str]) -> set[str]:
+        """Which of ``job_ids`` are jobs (by primary key)."""
+        with self.database.read() as db:
+            return {
+                row[0]
+                for row in db.execute(
+                    "SELECT id FROM jobs WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(list(job_ids)),)
+                )
+            }
 
     def _check_quota(self, db: sqlite3.Connection, tenant: Tenant, spec: common_pb2.JobSpec) -> None:
         """Raise ``QuotaExceeded`` if one more active job with ``spec`` is over the tenant's limits."""
