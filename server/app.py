@@ -80,6 +80,7 @@ from cantata.server.submissions import SubmitWriter
 from cantata.server.sweeper import OrphanSweeper
 from cantata.server.telemetry import Telemetry
 from cantata.server.tls import RotatingCredentials
+from cantata.server.voided_submissions import submitted_jobs, to_void
 
 if TYPE_CHECKING:
     from cantata.server.dashboard.serving import DashboardServer
@@ -131,6 +132,18 @@ class ControlPlane:
             log.warning(
                 "undid the submission of %s: the crash took its audit record, and it was not acknowledged", job_id
             )
+        # And the opposite: a crash after a record's sync but before its commit's leaves a job_submitted record for
+        # a job that never existed. The log is append-only: each gets one compensating record, before anything else.
+        unsigned = self.audit.unsigned_at_open
+        for seq, record in to_void(unsigned, self.store.existing_jobs(submitted_jobs(unsigned))):
+            self.audit.append(
+                "server",
+                Action.JOB_SUBMISSION_VOIDED,
+                resource=record.resource,
+                tenant=record.tenant,
+                details={"submitted_seq": seq, "reason": "the crash took the job before its commit was durable"},
+            )
+            log.warning("voided the job_submitted record %d of %s: the job was never committed", seq, record.resource)
         # What the parts write through: records name the call; a submit's record is synced beside its commit.
         self.recorder = RequestAudit(self.audit, request_id, self.database, self.telemetry.audited)
         self.enrollment_limits = enrollment_limits(self.settings)

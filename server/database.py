@@ -204,6 +204,17 @@ WHEN (old.state IN (1, 2, 3, 4)) != (new.state IN (1, 2, 3, 4)) OR old.tenant !=
 END;
 """
 
+# 12 (branch fair): each tenant's latest job start, as a counter every start bumps (a trigger, so every way a job
+# starts counts), so the scheduler gives the next start to the tenant that started least recently
+# (:mod:`cantata.server.fairness`); the index makes the counter's maximum a seek. Tenants keep 0: none yet.
+_V12_LAST_START = """
+ALTER TABLE tenants ADD COLUMN last_start INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX tenants_by_last_start ON tenants (last_start);
+CREATE TRIGGER tenant_last_start AFTER UPDATE OF state ON jobs WHEN new.state = 2 AND old.state != 2 BEGIN
+    UPDATE tenants SET last_start = (SELECT MAX(last_start) FROM tenants) + 1 WHERE name = new.tenant;
+END;
+"""
+
 # MIGRATIONS[n] takes a database from version n to n + 1. Append; never edit a step that has shipped.
 MIGRATIONS: tuple[str, ...] = (
     _V1_STORE + _V1_DATA_SOURCES,  # 1: the unversioned schema of the store and the data sources, as it was
@@ -217,6 +228,7 @@ MIGRATIONS: tuple[str, ...] = (
     _V9_WORKER_ADOPTION,  # 9: workers.started_at, workers.last_seq
     _V10_SUBMIT_RECORD,  # 10: jobs.audit_seq
     _V11_PARKED,  # 11: jobs.parked, jobs_queue, jobs_parked, unfinished_jobs
+    _V12_LAST_START,  # 12: tenants.last_start, tenants_by_last_start, tenant_last_start
 )
 
 

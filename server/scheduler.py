@@ -10,10 +10,11 @@ queued jobs, but only after something that can change a placement: a job
 queued (submitted, resumed, requeued), a quota or tenant change (both
 :meth:`Scheduler.wake` it at once), a worker exit, or a head that was not due
 yet. Placement looks only at the queue's heads, the oldest queued job of each
-tenant (:meth:`~cantata.server.store.Store.queue_head`): the tenant with the
-fewest active jobs goes first, so one with a thousand queued jobs does not
-starve one with a single job, and a quiet server's cost does not grow with its
-queue. A head that does not fit yet waits (with its reason recorded), and so
+tenant (:meth:`~cantata.server.store.Store.queue_head`), and whose turn it
+is (:mod:`cantata.server.fairness`): the tenant with the fewest active jobs,
+then the one that started a job least recently, so one with a thousand queued
+jobs does not starve one with a single job, tenants take turns when slots are
+scarce, and a quiet server's cost does not grow with its queue. A head that does not fit yet waits (with its reason recorded), and so
 do the jobs behind it; one that cannot fit on the executor as it is (more GPUs
 than the cluster has) is parked with its reason (:meth:`~cantata.server.store.Store.park`): the others pass it
 in the index, and it is offered again when a recheck (one look per distinct reason, at the first tick after a

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import math
 import sqlite3
 import threading
@@ -23,10 +24,11 @@ from typing import cast
 
 from cantata.proto.v1 import common_pb2, jobs_pb2
 from cantata.proto.vocabulary import TERMINAL_STATES as TERMINAL
-from cantata.security.audit import Action
+from cantata.security.audit import Action, Unsigned
 from cantata.server.broadcast import EventBroadcast
 from cantata.server.cache import Cache
 from cantata.server.database import Database
+from cantata.server.fairness import QueueHead, turn
 from cantata.server.groups import processes
 
 ACTIVE = frozenset({common_pb2.STARTING, common_pb2.RUNNING, common_pb2.CANCELLING})
@@ -162,22 +164,21 @@ def _in(values: frozenset[int]) -> str:
     return ", ".join(str(int(v)) for v in sorted(values))
 
 
-# The scheduler's look at the queue: each tenant's oldest queued job that is not parked, the tenant with the fewest
-# active jobs first; every part of it a seek in an index (jobs_queue, jobs_by_state), so it costs the same whatever
-# the queue's length and however many jobs are parked. ``skipped`` placeholders name queued jobs to pass over
-# (those about to be parked).
+# The scheduler's look at the queue: each tenant's oldest queued job that is not parked, with what its turn depends
+# on (:mod:`cantata.server.fairness`): its tenant's active jobs and last start; every part of it a seek in an index
+# (jobs_queue, jobs_by_state), so it costs the same whatever the queue's length and however many jobs are parked.
+# ``skipped`` placeholders name queued jobs to pass over (those about to be parked).
 def queue_head_query(skipped: int) -> str:
     return (
-        "SELECT head.id FROM (SELECT t.name AS tenant, (SELECT q.id FROM jobs q "
+        "SELECT head.id, head.tenant, head.last_start, jobs.created_at, jobs.rowid, (SELECT COUNT(*) FROM jobs a "
+        f"WHERE a.state IN ({_in(ACTIVE)}) AND a.tenant = head.tenant) AS active "
+        "FROM (SELECT t.name AS tenant, t.last_start AS last_start, (SELECT q.id FROM jobs q "
         f"WHERE q.state={int(common_pb2.QUEUED)} AND q.parked=0 AND q.tenant=t.name "
         f"AND q.id NOT IN ({','.join('?' * skipped)}) "
-        "ORDER BY q.created_at, q.rowid LIMIT 1) AS id FROM tenants t) AS head JOIN jobs ON jobs.id = head.id "
-        "ORDER BY (SELECT COUNT(*) FROM jobs a "
-        f"WHERE a.state IN ({_in(ACTIVE)}) AND a.tenant = head.tenant), jobs.created_at, jobs.rowid LIMIT 1"
+        "ORDER BY q.created_at, q.rowid LIMIT 1) AS id FROM tenants t) AS head JOIN jobs ON jobs.id = head.id"
     )
 
 
-QUEUE_HEAD = queue_head_query(0)
 # A tenant's unfinished jobs (the concurrent-jobs quota): one row that triggers keep counted (migration 11).
 UNFINISHED_OF_TENANT = "SELECT COALESCE((SELECT n FROM unfinished_jobs WHERE tenant=?), 0)"
 
@@ -515,20 +516,35 @@ class Store:
             db.execute("DELETE FROM events WHERE job_id=?", (job_id,))
             db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
 
-    def undo_unrecorded(self, signed: int, recorded: Mapping[int, tuple[str, str]]) -> list[str]:
+    def undo_unrecorded(self, signed: int, recorded: Mapping[int, Unsigned]) -> list[str]:
         """On start: remove the jobs whose ``job_submitted`` record a crash took from the audit log; their ids.
 
-        ``signed`` is the seq the audit log's last checkpoint signed when it was opened and ``recorded`` the
-        (action, resource) by seq of each record after it. A job whose record's seq is past ``signed`` and not
+        ``signed`` is the seq the audit log's last checkpoint signed when it was opened and ``recorded`` each
+        record after it, by seq. A job whose record's seq is past ``signed`` and not
         so recorded was committed while its record was being synced, and the crash came first: the submission
         was never acknowledged, and nothing acted on the job (it was not placed before it settled).
         """
         with self.database.read() as db:
             rows = db.execute("SELECT id, audit_seq FROM jobs WHERE audit_seq > ?", (signed,)).fetchall()
-        undone = [r["id"] for r in rows if recorded.get(r["audit_seq"]) != (Action.JOB_SUBMITTED, r["id"])]
+        undone = [
+            r["id"]
+            for r in rows
+            if (kept := recorded.get(r["audit_seq"])) is None
+            or (kept.action, kept.resource) != (Action.JOB_SUBMITTED, r["id"])
+        ]
         for job_id in undone:
             self.undo_submission(job_id)
         return undone
+
+    def existing_jobs(self, job_ids: Collection[str]) -> set[str]:
+        """Which of ``job_ids`` are jobs (by primary key)."""
+        with self.database.read() as db:
+            return {
+                row[0]
+                for row in db.execute(
+                    "SELECT id FROM jobs WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(list(job_ids)),)
+                )
+            }
 
     def _check_quota(self, db: sqlite3.Connection, tenant: Tenant, spec: common_pb2.JobSpec) -> None:
         """Raise ``QuotaExceeded`` if one more active job with ``spec`` is over the tenant's limits."""
@@ -678,17 +694,19 @@ class Store:
             return {int(r[0]): int(r[1]) for r in db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state")}
 
     def queue_head(self, skip: Collection[str] = ()) -> JobRecord | None:
-        """The next job to place: each tenant's oldest queued job, the tenant with the fewest active jobs first.
+        """The next job to place: the head of the tenant whose turn it is (:func:`~cantata.server.fairness.turn`).
 
-        Ties go to the job queued first (by insertion order: jobs queued in the same millisecond share a time).
         Each tenant's head and active jobs are index seeks (``jobs_queue``, ``jobs_by_state``), so the look costs
         the same whatever the queue's length. Parked jobs (:meth:`park`) and those in ``skip`` are passed over.
         """
         with self._settling_lock:
             skip = (*skip, *self._settling)  # not acknowledged yet: placed once settled
         with self.database.read() as db:
-            row = db.execute(queue_head_query(len(skip)), tuple(skip)).fetchone()
-            return self._job(db, row[0]) if row else None
+            heads = [
+                QueueHead(r[0], r[1], r[5], r[2], r[3], r[4])
+                for r in db.execute(queue_head_query(len(skip)), tuple(skip))
+            ]
+            return self._job(db, min(heads, key=turn).job_id) if heads else None
 
     def delete_job(self, job_id: str, *, before: Callable[[JobRecord], None]) -> JobRecord:
         """Forget an ended job: its record, events, workers, anomalies, tags and metrics; returns what it was.

@@ -222,3 +222,33 @@ def test_a_launch_whose_room_was_taken_meanwhile_queues_the_job_again_instead_of
     assert store.job(job).reason == "waiting: the resources free at placement were taken"
     scheduler.tick()  # the next tick tries again, without a worker's exit to wake it
     assert launcher.launched == [job] and store.job(job).state == pb.STARTING
+
+
+def test_when_slots_are_scarce_every_tenant_starts_its_first_job_before_any_tenant_starts_a_second(store):
+    store.add_tenancy_request("third", b"csr", "sha256:third")
+    store.approve_tenant("third", "sha256:third", b"cert", pb.Quota(max_concurrent_jobs=1000), "root")
+    first = _submit(store, "busy", 3)  # busy queued all of its jobs first
+    second = _submit(store, "small", 2)
+    third = _submit(store, "third", 2)
+    scheduler, launcher = _scheduler(store, slots=1)
+    started: list[str] = []
+    for _ in range(7):  # one slot: start one job, end it, start the next
+        scheduler.tick()
+        (running,) = launcher.launched
+        started.append(running)
+        store.transition(running, pb.SUCCEEDED)
+        launcher.launched.clear()
+        scheduler.wake()  # a worker's exit would
+    assert started == [first[0], second[0], third[0], first[1], second[1], third[1], first[2]]
+
+
+def test_the_turns_survive_a_restart_of_the_scheduler(store):
+    first = _submit(store, "busy", 2)
+    (small,) = _submit(store, "small", 1)
+    scheduler, launcher = _scheduler(store, slots=1)
+    scheduler.tick()
+    assert launcher.launched == [first[0]]
+    store.transition(first[0], pb.SUCCEEDED)
+    restarted, relaunched = _scheduler(store, slots=1)  # the next server: the last start is in the database
+    restarted.tick()
+    assert relaunched.launched == [small]  # busy started most recently, though its next job was queued first

@@ -10,6 +10,7 @@ undoes it, and the audit log verifies. The cut is simulated because a real power
 from __future__ import annotations
 
 import sqlite3
+import subprocess
 import sys
 import textwrap
 import uuid
@@ -19,7 +20,7 @@ import pytest
 
 from cantata.proto.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
 from cantata.security.audit import Action, read_records, verify
-from tests.platform import Platform
+from tests.platform import Platform, cli
 
 _POWER_CUT = textwrap.dedent("""
     import os, runpy, sys, threading
@@ -103,3 +104,64 @@ def test_a_crash_between_the_commit_and_the_audit_sync_leaves_no_unaudited_job(p
     resources = [r.resource for r in read_records(audit) if r.action == Action.JOB_SUBMITTED]
     assert resources == [before.id, after.id]
     assert verify(audit).ok
+
+
+# What a crash after a submit's record was synced, before its commit was, leaves: the record, durable, and no job.
+# This process writes such records through the audit log's own API and dies without closing the log (no final
+# checkpoint), as the server would have; the job rows are simply never committed.
+_RECORD_THEN_DIE = textwrap.dedent("""
+    import os, sys
+    from pathlib import Path
+    from cantata.security.audit import Action, AuditLog
+
+    audit, actor, *jobs = sys.argv[1:]
+    log = AuditLog.open(Path(audit))
+    for job in jobs:
+        log.append(actor, Action.JOB_SUBMITTED, resource=job, tenant="acme", details={"name": "lost", "steps": 10})
+    os._exit(9)
+""")
+
+
+def test_a_crash_between_the_audit_sync_and_the_commit_is_voided_once_by_a_compensating_record(platform, tmp_path):
+    audit = platform.data_dir / "audit"
+    platform.start()
+    platform.enroll("acme", max_total_steps=100).close()
+    jobs = _jobs(platform, "acme")
+    kept = jobs.SubmitJob(jobs_pb2.SubmitJobRequest(spec=SPEC, request_id=uuid.uuid4().hex), timeout=60)
+    too_long = common_pb2.JobSpec(name="long", workers=1, ranks_per_worker=1, steps=1000, batch_size=4, seq_len=16)
+    with pytest.raises(grpc.RpcError):  # refused: its job_submitted record (outcome refused) names no job
+        jobs.SubmitJob(jobs_pb2.SubmitJobRequest(spec=too_long, request_id=uuid.uuid4().hex), timeout=60)
+    platform.kill()  # no final checkpoint: the records stay after the last signed one, as after a crash
+    (submitted,) = [r for r in read_records(audit) if r.action == Action.JOB_SUBMITTED and r.outcome == "ok"]
+    assert submitted.resource == kept.id
+    lost = [f"job-{uuid.uuid4().hex[:16]}" for _ in range(2)]
+    script = tmp_path / "record_then_die.py"
+    script.write_text(_RECORD_THEN_DIE)
+    died = subprocess.run([sys.executable, str(script), str(audit), submitted.actor, *lost], check=False)
+    assert died.returncode == 9
+    orphans = {
+        r.resource: r.seq for r in read_records(audit) if r.action == Action.JOB_SUBMITTED and r.resource in lost
+    }
+    assert sorted(orphans) == sorted(lost)
+
+    def voided() -> list:
+        return [r for r in read_records(audit) if r.action == Action.JOB_SUBMISSION_VOIDED]
+
+    platform.start()  # start-up reconciliation: one compensating record per orphan, before the server serves
+    first = voided()
+    assert sorted((r.resource, r.details["submitted_seq"], r.tenant) for r in first) == sorted(
+        (job, seq, "acme") for job, seq in orphans.items()
+    )
+    assert all(
+        f"voided the job_submitted record {seq} of {job}" in platform.server_log() for job, seq in orphans.items()
+    )
+    listed = _jobs(platform, "acme").ListJobs(jobs_pb2.ListJobsRequest(), timeout=60)
+    assert [j.id for j in listed.jobs] == [kept.id]  # the real job stays, and is not voided
+
+    platform.kill()  # the orphans and their voiding records are still after the last checkpoint: seen again
+    platform.start()
+    assert voided() == first  # a second start adds nothing
+    platform.stop()
+    assert voided() == first
+    assert verify(audit).ok
+    assert cli("audit", "verify", "--data-dir", str(platform.data_dir)).returncode == 0

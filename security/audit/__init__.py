@@ -30,6 +30,7 @@ from .record import AuditRecord
 from .render import REPORT_FORMATS, render_report
 from .report import Report, build_report
 from .segments import read_records
+from .tail import Unsigned
 from .verify import BreakKind, Finding, VerifyResult, verify
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "Outcome",
     "Report",
     "SecretMaterialError",
+    "Unsigned",
     "VerifyResult",
     "build_report",
     "export_checkpoints",

@@ -33,6 +33,8 @@ class Action(StrEnum):
     JOB_FINISHED = "job_finished"
     JOB_RESUMED = "job_resumed"
     JOB_DELETED = "job_deleted"  # its records and checkpoints, by its tenant or by the tenant's retention
+    # a job_submitted record whose job a crash took before its commit was durable: that job never existed
+    JOB_SUBMISSION_VOIDED = "job_submission_voided"
     # checkpoints
     CHECKPOINT_WRITTEN = "checkpoint_written"
     CHECKPOINT_READ = "checkpoint_read"

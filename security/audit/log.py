@@ -55,7 +55,7 @@ from .fsutil import fsync_directory, write_all, write_atomically, write_new_file
 from .layout import AuditLayout, LogIdentity
 from .record import AuditRecord, RecordTemplate, format_time, genesis_hash
 from .segments import LogLine, read_file, split_lines
-from .tail import check_tail
+from .tail import Unsigned, check_tail
 
 _log = logging.getLogger(__name__)
 _WORD = re.compile(r"[a-z][a-z0-9_]*")
@@ -175,10 +175,10 @@ def _read_tail(number: int, data: bytes) -> _Tail:
 class AuditLog:
     """An open, append-only audit log; one writer process at a time. Thread-safe."""
 
-    # What the log held when it was opened: the last signed checkpoint's seq, and (action, resource) by seq of each
-    # record after it, which a crash may have cut short (a server reconciles its acts with them on start).
+    # What the log held when it was opened: the last signed checkpoint's seq, and by seq each record after it, which
+    # a crash may have cut short or left without its act (a server reconciles its acts with them on start).
     signed_at_open: int
-    unsigned_at_open: dict[int, tuple[str, str]]
+    unsigned_at_open: dict[int, Unsigned]
     # Where the log stands; set by _load_checkpoint_tail and _load_segment_tail.
     _seq: int
     _head: str

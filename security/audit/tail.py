@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from .errors import AuditLogCorrupt
 from .layout import AuditLayout
@@ -19,6 +20,15 @@ from .record import canonical, canonical_line_hash, genesis_hash
 from .segments import LogLine, read_file, split_lines
 
 _ADVICE = "run `cantata audit verify`"
+
+
+class Unsigned(NamedTuple):
+    """What a server reconciles its acts with, of one record after the last signed checkpoint."""
+
+    action: str
+    resource: str
+    tenant: str
+    outcome: str
 
 
 @dataclass(frozen=True)
@@ -30,7 +40,7 @@ class Tail:
     segment_number: int
     segment_size: int
     torn: tuple[Path, LogLine] | None
-    unsigned: dict[int, tuple[str, str]]  # seq -> (action, resource) of each record after the checkpoint
+    unsigned: dict[int, Unsigned]  # seq -> each record after the checkpoint
 
 
 def _seq_of(line: LogLine) -> int | None:
@@ -57,7 +67,7 @@ def check_tail(layout: AuditLayout, log_id: str, signed_seq: int, signed_hash: s
     seq, head = 0, genesis_hash(log_id)
     reached = signed_seq == 0
     torn: tuple[Path, LogLine] | None = None
-    unsigned: dict[int, tuple[str, str]] = {}
+    unsigned: dict[int, Unsigned] = {}
     for _number, path, lines in found:
         for line in lines:
             line_seq = _seq_of(line)
@@ -85,7 +95,9 @@ def check_tail(layout: AuditLayout, log_id: str, signed_seq: int, signed_hash: s
                     f"{where}: record {line_seq} does not follow record {seq} in the chain; {_ADVICE}"
                 )
             else:
-                unsigned[line_seq] = (str(stored.get("action")), str(stored.get("resource")))
+                unsigned[line_seq] = Unsigned(
+                    *(str(stored.get(field, "")) for field in ("action", "resource", "tenant", "outcome"))
+                )
             seq, head = line_seq, stored["hash"]
     if seq < signed_seq:
         raise AuditLogCorrupt(
