@@ -13,7 +13,7 @@ import os
 import resource
 import signal
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 
@@ -31,6 +31,7 @@ class SpawnRequest:
     gid: int | None
     memory_bytes: int  # 0: no limit
     status: str = ""  # where the zygote writes how it exited ({"pid", "code"}), for a server started after it
+    groups: list[int] = field(default_factory=list)  # supplementary groups with ``uid`` (its tenant's gid)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -56,7 +57,7 @@ def enter(request: SpawnRequest) -> None:
                 os.close(fd)
     pinned = _pin_library_folders() if request.uid is not None else {}
     if request.uid is not None and request.gid is not None:
-        os.setgroups([])
+        os.setgroups(request.groups)
         os.setgid(request.gid)
         os.setuid(request.uid)
     _repoint(pinned)

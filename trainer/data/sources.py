@@ -192,12 +192,25 @@ class LocalDirectory:
         self.root, self.uri, self._skip_dirs = root, uri, skip_dirs
         if not trusted_root:
             _refuse_links(root, Path(root.anchor), uri)
-        if not root.is_dir():
+        try:
+            is_dir = stat.S_ISDIR(root.stat().st_mode)
+        except PermissionError:
+            raise DatasetAccessError(
+                f"dataset {uri}: this job's workers may not read {root} (permission denied): as root the server "
+                "runs them as a uid of their own, with their tenant's gid (docs/security.md, Tenants' files)"
+            ) from None
+        except OSError:
+            is_dir = False
+        if not is_dir:
             raise DatasetNotFoundError(f"dataset {uri}: directory {root} does not exist")
 
     def sizes(self) -> dict[str, int]:
         sizes = {}
-        for directory, subdirs, files in os.walk(self.root):
+
+        def unreadable(error: OSError) -> None:
+            raise DatasetAccessError(f"dataset {self.uri}: cannot list {error.filename} ({error.strerror})")
+
+        for directory, subdirs, files in os.walk(self.root, onerror=unreadable):
             base = Path(directory)
             for name in subdirs + files:
                 if (base / name).is_symlink():
