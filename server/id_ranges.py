@@ -25,7 +25,7 @@ from cantata.server import process_identity
 REGISTRY = Path("/run/cantata/id-ranges.json")
 
 
-class IdRangeInUse(RuntimeError):
+class IdRangeInUse(ValueError):
     """Another live server on this host uses some of this server's worker uids or tenant gids."""
 
 

@@ -282,7 +282,7 @@ def prepare_job_folder(store_root: Path, tenant: str, job_id: str, identity: Ide
     return job_dir
 
 
-class WorkersBlocked(RuntimeError):
+class WorkersBlocked(PermissionError):
     """A directory above the data directory keeps the workers' uids out (every job would fail)."""
 
 
