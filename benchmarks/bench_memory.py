@@ -1,190 +1,195 @@
-"""Memory per rank of one decoder under FSDP2 at dp_shard = 1, 2, 4, on real gloo CPU processes.
+"""Memory per rank of a job's worker processes at dp_shard = 1, 2, 4: at start (Trainer construction) and training.
 
-Each run spawns D processes (one thread each) that build the decoder on the
-meta device, shard it with the trainer's own ``parallelize`` on a
-``dp_shard = D`` mesh, materialise and initialise each rank's shards, then
-train a few AdamW steps (``build_optimizer(model, "adamw")``). Every rank
-reports the bytes of its local shards of the parameters, the gradients and
-AdamW's state (exp_avg, exp_avg_sq, step), and its peak RSS (VmHWM, which
-includes the interpreter and torch, activations and the layer that FSDP2
-all-gathers for compute). The ratio ``bytes(D) · D / bytes(1)`` is 1.0 when a
-part scales exactly as 1/D.
+Each run spawns D real processes (gloo on the CPU, one thread each) that do
+what a job's workers do: a ``WorkerConfig`` of an allreduce job spec with
+``dp_shard = D``, its strategy (process group and mesh), then
+``Trainer(cfg, ...)``, the very construction a worker runs; then a few
+optimizer steps of the job's AdamW on synthetic batches. Every rank reports
+its peak RSS (VmHWM) after construction (the init peak), then, with the peak
+reset (``/proc/self/clear_refs``), over the steps (the step peak), both above
+its RSS before construction (the interpreter, torch, the process group), and
+the bytes of its local parameters and AdamW state. Each peak is compared with
+its shard of the training state, ``16 B x N / D`` (fp32 weights, gradients,
+two moments).
 
-    .venv/bin/python benchmarks/bench_memory.py            # the ~27M-parameter decoder below, 3 steps
-    .venv/bin/python benchmarks/bench_memory.py --quick    # llama-tiny, 1 step
+Side by side, ``old`` runs the path jobs took before: the whole fp32 model
+built on every rank (``build_model``), then sharded with ``parallelize``; it
+is kept here only, patched into the Trainer for its run. At D = 1 there is no
+mesh and both paths build the whole model, which is the shard.
 
-Writes ``benchmarks/results/bench_memory.json`` and ``.png`` (``--quick``: a temporary folder, or ``--out``).
+    .venv/bin/python benchmarks/bench_memory.py            # qwen3-0.6b, 2 steps of 1 x 32 tokens
+    .venv/bin/python benchmarks/bench_memory.py --quick    # qwen3-tiny, 1 step
+
+Writes ``benchmarks/results/bench_memory.json`` (``--quick``: a temporary folder, or ``--out``).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
+import socket
 import tempfile
-import warnings
+import threading
 from pathlib import Path
 
 import harness
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from cantata.proto.vocabulary import MixedPrecision
-from cantata.trainer.decoder import Decoder, DecoderConfig
-from cantata.trainer.model import MODELS
-from cantata.trainer.optim import build_optimizer
-from cantata.trainer.parallel import Parallelism, data_rank, parallelize
+from cantata.proto import jobfields
+from cantata.proto.v1 import common_pb2
+from cantata.trainer import loop
+from cantata.trainer.config import WorkerConfig
+from cantata.trainer.model import build_model
+from cantata.trainer.parallel import parallelize
+from cantata.trainer.shards import local_block
 
-# Llama-shaped, about 27M parameters: 430 MB of fp32 parameters, gradients and AdamW moments on one rank.
-DECODER = DecoderConfig(
-    dim=512, n_layers=6, n_heads=8, n_kv_heads=4, head_dim=64, ffn_dim=1536, vocab_size=8192,
-    block_size=256, rope_theta=10000.0, norm_eps=1e-6, tie_embeddings=False, qk_norm=False,
-)  # fmt: skip
-BATCH, SEQ = 8, 128
 RANKS = (1, 2, 4)
+BATCH, SEQ = 1, 32
+BYTES_PER_PARAMETER = 16  # fp32 weights, gradients, AdamW's two moments
 
 
-def _rss_kib(field: str) -> int:
+def _status_kib(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
+def _reset_peak() -> None:
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM starts again from the present RSS
+
+
+def _old_build_sharded(name, seed, mesh, precision, checkpointing):
+    """The path before meta-device construction: the whole model on every rank, then sharded."""
+    model = build_model(name, seed)
+    parallelize(model, mesh, precision, checkpointing)
+    return model
+
+
+def worker_config(model: str, world: int, rank: int, port: int, store: Path) -> WorkerConfig:
+    """What the launcher would write for rank ``rank`` of an allreduce job of ``model`` over ``dp_shard = world``."""
+    spec = common_pb2.JobSpec(
+        name="bench-memory",
+        model=model,
+        algorithm="allreduce",
+        workers=world,
+        dp_shard=world,
+        steps=10,
+        batch_size=BATCH,
+        seq_len=SEQ,
+        checkpoint_store=store.as_uri(),
+    )
+    jobfields.fill_defaults(spec)
+    return WorkerConfig(
+        job_id="bench",
+        tenant="bench",
+        worker=rank,
+        workers=world,
+        attempt=0,
+        server="",
+        ca=store,
+        cert=store,
+        key=store,
+        rendezvous=f"tcp://127.0.0.1:{port}",
+        threads=1,
+        spec=spec,
+        checkpoint_keys=None,  # type: ignore[arg-type]  # nothing is sealed here
+        dataset_access=None,  # type: ignore[arg-type]  # the batches are synthetic
+    )
+
+
 def _local_bytes(tensors) -> int:
-    total = 0
-    for t in tensors:
-        local = t.to_local() if hasattr(t, "to_local") else t
-        total += local.numel() * local.element_size()
-    return total
+    return sum(local_block(t)[0].numel() * t.element_size() for t in tensors)
 
 
-def _worker(rank: int, world: int, init_file: str, out_file: str, cfg: DecoderConfig, steps: int) -> None:
-    torch.set_num_threads(1)
-    warnings.filterwarnings("ignore", message="DTensor random operators")  # init only: values do not matter here
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    mesh = Parallelism(1, world, 1).mesh()
-    baseline_kib = _rss_kib("VmRSS")
-    with torch.device("meta"):
-        model = Decoder(cfg)
-    parallelize(model, mesh, MixedPrecision.FP32, checkpointing=False)
-    model.to_empty(device="cpu")
-    torch.manual_seed(0)
-    model.reset_parameters()
-    optimizer = build_optimizer(model, "adamw", lr=1e-3)
-    index, count = data_rank(mesh)
-    generator = torch.Generator().manual_seed(0)
+def _worker(rank: int, world: int, port: int, model: str, path: str, steps: int, scratch: str) -> None:
+    if path == "old":
+        loop.build_sharded = _old_build_sharded  # type: ignore[attr-defined]
+    cfg = worker_config(model, world, rank, port, Path(scratch))
+    torch.set_num_threads(cfg.threads)
+    strategy = loop.AllReduce(cfg)
+    before = _status_kib("VmRSS")
+    _reset_peak()
+    trainer = loop.Trainer(cfg, None, threading.Event(), strategy)  # type: ignore[arg-type]  # no server to report to
+    init_peak = _status_kib("VmHWM")
+    _reset_peak()
+    vocab = trainer.model.cfg.vocab_size
+    generator = torch.Generator().manual_seed(rank)
+    trainer.optimizer.set_lr(cfg.spec.lr)
     for _ in range(steps):
-        batch = torch.randint(0, cfg.vocab_size, (BATCH, SEQ + 1), generator=generator).chunk(count)[index]
-        _, loss = model(batch[:, :-1], batch[:, 1:])
+        batch = torch.randint(0, vocab, (BATCH, SEQ + 1), generator=generator)
+        _, loss = trainer.model(batch[:, :-1], batch[:, 1:])
         loss.backward()
-        grads = _local_bytes(p.grad for p in model.parameters() if p.grad is not None)
-        optimizer.step()
-        optimizer.zero_grad()
-    state = [v for s in optimizer.adamw.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+        trainer.optimizer.step()
+        trainer.optimizer.zero_grad()
+    step_peak = _status_kib("VmHWM")
+    state = [v for s in trainer.optimizer.adamw.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
     report = {
         "rank": rank,
-        "param_bytes": _local_bytes(model.parameters()),
-        "grad_bytes": grads,
+        "parameters": sum(p.numel() for p in trainer.model.parameters()),
+        "param_bytes": _local_bytes(trainer.model.parameters()),
         "optimizer_bytes": _local_bytes(state),
-        "baseline_rss_bytes": baseline_kib * 1024,
-        "peak_rss_bytes": _rss_kib("VmHWM") * 1024,
+        "rss_before_bytes": before * 1024,
+        "init_peak_bytes": (init_peak - before) * 1024,
+        "step_peak_bytes": (step_peak - before) * 1024,
         "loss": loss.item(),
     }
-    gathered: list = [None] * world
-    dist.all_gather_object(gathered, report)
-    if rank == 0:
-        Path(out_file).write_text(json.dumps(gathered))
-    dist.destroy_process_group()
+    Path(scratch, f"rank{rank}.json").write_text(json.dumps(report))
+    strategy.close()
 
 
-def run(cfg: DecoderConfig, world: int, steps: int) -> list[dict]:
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(model: str, world: int, path: str, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
-        out_file = Path(scratch) / "ranks.json"
-        mp.spawn(_worker, args=(world, str(Path(scratch) / "init"), str(out_file), cfg, steps), nprocs=world)
-        return json.loads(out_file.read_text())
-
-
-PARTS = ("param_bytes", "grad_bytes", "optimizer_bytes", "peak_rss_bytes")
-
-
-def summarize(runs: dict[int, list[dict]]) -> list[dict]:
-    """Per D: the largest rank's bytes of each part, and that over the ideal bytes(1)/D."""
-    single = {part: runs[1][0][part] for part in PARTS}
-    rows = []
-    for world, ranks in runs.items():
-        row = {"D": world, "ranks": ranks}
-        for part in PARTS:
-            largest = max(r[part] for r in ranks)
-            row[part] = largest
-            row[part.replace("_bytes", "_over_ideal")] = largest * world / single[part]
-        states = [r["param_bytes"] + r["grad_bytes"] + r["optimizer_bytes"] for r in ranks]
-        row["state_bytes"] = max(states)
-        row["state_over_ideal"] = max(states) * world / sum(single[p] for p in PARTS[:3])
-        row["peak_rss_above_baseline_bytes"] = max(r["peak_rss_bytes"] - r["baseline_rss_bytes"] for r in ranks)
-        rows.append(row)
-    return rows
-
-
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(7, 4.2))
-    ranks = [r["D"] for r in rows]
-    labels = {
-        "param_bytes": "parameters",
-        "grad_bytes": "gradients",
-        "optimizer_bytes": "AdamW state",
-        "peak_rss_above_baseline_bytes": "peak RSS above baseline",
+        mp.spawn(_worker, args=(world, _free_port(), model, path, steps, scratch), nprocs=world)
+        ranks = [json.loads(Path(scratch, f"rank{r}.json").read_text()) for r in range(world)]
+    state = BYTES_PER_PARAMETER * ranks[0]["parameters"] / world  # this rank's shard of the training state
+    init, step = max(r["init_peak_bytes"] for r in ranks), max(r["step_peak_bytes"] for r in ranks)
+    return {
+        "D": world,
+        "path": path,
+        "shard_state_bytes": state,
+        "init_peak_bytes": init,
+        "step_peak_bytes": step,
+        "init_over_shard_state": init / state,
+        "step_over_shard_state": step / state,
+        "ranks": ranks,
     }
-    for part, label in labels.items():
-        axis.plot(ranks, [r[part] / 2**20 for r in rows], marker="o", label=label)
-    ideal = rows[0]["state_bytes"] / 2**20
-    axis.plot(ranks, [ideal / d for d in ranks], linestyle="--", color="grey", label="params+grads+state, ideal 1/D")
-    axis.set_xscale("log", base=2)
-    axis.set_xticks(ranks, [str(d) for d in ranks])
-    axis.set_xlabel("dp_shard (ranks)")
-    axis.set_ylabel("MiB per rank (largest rank)")
-    axis.set_title("FSDP2 memory per rank, gloo CPU processes")
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="llama-tiny and 1 step")
+    parser.add_argument("--quick", action="store_true", help="qwen3-tiny and 1 step")
     harness.add_output_argument(parser)
     args = parser.parse_args()
-    cfg = MODELS["llama-tiny"] if args.quick else DECODER
-    assert isinstance(cfg, DecoderConfig)
-    steps = 1 if args.quick else 3
-    runs = {world: run(cfg, world, steps) for world in RANKS}
-    rows = summarize(runs)
+    model, steps = ("qwen3-tiny", 1) if args.quick else ("qwen3-0.6b", 2)
+    rows = [run(model, 1, "new", steps)]  # one rank: no mesh, the whole model is its shard
+    for world in RANKS[1:]:
+        rows += [run(model, world, "new", steps), run(model, world, "old", steps)]
     report = {
-        "model": "llama-tiny" if args.quick else "Llama-shaped decoder",
-        "config": dataclasses.asdict(cfg),
-        "parameters": runs[1][0]["param_bytes"] // 4,
+        "model": model,
+        "parameters": rows[0]["ranks"][0]["parameters"],
         "batch": [BATCH, SEQ],
         "steps": steps,
         "quick": args.quick,
-        "backend": "gloo, CPU, one thread per process, FSDP2 (fully_shard per layer and root), fp32",
+        "backend": "gloo, CPU, one thread per process, FSDP2 (fully_shard per layer and root), fp32, AdamW",
+        "measure": "peak RSS (VmHWM) above the RSS before Trainer construction, largest rank",
+        "target": "init peak <= 1.3 x the rank's shard of the training state (16 B x N / D)",
         "rows": rows,
     }
     out = harness.output_dir(args.out, args.quick)
     print(f"wrote {harness.write_results('memory', report, out)}")
-    plot(rows, harness.result_file(out, "memory", ".png"))
     for r in rows:
         print(
-            f"D={r['D']}: params {r['param_bytes'] / 2**20:.1f} MiB ({r['param_over_ideal']:.3f}x ideal), "
-            f"grads {r['grad_bytes'] / 2**20:.1f} ({r['grad_over_ideal']:.3f}x), "
-            f"AdamW {r['optimizer_bytes'] / 2**20:.1f} ({r['optimizer_over_ideal']:.3f}x), "
-            f"peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB ({r['peak_rss_over_ideal']:.2f}x), "
-            f"above baseline {r['peak_rss_above_baseline_bytes'] / 2**20:.0f} MiB"
+            f"D={r['D']} {r['path']}: shard state {r['shard_state_bytes'] / 2**30:.2f} GiB, "
+            f"init peak {r['init_peak_bytes'] / 2**30:.2f} GiB ({r['init_over_shard_state']:.2f}x), "
+            f"step peak {r['step_peak_bytes'] / 2**30:.2f} GiB ({r['step_over_shard_state']:.2f}x)"
         )
 
 

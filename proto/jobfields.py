@@ -308,7 +308,7 @@ MODEL_FIELDS: tuple[JobField, ...] = (
     JobField(
         "init_from",
         str,
-        "initial weights: a .safetensors file or object, or a directory or prefix of them (Hugging Face names): "
+        "initial weights: a .safetensors file or object, or a directory or prefix of them (Hugging Face names; a Llama/Qwen3 folder's config.json must be the job's model): "
         "file:///PATH under an allowed root, s3://SOURCE@bucket/prefix or az://SOURCE@container/prefix through "
         "one of your data sources; loaded one at a time, each rank keeping its shard",
         "",

@@ -833,19 +833,20 @@ def _build_checkpoints(root: argparse._SubParsersAction, groups: dict) -> None:
     p = ckpts.add_parser("download", help="download a checkpoint's model state")
     p.add_argument("job_id")
     p.add_argument("step", type=int, nargs="?", help="the checkpoint's step (default: the latest)")
-    p.add_argument("--out", required=True, help="a file (torch) or a directory (safetensors)")
+    p.add_argument("--out", required=True, help="a file (torch) or a directory (safetensors, hf)")
     p.add_argument(
         "--format",
-        choices=["torch", "safetensors"],
+        choices=["torch", "safetensors", "hf"],
         default="torch",
         help="torch: the state dict as saved; safetensors: OUT/model.safetensors + OUT/config.json, "
-        "loadable without Cantata (needs torch and safetensors here)",
+        "loadable without Cantata; hf: a Hugging Face Llama/Qwen3 folder that transformers' "
+        "from_pretrained loads (both need torch and safetensors here)",
     )
     p.add_argument(
         "--consolidate",
         action="store_true",
         help="join a mesh job's sharded checkpoint into one OUT/model.safetensors of full tensors "
-        "(implies --format safetensors; needs torch and safetensors here)",
+        "(--format safetensors unless hf is given; needs torch and safetensors here)",
     )
     _client_flags(p, None, json_flag=False)
     p.set_defaults(func=cmd_checkpoints_download)

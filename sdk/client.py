@@ -34,6 +34,7 @@ from cantata.proto.v1 import (
     jobs_pb2_grpc,
 )
 from cantata.proto.vocabulary import (
+    BYTE_GPTS,
     DATA_SOURCE_SECRETS,
     MODEL_SHAPES,
     STATE_NAMES,
@@ -69,7 +70,7 @@ MAX_REQUEST_BYTES = 4 << 20
 DATA_SOURCE_KINDS = {"s3": datasources_pb2.S3, "az": datasources_pb2.AZURE_BLOB}
 DATA_SOURCE_KIND_NAMES = {value: name for name, value in DATA_SOURCE_KINDS.items()}
 DATASET_KEY_SIZE = 32
-CHECKPOINT_FORMATS = ("torch", "safetensors")
+CHECKPOINT_FORMATS = ("torch", "safetensors", "hf")
 CHECKPOINT_FORMAT_GROUP = "cantata.checkpoint_formats"  # entry points: format name -> converter(state, out, config)
 
 
@@ -571,12 +572,14 @@ class Client:
         ``format="torch"`` writes the state dict as ``torch.save`` made it; ``"safetensors"`` makes
         ``path`` a directory holding ``model.safetensors`` and ``config.json`` (the model's shape), which
         load with ``safetensors`` and ``torch`` alone (converting needs both installed here).
-        ``consolidate=True`` (implies ``"safetensors"``) also takes a mesh job's sharded checkpoint:
-        every rank's shards are joined here into full tensors, one ``model.safetensors``.
+        ``"hf"`` makes it a Hugging Face Llama or Qwen3 folder (a decoder's only), which
+        ``transformers.AutoModelForCausalLM.from_pretrained`` loads.
+        ``consolidate=True`` (with ``"torch"``, implies ``"safetensors"``) also takes a mesh job's sharded
+        checkpoint: every rank's shards are joined here into full tensors, one ``model.safetensors``.
         """
         if format not in CHECKPOINT_FORMATS:
             raise InvalidArgument(f"format: one of {', '.join(CHECKPOINT_FORMATS)}, not {format!r}")
-        if consolidate:
+        if consolidate and format == "torch":
             format = "safetensors"
         if step is None:
             steps = [c.step for c in self.checkpoints(job_id)]
@@ -587,6 +590,8 @@ class Client:
             return self._download_state(job_id, step, Path(path), consolidate=False)
         convert = _checkpoint_converter(format)
         info = self._call(self._jobs.GetJob, jobs_pb2.GetJobRequest(job_id=job_id))
+        if format == "hf" and Model(info.spec.model) in BYTE_GPTS:
+            raise InvalidArgument(f"format hf: {info.spec.model} is a byte GPT; hf takes the Llama/Qwen3 decoders")
         out = Path(path)
         state = self._download_state(job_id, step, out.with_name(out.name + ".state"), consolidate=consolidate)
         try:

@@ -51,19 +51,18 @@ class InvalidJob(InvalidArgument):
 
 
 class QuotaExceeded(CantataError):
-    """A tenant limit is reached; ``what``, ``limit`` and ``used`` say which."""
+    """A tenant limit is reached; ``what``, ``limit`` and ``used`` say which, and ``retry_after_s`` (when the
+    server tells, as for login links; else 0) when to try again."""
 
-    def __init__(self, message: str, *, what: str = "", limit: int = 0, used: int = 0, **kwargs):
+    def __init__(
+        self, message: str, *, what: str = "", limit: int = 0, used: int = 0, retry_after_s: float = 0.0, **kwargs
+    ):
         super().__init__(message, **kwargs)
-        self.what, self.limit, self.used = what, limit, used
+        self.what, self.limit, self.used, self.retry_after_s = what, limit, used, retry_after_s
 
 
 class EnrollmentLimited(QuotaExceeded):
     """An anonymous enrollment limit (pending requests, or calls per address); retry after ``retry_after_s``."""
-
-    def __init__(self, message: str, *, retry_after_s: float = 0.0, **kwargs):
-        super().__init__(message, **kwargs)
-        self.retry_after_s = retry_after_s
 
 
 class Conflict(CantataError):
@@ -138,8 +137,15 @@ def from_rpc_error(err: grpc.RpcError) -> CantataError:
         bad = details.get(error_details_pb2.BadRequest, error_details_pb2.BadRequest())
         return InvalidJob(message, field=bad.field_violations[0].field if bad.field_violations else "", **common)
     if reason == ErrorReason.QUOTA_EXCEEDED:
-        what, limit, used = (info.metadata.get(key, "") for key in ("what", "limit", "used"))
-        return QuotaExceeded(message, what=what, limit=int(limit or 0), used=int(used or 0), **common)
+        what, limit, used, retry = (info.metadata.get(key, "") for key in ("what", "limit", "used", "retry_after_s"))
+        return QuotaExceeded(
+            message,
+            what=what,
+            limit=int(float(limit or 0)),
+            used=int(used or 0),
+            retry_after_s=float(retry or 0),
+            **common,
+        )
     if reason == ErrorReason.ENROLLMENT_LIMITED:
         what, limit, retry = (info.metadata.get(key, "") for key in ("what", "limit", "retry_after_s"))
         return EnrollmentLimited(

@@ -44,8 +44,10 @@ from __future__ import annotations
 import io
 import json
 import logging
+import mmap
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import IO, Any, cast
@@ -53,6 +55,7 @@ from typing import IO, Any, cast
 from cantata.security.keys import JobKeys, envelope_key_version
 from cantata.security.stream_aead import (
     DEFAULT_SEGMENT_SIZE,
+    BufferTooSmallError,
     ContextMismatchError,
     IntegrityError,
     KeyUnwrapper,
@@ -390,20 +393,64 @@ def read_shard(
     checked against ``shard`` (from a verified manifest) after the last one,
     so a consumer must treat the data as valid only once iteration finishes.
     """
-    try:
-        reader = store.get(object_key(tenant, job_id, step, shard.name))
-    except BlobNotFoundError:
-        raise MissingShardError(f"shard {shard.name!r} of {tenant}/{job_id} step {step} is missing") from None
-    with reader:
-        context = StreamContext(tenant, job_id, step, shard.name)
-        decryptor = StreamDecryptor(reader, context=context, unwrapper=keys, expected_sealed_size=shard.sealed_size)
+    with _open_shard(store, tenant, job_id, step, shard, keys) as decryptor:
         received = 0
         for segment in decryptor:
             received += len(segment)
             if received > shard.plaintext_size:
                 raise ShardMismatchError(f"shard {shard.name!r} is longer than its manifest records")
             yield segment
-        summary = decryptor.summary
+    _check_against_manifest(decryptor, shard, tenant, job_id, step)
+
+
+def read_shard_buffer(
+    store: BlobStore, *, tenant: str, job_id: str, step: int, shard: ShardInfo, keys: KeyUnwrapper
+) -> memoryview:
+    """A shard's whole plaintext, decrypted in place into one writable buffer of its manifest size.
+
+    The buffer is returned only once every segment passed its tag and the
+    shard's size and digest matched the manifest; on any failure it is dropped.
+    """
+    buffer = _plaintext_buffer(shard.plaintext_size)
+    with _open_shard(store, tenant, job_id, step, shard, keys) as decryptor:
+        try:
+            decryptor.read_into(buffer)
+        except BufferTooSmallError:
+            raise ShardMismatchError(f"shard {shard.name!r} is longer than its manifest records") from None
+    _check_against_manifest(decryptor, shard, tenant, job_id, step)
+    return buffer
+
+
+def read_shard_bytes(
+    store: BlobStore, *, tenant: str, job_id: str, step: int, shard: ShardInfo, keys: KeyUnwrapper
+) -> bytes:
+    """A shard's whole plaintext as bytes, returned only once its size and digest matched the manifest."""
+    return bytes(read_shard_buffer(store, tenant=tenant, job_id=job_id, step=step, shard=shard, keys=keys))
+
+
+def _plaintext_buffer(size: int) -> memoryview:
+    """``size`` writable bytes of private anonymous memory, its pages faulted in by one call, not one fault each."""
+    if size == 0:
+        return memoryview(bytearray())
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+    return memoryview(mmap.mmap(-1, size, flags=flags))
+
+
+@contextmanager
+def _open_shard(
+    store: BlobStore, tenant: str, job_id: str, step: int, shard: ShardInfo, keys: KeyUnwrapper
+) -> Iterator[StreamDecryptor]:
+    try:
+        reader = store.get(object_key(tenant, job_id, step, shard.name))
+    except BlobNotFoundError:
+        raise MissingShardError(f"shard {shard.name!r} of {tenant}/{job_id} step {step} is missing") from None
+    with reader:
+        context = StreamContext(tenant, job_id, step, shard.name)
+        yield StreamDecryptor(reader, context=context, unwrapper=keys, expected_sealed_size=shard.sealed_size)
+
+
+def _check_against_manifest(decryptor: StreamDecryptor, shard: ShardInfo, tenant: str, job_id: str, step: int) -> None:
+    summary = decryptor.summary
     assert summary is not None  # set once the final segment is authenticated
     if (summary.plaintext_size, summary.sealed_size, summary.sealed_digest) != (
         shard.plaintext_size,
@@ -411,16 +458,6 @@ def read_shard(
         shard.sealed_digest,
     ):
         raise ShardMismatchError(f"shard {shard.name!r} of {tenant}/{job_id} step {step} differs from its manifest")
-
-
-def read_shard_bytes(
-    store: BlobStore, *, tenant: str, job_id: str, step: int, shard: ShardInfo, keys: KeyUnwrapper
-) -> bytes:
-    """A shard's whole plaintext, returned only once its size and digest matched the manifest."""
-    buffer = bytearray()
-    for segment in read_shard(store, tenant=tenant, job_id=job_id, step=step, shard=shard, keys=keys):
-        buffer += segment
-    return bytes(buffer)
 
 
 def load_checkpoint(
@@ -435,12 +472,10 @@ def load_checkpoint(
     """Verify the checkpoint's manifest and its shards (those ``only`` accepts), then deserialise and return them."""
     info = read_manifest(store, tenant=tenant, job_id=job_id, step=step, keys=keys)
     shards = [shard for shard in info.shards if only is None or only(shard.name)]
-    plaintexts = {}
-    for shard in shards:
-        buffer = io.BytesIO()
-        for segment in read_shard(store, tenant=tenant, job_id=job_id, step=step, shard=shard, keys=keys):
-            buffer.write(segment)
-        plaintexts[shard.name] = buffer
+    plaintexts = {
+        shard.name: read_shard_buffer(store, tenant=tenant, job_id=job_id, step=step, shard=shard, keys=keys)
+        for shard in shards
+    }
     return {shard.name: _deserialise(shard.kind, plaintexts.pop(shard.name)) for shard in shards}
 
 
@@ -456,13 +491,43 @@ def read_unlisted_shard(
         return StreamDecryptor(reader, context=StreamContext(tenant, job_id, step, name), unwrapper=keys).read_all()
 
 
-def _deserialise(kind: str, buffer: io.BytesIO) -> Any:
+def _deserialise(kind: str, plaintext: memoryview) -> Any:
     if kind == KIND_BYTES:
-        return buffer.getvalue()
-    buffer.seek(0)
+        return bytes(plaintext)
     import torch  # here, not at the top: the server lists and streams checkpoints without torch
 
-    return torch.load(buffer, weights_only=True, map_location="cpu")
+    return torch.load(cast("IO[bytes]", _ViewFile(plaintext)), weights_only=True, map_location="cpu")
+
+
+class _ViewFile(io.RawIOBase):
+    """A read-only, seekable file over a buffer, so ``torch.load`` reads its storages straight out of it."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view, self._position = view, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        start = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: len(self._view)}[whence]
+        if start + offset < 0:
+            raise ValueError(f"negative seek position {start + offset}")
+        self._position = start + offset
+        return self._position
+
+    def readinto(self, buffer: Any) -> int:
+        into = memoryview(buffer).cast("B")
+        part = self._view[self._position : self._position + len(into)]
+        into[: len(part)] = part
+        self._position += len(part)
+        return len(part)
 
 
 def _manifest_steps(store: BlobStore, tenant: str, job_id: str) -> list[int]:

@@ -106,6 +106,10 @@ class TrailingDataError(IntegrityError):
     """Bytes follow the final segment."""
 
 
+class BufferTooSmallError(ValueError):
+    """The plaintext does not fit the buffer given to :meth:`StreamDecryptor.read_into`."""
+
+
 class SegmentLimitError(OverflowError):
     """The stream would need more than 2**32 segments (the nonce counter would wrap)."""
 
@@ -392,14 +396,18 @@ class StreamDecryptor:
     def read_into(self, buffer: bytearray | memoryview) -> int:
         """Decrypt the whole plaintext straight into ``buffer`` and return its size.
 
-        ``buffer`` must be writable and hold at least the plaintext (else ``ValueError``).
+        ``buffer`` must be writable and hold at least the plaintext (else :class:`BufferTooSmallError`).
+        Each segment is decrypted into its place and authenticated there; if any fails, the error
+        propagates and what ``buffer`` holds must not be used.
         """
         view = memoryview(buffer).cast("B")
         size = 0
         for index, sealed, last in self._segments():
             end = size + max(0, len(sealed) - TAG_SIZE)
             if end > len(view):
-                raise ValueError(f"{self.header.context}: plaintext does not fit a buffer of {len(view)} bytes")
+                raise BufferTooSmallError(
+                    f"{self.header.context}: plaintext does not fit a buffer of {len(view)} bytes"
+                )
             self._open_segment(index, sealed, last, view[size:end])
             size = end
         return size

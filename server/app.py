@@ -39,11 +39,12 @@ from cantata.proto.v1 import (
     worker_pb2_grpc,
 )
 from cantata.security.audit import Action, AuditLog, AuditLogUnavailable
-from cantata.security.pki import CertificateAuthority
+from cantata.security.pki import CertificateAuthority, Principal
 from cantata.server import id_ranges
 from cantata.server.auth import AuthInterceptor, Gatekeeper, request_id
 from cantata.server.broadcast import EventBroadcast
-from cantata.server.config import DataDir, ServerSettings, enrollment_limits
+from cantata.server.config import DataDir, ServerSettings, connection_limits, enrollment_limits, signin_limits
+from cantata.server.connection_reaper import ConnectionReaper
 from cantata.server.dashboard.signin import Session, SignIn
 from cantata.server.database import Database
 from cantata.server.datasource_store import DataSourceStore
@@ -52,6 +53,7 @@ from cantata.server.enrollment import RefusalDigest
 from cantata.server.errors import ErrorInterceptor
 from cantata.server.executors import Executor
 from cantata.server.executors.local import LocalExecutor
+from cantata.server.fd_budget import reserve_descriptors
 from cantata.server.health import HealthService
 from cantata.server.heartbeats import Heartbeats
 from cantata.server.lifecycle import JobLifecycle
@@ -148,12 +150,19 @@ class ControlPlane:
         self.streams = StreamCounter(self.settings.max_streams_per_principal)
         self._serving = ServingLoop(RPC_THREADS, "rpc")
         self.signin = (
-            SignIn(self.settings.dashboard_link_seconds, self.settings.dashboard_session_hours * 3600)
+            SignIn(
+                self.settings.dashboard_link_seconds,
+                self.settings.dashboard_session_hours * 3600,
+                signin_limits(self.settings),
+            )
             if self.settings.dashboard_listen
             else None
         )
         self._dashboard: DashboardServer | None = None
         self.dashboard_port: int | None = None
+        self.grpc_limits = connection_limits(self.settings, http=False)
+        self.http_limits = connection_limits(self.settings, http=True)
+        self._reaper: ConnectionReaper | None = None
 
     def _grpc_server(self, gatekeeper: Gatekeeper) -> grpc.aio.Server:
         guard = AuthInterceptor(
@@ -172,6 +181,10 @@ class ControlPlane:
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                # Floods (docs/security.md#floods); per source address: the connection reaper.
+                ("grpc.max_allowed_incoming_connections", self.grpc_limits.total),
+                ("grpc.server_handshake_timeout_ms", round(self.grpc_limits.handshake_timeout_s * 1000)),
+                ("grpc.max_connection_idle_ms", round(self.settings.idle_connection_s * 1000)),
             ],
         )
 
@@ -249,6 +262,7 @@ class ControlPlane:
             memory_limit=memory_limit,
             warm=self.settings.warm_workers,
             slots=self.settings.max_workers_on_node,
+            memory=node_capacity(self.settings.node_memory_mib),
             gpus=self.gpus,
         )
 
@@ -258,6 +272,12 @@ class ControlPlane:
     def start(self) -> int:
         """Bind, start the scheduler and serve; returns the bound port."""
         self._claim_ids()
+        listeners = 2 * self.grpc_limits.total
+        listeners += self.http_limits.total * (
+            bool(self.settings.dashboard_listen) + bool(self.settings.metrics_listen)
+        )
+        open_files = reserve_descriptors(listeners, self.settings.reserved_fds)
+        log.info("open files: %d allowed, %d of them for connections", open_files, listeners)
         self._serving.start()
         self.broadcast.bind(self._serving.loop)
         gatekeeper = Gatekeeper(certificates=self.store, tenants=self.store, jobs=self.store)
@@ -271,10 +291,12 @@ class ControlPlane:
         # gRPC Python cannot ask for an optional client certificate, so enrollment
         # (the only call made before a tenant has one) gets its own listener.
         enrollment = self._grpc_server(gatekeeper)
-        if not enrollment.add_secure_port(
+        enrollment_port = enrollment.add_secure_port(
             self.settings.enroll_listen, RotatingCredentials(*files, require_client_auth=False).credentials()
-        ):
+        )
+        if not enrollment_port:
             raise OSError(f"cannot listen on {self.settings.enroll_listen}")
+        self._reaper = ConnectionReaper((self.port, enrollment_port), self.grpc_limits.per_address)
         host = self.listen.rpartition(":")[0]
         connect_host = "127.0.0.1" if host in ("0.0.0.0", "", "[::]") else host  # noqa: S104 (maps a wildcard to loopback)
 
@@ -350,6 +372,7 @@ class ControlPlane:
                 lifecycle,
                 scraper_cert_days=self.settings.scraper_cert_days,
                 metrics_listen=self.settings.metrics_listen,
+                sign_out=self._sign_out,
             ),
             server,
         )
@@ -389,7 +412,7 @@ class ControlPlane:
         audit_pb2_grpc.add_AuditServicer_to_server(AuditService(self.paths.audit, self.audit.checkpoint), server)
         dashboard_url = self._start_dashboard()
         dashboard_pb2_grpc.add_DashboardServicer_to_server(
-            DashboardService(self.signin, dashboard_url, self.recorder), server
+            DashboardService(self.signin, dashboard_url, self.recorder, self.refusals), server
         )
         self.health = HealthService()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
@@ -398,6 +421,7 @@ class ControlPlane:
         self._serving.run(server.start())
         self._serving.run(enrollment.start())
         self._server, self._enrollment = server, enrollment
+        self._reaper.start()
         self.scheduler.start()
         self.sweeper.start()
         self.retention.start()
@@ -406,6 +430,7 @@ class ControlPlane:
                 self.settings.metrics_listen,
                 *files,
                 self.telemetry.registry,
+                limits=self.http_limits,
                 is_revoked=self.store.is_revoked,
                 audit=self.refusals.append,
                 refused=self.telemetry.refusal,
@@ -454,12 +479,22 @@ class ControlPlane:
             self.streams,
         )
         server = DashboardServer(
-            dashboard.app, self.settings.dashboard_listen, self.paths.server_cert, self.paths.server_key
+            dashboard.app,
+            self.settings.dashboard_listen,
+            self.paths.server_cert,
+            self.paths.server_key,
+            self.http_limits,
         )
         self.dashboard_port = server.start(self._serving.loop)
         self._dashboard = server
         log.info("dashboard on port %d", self.dashboard_port)
         return public_url(self.settings.dashboard_listen, self.dashboard_port, self.settings.dashboard_url)
+
+    def _sign_out(self, tenant: str) -> None:
+        """End a (suspended) tenant's dashboard sessions and void its login links."""
+        if self.signin is not None:
+            ended = self.signin.sign_out(Principal.tenant(tenant))
+            log.info("signed %s out of the dashboard (%d sessions ended)", tenant, ended)
 
     def stop(self, grace: float = 5.0) -> None:
         """Graceful stop: refuse new calls, save state; leave running jobs to the next server (``on_stop``
@@ -470,6 +505,8 @@ class ControlPlane:
         log.info("stopping: refusing new calls, %.0f s for those in flight", grace)
         if self._dashboard is not None:
             self._dashboard.stop()
+        if self._reaper is not None:
+            self._reaper.stop()
         if self._server is not None:
             self._serving.run(self.health.enter_graceful_shutdown())
             self._serving.run(self._enrollment.stop(grace))

@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cantata.security.keys import MASTER_KEY_ENV, LocalKeyring, MasterKey
+from cantata.server.admission import ConnectionLimits
+from cantata.server.dashboard.signin import SignInLimits
 from cantata.server.enrollment import EnrollmentLimits
 from cantata.server.local_roots import LocalRoots
 
@@ -75,7 +77,7 @@ class ServerSettings:
     worker_uid_count: int = 1000
     tenant_gid_base: int = 63000  # as root, each tenant's gid (its workers' group, its file:// folders') from here up
     tenant_gid_count: int = 1000
-    node_memory_mib: int = 0  # memory for workers on this node (0: the machine's); bigger jobs are refused
+    node_memory_mib: int = 0  # memory for workers on this node (0: the machine's); running jobs reserve their estimate
     worker_memory_mib: int = 0  # a worker's memory limit past its loaded size (0: twice its estimate + 1 GiB)
     gpus: int = -1  # GPUs of this node for the local executor (-1: torch.cuda.device_count() in a subprocess)
     executor: str = "local"  # where workers run: "local" (children of this server) or "ray" (a Ray cluster)
@@ -87,6 +89,18 @@ class ServerSettings:
     dashboard_url: str = ""  # its address in login links (default: https:// and the dashboard_listen address)
     dashboard_link_seconds: float = 60.0  # a login link works once, for this long
     dashboard_session_hours: float = 8.0  # a browser's session lasts this long (a restart also ends it)
+    # Per principal (docs/security.md#dashboard-limits): nothing one principal does evicts another's link or session
+    dashboard_links_per_principal: int = 10  # unused, unexpired login links one principal holds at once
+    dashboard_links_per_minute: float = 6.0  # login links one principal is issued, refilled continuously ...
+    dashboard_link_burst: int = 10  # ... of which this many at once
+    dashboard_sessions_per_principal: int = 16  # live dashboard sessions; one more ends that principal's oldest
+    # Connections, on every listening port (docs/security.md#floods):
+    max_connections: int = 1024  # open TCP connections on each gRPC port (main, enrollment), all sources together
+    max_connections_per_address: int = 64  # ... from one source address (IPv6: one /64), on each port
+    http_max_connections: int = 256  # open TCP connections on the dashboard's port, and on /metrics's, each
+    handshake_timeout_s: float = 10.0  # TLS handshake, and an HTTP request's head, must be done by then or closed
+    idle_connection_s: float = 600.0  # a gRPC connection with no call for this long is closed (clients reconnect)
+    reserved_fds: int = 1024  # open files kept for the server itself (database, audit log, workers, outgoing calls)
 
 
 def enrollment_limits(settings: ServerSettings) -> EnrollmentLimits:
@@ -97,6 +111,24 @@ def enrollment_limits(settings: ServerSettings) -> EnrollmentLimits:
         burst=settings.enroll_burst,
         pending_ttl_hours=settings.enroll_pending_ttl_hours,
         refusal_window_s=settings.anonymous_refusal_window_s,
+    )
+
+
+def connection_limits(settings: ServerSettings, *, http: bool) -> ConnectionLimits:
+    """The bounds of a gRPC port, or (``http``) of the dashboard's or /metrics's."""
+    return ConnectionLimits(
+        per_address=min(settings.max_connections_per_address, settings.http_max_connections if http else 1 << 30),
+        total=settings.http_max_connections if http else settings.max_connections,
+        handshake_timeout_s=settings.handshake_timeout_s,
+    )
+
+
+def signin_limits(settings: ServerSettings) -> SignInLimits:
+    return SignInLimits(
+        links_per_principal=settings.dashboard_links_per_principal,
+        links_per_minute=settings.dashboard_links_per_minute,
+        link_burst=settings.dashboard_link_burst,
+        sessions_per_principal=settings.dashboard_sessions_per_principal,
     )
 
 

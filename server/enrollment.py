@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import ipaddress
 import logging
 import threading
 import time
@@ -35,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cantata.security.audit import AuditLogUnavailable, Outcome
+from cantata.server.admission import source_group
 
 log = logging.getLogger(__name__)
 
@@ -80,16 +80,7 @@ def source_address(peer: str) -> str:
     kind, _, rest = peer.partition(":")
     if kind not in ("ipv4", "ipv6"):
         return peer
-    host = rest.rpartition(":")[0].strip("[]")
-    try:
-        address = ipaddress.ip_address(host.partition("%")[0])
-    except ValueError:
-        return peer
-    if isinstance(address, ipaddress.IPv6Address):
-        if address.ipv4_mapped is not None:
-            return str(address.ipv4_mapped)
-        return str(ipaddress.IPv6Network(f"{address}/64", strict=False))
-    return str(address)
+    return source_group(rest.rpartition(":")[0])
 
 
 @dataclass
@@ -129,6 +120,9 @@ class _Window:
     start: float
     first: str
     last: str
+    actor: str
+    tenant: str
+    outcome: str
     count: int = 0  # refusals after the first, not yet recorded
     resources: set[str] = field(default_factory=set)
 
@@ -138,7 +132,10 @@ class RefusalDigest:
 
     Records of an authenticated actor pass straight through: a certificate
     holder is accountable and revocable, so each of its refusals stays a
-    record of its own. ``close()`` records every open window's count.
+    record of its own, unless the caller marks one ``counted`` (a refusal a
+    certificate holder can repeat cheaply, such as a login link past its
+    limits), which is counted per (actor, action, reason) the same way.
+    ``close()`` records every open window's count.
     """
 
     def __init__(
@@ -166,13 +163,14 @@ class RefusalDigest:
         outcome: str = Outcome.OK,
         details: dict | None = None,
         peer: str = "",
+        counted: bool = False,
     ) -> object:
-        if actor != ANONYMOUS:
+        if actor != ANONYMOUS and not counted:
             return self._append(
                 actor, action, resource=resource, tenant=tenant, outcome=outcome, details=details, peer=peer
             )
         reason = str((details or {}).get("reason", ""))
-        source = source_address(peer)
+        source = source_address(peer) if actor == ANONYMOUS else actor
         key = (source, str(action), reason)
         now, stamp = self._clock(), dt.datetime.now(dt.UTC).isoformat()
         with self._lock:
@@ -187,7 +185,7 @@ class RefusalDigest:
                 if len(window.resources) < MAX_LISTED_RESOURCES:
                     window.resources.add(resource)
                 return None
-            self._open[key] = _Window(now, stamp, stamp, resources={resource})
+            self._open[key] = _Window(now, stamp, stamp, actor, tenant, str(outcome), resources={resource})
         return self._append(  # the first refusal of a window is recorded at once, as it happened
             actor,
             action,
@@ -232,12 +230,14 @@ class RefusalDigest:
             "window_s": self._window,
             "resources": sorted(window.resources),
         }
+        anonymous = window.actor == ANONYMOUS
         with contextlib.suppress(AuditLogUnavailable):  # logged by the audit log; the refusals stood regardless
             self._append(
-                ANONYMOUS,
+                window.actor if source != "*" else ANONYMOUS,  # past MAX_TRACKED keys: counted together
                 action,
                 resource=sorted(window.resources)[0] if len(window.resources) == 1 else "*",
-                outcome=Outcome.DENIED,
+                tenant=window.tenant if source != "*" else "",
+                outcome=window.outcome,
                 details=details,
-                peer=source if source != "*" else "",
+                peer=source if anonymous and source != "*" else "",
             )

@@ -21,8 +21,8 @@ from functools import partial
 from typing import Any, NoReturn
 
 import grpc
-from google.protobuf import any_pb2
-from google.protobuf.message import Message
+from google.protobuf import any_pb2, duration_pb2
+from google.protobuf.message import DecodeError, Message
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -31,6 +31,7 @@ from cantata.security.anomaly.attack_policy import InvalidAttackConfig
 from cantata.security.audit import AuditLogUnavailable
 from cantata.security.keys import UnknownTenantError
 from cantata.security.pki import InvalidCSR, InvalidName, Principal, peer_certificate
+from cantata.server.dashboard.signin import LoginsLimited
 from cantata.server.datasource_store import DataSourceExists, DataSourceNotFound, InvalidDataSource
 from cantata.server.enrollment import EnrollmentLimited
 from cantata.server.jobspec import InvalidField
@@ -83,6 +84,7 @@ MAPPING: dict[type[Exception], Mapped] = {
     AlreadyExists: Mapped(grpc.StatusCode.ALREADY_EXISTS, ErrorReason.ALREADY_EXISTS),
     DataSourceExists: Mapped(grpc.StatusCode.ALREADY_EXISTS, ErrorReason.DATA_SOURCE_EXISTS),
     QuotaExceeded: Mapped(grpc.StatusCode.RESOURCE_EXHAUSTED, ErrorReason.QUOTA_EXCEEDED),
+    LoginsLimited: Mapped(grpc.StatusCode.RESOURCE_EXHAUSTED, ErrorReason.QUOTA_EXCEEDED),
     EnrollmentLimited: Mapped(grpc.StatusCode.RESOURCE_EXHAUSTED, ErrorReason.ENROLLMENT_LIMITED),
     InvalidField: Mapped(grpc.StatusCode.INVALID_ARGUMENT, ErrorReason.INVALID_JOB),
     InvalidRequest: Mapped(grpc.StatusCode.INVALID_ARGUMENT, ErrorReason.INVALID_ARGUMENT),
@@ -157,8 +159,13 @@ def status_of(exc: Exception, *, request_id: str, principal: Principal | None = 
         metadata.update(request_id=exc.request_id, job_id=exc.job_id)
     if isinstance(exc, EnrollmentLimited):
         metadata.update(what=exc.what, limit=f"{exc.limit:g}", retry_after_s=f"{exc.retry_after_s:.0f}")
-    if isinstance(exc, QuotaExceeded):
-        metadata.update(what=exc.what, limit=str(exc.limit), used=str(exc.used))
+    if isinstance(exc, LoginsLimited):
+        retry = max(1, round(exc.retry_after_s))
+        metadata.update(what=exc.what, limit=f"{exc.limit:g}", used=str(exc.used), retry_after_s=str(retry))
+        details.append(error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=retry)))
+    if isinstance(exc, QuotaExceeded | LoginsLimited):
+        if isinstance(exc, QuotaExceeded):
+            metadata.update(what=exc.what, limit=str(exc.limit), used=str(exc.used))
         subject = f"tenant:{principal.name}" if principal else ""
         details.append(
             error_details_pb2.QuotaFailure(
@@ -236,7 +243,10 @@ class WrappedHandlers:
 
 
 def wrap_handler(
-    handler: grpc.RpcMethodHandler, unary: Callable[[Behaviour], Behaviour], stream: Callable[[Behaviour], Behaviour]
+    handler: grpc.RpcMethodHandler,
+    unary: Callable[[Behaviour], Behaviour],
+    stream: Callable[[Behaviour], Behaviour],
+    deserializer: Callable[[Any], Any] | None = None,
 ) -> grpc.RpcMethodHandler:
     """``handler`` with its unary-unary behaviour passed through ``unary``, or its unary-stream one through ``stream``.
 
@@ -244,12 +254,14 @@ def wrap_handler(
     Unary behaviours are plain functions, run in the server's thread pool, or coroutine functions, run on the
     event loop (for what answers from memory or one indexed read); streaming ones run on the event loop as
     coroutines writing with ``context.write`` (an async or plain generator is made one), so that each wrapper
-    is one await per call rather than one more generator that every message passes through.
+    is one await per call rather than one more generator that every message passes through. ``deserializer``,
+    when given, replaces the handler's request deserializer.
     """
+    deserializer = deserializer or handler.request_deserializer
     if handler.unary_unary:
         return grpc.unary_unary_rpc_method_handler(
             unary(handler.unary_unary),
-            request_deserializer=handler.request_deserializer,
+            request_deserializer=deserializer,
             response_serializer=_passing_bytes(handler.response_serializer),
         )
     behaviour = handler.unary_stream
@@ -259,7 +271,7 @@ def wrap_handler(
         behaviour = _in_pool(behaviour)
     return grpc.unary_stream_rpc_method_handler(
         stream(behaviour),
-        request_deserializer=handler.request_deserializer,
+        request_deserializer=deserializer,
         response_serializer=_passing_bytes(handler.response_serializer),
     )
 
@@ -277,8 +289,41 @@ def _passing_bytes(serialize: Callable[[Any], bytes] | None) -> Callable[[Any], 
     return serialized
 
 
+@dataclass(frozen=True)
+class Undecodable:
+    """A request body that does not parse as its method's message: what the handler gets instead of a message."""
+
+    message_type: str
+    error: str
+
+
+def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """``deserialize``, except that a body it cannot parse becomes an :class:`Undecodable` (gRPC would end the
+    call as ``UNKNOWN``, outside any handler), which the handler's wrapper refuses as ``INVALID_ARGUMENT``."""
+    if deserialize is None:
+        return None
+    message_type = getattr(getattr(deserialize, "__self__", None), "DESCRIPTOR", None)
+    name = message_type.full_name if message_type is not None else "request"
+
+    def tolerant(body: bytes) -> Any:
+        try:
+            return deserialize(body)
+        except DecodeError as exc:
+            return Undecodable(name, str(exc) or "malformed")
+
+    return tolerant
+
+
+def _decoded(request: Any) -> Any:
+    """``request``, or ``InvalidRequest`` when its body did not parse."""
+    if type(request) is Undecodable:
+        raise InvalidRequest(f"the request body is not a valid {request.message_type} message ({request.error})")
+    return request
+
+
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
-    """Ends a call whose handler raised a domain error with that error's status."""
+    """Ends a call whose handler raised a domain error with that error's status; a request body that does not
+    parse as its method's message is ``INVALID_ARGUMENT`` (``InvalidRequest``), on every service."""
 
     def __init__(self, request_id: Callable[[], str]):
         self._request_id = request_id
@@ -290,7 +335,14 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             return handler
         method = handler_call_details.method
         return self._wrapped.get(
-            method, handler, lambda: wrap_handler(handler, partial(self._unary, method), partial(self._stream, method))
+            method,
+            handler,
+            lambda: wrap_handler(
+                handler,
+                partial(self._unary, method),
+                partial(self._stream, method),
+                _tolerant(handler.request_deserializer),
+            ),
         )
 
     def _unary(self, method: str, behaviour: Behaviour):
@@ -298,7 +350,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
             async def translated_async(request: Any, context: Any) -> Any:
                 try:
-                    return await behaviour(request, context)
+                    return await behaviour(_decoded(request), context)
                 except Exception as exc:
                     mapped = self._status(method, context, exc)
                     if mapped is not None:
@@ -309,7 +361,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
         def translated(request: Any, context: Any) -> Any:
             try:
-                return behaviour(request, context)
+                return behaviour(_decoded(request), context)
             except Exception as exc:
                 mapped = self._status(method, context, exc)
                 if mapped is not None:
@@ -321,7 +373,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
     def _stream(self, method: str, behaviour: Behaviour):
         async def translated(request: Any, context: grpc.aio.ServicerContext) -> None:
             try:
-                await behaviour(request, context)
+                await behaviour(_decoded(request), context)
             except Exception as exc:
                 mapped = self._status(method, context, exc)
                 if mapped is not None:

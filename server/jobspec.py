@@ -8,8 +8,9 @@ locations must lie under one of the tenant's roots (:mod:`cantata.server.local_r
 never in the platform's data directory, with no ``..`` and no symbolic link on
 the way; a location outside them is refused with one message whether it exists
 or not. ``s3://`` and ``az://`` stores are reached with the server's own SDK
-configuration. A job whose workers would not fit in the node's memory
-(:mod:`cantata.server.memory`) is refused naming ``batch_size``.
+configuration. A job that would not fit in a node's memory (:mod:`cantata.server.memory`: on one
+machine all its ranks together, on a cluster each rank) is refused naming the cause and the changes that
+would fit.
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ def parse_job_spec(
 
     ``roots`` hold the tenant's ``file://`` datasets, ``store_roots`` (default: ``roots``) its
     ``file://`` checkpoint stores besides ``default_store``; nothing in ``data_dir`` is either. A
-    job whose workers need more than ``node_memory`` bytes in all (0: unchecked) is refused.
+    job whose ranks need more than ``node_memory`` bytes (0: unchecked; all of them together on one machine,
+    each on a cluster) is refused.
     ``shared_roots`` (on a cluster; None: one machine) are the ``file://`` roots every node mounts:
     a job of more than one worker process may span nodes, so its ``file://`` store must lie under one.
     """
@@ -159,14 +161,9 @@ def parse_job_spec(
             "node mounts (shared_roots in server.json)",
         )
     if node_memory:
-        need = memory.worker_estimate(s) * processes(s)
-        _require(
-            need <= node_memory,
-            "batch_size",
-            f"the job's {processes(s)} worker(s) need about {need // memory.MIB} MiB "
-            f"(batch_size x seq_len = {s.batch_size * s.seq_len} tokens a step), more than this node's "
-            f"{node_memory // memory.MIB} MiB: lower batch_size or seq_len",
-        )
+        refused = memory.refusal(s, node_memory, one_node=shared_roots is None)
+        if refused is not None:
+            raise InvalidField(*refused)
     return s
 
 

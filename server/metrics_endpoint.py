@@ -7,10 +7,13 @@ the platform CA. Only a certificate whose URI SAN names a scraper
 and that is not revoked gets the exposition text; no certificate is ``401``,
 any other principal (an admin, a tenant, a worker) or a revoked scraper is
 ``403``, and each refusal is audited (anonymous ones are counted) and counted
-in ``cantata_refused_calls_total``. TLS handshakes run in the connection's
-own thread, with a timeout, so a slow client holds up nobody else. Like the
-gRPC listener, it follows the certificate files: a rotated server
-certificate is used from the next connection on.
+in ``cantata_refused_calls_total``. Connections are counted at accept by an
+:class:`~cantata.server.admission.Admission` (per source address and in
+all; one past a cap is closed before any TLS work); each runs in its own
+thread, and its TLS handshake and request head must be done within the
+handshake timeout, so a slow client holds up nobody else and a slowloris one
+is cut off. Like the gRPC listener, it follows the certificate files: a
+rotated server certificate is used from the next connection on.
 """
 
 from __future__ import annotations
@@ -29,9 +32,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from cantata.security.audit import Action, AuditLogUnavailable
 from cantata.security.pki import certificate_principal
+from cantata.server.admission import Admission, ConnectionLimits
 
 SCRAPER = "scraper"
-HANDSHAKE_TIMEOUT_S = 10.0
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +50,7 @@ class MetricsEndpoint:
         trust: Path,
         registry: CollectorRegistry,
         *,
+        limits: ConnectionLimits,
         is_revoked: Callable[[int], bool],
         audit: Callable[..., object],
         refused: Callable[[str], None],
@@ -55,6 +59,8 @@ class MetricsEndpoint:
         self._address = (host.strip("[]"), int(port))
         self._files = (cert, key, trust)
         self._registry = registry
+        self.limits = limits
+        self.admission = Admission(limits)
         self._is_revoked = is_revoked
         self._audit = audit
         self._refused = refused
@@ -118,31 +124,67 @@ class MetricsEndpoint:
 
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 1024
 
     def __init__(self, address: tuple[str, int], handler: type, endpoint: MetricsEndpoint):
         self.endpoint = endpoint
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self._head = threading.local()  # this connection's deadline, in its own thread
         super().__init__(address, handler)
 
-    def finish_request(self, request, client_address) -> None:
-        """Shake hands in this connection's thread, then serve it (a failed handshake is a refusal)."""
-        request.settimeout(HANDSHAKE_TIMEOUT_S)
+    def verify_request(self, request, client_address) -> bool:
+        """Counted at accept: one past a cap is closed before any TLS work."""
+        return self.endpoint.admission.admit(client_address[0])
+
+    def process_request_thread(self, request, client_address) -> None:
         try:
-            tls = self.endpoint.tls_context().wrap_socket(request, server_side=True)
+            super().process_request_thread(request, client_address)
+        finally:
+            self.endpoint.admission.release(client_address[0])
+
+    def finish_request(self, request, client_address) -> None:
+        """Shake hands in this connection's thread, then serve it (a failed handshake is a refusal); the handshake
+        and the request's head must be done within the handshake timeout, or the connection is shut down."""
+        timeout = self.endpoint.limits.handshake_timeout_s
+        request.settimeout(timeout)
+        current = [request]  # the socket to shut down when late: the plain one, then the TLS one that took its fd
+        deadline = threading.Timer(timeout, lambda: _shut_down(current[0]))
+        deadline.daemon = True
+        self._head.deadline = deadline
+        deadline.start()
+        try:
+            current[0] = self.endpoint.tls_context().wrap_socket(request, server_side=True)
         except (ssl.SSLError, OSError) as exc:
+            deadline.cancel()
             log.debug("metrics: handshake with %s failed: %s", client_address[0], exc)
             self.endpoint.refuse(None, "handshake", f"{client_address[0]}:{client_address[1]}")
             return
         try:
-            super().finish_request(tls, client_address)
+            super().finish_request(current[0], client_address)
         finally:
-            tls.close()
+            deadline.cancel()
+            current[0].close()
+
+    def head_received(self) -> None:
+        """The request's head is in: no deadline for the rest (called in the connection's thread)."""
+        self._head.deadline.cancel()
+
+
+def _shut_down(connection: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(connection, socket.SHUT_RDWR)  # the plain socket's: safe from another thread
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: _Server
     server_version = "cantata-metrics"
     sys_version = ""
+
+    def parse_request(self) -> bool:
+        try:
+            return super().parse_request()
+        finally:
+            self.server.head_received()
 
     def do_GET(self) -> None:
         endpoint = self.server.endpoint

@@ -16,8 +16,8 @@ starve one with a single job, and a quiet server's cost does not grow with its
 queue. A head that does not fit yet waits (with its reason recorded), and so
 do the jobs behind it; one that cannot fit on the executor as it is (more GPUs
 than the cluster has) is parked with its reason (:meth:`~cantata.server.store.Store.park`): the others pass it
-in the index, and it is offered again when a recheck (one look per distinct reason, every
-``UNFIT_RECHECK_S``) finds that reason changed. A job whose earlier workers are still stopping (a restart, a
+in the index, and it is offered again when a recheck (one look per distinct reason, at the first tick after a
+start and every ``UNFIT_RECHECK_S``) finds that reason changed. A job whose earlier workers are still stopping (a restart, a
 resume, a deferred start) waits, and so do the jobs behind it.
 
 While the audit log cannot be written (``audit_failure`` says why) a tick does
@@ -70,8 +70,9 @@ class Scheduler:
         self._woken = threading.Event()
         self._place_due = True  # something changed that a placement depends on
         # Queued jobs the executor said it can never run are parked in the store (a pass then passes them in the
-        # index, whatever their number); every UNFIT_RECHECK_S one of each reason is offered again, as a cluster can grow.
-        self._recheck_at = time.monotonic() + UNFIT_RECHECK_S
+        # index, whatever their number); every UNFIT_RECHECK_S one of each reason is offered again, as a cluster can
+        # grow; and at the first tick, as the verdicts may be an earlier server's, on a node since given more room.
+        self._recheck_at = time.monotonic()
         self.on_placed: Callable[[JobRecord], None] = lambda job: None  # a job leaves the queue (its wait)
         self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
 

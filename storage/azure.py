@@ -160,6 +160,18 @@ class AzureBlobStore(BlobStore):
             downloader = self._container.download_blob(name)
         return ChunkReader(_translated_chunks(downloader.chunks(), f"{name!r} in {self.uri}"))
 
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        if length <= 0:
+            return b""
+        name = self.blob_name(key)
+        with _translated_errors(f"reading {name!r} from byte {offset} in {self.uri}"):
+            try:
+                return self._container.download_blob(name, offset=offset, length=length).readall()
+            except HttpResponseError as error:
+                if error.status_code == 416:  # starts past the end
+                    return b""
+                raise
+
     def sizes(self, prefix: str = "") -> dict[str, int]:
         full_prefix = self._prefix + validate_prefix(prefix)
         with _translated_errors(f"listing {full_prefix!r} in {self.uri}"):

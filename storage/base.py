@@ -224,6 +224,19 @@ class BlobStore(ABC):
         with self.get(key) as reader:
             return reader.read()
 
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes of the object under ``key`` from ``offset`` on (fewer past its end).
+
+        This default streams the object from its start; the stores read only the range.
+        """
+        with self.get(key) as reader:
+            while offset > 0:
+                skipped = len(reader.read(min(offset, 1 << 24)))
+                if not skipped:
+                    return b""
+                offset -= skipped
+            return reader.read(length)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"
 

@@ -71,11 +71,15 @@ class LocalStore(BlobStore):
                 continue
         return removed
 
-    def get(self, key: str) -> BlobReader:
+    def get(self, key: str) -> _FileReader:
         try:
             return _FileReader(open(self._path(key), "rb"))
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise BlobNotFoundError(f"no object {key!r} in {self.uri}") from None
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        with self.get(key) as reader:
+            return os.pread(reader.fileno(), length, offset)
 
     def sizes(self, prefix: str = "") -> dict[str, int]:
         validate_prefix(prefix)
@@ -111,8 +115,14 @@ class _FileReader(BlobReader):
     def read(self, size: int = -1) -> bytes:
         return self._file.read(size)
 
+    def fileno(self) -> int:
+        return self._file.fileno()
+
     def close(self) -> None:
         self._file.close()
+
+    def __enter__(self) -> _FileReader:
+        return self
 
 
 class _LocalUpload(BlobUpload):

@@ -153,6 +153,24 @@ class S3Store(BlobStore):
         response = self._call(f"reading {name!r}", lambda: self._client.get_object(Bucket=self._bucket, Key=name))
         return _S3Reader(response["Body"], name)
 
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        if length <= 0:
+            return b""
+        name = self.object_name(key)
+
+        def ranged() -> bytes:
+            try:
+                response = self._client.get_object(
+                    Bucket=self._bucket, Key=name, Range=f"bytes={offset}-{offset + length - 1}"
+                )
+            except ClientError as error:
+                if error.response.get("Error", {}).get("Code") == "InvalidRange":  # starts past the end
+                    return b""
+                raise
+            return response["Body"].read()
+
+        return self._call(f"reading {name!r} from byte {offset}", ranged)
+
     def sizes(self, prefix: str = "") -> dict[str, int]:
         full_prefix = self._prefix + validate_prefix(prefix)
 

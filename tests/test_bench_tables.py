@@ -1,4 +1,4 @@
-"""The README's benchmark tables are what benchmarks/tables.py makes of the committed results JSON."""
+"""The benchmark tables of docs/benchmarks.md are what benchmarks/tables.py makes of the committed results JSON."""
 
 import json
 import shutil
@@ -9,14 +9,14 @@ import pytest
 from benchmarks import tables
 
 
-def test_the_readme_tables_are_up_to_date():
-    assert tables.main(["--check"]) == 0, "README.md is stale: run .venv/bin/python benchmarks/tables.py"
+def test_the_benchmark_tables_are_up_to_date():
+    assert tables.main(["--check"]) == 0, "docs/benchmarks.md is stale: run .venv/bin/python benchmarks/tables.py"
 
 
 def test_every_table_has_its_region_and_a_reproduce_command():
-    readme = tables.README.read_text()
+    page = tables.PAGE.read_text()
     for name in tables.TABLES:
-        assert readme.count(f"<!-- bench:{name} -->") == 1
+        assert page.count(f"<!-- bench:{name} -->") == 1
         assert "Reproduce: `.venv/bin/python benchmarks/" in tables.render(name)
 
 
@@ -35,18 +35,18 @@ def _edit(results: Path, name: str, change) -> None:
 
 
 def test_check_fails_when_the_json_changes(results: Path, tmp_path: Path):
-    readme = tmp_path / "README.md"
-    shutil.copy(tables.README, readme)
-    assert tables.main(["--check", "--readme", str(readme), "--results", str(results)]) == 0
+    page = tmp_path / "benchmarks.md"
+    shutil.copy(tables.PAGE, page)
+    assert tables.main(["--check", "--page", str(page), "--results", str(results)]) == 0
 
     def slower(document):
         document["verify"]["audit_records_per_s"] = 1234
 
     _edit(results, "audit", slower)
-    assert tables.main(["--check", "--readme", str(readme), "--results", str(results)]) == 1
-    assert tables.main(["--readme", str(readme), "--results", str(results)]) == 0
-    assert "| 1,234 |" in readme.read_text()
-    assert tables.main(["--check", "--readme", str(readme), "--results", str(results)]) == 0
+    assert tables.main(["--check", "--page", str(page), "--results", str(results)]) == 1
+    assert tables.main(["--page", str(page), "--results", str(results)]) == 0
+    assert "| 1,234 |" in page.read_text()
+    assert tables.main(["--check", "--page", str(page), "--results", str(results)]) == 0
 
 
 def test_a_missed_target_is_said_under_its_table(results: Path):
@@ -60,11 +60,11 @@ def test_a_missed_target_is_said_under_its_table(results: Path):
 
 
 def test_unknown_missing_and_repeated_regions_are_refused():
-    readme = tables.README.read_text()
+    page = tables.PAGE.read_text()
     with pytest.raises(ValueError, match="unknown"):
-        tables.rewrite(readme + "<!-- bench:nonsense -->\n<!-- /bench:nonsense -->\n")
+        tables.rewrite(page + "<!-- bench:nonsense -->\n<!-- /bench:nonsense -->\n")
     with pytest.raises(ValueError, match="missing"):
-        tables.rewrite(readme.replace("<!-- bench:audit -->", "<!-- bench audit -->"))
+        tables.rewrite(page.replace("<!-- bench:audit -->", "<!-- bench audit -->"))
     region = "<!-- bench:audit -->\n<!-- /bench:audit -->\n"
     with pytest.raises(ValueError, match="repeated"):
-        tables.rewrite(readme + region)
+        tables.rewrite(page + region)

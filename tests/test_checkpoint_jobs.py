@@ -94,3 +94,9 @@ def test_another_tenant_cannot_list_or_download(platform, finished, tmp_path):
             intruder.checkpoints(finished["az"])
         with pytest.raises(errors.NotFound):
             intruder.download_checkpoint(finished["az"], 20, tmp_path / "x.pt")
+
+
+def test_a_byte_gpt_checkpoint_is_not_offered_as_a_hugging_face_folder(tenant, finished, tmp_path):
+    with pytest.raises(errors.InvalidArgument, match="format hf: gpt-tiny is a byte GPT"):
+        tenant.download_checkpoint(finished["s3"], 20, tmp_path / "hf", format="hf")
+    assert list(tmp_path.iterdir()) == []

@@ -1,4 +1,5 @@
-"""GPUs: the max_gpus quota at submit, and the local executor's share of the node's GPUs (no worker starts here)."""
+"""GPUs: the max_gpus quota at submit, and the local executor's share of the node's GPUs and memory (no worker
+starts here)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from cantata.proto.v1 import common_pb2 as pb
+from cantata.server import memory
 from cantata.server.executors import NotPlaceable
 from cantata.server.executors.local import LocalExecutor
 from cantata.server.sandbox import Identities
@@ -25,7 +27,9 @@ def store(tmp_path: Path):
 
 
 def _spec(workers: int, gpus: int) -> pb.JobSpec:
-    return pb.JobSpec(name="g", workers=workers, ranks_per_worker=1, steps=10, gpus_per_worker=gpus)
+    return pb.JobSpec(
+        name="g", model="gpt-tiny", workers=workers, ranks_per_worker=1, steps=10, gpus_per_worker=gpus, batch_size=4
+    )
 
 
 def _submit(store: Store, n: int, workers: int, gpus: int) -> JobRecord:
@@ -44,7 +48,7 @@ def test_max_gpus_counts_every_unfinished_job_of_the_tenant(store):
     _submit(store, 5, workers=2, gpus=1)  # the ended job's GPUs are free again
 
 
-def _executor(tmp_path: Path, gpus: int) -> LocalExecutor:
+def _executor(tmp_path: Path, gpus: int, memory_bytes: int = 1 << 40) -> LocalExecutor:
     return LocalExecutor(
         tmp_path / "jobs",
         None,  # type: ignore[arg-type]  # placement needs no CA, secrets or certificates
@@ -56,6 +60,7 @@ def _executor(tmp_path: Path, gpus: int) -> LocalExecutor:
         identities=Identities(61000, 10, root=False),
         memory_limit=lambda job: 0,
         slots=8,
+        memory=memory_bytes,
         gpus=gpus,
     )
 
@@ -74,3 +79,23 @@ class _Queued:
     """What placement reads of a queued job: its spec."""
 
     spec: pb.JobSpec
+
+
+def test_the_local_executor_reserves_each_running_jobs_memory_and_frees_it_when_its_workers_are_gone(tmp_path, store):
+    spec = pb.JobSpec(name="m", model="gpt-tiny", workers=1, ranks_per_worker=1, steps=10, batch_size=64, seq_len=256)
+    need = memory.job_estimate(spec)
+    executor = _executor(tmp_path, gpus=0, memory_bytes=2 * need + need // 2)  # room for two such jobs
+    running = [store.submit_job(store.tenant("acme"), f"mem-{i}", spec)[0] for i in range(3)]
+    executor.adopt(running[0], [])  # a job re-adopted after a restart holds its share as a launched one does
+    executor.adopt(running[1], [])
+    with pytest.raises(NotPlaceable, match=r"waiting for .* of memory \(.* free beside 2 running job\(s\)\)") as wait:
+        executor.placement(running[2])
+    assert not wait.value.never  # it waits for room, it is not parked
+    executor.release(running[0].id)
+    executor.placement(running[2])  # the finished job's share is free again
+    too_big = _Queued(
+        pb.JobSpec(name="m", model="gpt-tiny", workers=3, ranks_per_worker=1, steps=10, batch_size=64, seq_len=256)
+    )
+    with pytest.raises(NotPlaceable, match="of memory; this node has") as never:
+        executor.placement(too_big)  # type: ignore[arg-type]
+    assert never.value.never

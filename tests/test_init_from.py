@@ -4,11 +4,12 @@ A real server over TLS, real workers, a real moto S3 and Azurite: the job
 starts from the uploaded weights (its first loss shows them), refuses a
 source that is not the tenant's at submit, and fails naming the tensor that
 does not fit. The Azure store is read at the trainer level through the same
-loader the workers use.
+loader the workers use, a Hugging Face folder's config.json checked there too.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
 
@@ -21,6 +22,7 @@ from cantata.sdk.job import Job
 from cantata.storage import open_store
 from cantata.trainer.data import SourceCredentials
 from cantata.trainer.data.errors import DataError, DatasetAccessError
+from cantata.trainer.hf import HFConfigError, hf_config
 from cantata.trainer.model import build_model
 from cantata.trainer.weights import WeightsError, load_weights, local_weights, open_weights
 from tests.services import AZURITE_ACCOUNT, AZURITE_KEY, azurite_connection_string
@@ -133,6 +135,15 @@ def test_weights_load_from_azurite_object_by_object_through_the_files_loader(tmp
     broken = open_weights(f"az://vault@{container}/llama/broken", credentials=credentials)
     with pytest.raises(WeightsError, match=r"broken/model\.safetensors: not a safetensors file"):
         load_weights(build_model("llama-tiny", seed=1), broken)
+
+    config = hf_config(target.cfg, "float32", {})  # a Hugging Face folder in the store: its config.json is checked
+    folder = open_store(f"az://{container}/hf", connection_string=connection)
+    for key, data in {**_hf_objects(source), "config.json": json.dumps(config).encode()}.items():
+        folder.put(key, data)
+    assert load_weights(build_model("llama-tiny", seed=1), open_weights(f"az://vault@{container}/hf", credentials=credentials)) == 2  # fmt: skip
+    folder.put("config.json", json.dumps({**config, "num_hidden_layers": 3}).encode())
+    with pytest.raises(HFConfigError, match=rf"az://{container}/hf/config\.json: num_hidden_layers is 3, the job's model has 2"):  # fmt: skip
+        load_weights(build_model("llama-tiny", seed=1), open_weights(f"az://vault@{container}/hf", credentials=credentials))  # fmt: skip
 
     with pytest.raises(WeightsError, match=r"no \.safetensors object under"):
         open_weights(f"az://vault@{container}/empty", credentials=credentials)

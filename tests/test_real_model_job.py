@@ -5,7 +5,8 @@ Everything runs for real: the tokenizer is a byte-level BPE trained here with
 ``cantata data prepare --tokenizer``, the job trains through the SDK on a
 real server over TLS with four gloo worker processes, its checkpoints are
 sharded by every rank and sealed, and the download is consolidated on the
-client into one ``safetensors`` file.
+client into one ``safetensors`` file, and into a Hugging Face folder that
+transformers loads with the same logits.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoModelForCausalLM
 
 from cantata.sdk import errors
 from cantata.sdk.job import Job
@@ -109,3 +111,12 @@ def test_a_tenant_trains_its_model_on_a_mesh_resumes_it_on_another_and_downloads
     assert set(stored) == set(weights)
     for name, tensor in stored.items():
         assert torch.equal(weights[name], tensor), name
+
+    hf = tmp_path / "hf"  # the same shards joined into a folder transformers loads
+    cli("checkpoints", "download", handle.id, "--format", "hf", "--consolidate", "--out", str(hf), "--profile", "acme", env=platform.env)  # fmt: skip
+    exported = AutoModelForCausalLM.from_pretrained(hf).eval()
+    ours = build_model(MODEL, seed=0).eval()
+    ours.load_state_dict(weights)
+    idx = torch.randint(0, record.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(exported(idx).logits, ours(idx)[0], rtol=0, atol=1e-5)

@@ -27,6 +27,7 @@ from cantata.sdk import enroll
 from cantata.sdk.job import Job
 from cantata.sdk.profiles import Profile
 from cantata.security.pki import CertificateAuthority, Principal, make_csr, new_key
+from cantata.server.auth import ADMIN, PUBLIC, RULES, TENANT, WORKER
 from tests.platform import Platform
 from tests.test_auth import SERVICE_MODULES
 
@@ -279,3 +280,24 @@ def test_no_generated_request_makes_the_server_fail(fuzzed, identity):
         assert code not in FORBIDDEN, f"{identity} {method}({request!r}) ended in {code.name}"
 
     no_failure()
+
+
+ALLOWED_CALLER = ((PUBLIC, "anonymous"), (ADMIN, "admin"), (TENANT, "tenant"), (WORKER, "worker"))  # by role
+MALFORMED = b"\x0a\x05ab"  # field 1, length-delimited, 5 bytes announced and 2 sent: no message type parses it
+
+
+@pytest.mark.parametrize(("method", "request_type", "streaming"), methods(), ids=lambda v: getattr(v, "name", v))
+def test_a_body_that_does_not_parse_is_invalid_argument(fuzzed, method, request_type, streaming):
+    channels, _ = fuzzed
+    allowed = RULES[method]
+    caller = next(who for role, who in ALLOWED_CALLER if role in allowed)
+    raw, keep = (lambda b: b), (lambda b: b)
+    with pytest.raises(grpc.RpcError) as refused:
+        if streaming:
+            list(channels[caller].unary_stream(method, request_serializer=raw, response_deserializer=keep)(MALFORMED))
+        else:
+            channels[caller].unary_unary(method, request_serializer=raw, response_deserializer=keep)(
+                MALFORMED, timeout=UNARY_TIMEOUT_S
+            )
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (caller, method, refused.value.details())
+    assert f"not a valid {request_type.full_name} message" in refused.value.details()

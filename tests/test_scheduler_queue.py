@@ -143,6 +143,18 @@ def test_jobs_that_can_never_run_are_parked_once_and_passed_in_the_index_until_t
     assert store.parked_verdicts() == []
 
 
+def test_a_new_scheduler_rechecks_the_parked_jobs_at_its_first_tick(store):
+    scheduler, launcher = _scheduler(store, slots=5)
+    launcher.most_steps = 100
+    huge = _submit(store, "busy", 3, steps=500)
+    scheduler.tick()
+    assert launcher.launched == [] and len(store.parked_verdicts()) == 1
+    restarted, bigger = _scheduler(store, slots=5)  # the next server, on a node given more room
+    bigger.most_steps = 1000
+    restarted.tick()  # its first tick, not UNFIT_RECHECK_S later
+    assert bigger.launched == huge and store.parked_verdicts() == []
+
+
 @pytest.mark.parametrize(
     "query",
     [queue_head_query(0), queue_head_query(2), UNFINISHED_OF_TENANT],

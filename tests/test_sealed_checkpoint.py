@@ -320,6 +320,13 @@ def test_manifest_from_an_earlier_save_of_the_same_step(
     refused(saved, keys, 200, ShardMismatchError, torch_loads)
 
 
+def test_shard_longer_than_its_manifest_records(saved: BlobStore, keys: JobKeys, torch_loads: list[bool]) -> None:
+    manifest = saved.get_bytes(object_key("acme", "job-1", 200, MANIFEST))
+    write_shard(saved, tenant="acme", job_id="job-1", step=200, name=TARGET, state=bytes(1 << 16), kek=keys.current)
+    saved.put(object_key("acme", "job-1", 200, MANIFEST), manifest)
+    refused(saved, keys, 200, ShardMismatchError, torch_loads)
+
+
 def test_stale_worker_keys_after_rotation(
     saved: BlobStore, keyring: LocalKeyring, keys: JobKeys, torch_loads: list[bool]
 ) -> None:

@@ -43,6 +43,20 @@ def test_put_and_get_stream(blob_store: BlobStore) -> None:
         assert reader.read(5) == b""
 
 
+def test_a_range_of_an_object_is_read_alone_and_ends_at_the_object(blob_store: BlobStore) -> None:
+    data = os.urandom(1 << 16)
+    blob_store.put("ranged", data)
+    assert blob_store.get_range("ranged", 1000, 4096) == data[1000:5096]
+    assert blob_store.get_range("ranged", len(data) - 10, 100) == data[-10:]
+    assert blob_store.get_range("ranged", len(data) + 5, 100) == b""
+    assert blob_store.get_range("ranged", 0, 0) == b""
+    # the streaming default, for a store that reads no ranges itself, agrees
+    assert BlobStore.get_range(blob_store, "ranged", 1000, 4096) == data[1000:5096]
+    assert BlobStore.get_range(blob_store, "ranged", len(data) + 5, 100) == b""
+    with pytest.raises(BlobNotFoundError):
+        blob_store.get_range("absent", 0, 10)
+
+
 def test_put_from_an_iterator_and_an_empty_object(blob_store: BlobStore) -> None:
     blob_store.put("chunks", iter([b"ab", b"", b"cd"]))
     blob_store.put("empty", b"")

@@ -35,7 +35,7 @@ from cantata.security.sealed_checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     read_manifest,
-    read_shard_bytes,
+    read_shard_buffer,
     read_unlisted_shard,
     write_shard,
     write_shard_parts,
@@ -89,7 +89,7 @@ class JobCheckpoints:
     def save_sharded(self, step: int, part: str, state: dict, group) -> list[ShardInfo]:
         """Every rank writes its own shards of ``state`` (DTensors) as the sealed objects ``PART.*`` (collective)."""
 
-        def seal(name: str, parts: Iterable[bytes]) -> ShardInfo:
+        def seal(name: str, parts: Iterable[bytes | memoryview]) -> ShardInfo:
             return write_shard_parts(
                 self._store, step=step, name=name, parts=parts, kek=self._keys.current, **self._where
             )
@@ -105,10 +105,10 @@ class JobCheckpoints:
         """Fill ``state`` in place from the ``PART.*`` objects of checkpoint ``step`` (any mesh; collective)."""
         listed = {shard.name: shard for shard in info.shards}
 
-        def read(name: str) -> bytes:
+        def read(name: str) -> memoryview:
             if name not in listed:
                 raise MissingShardError(f"{name!r} is not listed in the manifest of step {step}")
-            return read_shard_bytes(self._store, step=step, shard=listed[name], keys=self._keys, **self._where)
+            return read_shard_buffer(self._store, step=step, shard=listed[name], keys=self._keys, **self._where)
 
         with first_failure():
             dcp.load(state, storage_reader=SealedReader(read, part), planner=SafeLoadPlanner(), process_group=group)

@@ -1,13 +1,16 @@
 """A downloaded checkpoint as files any PyTorch user can load: ``model.safetensors`` and ``config.json``.
 
-The SDK never imports torch, so it finds this converter through the
+The SDK never imports torch, so it finds these converters through the
 ``cantata.checkpoint_formats`` entry point (installed with the trainer's
-dependencies) and hands it the downloaded state dict and the config it made
-(:func:`cantata.sdk.client.checkpoint_config`). The weights are the model's
-state dict, tensor for tensor; loading them needs ``safetensors`` and
-``torch``, not Cantata. A mesh job's sharded checkpoint arrives as a directory
-of its decrypted objects (every rank's shards and DCP's metadata) and is
-consolidated here into full tensors (:func:`cantata.trainer.sealed_dcp.consolidate`).
+dependencies) and hands them the downloaded state dict and the config it made
+(:func:`cantata.sdk.client.checkpoint_config`). ``safetensors`` writes the
+model's state dict, tensor for tensor, with that config; loading it needs
+``safetensors`` and ``torch``, not Cantata. ``hf`` writes a decoder as a
+Hugging Face Llama or Qwen3 folder (:mod:`cantata.trainer.hf`) that
+``transformers.AutoModelForCausalLM.from_pretrained`` loads. A mesh job's
+sharded checkpoint arrives as a directory of its decrypted objects (every
+rank's shards and DCP's metadata) and is consolidated here into full tensors
+(:func:`cantata.trainer.sealed_dcp.consolidate`).
 """
 
 from __future__ import annotations
@@ -15,8 +18,16 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
+
+
+class ExportError(ValueError):
+    """The checkpoint cannot be written in the asked format."""
 
 
 def write_safetensors(state_path: Path, out_dir: str | os.PathLike, config: dict[str, object]) -> Path:
@@ -24,8 +35,37 @@ def write_safetensors(state_path: Path, out_dir: str | os.PathLike, config: dict
 
     The result is ``out_dir/model.safetensors`` (full tensors) + ``out_dir/config.json``.
     """
+    return _write(_full_tensors(state_path), out_dir, config, {"model": str(config["model"])})
+
+
+def write_hf(state_path: Path, out_dir: str | os.PathLike, config: dict[str, object]) -> Path:
+    """Write a decoder's state dict at ``state_path`` as a Hugging Face folder: its config.json and weights.
+
+    Tensors get Hugging Face's names (``model.``-prefixed); a tied head is left out, as
+    ``transformers`` saves it. The job, step and Cantata model go under ``cantata`` in config.json.
+    """
+    from cantata.proto.vocabulary import MODEL_SHAPES, Model
+    from cantata.trainer import hf
+    from cantata.trainer.decoder import DecoderConfig
+    from cantata.trainer.model import MODELS
+
+    model = Model(str(config["model"]))
+    cfg = MODELS[model]
+    if not isinstance(cfg, DecoderConfig):
+        raise ExportError(f"format hf: {model} is a byte GPT; Hugging Face folders are for the Llama/Qwen3 decoders")
+    tensors = {
+        hf.hf_name(name): tensor
+        for name, tensor in _full_tensors(state_path).items()
+        if not (cfg.tie_embeddings and name == hf.HEAD)
+    }
+    provenance = {key: value for key, value in config.items() if key not in MODEL_SHAPES[model]}
+    dtype = str(tensors[hf.hf_name("embed_tokens.weight")].dtype).removeprefix("torch.")
+    return _write(tensors, out_dir, hf.hf_config(cfg, dtype, provenance), {})
+
+
+def _full_tensors(state_path: Path) -> dict[str, torch.Tensor]:
+    """The model's full tensors from a ``torch.save`` state dict, or joined from a sharded checkpoint's objects."""
     import torch
-    from safetensors.torch import save_file
 
     if state_path.is_dir():  # a sharded checkpoint's objects: join every rank's chunks
         from cantata.security.sealed_checkpoint import SHARDED_PART
@@ -34,9 +74,16 @@ def write_safetensors(state_path: Path, out_dir: str | os.PathLike, config: dict
         state = consolidate(lambda name: (state_path / name).read_bytes(), SHARDED_PART, "model.")
     else:
         state = torch.load(state_path, map_location="cpu", weights_only=True)
-    tensors = {name: tensor.detach().contiguous().clone() for name, tensor in state.items()}
+    return {name: tensor.detach().contiguous().clone() for name, tensor in state.items()}
+
+
+def _write(
+    tensors: dict[str, torch.Tensor], out_dir: str | os.PathLike, config: dict[str, object], metadata: dict[str, str]
+) -> Path:
+    from safetensors.torch import save_file
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt", "model": str(config["model"])})
+    save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt", **metadata})
     (out / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     return out

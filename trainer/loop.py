@@ -38,7 +38,7 @@ from cantata.trainer.decoder import Decoder
 from cantata.trainer.device import Device, pick_device
 from cantata.trainer.model import LanguageModel, build_model
 from cantata.trainer.optim import build_optimizer, spec_settings
-from cantata.trainer.parallel import MeshState, Parallelism, data_rank, parallelize
+from cantata.trainer.parallel import MeshState, Parallelism, build_sharded, data_rank
 from cantata.trainer.reporter import Reporter
 from cantata.trainer.weights import load_weights, open_weights
 
@@ -334,15 +334,15 @@ class Trainer:
         spec = self.spec
         self.device = strategy.device
         note("device", f"training on {self.device.kind} ({visible_devices()}), collectives over {self.device.backend}")
-        self.model = build_model(spec.model, spec.seed).to(self.device.torch)
+        self.model: LanguageModel
+        if strategy.mesh is None:
+            self.model = build_model(spec.model, spec.seed).to(self.device.torch)
+        else:  # built on the meta device: each rank allocates and initialises only its shards
+            precision = MixedPrecision(spec.mixed_precision or MixedPrecision.FP32)
+            self.model = build_sharded(spec.model, spec.seed, strategy.mesh, precision, spec.activation_checkpointing)
         self.seq_len = min(spec.seq_len, self.model.cfg.block_size)
         if isinstance(self.model, Decoder):
             self.model.checkpoint_layers = spec.activation_checkpointing
-        if strategy.mesh is not None:
-            if not isinstance(self.model, Decoder):
-                raise ValueError(f"model {spec.model} cannot be sharded: use a decoder (llama-*, qwen3-*)")
-            precision = MixedPrecision(spec.mixed_precision or MixedPrecision.FP32)
-            parallelize(self.model, strategy.mesh, precision, spec.activation_checkpointing)
         self.optimizer = build_optimizer(  # where the optimizer is built: on the sharded model, if any
             self.model,
             spec.optimizer,

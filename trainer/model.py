@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from cantata.proto.vocabulary import BYTE_GPTS, MODEL_SHAPES, Model
 from cantata.trainer.decoder import Decoder, DecoderConfig
+from cantata.trainer.deferred_init import InitPlan, InitRecorder
 
 
 @dataclass(frozen=True)
@@ -91,8 +92,23 @@ class GPT(nn.Module):
 LanguageModel = GPT | Decoder  # forward(idx, targets) -> (logits, loss); .cfg has block_size and vocab_size
 
 
+def _construct(name: str) -> LanguageModel:
+    cfg = MODELS[Model(name)]
+    return GPT(cfg) if isinstance(cfg, GPTConfig) else Decoder(cfg)
+
+
 def build_model(name: str, seed: int) -> LanguageModel:
     """The named model with deterministic initial weights (same on every worker)."""
     torch.manual_seed(seed)
-    cfg = MODELS[Model(name)]
-    return GPT(cfg) if isinstance(cfg, GPTConfig) else Decoder(cfg)
+    return _construct(name)
+
+
+def build_meta_model(name: str) -> tuple[LanguageModel, InitPlan]:
+    """The named model on the meta device (no memory), and how :func:`build_model` would initialise it.
+
+    ``cantata.trainer.deferred_init.materialize`` gives it, once sharded, the very
+    values ``build_model(name, seed)`` has.
+    """
+    with torch.device("meta"), InitRecorder() as recorder:
+        model = _construct(name)
+    return model, recorder.plan(model)

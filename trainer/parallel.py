@@ -35,6 +35,8 @@ from torch.distributed.tensor.parallel import (
 from cantata.proto.vocabulary import MixedPrecision
 from cantata.trainer.checkpoint import CheckpointFormatError
 from cantata.trainer.decoder import Decoder
+from cantata.trainer.deferred_init import allocate, materialize
+from cantata.trainer.model import build_meta_model
 
 DIMS = ("dp_replicate", "dp_shard", "tp")
 PRECISIONS = {MixedPrecision.FP32: torch.float32, MixedPrecision.BF16: torch.bfloat16}
@@ -104,6 +106,22 @@ def parallelize(model: Decoder, mesh: DeviceMesh, precision: MixedPrecision, che
     for layer in model.layers:
         fully_shard(layer, mesh=dp, mp_policy=policy)
     fully_shard(model, mesh=dp, mp_policy=policy)
+
+
+def build_sharded(name: str, seed: int, mesh: DeviceMesh, precision: MixedPrecision, checkpointing: bool) -> Decoder:
+    """The named decoder, sharded over ``mesh``, with ``build_model(name, seed)``'s values in this rank's shards.
+
+    Built on the meta device and parallelized there, so no rank ever holds the
+    whole model: each allocates its own shards and draws their initial values
+    (:mod:`cantata.trainer.deferred_init`).
+    """
+    model, plan = build_meta_model(name)
+    if not isinstance(model, Decoder):
+        raise ValueError(f"model {name} cannot be sharded: use a decoder (llama-*, qwen3-*)")
+    parallelize(model, mesh, precision, checkpointing)
+    allocate(model)
+    materialize(model, plan, seed)
+    return model
 
 
 class MeshState:

@@ -12,9 +12,10 @@ so the manifest, written last, still makes the checkpoint exist.
 object's plaintext only once it verified against the manifest; DCP's planner
 picks, for each tensor this rank holds on *its* mesh, the stored chunks that
 overlap it, so a checkpoint taken on one mesh loads on another. Tensors are
-stored as raw bytes (their dtype and shape are in the metadata) and other
-values are read back with ``torch.load(weights_only=True)``: no pickle is
-trusted. :func:`consolidate` builds full tensors from the same objects
+stored as raw bytes (their dtype and shape are in the metadata), each item
+starting at a multiple of ``ALIGNMENT``, and read back as views of the
+object's verified plaintext, copied once into their targets; other values are
+read back with ``torch.load(weights_only=True)``: no pickle is trusted. :func:`consolidate` builds full tensors from the same objects
 without any process group (``cantata checkpoints download --consolidate``).
 """
 
@@ -54,8 +55,11 @@ from torch.futures import Future
 
 from cantata.security.sealed_checkpoint import ShardInfo
 
+Plaintext = bytes | bytearray | memoryview  # an object's verified plaintext
+
 METADATA = "metadata"  # the coordinator's object: ``PART.metadata``
 FORMAT = 1
+ALIGNMENT = 64  # where each stored item starts in its object, so a tensor is read back as a view of any dtype
 
 
 class ShardedFormatError(ValueError):
@@ -71,16 +75,17 @@ class Extent:
     length: int
 
 
-def _raw(data: torch.Tensor | io.BytesIO) -> bytes:
+def _raw(data: torch.Tensor | io.BytesIO) -> memoryview:
+    """The bytes of ``data``: a view of a CPU tensor's own memory (a copy only if it lives elsewhere or is strided)."""
     if isinstance(data, io.BytesIO):
-        return data.getvalue()
-    return data.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        return data.getbuffer()
+    return data.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().data
 
 
 class SealedWriter(StorageWriter):
     """Each rank seals its own items as ``PART.RANK``; the coordinator seals the metadata as ``PART.metadata``."""
 
-    def __init__(self, seal: Callable[[str, Iterable[bytes]], ShardInfo], part: str):
+    def __init__(self, seal: Callable[[str, Iterable[bytes | memoryview]], ShardInfo], part: str):
         super().__init__()
         self._seal, self._part = seal, part
         self.written: list[ShardInfo] = []  # what this rank sealed, for the manifest
@@ -101,10 +106,13 @@ class SealedWriter(StorageWriter):
         name: str = plan.storage_data
         results: list[WriteResult] = []
 
-        def parts() -> Iterator[bytes]:
+        def parts() -> Iterator[bytes | memoryview]:
             offset = 0
             for item in plan.items:
                 raw = _raw(planner.resolve_data(item))
+                if padding := -offset % ALIGNMENT:
+                    yield bytes(padding)
+                    offset += padding
                 results.append(WriteResult(item.index, len(raw), Extent(name, offset, len(raw))))
                 offset += len(raw)
                 yield raw
@@ -124,9 +132,9 @@ class SealedWriter(StorageWriter):
 
 
 class SealedReader(StorageReader):
-    """Reads ``PART.*`` objects through ``read`` (verified plaintext), each at most once per load."""
+    """Reads ``PART.*`` objects through ``read`` (verified plaintext, best writable), each at most once per load."""
 
-    def __init__(self, read: Callable[[str], bytes], part: str):
+    def __init__(self, read: Callable[[str], Plaintext], part: str):
         super().__init__()
         self._read, self._part = read, part
         self._metadata: Metadata | None = None
@@ -152,11 +160,11 @@ class SealedReader(StorageReader):
         for item in plan.items:
             by_object.setdefault(_extent(self._metadata, item.storage_index).object, []).append(item)
         for name in sorted(by_object):
-            data = memoryview(self._read(name))
+            data = _bytes_tensor(self._read(name))
             for item in by_object[name]:
                 raw = _slice(data, _extent(self._metadata, item.storage_index))
                 if item.type == LoadItemType.BYTE_IO:
-                    planner.load_bytes(item, io.BytesIO(raw))
+                    planner.load_bytes(item, io.BytesIO(raw.numpy().tobytes()))
                     continue
                 stored = _tensor(raw, *_chunk(self._metadata, item.storage_index))
                 for dim, (start, length) in enumerate(zip(item.storage_offsets, item.lengths, strict=True)):
@@ -168,6 +176,7 @@ class SealedReader(StorageReader):
                     )
                 target.copy_(stored)
                 planner.commit_tensor(item, target)
+            del data  # the object's plaintext goes before the next one is read
         done: Future[None] = Future()
         done.set_result(None)
         return done
@@ -218,19 +227,30 @@ def _chunk(metadata: Metadata, index: MetadataIndex) -> tuple[torch.dtype, torch
     raise ShardedFormatError(f"{index.fqn} has no chunk at {list(index.offset or ())}")
 
 
-def _slice(data: memoryview, extent: Extent) -> bytes:
+def _bytes_tensor(plaintext: Plaintext) -> torch.Tensor:
+    """A uint8 tensor over ``plaintext``'s memory (read-only plaintext, such as ``bytes``, is copied once)."""
+    view = memoryview(plaintext).cast("B")
+    if not view:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(bytearray(view) if view.readonly else view, dtype=torch.uint8)
+
+
+def _slice(data: torch.Tensor, extent: Extent) -> torch.Tensor:
     if extent.offset < 0 or extent.length < 0 or extent.offset + extent.length > len(data):
         raise ShardedFormatError(f"extent {extent} lies outside its object ({len(data)} bytes)")
-    return bytes(data[extent.offset : extent.offset + extent.length])
+    return data[extent.offset : extent.offset + extent.length]
 
 
-def _tensor(raw: bytes, dtype: torch.dtype, size: torch.Size) -> torch.Tensor:
+def _tensor(raw: torch.Tensor, dtype: torch.dtype, size: torch.Size) -> torch.Tensor:
+    """The chunk stored in ``raw`` (uint8): a view of it, or a copy where it does not start on a ``dtype`` boundary."""
     expected = size.numel() * dtype.itemsize
     if len(raw) != expected:
         raise ShardedFormatError(f"a {dtype} chunk of {list(size)} needs {expected} bytes, not {len(raw)}")
-    if not raw:
+    if not expected:
         return torch.empty(size, dtype=dtype)
-    return torch.frombuffer(bytearray(raw), dtype=dtype).reshape(size)
+    if raw.storage_offset() % dtype.itemsize:  # written before items were aligned
+        raw = raw.clone()
+    return raw.view(dtype).reshape(size)
 
 
 def encode_metadata(metadata: Metadata) -> bytes:
@@ -253,10 +273,10 @@ def encode_metadata(metadata: Metadata) -> bytes:
     return json.dumps({"format": FORMAT, "entries": entries, "extents": extents, "paths": paths}).encode()
 
 
-def decode_metadata(raw: bytes) -> Metadata:
+def decode_metadata(raw: Plaintext) -> Metadata:
     """Parse what :func:`encode_metadata` wrote; a malformed document is a :class:`ShardedFormatError`."""
     try:
-        document = json.loads(raw)
+        document = json.loads(bytes(raw))
         if document["format"] != FORMAT:
             raise ShardedFormatError(f"sharded checkpoint format {document['format']} is not {FORMAT}")
         entries: dict[str, TensorStorageMetadata | BytesStorageMetadata] = {}
@@ -281,7 +301,7 @@ def decode_metadata(raw: bytes) -> Metadata:
     return Metadata(state_dict_metadata=entries, planner_data=paths, storage_data=extents)
 
 
-def consolidate(read: Callable[[str], bytes], part: str, prefix: str) -> dict[str, torch.Tensor]:
+def consolidate(read: Callable[[str], Plaintext], part: str, prefix: str) -> dict[str, torch.Tensor]:
     """The full tensors stored under ``prefix`` (e.g. ``"model."``), assembled from every rank's chunks."""
     metadata = decode_metadata(read(f"{part}.{METADATA}"))
     wanted = {
@@ -289,7 +309,7 @@ def consolidate(read: Callable[[str], bytes], part: str, prefix: str) -> dict[st
         for fqn, entry in metadata.state_dict_metadata.items()
         if fqn.startswith(prefix) and isinstance(entry, TensorStorageMetadata)
     }
-    objects: dict[str, memoryview] = {}
+    objects: dict[str, torch.Tensor] = {}
     full: dict[str, torch.Tensor] = {}
     for fqn, entry in wanted.items():
         tensor = torch.empty(entry.size, dtype=entry.properties.dtype)
@@ -297,7 +317,7 @@ def consolidate(read: Callable[[str], bytes], part: str, prefix: str) -> dict[st
             index = MetadataIndex(fqn, chunk.offsets)
             extent = _extent(metadata, index)
             if extent.object not in objects:
-                objects[extent.object] = memoryview(read(extent.object))
+                objects[extent.object] = _bytes_tensor(read(extent.object))
             view = tensor
             for dim, (start, length) in enumerate(zip(chunk.offsets, chunk.sizes, strict=True)):
                 view = view.narrow(dim, start, length)

@@ -21,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from importlib import resources
 
 import jinja2
@@ -41,6 +43,7 @@ from cantata.server.enrollment import ANONYMOUS
 from cantata.server.store import NotFound
 from cantata.server.streams import StreamCounter
 
+LAST_EVENT_ID = re.compile(r"[0-9]{1,19}")  # a job event's sequence number (SQLite INTEGER): ASCII digits only
 COOKIE = "__Host-cantata_session"  # __Host-: Secure, path /, no Domain: the browser enforces all three
 SECURITY_HEADERS = [
     (
@@ -56,6 +59,20 @@ SECURITY_HEADERS = [
     (b"cross-origin-resource-policy", b"same-origin"),
     (b"strict-transport-security", b"max-age=31536000"),
 ]
+
+
+class _CountedStream(StreamingResponse):
+    """A streaming response that gives its stream slot back however it ends: sent, failed, or never started."""
+
+    def __init__(self, content: AsyncIterator[str], *, release: Callable[[], None], **kwargs):
+        super().__init__(content, **kwargs)
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
 
 
 class SecurityHeaders:
@@ -207,34 +224,30 @@ class Dashboard:
         except NotFound:
             raise HTTPException(404, "No such job.") from None
         last = request.headers.get("last-event-id", "0")
-        if not last.isdigit():
-            raise HTTPException(400, "Last-Event-ID must be a sequence number.")
+        if not LAST_EVENT_ID.fullmatch(last):  # parsed before a stream slot is taken: nothing to give back
+            raise HTTPException(400, "Last-Event-ID must be a sequence number (1 to 19 ASCII digits).")
         who = session.principal.uri
         if not self._streams.acquire(who):
             raise HTTPException(429, "Too many open streams.")
-        return StreamingResponse(
-            self._events(job.id, int(last), request.cookies.get(COOKIE, ""), who),
+        return _CountedStream(
+            self._events(job.id, int(last), request.cookies.get(COOKIE, "")),
+            release=partial(self._streams.release, who),
             media_type="text/event-stream",
             headers={"x-accel-buffering": "no"},
         )
 
-    async def _events(self, job_id: str, cursor: int, session_id: str, who: str) -> AsyncIterator[str]:
+    async def _events(self, job_id: str, cursor: int, session_id: str) -> AsyncIterator[str]:
         """The stream's lines; it ends with the job, or before a batch once the session has ended."""
-        try:
-            yield "retry: 2000\n\n"
-            async with contextlib.aclosing(
-                self._series.follow(job_id, cursor)
-            ) as batches:  # a gone browser unsubscribes
-                async for batch in batches:
-                    session = self._signin.session(session_id)
-                    if session is None or not await asyncio.to_thread(self._is_allowed, session):
-                        yield "event: signed-out\ndata: {}\n\n"
-                        return
-                    data = json.dumps([u.as_json() for u in batch], allow_nan=False)
-                    yield f"id: {batch[-1].seq}\nevent: updates\ndata: {data}\n\n"
-            yield "event: end\ndata: {}\n\n"
-        finally:
-            self._streams.release(who)
+        yield "retry: 2000\n\n"
+        async with contextlib.aclosing(self._series.follow(job_id, cursor)) as batches:  # a gone browser unsubscribes
+            async for batch in batches:
+                session = self._signin.session(session_id)
+                if session is None or not await asyncio.to_thread(self._is_allowed, session):
+                    yield "event: signed-out\ndata: {}\n\n"
+                    return
+                data = json.dumps([u.as_json() for u in batch], allow_nan=False)
+                yield f"id: {batch[-1].seq}\nevent: updates\ndata: {data}\n\n"
+        yield "event: end\ndata: {}\n\n"
 
     async def admin(self, request: Request) -> Response:
         session = await self._session(request)

@@ -2,9 +2,12 @@
 
 It is :class:`~cantata.server.launcher.WorkerLauncher` (the sandbox, the
 per-worker certificates and configs), plus placement on this node: at most
-``slots`` worker processes at once, and the node's GPUs, each worker of a job
+``slots`` worker processes at once, the node's GPUs, each worker of a job
 with ``gpus_per_worker`` getting devices of its own through
-``CUDA_VISIBLE_DEVICES``. The GPUs are counted once at start, by
+``CUDA_VISIBLE_DEVICES``, and the node's memory: a job reserves its ranks'
+estimate (:func:`~cantata.server.memory.job_estimate`) from its launch until
+its workers are all gone, and one that does not fit beside the running jobs
+waits. The GPUs are counted once at start, by
 ``torch.cuda.device_count()`` in a subprocess (the server never imports
 torch), or given by ``server start --gpus``.
 """
@@ -18,7 +21,8 @@ from pathlib import Path
 from cantata.server.executors.base import NotPlaceable
 from cantata.server.groups import processes
 from cantata.server.launcher import WorkerLauncher
-from cantata.server.store import JobRecord
+from cantata.server.memory import job_estimate, size
+from cantata.server.store import JobRecord, WorkerRecord
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one folder per GPU the driver sees; absent without the driver
 
@@ -33,11 +37,13 @@ def count_gpus() -> int:
 
 
 class LocalExecutor(WorkerLauncher):
-    """Workers on this machine: ``slots`` processes and ``gpus`` GPUs at most (-1: count them)."""
+    """Workers on this machine: ``slots`` processes, ``gpus`` GPUs (-1: count them) and ``memory`` bytes at most."""
 
-    def __init__(self, *args, slots: int, gpus: int = -1, **kwargs):
+    def __init__(self, *args, slots: int, memory: int, gpus: int = -1, **kwargs):
         super().__init__(*args, **kwargs)
         self._slots = slots
+        self._memory = memory
+        self._reserved: dict[str, int] = {}  # job -> the memory its ranks' estimate holds
         self.gpus = count_gpus() if gpus < 0 else gpus
         self._free_gpus = list(range(self.gpus))
         self._devices: dict[str, dict[int, list[int]]] = {}  # job -> process index -> its GPUs
@@ -54,6 +60,15 @@ class LocalExecutor(WorkerLauncher):
             raise NotPlaceable(f"waiting for {wanted} worker slots ({free} free)")
         if gpus > len(self._free_gpus):
             raise NotPlaceable(f"waiting for {gpus} GPUs ({len(self._free_gpus)} free)")
+        need = job_estimate(job.spec)
+        if need > self._memory:
+            raise NotPlaceable(f"needs {size(need)} of memory; this node has {size(self._memory)}", never=True)
+        free = self._memory - sum(self._reserved.values())
+        if need > free:
+            raise NotPlaceable(
+                f"waiting for {size(need)} of memory ({size(free)} of this node's {size(self._memory)} free "
+                f"beside {len(self._reserved)} running job(s))"
+            )
 
     def launch(self, job: JobRecord, *, attack: dict | None = None) -> dict[int, int]:
         per_worker = job.spec.gpus_per_worker
@@ -61,11 +76,20 @@ class LocalExecutor(WorkerLauncher):
             self._devices[job.id] = {
                 i: [self._free_gpus.pop(0) for _ in range(per_worker)] for i in range(processes(job.spec))
             }
+        self._reserved[job.id] = job_estimate(job.spec)
         try:
             return super().launch(job, attack=attack)
         except BaseException:
             self._give_back(job.id)
             raise
+
+    def adopt(self, job: JobRecord, workers: list[WorkerRecord], *, attack: dict | None = None) -> int:
+        self._reserved[job.id] = job_estimate(job.spec)
+        return super().adopt(job, workers, attack=attack)
+
+    def detach(self) -> None:
+        super().detach()
+        self._reserved.clear()
 
     def devices_env(self, job_id: str, worker: int) -> dict[str, str]:
         devices = self._devices.get(job_id, {}).get(worker)
@@ -76,6 +100,7 @@ class LocalExecutor(WorkerLauncher):
         self._give_back(job_id)
 
     def _give_back(self, job_id: str) -> None:
+        self._reserved.pop(job_id, None)
         for devices in self._devices.pop(job_id, {}).values():
             self._free_gpus.extend(devices)
         self._free_gpus.sort()

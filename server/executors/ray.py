@@ -2,7 +2,8 @@
 
 The control plane is a Ray driver (it runs beside a Ray node, usually the
 head). Each job gets one placement group of one bundle per worker process,
-``{"CPU": cpus_per_worker, "GPU": gpus_per_worker, "memory": its estimate}``:
+``{"CPU": cpus_per_worker, "GPU": gpus_per_worker, "memory": its rank's estimate}``
+(:func:`~cantata.server.memory.worker_estimate`, which shrinks as the mesh shards the model):
 all of its bundles or none. ``PACK`` for an all-reduce or single job (one
 ``torch.distributed`` group, on as few nodes as fit), ``SPREAD`` for a
 decentralized one (a node's loss costs one worker group). The group only
@@ -249,7 +250,7 @@ class RayExecutor:
 
     @staticmethod
     def bundle(job: JobRecord) -> dict[str, float]:
-        """What one worker process of ``job`` asks of its node."""
+        """What one worker process (one rank) of ``job`` asks of its node: its share of the job, not the job."""
         spec = job.spec
         return {
             "CPU": 1.0,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+from collections.abc import Callable
 
 from cryptography.hazmat.primitives.serialization import Encoding
 
@@ -51,8 +52,10 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         *,
         scraper_cert_days: int = 365,
         metrics_listen: str = "",
+        sign_out: Callable[[str], object] = lambda tenant: None,
     ):
         self._store = store
+        self._sign_out = sign_out  # ends a tenant's dashboard sessions and voids its login links
         self._scraper_lifetime = dt.timedelta(days=scraper_cert_days)
         self._metrics_listen = metrics_listen
         self._ca = ca
@@ -144,8 +147,13 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             request,
             Action.TENANT_SUSPENDED,
             lambda: self._store.set_tenant_status(request.name, "SUSPENDED", expect="APPROVED"),
-            then=self._lifecycle.tenant_suspended,
+            then=self._suspended,
         )
+
+    def _suspended(self, tenant: str) -> None:
+        """A suspension stops the tenant's jobs and signs it out of the dashboard (a resume does not sign it in)."""
+        self._lifecycle.tenant_suspended(tenant)
+        self._sign_out(tenant)
 
     def ResumeTenant(self, request, context):
         return self._change(

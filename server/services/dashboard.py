@@ -7,18 +7,23 @@ import datetime as dt
 from google.protobuf import timestamp_pb2
 
 from cantata.proto.v1 import dashboard_pb2, dashboard_pb2_grpc
-from cantata.security.audit import Action
+from cantata.security.audit import Action, Outcome
 from cantata.security.pki import peer_certificate
-from cantata.server.dashboard.signin import SignIn
+from cantata.server.dashboard.signin import LoginsLimited, SignIn
+from cantata.server.enrollment import RefusalDigest
 from cantata.server.ports import AuditSink
 from cantata.server.store import Conflict
 
 
 class DashboardService(dashboard_pb2_grpc.DashboardServicer):
-    def __init__(self, signin: SignIn | None, base_url: str, audit: AuditSink):
+    """Issues login links; a link past the caller's limits is ``RESOURCE_EXHAUSTED`` with when to retry, and such
+    refusals are audited counted (one record per burst, per principal and limit), so a flood cannot bloat the log."""
+
+    def __init__(self, signin: SignIn | None, base_url: str, audit: AuditSink, refusals: RefusalDigest):
         self._signin = signin  # None: this server serves no dashboard
         self._base_url = base_url
         self._audit = audit.append
+        self._refusals = refusals
 
     def CreateDashboardLogin(self, request, context):
         if self._signin is None:
@@ -26,7 +31,19 @@ class DashboardService(dashboard_pb2_grpc.DashboardServicer):
         peer = peer_certificate(context.auth_context())
         assert peer is not None and peer.principal is not None, "called without authentication"
         who = peer.principal
-        token = self._signin.issue(who, peer.serial)
+        try:
+            token = self._signin.issue(who, peer.serial)
+        except LoginsLimited as limited:
+            self._refusals.append(
+                who.uri,
+                Action.DASHBOARD_LINK_ISSUED,
+                tenant=who.name if who.role == "tenant" else "",
+                outcome=Outcome.REFUSED,
+                details={"reason": limited.what, "limit": limited.limit},
+                peer=context.peer(),
+                counted=True,
+            )
+            raise
         expires = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=self._signin.link_seconds)
         self._audit(
             who.uri,

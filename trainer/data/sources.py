@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 from urllib.parse import unquote, urlsplit
 
 import numpy as np
@@ -221,16 +221,26 @@ class LocalDirectory:
         return sizes
 
     def read(self, key: str) -> bytes:
+        with self._open(key) as file:
+            return file.read()
+
+    def read_range(self, key: str, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes of ``key`` from ``offset`` on."""
+        with self._open(key) as file:
+            return os.pread(file.fileno(), length, offset)
+
+    def _open(self, key: str) -> BinaryIO:
         path = self.root / key
         _refuse_links(path, self.root, self.uri)
         try:
             descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         except OSError as error:
             raise DatasetPathError(f"dataset {self.uri}: cannot open {path} ({error.strerror})") from None
-        with os.fdopen(descriptor, "rb") as file:
-            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
-                raise DatasetPathError(f"dataset {self.uri}: {path} is not a regular file")
-            return file.read()
+        file = os.fdopen(descriptor, "rb")
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            file.close()
+            raise DatasetPathError(f"dataset {self.uri}: {path} is not a regular file")
+        return file
 
 
 class StoreObjects:
@@ -246,6 +256,11 @@ class StoreObjects:
     def read(self, key: str) -> bytes:
         with translated_store_errors(f"reading {self.uri}{key}"):
             return self.store.get_bytes(key)
+
+    def read_range(self, key: str, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes of ``key`` from ``offset`` on (a ranged read: nothing else is fetched)."""
+        with translated_store_errors(f"reading {self.uri}{key}"):
+            return self.store.get_range(key, offset, length)
 
 
 @contextmanager
