@@ -195,7 +195,7 @@ class ControlPlane:
             self.paths.tenant_gids,
             settings.tenant_gid_base,
             settings.tenant_gid_count,
-            folders=lambda tenant: [root / tenant for root in roots.shared],
+            folders=roots.own_folders,
         )
         return Identities(
             settings.worker_uid_base,
@@ -344,6 +344,7 @@ class ControlPlane:
                 "data_dir": roots.data_dir,
                 "node_memory": node_memory,
                 "shared_roots": shared_roots,
+                "own_folders": roots.own_folders(tenant),
             }
 
         self.submissions = SubmitWriter(self.store, self.recorder)
