@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from cantata.sdk import errors
 from cantata.sdk.job import Job
 from cantata.server.id_ranges import IdRangeInUse, register, unregister
 from cantata.server.launcher import reclaim_locally
@@ -68,8 +69,10 @@ def _running_worker(client, **fields) -> tuple[str, int]:
 def platform(tmp_path_factory):
     root = tmp_path_factory.mktemp("uids")
     shared = root / "shared"
-    # An admin's mistake: a root of acme's granted to globex. The system still keeps globex out of it.
-    p = Platform(root, settings={"tenant_roots": {"globex": [str(shared / "acme" / "corpus")]}})
+    # An admin's mistakes: a root of acme's granted to globex, and a root of globex's where acme's corpus
+    # gets bind-mounted (a path the server cannot tell from the text). The system still keeps globex out.
+    grants = {"globex": [str(shared / "acme" / "corpus"), str(root / "mirror")]}
+    p = Platform(root, settings={"tenant_roots": grants})
     p.start()
     yield p
     if p.proc is not None:
@@ -230,3 +233,35 @@ def test_the_host_registry_lets_one_server_per_id_range_run(tmp_path):
     unregister(tmp_path / "a", registry)
     register(tmp_path / "c", range(70_000, 70_100), range(74_000, 74_100), registry)
     assert [e["data_dir"] for e in json.loads(registry.read_text())] == [str(tmp_path / "b"), str(tmp_path / "c")]
+
+
+def test_a_tenants_group_readable_dataset_is_its_workers_and_not_another_tenants(platform, acme, globex):
+    corpus = platform.tenant_dir("acme", "corpus")
+    gid = int(cli("server", "tenant-gid", "--data-dir", str(platform.data_dir), "acme", env=platform.env).stdout)
+    (corpus / "a.txt").write_text("acme's private text, for acme's jobs alone. " * 200)
+    for path, mode in ((corpus, 0o750), (corpus / "a.txt", 0o640)):
+        os.chown(path, 0, gid)
+        path.chmod(mode)
+    own = acme.submit(Job(name="own-data", dataset=corpus.as_uri(), **QUICK))
+    assert own.wait().state == "SUCCEEDED"
+    # It read them with nothing world-readable: others have no bit on acme's folder, its corpus or the file.
+    assert [p.stat().st_mode & 0o007 for p in (corpus.parent, corpus, corpus / "a.txt")] == [0, 0, 0]
+
+    before = globex.list()
+    with pytest.raises(errors.InvalidJob) as refused:  # granted to globex by mistake: still acme's folder
+        globex.submit(Job(name="probe", dataset=corpus.as_uri(), **QUICK))
+    assert refused.value.field == "dataset"
+    assert f"outside your folder of it ({platform.shared_root / 'globex'})" in str(refused.value)
+    assert globex.list() == before  # nothing started
+
+    mirror = platform.root / "mirror"
+    mirror.mkdir()
+    subprocess.run(["mount", "--bind", str(corpus), str(mirror)], check=True)
+    try:
+        through = globex.submit(Job(name="mirror", dataset=mirror.as_uri(), **QUICK))
+        ended = through.wait()
+    finally:
+        subprocess.run(["umount", str(mirror)], check=True)
+    assert ended.state == "FAILED"
+    assert f"DatasetAccessError: dataset {mirror.as_uri()}: this job's workers may not read {mirror}" in ended.reason
+    assert "not restarted: the error is permanent" in ended.reason
