@@ -156,12 +156,20 @@ def test_another_tenants_worker_cannot_list_read_or_rename_what_an_ended_job_lef
         wait_for(lambda: globex.get(probe_id).state == "CANCELLED")
 
 
-def test_a_second_server_whose_uid_range_overlaps_a_running_ones_refuses_to_start(platform, tmp_path):
+@pytest.mark.parametrize("clash", ["its uids on the first's uids", "its uids on the first's tenant gids"])
+def test_a_second_server_whose_id_ranges_overlap_a_running_ones_refuses_to_start(
+    platform, acme, tmp_path, monkeypatch, clash
+):
     first = platform.paths.load_settings()
-    other = Platform(tmp_path / "second", settings={"worker_uid_base": first.worker_uid_base + 10})
+    base = first.worker_uid_base if clash.endswith("uids") else first.tenant_gid_base
+    monkeypatch.setenv("CANTATA_HOME", os.environ["CANTATA_HOME"])  # Platform() points it at the second's
+    other = Platform(tmp_path / "second", settings={"worker_uid_base": base + 10, "worker_uid_count": 5})
     with pytest.raises(RuntimeError, match="overlap those of the server of"):
         other.start()
-    assert "give this one other worker_uid_base" in other.server_log()
+    log = other.server_log()
+    assert f"those of the server of {platform.data_dir.resolve()}" in log
+    assert "give this one other worker_uid_base" in log
+    assert acme.submit(Job(name="after-clash", **QUICK)).wait().state == "SUCCEEDED"  # the first one: untouched
 
 
 def test_init_and_start_refuse_a_data_dir_the_worker_uids_cannot_reach(tmp_path):
