@@ -16,7 +16,7 @@ import os
 import resource
 import signal
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cantata.security import seccomp_policy
@@ -39,6 +39,7 @@ class SpawnRequest:
     status: str = ""  # where the zygote writes how it exited ({"pid", "code"}), for a server started after it
     max_tasks: int = 0  # RLIMIT_NPROC: processes and threads of its uid (0: no limit)
     seccomp: bool = True  # the syscall filter; False only where the operator turned it off
+    groups: list[int] = field(default_factory=list)  # supplementary groups with ``uid`` (its tenant's gid)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -68,7 +69,7 @@ def enter(request: SpawnRequest) -> None:
     pinned = _pin_library_folders() if request.uid is not None else {}
     visible = hide_other_processes() if request.uid is not None else ""
     if request.uid is not None and request.gid is not None:
-        os.setgroups([])
+        os.setgroups(request.groups)
         os.setgid(request.gid)
         os.setuid(request.uid)
     limit_tasks(request.max_tasks if request.uid is not None else 0)  # the limit counts every task of the uid

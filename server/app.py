@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import gc
 import logging
+import os
 import signal
 import threading
 from pathlib import Path
@@ -41,6 +42,7 @@ from cantata.security import seccomp_policy
 from cantata.security.audit import Action, AuditLog, AuditLogUnavailable
 from cantata.security.pki import CertificateAuthority, Principal
 from cantata.security.worker_confinement import ConfinementPolicy
+from cantata.server import id_ranges
 from cantata.server.auth import AuthInterceptor, Gatekeeper, request_id
 from cantata.server.broadcast import EventBroadcast
 from cantata.server.config import DataDir, ServerSettings, connection_limits, enrollment_limits, signin_limits
@@ -57,12 +59,13 @@ from cantata.server.fd_budget import reserve_descriptors
 from cantata.server.health import HealthService
 from cantata.server.heartbeats import Heartbeats
 from cantata.server.lifecycle import JobLifecycle
+from cantata.server.local_roots import LocalRoots
 from cantata.server.memory import node_capacity, runtime_budget
 from cantata.server.metrics_endpoint import MetricsEndpoint
 from cantata.server.metrics_store import MetricsStore
 from cantata.server.request_audit import RequestAudit
 from cantata.server.restarts import RestartPolicy
-from cantata.server.sandbox import Identities, lock_data_dir
+from cantata.server.sandbox import Identities, Lease, check_passable, lock_data_dir
 from cantata.server.scheduler import Scheduler
 from cantata.server.secrets_broker import SecretsBroker
 from cantata.server.services.admin import AdminService
@@ -79,6 +82,7 @@ from cantata.server.streams import StreamCounter
 from cantata.server.submissions import SubmitWriter
 from cantata.server.sweeper import OrphanSweeper
 from cantata.server.telemetry import Telemetry
+from cantata.server.tenant_groups import TenantGroups
 from cantata.server.tls import RotatingCredentials
 from cantata.server.voided_submissions import submitted_jobs, to_void
 
@@ -154,6 +158,7 @@ class ControlPlane:
         self.metrics_port: int | None = None  # where /metrics is served, when metrics_listen is set
         self._metrics_endpoint: MetricsEndpoint | None = None
         self._stopping = threading.Event()
+        self._registered = False  # this server's worker uids and tenant gids are in the host's registry
         self._stopped = threading.Event()
         self._server: grpc.aio.Server | None = None
         self._guards: list[AuthInterceptor] = []  # one per gRPC server (the port and the enrollment port)
@@ -198,9 +203,50 @@ class ControlPlane:
             ],
         )
 
-    def _executor(self, secrets: SecretsBroker, connect_host: str) -> Executor:
+    def _identities(self, roots: LocalRoots) -> Identities:
+        """The workers' uids (one per job, taken back when it ends) and their tenants' gids."""
+        settings = self.settings
+        groups = TenantGroups(
+            self.paths.tenant_gids,
+            settings.tenant_gid_base,
+            settings.tenant_gid_count,
+            folders=roots.own_folders,
+        )
+        return Identities(
+            settings.worker_uid_base,
+            settings.worker_uid_count,
+            leases=self.paths.uid_leases,
+            tenant_groups=groups,
+            on_retired=self._uid_retired,
+        )
+
+    def _uid_retired(self, lease: Lease) -> None:
+        self.recorder.append(
+            "server",
+            Action.WORKER_UID_RETIRED,
+            resource=lease.job_id,
+            details={"uid": lease.uid, "reason": lease.retired},
+        )
+
+    def _claim_ids(self) -> None:
+        """As root: refuse a data directory the workers' uids cannot reach, or ids another server on this host uses."""
+        if os.geteuid() != 0:
+            return
+        check_passable(self.paths.root)
+        settings = self.settings
+        uids = range(settings.worker_uid_base, settings.worker_uid_base + settings.worker_uid_count)
+        gids = range(settings.tenant_gid_base, settings.tenant_gid_base + settings.tenant_gid_count)
+        if id_ranges.overlap(uids, gids):
+            raise ValueError(
+                f"worker uids {uids.start}..{uids.stop - 1} overlap tenant gids {gids.start}..{gids.stop - 1} "
+                "(a worker's gid is its uid): change worker_uid_base or tenant_gid_base in server.json"
+            )
+        id_ranges.register(self.paths.root.resolve(), uids, gids)
+        self._registered = True
+
+    def _executor(self, secrets: SecretsBroker, connect_host: str, roots: LocalRoots) -> Executor:
         """The executor ``server.json`` (or ``server start``) names: where and how workers start."""
-        identities = Identities(self.settings.worker_uid_base, self.settings.worker_uid_count)
+        identities = self._identities(roots)
         confinement = ConfinementPolicy(self.settings.worker_seccomp, self.settings.worker_task_allowance)
         if confinement.seccomp:
             seccomp_policy.library()  # refuse to start, saying why, rather than fail every worker
@@ -245,6 +291,7 @@ class ControlPlane:
 
     def start(self) -> int:
         """Bind, start the scheduler and serve; returns the bound port."""
+        self._claim_ids()
         listeners = 2 * self.grpc_limits.total
         listeners += self.http_limits.total * (
             bool(self.settings.dashboard_listen) + bool(self.settings.metrics_listen)
@@ -276,7 +323,7 @@ class ControlPlane:
         roots = self.paths.local_roots(self.settings)
         lock_data_dir(self.paths.root, passable=(self.paths.jobs, self.paths.checkpoints))
         secrets = SecretsBroker(self.keyring, self.data_sources, self.recorder, dataset_roots=roots.datasets)
-        launcher = self._executor(secrets, connect_host)
+        launcher = self._executor(secrets, connect_host, roots)
         launcher.start()
         lifecycle = JobLifecycle(
             self.store,
@@ -317,6 +364,7 @@ class ControlPlane:
                 "data_dir": roots.data_dir,
                 "node_memory": node_memory,
                 "shared_roots": shared_roots,
+                "own_folders": roots.own_folders(tenant),
             }
 
         self.submissions = SubmitWriter(self.store, self.recorder)
@@ -500,6 +548,8 @@ class ControlPlane:
             log.error("stopping without a server_stopped record: the audit log cannot be written")
         self.audit.close()
         self.database.close()
+        if self._registered:
+            id_ranges.unregister(self.paths.root.resolve())
         log.info("stopped")
         self._stopped.set()
 

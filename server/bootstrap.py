@@ -18,6 +18,7 @@ from cantata.security import audit
 from cantata.security.keys import MASTER_KEY_ENV, MasterKey
 from cantata.security.pki import CertificateAuthority, Principal
 from cantata.server.config import DataDir, ServerSettings, enrollment_address, write_private
+from cantata.server.sandbox import check_passable
 from cantata.server.store import Store
 
 _DNS_NAME = re.compile(r"(?=.{1,253}$)(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
@@ -87,6 +88,7 @@ def init_data_dir(
     paths = DataDir(root)
     if paths.exists():
         raise FileExistsError(f"{root} already holds a Cantata server")
+    check_passable(root)
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o700)
     settings = ServerSettings(

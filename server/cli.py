@@ -78,6 +78,16 @@ def cmd_start(args) -> int:
     return 0
 
 
+def cmd_tenant_gid(args) -> int:
+    from cantata.server.config import DataDir
+    from cantata.server.tenant_groups import TenantGroups
+
+    paths = DataDir(Path(args.data_dir))
+    settings = paths.load_settings()
+    print(TenantGroups(paths.tenant_gids, settings.tenant_gid_base, settings.tenant_gid_count).gid(args.tenant))
+    return 0
+
+
 def cmd_rotate_cert(args) -> int:
     from cantata.server.bootstrap import parse_advertise, server_names
     from cantata.server.config import DataDir
@@ -139,6 +149,12 @@ def register(groups: dict[str, argparse._SubParsersAction]) -> None:
         f"(default: ${LEVEL_ENV}, else WARNING)",
     )
     p.set_defaults(func=cmd_start)
+    p = server.add_parser(
+        "tenant-gid", help="the gid of a tenant's workers, for its file:// data (`chgrp` it; given now if it has none)"
+    )
+    p.add_argument("--data-dir", required=True)
+    p.add_argument("tenant")
+    p.set_defaults(func=cmd_tenant_gid)
     p = server.add_parser("rotate-cert", help="issue a new server certificate; picked up without a restart")
     p.add_argument("--data-dir", required=True)
     p.add_argument(

@@ -10,7 +10,9 @@ D/keyring.sealed     tenants' key-encryption keys, encrypted under the master ke
 D/audit/             tamper-evident audit log and its signing keys
 D/ray/token          the Ray cluster's token (``server init --ray-token``), 0600
 D/exits/             how workers exited, written by the zygote that forked them (read after a restart)
-D/jobs/<job-id>/     per-job workspaces (worker configs, certificates, logs), 0700, the job's uid's
+D/jobs/<job-id>/     per-job workspaces (worker configs, certificates, logs), 0700, the job's uid's while it runs
+D/uids/<uid>.json    the worker uids in use (or retired), with the folders each may have written
+D/tenant-gids.json   each tenant's gid (as root: its workers' group, its file:// folders')
 D/checkpoints/       the default local checkpoint store (<tenant>/<job>/...)
 
 At start the server makes ``D``, ``D/jobs`` and ``D/checkpoints`` passable but
@@ -78,6 +80,8 @@ class ServerSettings:
     worker_task_allowance: int = (
         DEFAULT_TASK_ALLOWANCE  # RLIMIT_NPROC: tasks per worker process beyond its compute threads (0: none)
     )
+    tenant_gid_base: int = 63000  # as root, each tenant's gid (its workers' group, its file:// folders') from here up
+    tenant_gid_count: int = 1000
     node_memory_mib: int = 0  # memory for workers on this node (0: the machine's); running jobs reserve their estimate
     worker_memory_mib: int = 0  # a worker's memory limit past its loaded size (0: twice its estimate + 1 GiB)
     gpus: int = -1  # GPUs of this node for the local executor (-1: torch.cuda.device_count() in a subprocess)
@@ -194,6 +198,14 @@ class DataDir:
     @property
     def audit(self) -> Path:
         return self.root / "audit"
+
+    @property
+    def uid_leases(self) -> Path:
+        return self.root / "uids"
+
+    @property
+    def tenant_gids(self) -> Path:
+        return self.root / "tenant-gids.json"
 
     @property
     def jobs(self) -> Path:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -52,12 +53,20 @@ def _require(ok: bool, field: str, message: str) -> None:
 
 
 def local_path(
-    uri: str, field: str, roots: list[Path], *, data_dir: Path | None = None, store_dir: Path | None = None
+    uri: str,
+    field: str,
+    roots: list[Path],
+    *,
+    data_dir: Path | None = None,
+    store_dir: Path | None = None,
+    own_folders: Sequence[Path] = (),
 ) -> Path:
     """The directory a ``file://`` URI names, if it is safely inside one of ``roots``.
 
     Nothing in ``data_dir`` is, but in a root inside ``store_dir`` (the default checkpoint store,
-    for checkpoint stores: a tenant's own folder of it). Whether the path is
+    for checkpoint stores: a tenant's own folder of it). ``own_folders`` are the tenant's folders
+    of the shared roots (``<root>/<tenant>``): under such a root nothing outside its own folder
+    is, even through a root granted to it (the rest is other tenants'). Whether the path is
     inside is decided on its text alone, before anything on disk is looked at: a path outside
     gets the same answer whether or not it exists.
     """
@@ -76,6 +85,12 @@ def local_path(
         field,
         f"{path} is outside the allowed roots (yours: <root>/<tenant>/...)",
     )
+    for own in own_folders:
+        _require(
+            within(path, own) or not within(path, own.parent),
+            field,
+            f"{path} is in the shared root {own.parent} outside your folder of it ({own}): the rest is other tenants'",
+        )
     # Walk up to the nearest existing ancestor: any link on the way is refused.
     probe = path
     while not probe.exists() and probe != probe.parent:
@@ -98,6 +113,7 @@ def parse_job_spec(
     data_dir: Path | None = None,
     node_memory: int = 0,
     shared_roots: list[Path] | None = None,
+    own_folders: Sequence[Path] = (),
 ) -> common_pb2.JobSpec:
     """Return a copy of ``spec`` with defaults filled in, or raise ``InvalidField``.
 
@@ -107,6 +123,7 @@ def parse_job_spec(
     each on a cluster) is refused.
     ``shared_roots`` (on a cluster; None: one machine) are the ``file://`` roots every node mounts:
     a job of more than one worker process may span nodes, so its ``file://`` store must lie under one.
+    ``own_folders`` are the tenant's folders of the ``allowed_roots`` (see :func:`local_path`).
     """
     s = common_pb2.JobSpec()
     s.CopyFrom(spec)
@@ -139,9 +156,9 @@ def parse_job_spec(
         )
     check_vocabulary(s)
     check_mesh(s)
-    check_dataset(s.dataset, roots, data_dir=data_dir)
+    check_dataset(s.dataset, roots, data_dir=data_dir, own_folders=own_folders)
     if s.init_from:
-        check_source_location(s.init_from, "init_from", roots, data_dir=data_dir)
+        check_source_location(s.init_from, "init_from", roots, data_dir=data_dir, own_folders=own_folders)
     if s.checkpoint_store != default_store:
         default_dir = Path(unquote(urlparse(default_store).path)) if default_store.startswith("file://") else None
         check_store(
@@ -150,6 +167,7 @@ def parse_job_spec(
             roots if store_roots is None else store_roots,
             data_dir=data_dir,
             store_dir=default_dir,
+            own_folders=own_folders,
         )
     if shared_roots is not None and processes(s) > 1 and s.checkpoint_store.startswith("file://"):
         path = Path(os.path.abspath(unquote(urlparse(s.checkpoint_store).path)))
@@ -263,20 +281,24 @@ def job_sources(spec: common_pb2.JobSpec) -> dict[str, str]:
     return {field: source for field, source in named.items() if source}
 
 
-def check_dataset(dataset: str, roots: list[Path], *, data_dir: Path | None = None) -> None:
+def check_dataset(
+    dataset: str, roots: list[Path], *, data_dir: Path | None = None, own_folders: Sequence[Path] = ()
+) -> None:
     """``builtin:pystdlib``, a ``file://`` directory under the roots, or a store prefix read through a data source."""
     if dataset != "builtin:pystdlib":
-        check_source_location(dataset, "dataset", roots, data_dir=data_dir)
+        check_source_location(dataset, "dataset", roots, data_dir=data_dir, own_folders=own_folders)
 
 
-def check_source_location(uri: str, field: str, roots: list[Path], *, data_dir: Path | None = None) -> None:
+def check_source_location(
+    uri: str, field: str, roots: list[Path], *, data_dir: Path | None = None, own_folders: Sequence[Path] = ()
+) -> None:
     """A ``file://`` path under the roots, or a store prefix read through a data source (``dataset``, ``init_from``).
 
     A store location must name one of the tenant's data sources: the server's
     own credentials (those of its checkpoint stores) never read tenant data.
     """
     if uri.startswith("file://"):
-        local_path(uri, field, roots, data_dir=data_dir)
+        local_path(uri, field, roots, data_dir=data_dir, own_folders=own_folders)
         return
     scheme, _, rest = uri.partition("://")
     _require(
@@ -294,12 +316,18 @@ def check_source_location(uri: str, field: str, roots: list[Path], *, data_dir: 
 
 
 def check_store(
-    uri: str, field: str, roots: list[Path], *, data_dir: Path | None = None, store_dir: Path | None = None
+    uri: str,
+    field: str,
+    roots: list[Path],
+    *,
+    data_dir: Path | None = None,
+    store_dir: Path | None = None,
+    own_folders: Sequence[Path] = (),
 ) -> None:
     """A blob store URI the platform can use: file:// under the roots, s3://bucket/prefix, az://container/prefix."""
     scheme, _, rest = uri.partition("://")
     if scheme == "file":
-        local_path(uri, field, roots, data_dir=data_dir, store_dir=store_dir)
+        local_path(uri, field, roots, data_dir=data_dir, store_dir=store_dir, own_folders=own_folders)
         return
     _require(scheme in ("s3", "az"), field, f"unsupported store {uri!r} (use file://, s3:// or az://)")
     bucket, _, prefix = rest.partition("/")

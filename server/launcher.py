@@ -31,6 +31,7 @@ import contextlib
 import datetime as dt
 import itertools
 import json
+import logging
 import os
 import signal
 import time
@@ -50,10 +51,20 @@ from cantata.server.executors.base import WorkerExit
 from cantata.server.groups import group_size, processes
 from cantata.server.ports import CertificateRegistry, SecretsBroker
 from cantata.server.rendezvous import file_rendezvous, remove_rendezvous_files
-from cantata.server.sandbox import Identities, Identity, base_environment, give, prepare_job_folder, store_environment
+from cantata.server.sandbox import (
+    Identities,
+    Identity,
+    Lease,
+    base_environment,
+    give,
+    prepare_job_folder,
+    store_environment,
+)
 from cantata.server.store import JobRecord, WorkerRecord
+from cantata.server.uid_reclaim import reclaim
 from cantata.server.zygote import ZYGOTE_GONE, ZYGOTE_MODULE, Zygote
 
+log = logging.getLogger(__name__)
 _adopted_exits = itertools.count(1 << 32)  # after every exit the zygote numbered: adopted ones are seen late
 
 
@@ -146,6 +157,11 @@ def worker_pids(config_prefix: str) -> dict[int, str]:
     return found
 
 
+def reclaim_locally(lease: Lease) -> float:
+    """Take a job's uid back on this machine (:func:`cantata.server.uid_reclaim.reclaim`); the seconds it took."""
+    return reclaim(lease.uid, lease.groups, [Path(f) for f in lease.folders])
+
+
 def kill_group(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
@@ -206,7 +222,11 @@ class WorkerLauncher:
         """
         ws = self.workspace(job.id)
         owner = ws.stat().st_uid if ws.is_dir() else None
-        identity = self._identities.claim(job.id, owner) if owner is not None else self._identities.acquire(job.id)
+        identity = (
+            self._identities.claim(job.id, owner, job.tenant)
+            if owner is not None
+            else self._identities.acquire(job.id, job.tenant)
+        )
         groups = processes(job.spec) // group_size(job.spec)
         rendezvous = [""] * groups
         for w in workers:
@@ -230,6 +250,8 @@ class WorkerLauncher:
         ]
         for pid in strays:
             kill_group(pid, signal.SIGKILL)
+        for uid in self._identities.recover(reclaim_locally):
+            log.warning("took back worker uid %d, which an earlier server left in use", uid)
         return strays
 
     def workspace(self, job_id: str) -> Path:
@@ -257,13 +279,16 @@ class WorkerLauncher:
         ws.chmod(0o700)
         (ws / "ca.pem").write_bytes(self._ca.cert_pem)
         rendezvous = [file_rendezvous(ws, g) for g in range(processes(job.spec) // group_size(job.spec))]
-        running = self._running[job.id] = _Running({}, self._identities.acquire(job.id), rendezvous, attack)
+        store = job.spec.checkpoint_store
+        store_root = Path(unquote(urlparse(store).path)) if store.startswith("file://") else None
+        folders = (ws, *([store_root / job.tenant / job.id] if store_root else []))
+        running = self._running[job.id] = _Running({}, None, rendezvous, attack)
         try:
+            running.identity = self._identities.acquire(job.id, job.tenant, folders)
             (ws / "tmp").mkdir(exist_ok=True)
             give(ws, running.identity)
-            store = job.spec.checkpoint_store
-            if store.startswith("file://"):
-                prepare_job_folder(Path(unquote(urlparse(store).path)), job.tenant, job.id, running.identity)
+            if store_root is not None:
+                prepare_job_folder(store_root, job.tenant, job.id, running.identity)
             for i in range(processes(job.spec)):
                 running.procs[i] = self._spawn(job, i, secrets)
         except BaseException:
@@ -362,6 +387,7 @@ class WorkerLauncher:
             memory_bytes=self._memory_limit(job),
             status=str(self._status(job.id, i)),
             **self._confinement.request_fields(processes(job.spec), int(threads)),
+            groups=list(running.identity.groups) if running.identity else [],
         )
         self._status(job.id, i).unlink(missing_ok=True)
         running.spawned[i] = time.monotonic()
@@ -431,14 +457,18 @@ class WorkerLauncher:
         return [job_id for job_id, r in self._running.items() if len(r.exited) == len(r.procs)]
 
     def release(self, job_id: str) -> None:
-        """Forget a job whose workers have all exited, and scrub its secrets from the workspace."""
+        """Forget a job whose workers have all exited, take its uid back, and scrub its secrets from the workspace.
+
+        The uid is free again only once no process of it is left and the job's folders are the server's
+        (:func:`reclaim_locally`); a uid that cannot be taken back is never used again.
+        """
         running = self._running.pop(job_id)
         for i, proc in running.procs.items():
             if proc_identity.start_time(proc.pid) in (0, proc.started_at):  # not a process that reused the pid since
                 kill_group(proc.pid, signal.SIGKILL)  # stray children of a worker
             self._zygote.forget(proc.pid)
             self._status(job_id, i).unlink(missing_ok=True)
-        self._identities.release(job_id)
+        self._identities.release(job_id, reclaim_locally)
         self.scrub(job_id)
 
     def stop_all(self) -> None:

@@ -5,7 +5,9 @@ in ``server.json``: ``<root>/<tenant>/...``), whole roots the admin granted
 to it alone (``tenant_roots``), and, for checkpoint stores, its folder of the
 default store (``D/checkpoints/<tenant>/``) or the default store itself, whose
 layout already puts every object under ``<tenant>/<job>/``. Nothing else of
-the platform's data directory is ever a root, whatever the settings say.
+the platform's data directory is ever a root, whatever the settings say,
+and no place under a shared root but the tenant's own folder, whatever the
+admin granted: the rest of a shared root is other tenants'.
 """
 
 from __future__ import annotations
@@ -25,9 +27,13 @@ class LocalRoots:
     shared: tuple[Path, ...] = ()  # each tenant gets <root>/<tenant>
     granted: dict[str, tuple[Path, ...]] = field(default_factory=dict)  # tenant -> roots of its own
 
+    def own_folders(self, tenant: str) -> list[Path]:
+        """``tenant``'s folder of each shared root: the only part of that root that is its."""
+        return [root / tenant for root in self.shared]
+
     def datasets(self, tenant: str) -> list[Path]:
         """The roots of ``tenant``'s ``file://`` datasets."""
-        return [*(root / tenant for root in self.shared), *self.granted.get(tenant, ())]
+        return [*self.own_folders(tenant), *self.granted.get(tenant, ())]
 
     def stores(self, tenant: str) -> list[Path]:
         """The roots of ``tenant``'s ``file://`` checkpoint stores."""

@@ -9,10 +9,13 @@
 - Working directory and ``$HOME``: its job's workspace, mode 0700.
 - Identity: when the server runs as root, the workers of each job run as a
   user of their own, a uid (and gid) from ``worker_uid_base`` up with no entry
-  in ``/etc/passwd`` and no supplementary groups (:class:`Identities`). The
-  job's workspace and its ``file://`` checkpoint folder belong to that uid;
-  the data directory's keys, database and audit log are the server's, 0600/0700
-  (:func:`lock_data_dir`).
+  in ``/etc/passwd``, for the job's workers' lifetime only, and their tenant's
+  gid (:mod:`cantata.server.tenant_groups`) as their one supplementary group
+  (:class:`Identities`). The job's workspace and its ``file://`` checkpoint
+  folder belong to that uid while they run, the server's again once they have
+  exited (:mod:`cantata.server.uid_reclaim`); the data directory's keys,
+  database and audit log are the server's, 0600/0700 (:func:`lock_data_dir`),
+  and every directory above it must let other users pass (:func:`check_passable`).
 - Memory: ``RLIMIT_AS``, the process's size once its modules are loaded plus
   the job's budget (:func:`cantata.security.process_sandbox.limit_memory`).
 
@@ -22,9 +25,19 @@ worker, before the worker runs a line of its own (see :mod:`cantata.server.zygot
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
 import os
-from dataclasses import dataclass
+import stat
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from cantata.server.config import write_private
+from cantata.server.tenant_groups import TenantGroups
+
+log = logging.getLogger(__name__)
 
 ALLOWED_ENV = (
     "PATH",
@@ -40,49 +53,156 @@ ALLOWED_ENV = (
 STORE_ENV_PREFIXES = {"s3": ("AWS_",), "az": ("AZURE_",)}
 PUBLIC_FILE_SUFFIX = ".pem"  # certificates in the data directory: readable by anyone
 TRAVERSE_ONLY = 0o711  # a directory others may pass through but not list
+TENANT_ONLY = 0o710  # a tenant's folder of a checkpoint store: its workers' group passes, nobody else
 SHARED_UPLOADS = 0o1733  # a store's .partial/: every job may create its own files, none may list or remove others'
 
 
 @dataclass(frozen=True)
 class Identity:
-    """The uid and gid a job's workers run as."""
+    """The uid and gid a job's workers run as, and their supplementary groups (their tenant's gid)."""
 
     uid: int
     gid: int
+    groups: tuple[int, ...] = ()
+
+
+@dataclass
+class Lease:
+    """A uid in use by a job, and the folders it may have written (``D/uids/<uid>.json``, the server's)."""
+
+    uid: int
+    job_id: str
+    groups: list[int]
+    folders: list[str]
+    retired: str = ""  # why its cleanup failed: the uid is never used again
+
+    @property
+    def identity(self) -> Identity:
+        return Identity(self.uid, self.uid, tuple(self.groups))
+
+
+Reclaim = Callable[[Lease], float]  # kill the lease's uid's processes, hand back its files; seconds
 
 
 class Identities:
-    """One unprivileged uid per running job, from ``base`` up; ``None`` when the server is not root.
+    """One unprivileged uid per job from ``base`` up, for the job's workers' lifetime; ``None`` when not root.
 
-    The ids have no ``/etc/passwd`` entry: they own nothing but the job's workspace
-    and checkpoint folder, and no two running jobs share one.
+    The ids have no ``/etc/passwd`` entry. A uid is handed out round-robin (the next one after the
+    last given, not the lowest free) and recorded in a lease (``leases``/``<uid>.json``) with the
+    folders the job's workers may write; :meth:`release` takes it back once the job's workers have
+    exited (:func:`cantata.server.uid_reclaim.reclaim`: no process of it left, nothing it wrote its
+    own) and only then is it free. A uid whose cleanup failed is retired, for good (its lease says
+    why): fail closed. :meth:`recover` reclaims the uids of leases an earlier server left.
     """
 
-    def __init__(self, base: int, count: int, *, root: bool | None = None):
+    def __init__(
+        self,
+        base: int,
+        count: int,
+        *,
+        leases: Path | None = None,
+        tenant_groups: TenantGroups | None = None,
+        root: bool | None = None,
+        on_retired: Callable[[Lease], None] = lambda lease: None,
+    ):
         self._ids = range(base, base + count)
         self._root = os.geteuid() == 0 if root is None else root
-        self._taken: dict[str, int] = {}
+        self._leases_dir = leases
+        self._tenant_groups = tenant_groups
+        self._on_retired = on_retired  # logged and audited by the server
+        self._held: dict[str, Lease] = {}  # job id -> its lease
+        self._left: dict[int, Lease] = {}  # leases an earlier server left, not claimed again: reclaim first
+        self._retired: dict[int, Lease] = {}
+        self._next = base
+        if self._root and leases is not None:
+            leases.mkdir(mode=0o700, parents=True, exist_ok=True)
+            for path in leases.glob("*.json"):
+                lease = Lease(**json.loads(path.read_text()))
+                (self._retired if lease.retired else self._left)[lease.uid] = lease
 
-    def acquire(self, job_id: str) -> Identity | None:
+    @property
+    def uids(self) -> range:
+        return self._ids
+
+    def retired(self) -> list[int]:
+        return sorted(self._retired)
+
+    def _busy(self, uid: int) -> bool:
+        return uid in self._retired or uid in self._left or any(lease.uid == uid for lease in self._held.values())
+
+    def _save(self, lease: Lease) -> None:
+        if self._leases_dir is not None:
+            write_private(self._leases_dir / f"{lease.uid}.json", json.dumps(asdict(lease)).encode())
+
+    def _groups(self, tenant: str) -> list[int]:
+        return [self._tenant_groups.prepare(tenant)] if self._tenant_groups is not None and tenant else []
+
+    def acquire(self, job_id: str, tenant: str = "", folders: tuple[Path, ...] = ()) -> Identity | None:
+        """The job's identity, a uid given now if it holds none; ``folders`` join those its lease names."""
         if not self._root:
             return None
-        if job_id not in self._taken:
-            free = next((i for i in self._ids if i not in self._taken.values()), None)
-            if free is None:
+        lease = self._held.get(job_id)
+        if lease is None:
+            count = len(self._ids)
+            offset = self._next - self._ids.start
+            uid = next((u for k in range(count) if not self._busy(u := self._ids[(offset + k) % count])), None)
+            if uid is None:
                 raise RuntimeError(f"no free worker uid in {self._ids.start}..{self._ids.stop - 1}")
-            self._taken[job_id] = free
-        uid = self._taken[job_id]
-        return Identity(uid, uid)
+            self._next = uid + 1 if uid + 1 < self._ids.stop else self._ids.start
+            lease = self._held[job_id] = Lease(uid, job_id, self._groups(tenant), [])
+            self._save(lease)
+        new = [str(f) for f in folders if str(f) not in lease.folders]
+        if new:
+            lease.folders += new
+            self._save(lease)
+        return lease.identity
 
-    def claim(self, job_id: str, uid: int) -> Identity | None:
+    def claim(self, job_id: str, uid: int, tenant: str = "") -> Identity | None:
         """The uid an earlier server gave ``job_id`` (its workspace's owner), taken again for its adopted workers."""
-        if not self._root or uid not in self._ids:
-            return self.acquire(job_id)
-        self._taken[job_id] = uid
-        return Identity(uid, uid)
+        left = self._left.get(uid)
+        if not self._root or uid not in self._ids or uid in self._retired or (left and left.job_id != job_id):
+            return self.acquire(job_id, tenant)
+        lease = self._left.pop(uid, None) or Lease(uid, job_id, self._groups(tenant), [])
+        self._held[job_id] = lease
+        self._save(lease)
+        return lease.identity
 
-    def release(self, job_id: str) -> None:
-        self._taken.pop(job_id, None)
+    def identity(self, job_id: str) -> Identity | None:
+        lease = self._held.get(job_id)
+        return lease.identity if lease else None
+
+    def folders(self, job_id: str) -> tuple[Path, ...]:
+        lease = self._held.get(job_id)
+        return tuple(Path(f) for f in lease.folders) if lease else ()
+
+    def release(self, job_id: str, reclaim: Reclaim) -> float | None:
+        """Take the job's uid back (``reclaim``), then free it; retire it if that fails. Seconds it took."""
+        lease = self._held.pop(job_id, None)
+        return None if lease is None else self._take_back(lease, reclaim)
+
+    def recover(self, reclaim: Reclaim) -> list[int]:
+        """Reclaim the uids whose leases an earlier server left and no adopted job claimed; those it freed."""
+        freed = []
+        for uid, lease in sorted(self._left.items()):
+            del self._left[uid]
+            if self._take_back(lease, reclaim) is not None:
+                freed.append(uid)
+        return freed
+
+    def _take_back(self, lease: Lease, reclaim: Reclaim) -> float | None:
+        try:
+            seconds = reclaim(lease)
+        except Exception as error:  # fail closed: whatever went wrong, the uid is never used again
+            lease.retired = f"{type(error).__name__}: {error}"
+            self._retired[lease.uid] = lease
+            self._save(lease)
+            log.error("worker uid %d of job %s retired: its cleanup failed (%s)", lease.uid, lease.job_id, error)
+            self._on_retired(lease)
+            return None
+        if self._leases_dir is not None:
+            (self._leases_dir / f"{lease.uid}.json").unlink(missing_ok=True)
+        log.debug("worker uid %d of job %s reclaimed in %.3f s", lease.uid, lease.job_id, seconds)
+        return seconds
 
 
 def base_environment() -> dict[str, str]:
@@ -139,15 +259,47 @@ def give(path: Path, identity: Identity | None) -> None:
                 os.chown(os.path.join(sub, name), identity.uid, identity.gid, follow_symlinks=False)
 
 
-def prepare_job_folder(store_root: Path, tenant: str, job_id: str, identity: Identity | None) -> None:
-    """Let the job's workers write ``<store>/<tenant>/<job>/`` of a ``file://`` store, and nothing beside it."""
+def prepare_job_folder(store_root: Path, tenant: str, job_id: str, identity: Identity | None) -> Path:
+    """Let the job's workers write ``<store>/<tenant>/<job>/`` of a ``file://`` store, and nothing beside it; that folder.
+
+    ``<store>/<tenant>/`` is passable by the tenant's group only (other tenants' workers cannot reach
+    its jobs' checkpoints at all), or by anyone but not listable where workers have no tenant group.
+    """
     tenant_dir = store_root / tenant
     tenant_dir.mkdir(parents=True, exist_ok=True)
     (store_root / ".partial").mkdir(exist_ok=True)
     if identity is not None:
-        tenant_dir.chmod(TRAVERSE_ONLY)
+        if identity.groups:
+            os.chown(tenant_dir, -1, identity.groups[0], follow_symlinks=False)
+            tenant_dir.chmod(TENANT_ONLY)
+        else:
+            tenant_dir.chmod(TRAVERSE_ONLY)
         (store_root / ".partial").chmod(SHARED_UPLOADS)
     job_dir = tenant_dir / job_id
     job_dir.mkdir(mode=0o700, exist_ok=True)
     job_dir.chmod(0o700)
     give(job_dir, identity)
+    return job_dir
+
+
+class WorkersBlocked(PermissionError):
+    """A directory above the data directory keeps the workers' uids out (every job would fail)."""
+
+
+def check_passable(data_dir: Path, *, root: bool | None = None) -> None:
+    """As root, raise :class:`WorkersBlocked` unless other users may pass every existing directory above ``data_dir``.
+
+    Each job's workers run as a uid of their own, whose working directory is ``D/jobs/<job>/``:
+    a 0700 parent (``/root``, the usual container ``$HOME``) would fail every job at its start.
+    """
+    if not (os.geteuid() == 0 if root is None else root):
+        return
+    for folder in data_dir.resolve().parents:
+        with contextlib.suppress(FileNotFoundError):
+            mode = folder.stat().st_mode
+            if not mode & stat.S_IXOTH:
+                raise WorkersBlocked(
+                    f"{folder} (mode {stat.S_IMODE(mode):04o}) keeps the workers out of the data directory "
+                    f"{data_dir}: each job's workers run as a uid of their own, which must pass through every "
+                    f"directory above it; run `chmod o+x {folder}` or choose a --data-dir outside it"
+                )

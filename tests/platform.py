@@ -84,6 +84,16 @@ def readable(path: Path) -> Path:
     return path
 
 
+def private_ids() -> dict[str, int]:
+    """A worker uid range and a tenant gid range of a test server's own, far from any other's.
+
+    As root a server kills every process of a job's uid when the job ends: servers started side by
+    side (by tests running at once) must not share uids, nor gids (the host's registry refuses that).
+    """
+    base = random.randrange(1_000, 2_000_000) * 1000
+    return {"worker_uid_base": base, "worker_uid_count": 500, "tenant_gid_base": base + 500, "tenant_gid_count": 500}
+
+
 class Platform:
     """Owns one server process; can stop it gracefully, kill it and restart it.
 
@@ -128,7 +138,7 @@ class Platform:
         self.shared_root = root / "shared"  # the allowed file:// root: each tenant sees its own folder
         saved = self.paths.load_settings()
         saved.allowed_roots = [str(self.shared_root)]
-        self.paths.save_settings(replace(saved, **{**LOOPBACK_ENROLLMENT, **(settings or {})}))
+        self.paths.save_settings(replace(saved, **{**LOOPBACK_ENROLLMENT, **private_ids(), **(settings or {})}))
 
     def tenant_dir(self, tenant: str, *parts: str) -> Path:
         """A folder of ``tenant``'s under the shared root, for its file:// datasets (make it ``readable``)."""

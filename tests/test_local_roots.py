@@ -110,3 +110,33 @@ def test_the_data_directory_is_never_a_root_even_under_a_granted_one(tmp_path):
     assert parse("acme").checkpoint_store == default
     with pytest.raises(InvalidField):
         parse("globex", checkpoint_store=(data_dir / "checkpoints" / "acme").as_uri())
+
+
+def test_under_a_shared_root_only_the_tenants_own_folder_is_its_whatever_the_admin_granted(tmp_path):
+    shared = tmp_path / "shared"
+    data_dir = tmp_path / "cantata"
+    roots = LocalRoots(
+        data_dir=data_dir,
+        default_store=data_dir / "checkpoints",
+        shared=(shared,),
+        granted={"globex": (shared / "acme" / "corpus", tmp_path)},  # the admin's mistakes
+    )
+
+    def parse(**fields) -> common_pb2.JobSpec:
+        return parse_job_spec(
+            _spec(**fields),
+            default_store=(data_dir / "checkpoints").as_uri(),
+            roots=roots.datasets("globex"),
+            store_roots=roots.stores("globex"),
+            data_dir=data_dir,
+            own_folders=roots.own_folders("globex"),
+        )
+
+    for field in ("dataset", "checkpoint_store"):
+        for place in (shared / "acme" / "corpus", shared / "acme" / "corpus" / "deeper", shared / "acme", shared):
+            with pytest.raises(InvalidField) as err:
+                parse(**{field: place.as_uri()})
+            assert err.value.field == field
+            assert f"outside your folder of it ({shared / 'globex'})" in str(err.value)
+    assert parse(dataset=(shared / "globex" / "corpus").as_uri()).dataset.endswith("/shared/globex/corpus")
+    assert parse(dataset=(tmp_path / "elsewhere").as_uri()).dataset.endswith("/elsewhere")  # granted, not shared

@@ -82,7 +82,8 @@ def test_a_jobs_worker_has_an_allow_listed_environment_its_workspace_and_no_inhe
     if ROOT:
         uid = _ids(pid, "Uid")
         assert uid[0] != 0 and len(set(uid)) == 1, uid
-        assert _ids(pid, "Groups") == [] and _ids(pid, "Gid")[0] != 0
+        tenant_gid = json.loads((platform.data_dir / "tenant-gids.json").read_text())["acme"]
+        assert _ids(pid, "Groups") == [tenant_gid] and _ids(pid, "Gid") == [uid[0]] * 4  # its tenant's gid, no other
         assert os.stat(workspace).st_uid == uid[0] and os.stat(workspace).st_mode & 0o777 == 0o700
 
 

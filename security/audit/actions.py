@@ -54,6 +54,7 @@ class Action(StrEnum):
     # platform
     SERVER_STARTED = "server_started"
     SERVER_STOPPED = "server_stopped"
+    WORKER_UID_RETIRED = "worker_uid_retired"  # a job's uid could not be taken back: it is never used again
     AUDIT_KEY_ROTATED = "audit_key_rotated"
     AUDIT_LOG_RECOVERED = "audit_log_recovered"
 

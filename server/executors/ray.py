@@ -66,8 +66,9 @@ from cantata.server.executors.base import NotPlaceable, WorkerExit
 from cantata.server.groups import decentralized, group_size, processes
 from cantata.server.memory import worker_estimate
 from cantata.server.ports import CertificateRegistry, SecretsBroker
-from cantata.server.sandbox import Identities, base_environment, prepare_job_folder, store_environment
+from cantata.server.sandbox import Identities, Identity, Lease, base_environment, prepare_job_folder, store_environment
 from cantata.server.store import JobRecord, WorkerRecord
+from cantata.server.uid_reclaim import ReclaimError, reclaim
 
 log = logging.getLogger(__name__)
 NAMESPACE = "cantata"
@@ -311,10 +312,12 @@ class RayExecutor:
         self._resources = (0.0, {}, {}, {})
         nodes: dict[int, dict] = {}
         try:
-            identity = self._identities.acquire(job.id)
             store = job.spec.checkpoint_store
-            if store.startswith("file://"):  # under a root every node mounts (parse_job_spec saw to it)
-                prepare_job_folder(Path(unquote(urlparse(store).path)), job.tenant, job.id, identity)
+            store_root = Path(unquote(urlparse(store).path)) if store.startswith("file://") else None
+            folders = (store_root / job.tenant / job.id,) if store_root else ()
+            identity = self._identities.acquire(job.id, job.tenant, folders)
+            if store_root is not None:  # under a root every node mounts (parse_job_spec saw to it)
+                prepare_job_folder(store_root, job.tenant, job.id, identity)
             ready, _ = ray.wait([group.ready()], timeout=CLAIM_WAIT_S)
             if not ready:  # the scheduler's thread is not held: the group is removed and the job queued again
                 raise NotPlaceable(
@@ -326,8 +329,7 @@ class RayExecutor:
             nodes = self._places(job, list(range(n)), firsts=list(range(0, n, size)))
             running.rendezvous = [_rendezvous(nodes[g * size]) for g in range(n // size)]
             secrets = self._secrets.worker_secrets(job)
-            uid = identity.uid if identity else None
-            pids = ray.get([self._start(job, i, nodes[i], secrets, uid) for i in range(n)])
+            pids = ray.get([self._start(job, i, nodes[i], secrets, identity) for i in range(n)])
             for i, pid in enumerate(pids):
                 self._watch(job.id, i, nodes[i], pid)
             self._note(job.id, "placed on " + ", ".join(f"worker {i}: {nodes[i]['ip']}" for i in sorted(nodes)))
@@ -394,7 +396,7 @@ class RayExecutor:
             }
         return places
 
-    def _start(self, job: JobRecord, i: int, node: dict, secrets: dict, uid: int | None) -> Any:
+    def _start(self, job: JobRecord, i: int, node: dict, secrets: dict, identity: Identity | None) -> Any:
         """Mint worker ``i``'s certificate for its node, build its config and files, and have its node's host
         start it; the ObjectRef of its pid."""
         principal = Principal.worker(job.id, i)
@@ -451,8 +453,9 @@ class RayExecutor:
             "env": env,
             "cwd": str(folder),
             "log": str(folder / "worker.log"),
-            "uid": uid,
-            "gid": uid,
+            "uid": identity.uid if identity else None,
+            "gid": identity.gid if identity else None,
+            "groups": list(identity.groups) if identity else [],
             "memory_bytes": self._memory_limit(job),
             **self._confinement.request_fields(processes(job.spec), threads),
         }
@@ -494,10 +497,8 @@ class RayExecutor:
                 ray.get(old.host.stop.remote(job.id, worker, old.generation), timeout=STOP_TIMEOUT_S)
         if size == 1:  # its own group: the rendezvous moves with it
             running.rendezvous[worker] = _rendezvous(node)
-        identity = self._identities.acquire(job.id)
-        pid = ray.get(
-            self._start(job, worker, node, self._secrets.worker_secrets(job), identity.uid if identity else None)
-        )
+        identity = self._identities.acquire(job.id, job.tenant)
+        pid = ray.get(self._start(job, worker, node, self._secrets.worker_secrets(job), identity))
         self._watch(job.id, worker, node, pid)
         self._note(job.id, f"worker {worker} placed on {node['ip']}")
         return pid
@@ -595,7 +596,27 @@ class RayExecutor:
         if running.group is not None:
             remove_placement_group(running.group)
         self._resources = (0.0, {}, {}, {})
-        self._identities.release(job_id)
+        self._identities.release(job_id, self._reclaim)
+
+    def _reclaim(self, lease: Lease) -> float:
+        """Take the lease's uid back on every live node (each host kills its processes there and hands back the
+        job's folders there), then here (the ``file://`` checkpoint folder); any node that cannot: raise."""
+        import ray
+
+        started = time.monotonic()
+        asked = {
+            node_id: host.reclaim.remote(lease.uid, lease.groups, lease.job_id)
+            for node_id, host in self._live_hosts().items()
+        }
+        for node_id, ref in asked.items():
+            try:
+                ray.get(ref, timeout=PROBE_TIMEOUT_S)
+            except ray.exceptions.RayError as error:
+                raise ReclaimError(
+                    f"uid {lease.uid}: the host of node {node_id} did not take it back: {error}"
+                ) from error
+        reclaim(lease.uid, lease.groups, [Path(f) for f in lease.folders])
+        return time.monotonic() - started
 
     def terminate(self, job_id: str) -> None:
         running = self._jobs.get(job_id)
@@ -705,6 +726,8 @@ class RayExecutor:
         from ray.util.placement_group import PlacementGroup, remove_placement_group
 
         killed = sorted({job for jobs in self._ask_hosts("stop_jobs", keep=list(self._jobs)).values() for job in jobs})
+        for uid in self._identities.recover(self._reclaim):
+            log.warning("took back worker uid %d, which an earlier control plane left in use", uid)
         owned = {r.group.id.hex() for r in self._jobs.values() if r.group is not None}
         for group_id, group in ray.util.placement_group_table().items():
             if (

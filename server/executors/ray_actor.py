@@ -49,6 +49,7 @@ from cantata.security.process_sandbox import SpawnRequest
 from cantata.server.config import write_private
 from cantata.server.process_identity import running, start_time
 from cantata.server.sandbox import base_environment
+from cantata.server.uid_reclaim import reclaim
 from cantata.server.zygote import Zygote
 
 NODE_ROOT_ENV = "CANTATA_RAY_WORKSPACES"  # where workers' folders go on a node (default: <tmp>/cantata-ray)
@@ -177,7 +178,7 @@ class NodeHost:
         (folder / "worker.log").touch(mode=0o600)
         if uid is not None:
             for path in [folder, *folder.iterdir()]:
-                os.chown(path, uid, uid)
+                os.chown(path, uid, request["gid"])
         status = self._status_path(job_id, worker)
         env = request["env"] | ({"GLOO_SOCKET_IFNAME": self.interface} if self.interface else {})
         spawn = SpawnRequest(**{**request, "env": env, "status": str(status)})
@@ -242,6 +243,12 @@ class NodeHost:
         self._scrub(job_id, worker)
         self._status_path(job_id, worker).unlink(missing_ok=True)
         self._record_path(job_id, worker).unlink(missing_ok=True)
+
+    async def reclaim(self, uid: int, groups: list[int], job_id: str) -> float:
+        """Take ``uid`` back on this node once the job's workers are gone: kill every process of it, hand the job's
+        folders here back to root, delete what it left in the scratch places (:mod:`cantata.server.uid_reclaim`).
+        Raises ``ReclaimError`` if it cannot; the seconds it took."""
+        return await asyncio.to_thread(reclaim, uid, groups, [self.root / job_id])
 
     async def stop_jobs(self, *, only: str | None = None, keep: list[str] | None = None) -> list[str]:
         """:meth:`stop` every worker of job ``only``, or of every job not in ``keep``; the jobs it stopped."""

@@ -190,21 +190,35 @@ class LocalDirectory:
         self, root: Path, uri: str, skip_dirs: frozenset[str] = frozenset(), *, trusted_root: bool = False
     ) -> None:
         self.root, self.uri, self._skip_dirs = root, uri, skip_dirs
-        if not trusted_root:
-            _refuse_links(root, Path(root.anchor), uri)
-        if not root.is_dir():
+        with _denied_as_access_error(uri, root):
+            if not trusted_root:
+                _refuse_links(root, Path(root.anchor), uri)
+            try:
+                is_dir = stat.S_ISDIR(root.stat().st_mode)
+            except PermissionError:
+                raise  # a DatasetAccessError, not a missing directory
+            except OSError:
+                is_dir = False
+        if not is_dir:
             raise DatasetNotFoundError(f"dataset {uri}: directory {root} does not exist")
 
     def sizes(self) -> dict[str, int]:
         sizes = {}
-        for directory, subdirs, files in os.walk(self.root):
-            base = Path(directory)
-            for name in subdirs + files:
-                if (base / name).is_symlink():
-                    raise DatasetPathError(f"dataset {self.uri}: {base / name} is a symbolic link")
-            subdirs[:] = sorted(d for d in subdirs if d not in self._skip_dirs and not d.startswith("."))
-            for name in (f for f in files if not f.startswith(".")):
-                sizes[(base / name).relative_to(self.root).as_posix()] = (base / name).lstat().st_size
+
+        def unreadable(error: OSError) -> None:
+            if isinstance(error, PermissionError):
+                raise error  # a DatasetAccessError naming it
+            raise DatasetAccessError(f"dataset {self.uri}: cannot list {error.filename} ({error.strerror})")
+
+        with _denied_as_access_error(self.uri, self.root):
+            for directory, subdirs, files in os.walk(self.root, onerror=unreadable):
+                base = Path(directory)
+                for name in subdirs + files:
+                    if (base / name).is_symlink():
+                        raise DatasetPathError(f"dataset {self.uri}: {base / name} is a symbolic link")
+                subdirs[:] = sorted(d for d in subdirs if d not in self._skip_dirs and not d.startswith("."))
+                for name in (f for f in files if not f.startswith(".")):
+                    sizes[(base / name).relative_to(self.root).as_posix()] = (base / name).lstat().st_size
         return sizes
 
     def read(self, key: str) -> bytes:
@@ -218,11 +232,14 @@ class LocalDirectory:
 
     def _open(self, key: str) -> BinaryIO:
         path = self.root / key
-        _refuse_links(path, self.root, self.uri)
-        try:
-            descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError as error:
-            raise DatasetPathError(f"dataset {self.uri}: cannot open {path} ({error.strerror})") from None
+        with _denied_as_access_error(self.uri, path):
+            _refuse_links(path, self.root, self.uri)
+            try:
+                descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            except PermissionError:
+                raise  # a DatasetAccessError
+            except OSError as error:
+                raise DatasetPathError(f"dataset {self.uri}: cannot open {path} ({error.strerror})") from None
         file = os.fdopen(descriptor, "rb")
         if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
             file.close()
@@ -280,6 +297,21 @@ def _service_code(cause: BaseException | None) -> str:
     if code:
         return str(getattr(code, "value", code))
     return "AuthenticationFailed" if getattr(cause, "status_code", None) == 403 else ""
+
+
+@contextmanager
+def _denied_as_access_error(uri: str, path: Path) -> Iterator[None]:
+    """Turn the system's refusal to let this worker reach ``path`` (or a file under it) into a :class:`DatasetAccessError`."""
+    try:
+        yield
+    except PermissionError as error:
+        if isinstance(error, DataError):
+            raise
+        denied = error.filename or path
+        raise DatasetAccessError(
+            f"dataset {uri}: this job's workers may not read {denied} (permission denied): as root the server runs "
+            "them as a uid of their own with their tenant's gid (docs/security.md, Tenants' files)"
+        ) from None
 
 
 def _refuse_links(path: Path, top: Path, uri: str) -> None:
