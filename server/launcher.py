@@ -222,11 +222,7 @@ class WorkerLauncher:
         """
         ws = self.workspace(job.id)
         owner = ws.stat().st_uid if ws.is_dir() else None
-        identity = (
-            self._identities.claim(job.id, owner, job.tenant)
-            if owner is not None
-            else self._identities.acquire(job.id, job.tenant)
-        )
+        identity = self._identities.claim(job.id, owner, job.tenant)
         groups = processes(job.spec) // group_size(job.spec)
         rendezvous = [""] * groups
         for w in workers:

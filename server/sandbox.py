@@ -157,8 +157,13 @@ class Identities:
             self._save(lease)
         return lease.identity
 
-    def claim(self, job_id: str, uid: int, tenant: str = "") -> Identity | None:
-        """The uid an earlier server gave ``job_id`` (its workspace's owner), taken again for its adopted workers."""
+    def claim(self, job_id: str, uid: int | None, tenant: str = "") -> Identity | None:
+        """The uid an earlier server gave ``job_id``, taken again for its adopted workers: ``uid`` (its workspace's
+        owner) or, where no workspace here tells (its workers run on other nodes), the one its lease names."""
+        if uid is None:
+            uid = next((u for u, lease in self._left.items() if lease.job_id == job_id), None)
+            if uid is None:
+                return self.acquire(job_id, tenant)
         left = self._left.get(uid)
         if not self._root or uid not in self._ids or uid in self._retired or (left and left.job_id != job_id):
             return self.acquire(job_id, tenant)

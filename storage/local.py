@@ -87,7 +87,7 @@ class LocalStore(BlobStore):
         if not Path(os.path.realpath(start)).is_relative_to(self._root):
             raise InvalidBlobKeyError(f"prefix {prefix!r} resolves outside the store root")
         sizes = {}
-        for directory, subdirs, files in os.walk(start):
+        for directory, subdirs, files in os.walk(start, onerror=_unlisted):
             relative = Path(directory).relative_to(self._root).as_posix()
             subdirs[:] = [d for d in subdirs if not d.startswith(".")]
             for name in (f for f in files if not f.startswith(".")):
@@ -166,6 +166,12 @@ class _LocalUpload(BlobUpload):
             if error.errno not in _FULL:
                 raise
         self._temp.unlink(missing_ok=True)
+
+
+def _unlisted(error: OSError) -> None:
+    """A folder the walk cannot read fails the listing (a checkpoint it hides would look absent); a missing one is empty."""
+    if not isinstance(error, FileNotFoundError):
+        raise error
 
 
 def _fsync_directory(directory: Path) -> None:

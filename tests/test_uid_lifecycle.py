@@ -231,6 +231,19 @@ def test_a_restarted_server_takes_back_the_uids_an_earlier_one_left_in_use(tmp_p
     assert later.acquire("job-b").uid == uid
 
 
+def test_a_restarted_server_keeps_the_uid_of_a_job_it_adopts_from_other_nodes(tmp_path):
+    # A Ray job's workers run on other nodes: no workspace here names their uid, the lease does.
+    uid = 64_001 + os.getpid() % 500 * 2
+    leases = tmp_path / "uids"
+    earlier = Identities(uid, 2, leases=leases)
+    given = earlier.acquire("job-a", "acme")
+    later = Identities(uid, 2, leases=leases)
+    taken: list[int] = []
+    assert later.claim("job-a", None, "acme") == given
+    assert later.recover(lambda lease: taken.append(lease.uid) or 0.0) == [] and taken == []
+    assert later.identity("job-a") == given and later.acquire("job-b").uid == uid + 1
+
+
 def test_the_host_registry_lets_one_server_per_id_range_run(tmp_path):
     registry = tmp_path / "ranges.json"
     register(tmp_path / "a", range(70_000, 70_100), range(71_000, 71_100), registry)

@@ -605,7 +605,7 @@ class RayExecutor:
 
         started = time.monotonic()
         asked = {
-            node_id: host.reclaim.remote(lease.uid, lease.groups, lease.job_id)
+            node_id: host.reclaim.remote(lease.uid, lease.groups, lease.job_id, lease.folders)
             for node_id, host in self._live_hosts().items()
         }
         for node_id, ref in asked.items():
@@ -693,6 +693,7 @@ class RayExecutor:
         except ValueError:
             group = None
         reserved = _times(self.bundle(job), processes(job.spec)) if group is not None else {}
+        self._identities.claim(job.id, None, job.tenant)  # its workers' uid: never reclaimed as a stray's
         running = self._jobs[job.id] = _Job(group, reserved, attack=attack)
         size = group_size(job.spec)
         running.rendezvous = [""] * (len(workers) // size + 1)

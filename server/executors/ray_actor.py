@@ -244,11 +244,13 @@ class NodeHost:
         self._status_path(job_id, worker).unlink(missing_ok=True)
         self._record_path(job_id, worker).unlink(missing_ok=True)
 
-    async def reclaim(self, uid: int, groups: list[int], job_id: str) -> float:
+    async def reclaim(self, uid: int, groups: list[int], job_id: str, folders: list[str]) -> float:
         """Take ``uid`` back on this node once the job's workers are gone: kill every process of it, hand the job's
-        folders here back to root, delete what it left in the scratch places (:mod:`cantata.server.uid_reclaim`).
-        Raises ``ReclaimError`` if it cannot; the seconds it took."""
-        return await asyncio.to_thread(reclaim, uid, groups, [self.root / job_id])
+        folders here (its workspace, and ``folders``: its ``file://`` checkpoint folder, where this node mounts it)
+        back to root, delete what it left in the scratch places (:mod:`cantata.server.uid_reclaim`): a checkpoint
+        folder under ``/tmp`` is handed back before that, never deleted. Raises ``ReclaimError`` if it cannot; the
+        seconds it took."""
+        return await asyncio.to_thread(reclaim, uid, groups, [self.root / job_id, *map(Path, folders)])
 
     async def stop_jobs(self, *, only: str | None = None, keep: list[str] | None = None) -> list[str]:
         """:meth:`stop` every worker of job ``only``, or of every job not in ``keep``; the jobs it stopped."""
