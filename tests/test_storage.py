@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -121,6 +122,47 @@ def test_local_store_refuses_symlinks_out_of_the_root(local_store: LocalStore, t
     with pytest.raises(InvalidBlobKeyError):
         local_store.put("link/escaped", b"x")
     assert list(outside.iterdir()) == []
+
+
+def _listing_as(uid: int, store: LocalStore, prefix: str) -> str:
+    """``store.list(prefix)`` in a forked child that dropped to ``uid``: the listing, or the error's type."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no exec, so no interpreter path the uid must reach
+        os.close(read)
+        try:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            answer = repr(store.list(prefix))
+        except BaseException as error:
+            answer = type(error).__name__
+        os.write(write, answer.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        answer = pipe.read()
+    os.waitpid(pid, 0)
+    return answer
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="reads the store as another uid")
+def test_a_local_listing_fails_on_a_folder_it_cannot_read() -> None:
+    # As a worker uid sees a store: a hidden folder must not read as "no checkpoints here" (a job would start over).
+    with tempfile.TemporaryDirectory(dir="/tmp") as root:  # a place every uid passes, as stores are
+        os.chmod(root, 0o755)
+        local_store = LocalStore(root)
+        local_store.put("acme/job/step-1/MANIFEST", b"m")
+        (local_store.root / "acme").chmod(0o755)
+        _check_listing_as_another_uid(local_store)
+
+
+def _check_listing_as_another_uid(local_store: LocalStore) -> None:
+    assert _listing_as(65534, local_store, "acme/") == "['acme/job/step-1/MANIFEST']"
+    (local_store.root / "acme" / "job").chmod(0o700)  # root's, not the listing uid's
+    assert _listing_as(65534, local_store, "acme/") == "PermissionError"
+    assert _listing_as(65534, local_store, "acme/absent/") == "[]"  # a folder that is not there is empty
+    assert local_store.list("acme/") == ["acme/job/step-1/MANIFEST"]  # the store's own user still lists it
 
 
 @pytest.fixture
