@@ -20,9 +20,10 @@ dies midway leaves the previous checkpoint as the newest.
 
 Loading verifies the manifest, then decrypts every shard, checking each
 segment's tag and finally its size and digest against the manifest, and only
-then deserialises anything, with ``torch.load(weights_only=True)`` (no
-arbitrary pickle). Decrypted state stays in memory: it is never written to
-disk or to the store.
+then deserialises anything, with torch's weights-only unpickler (no
+arbitrary pickle); the loaded tensors are views of the one buffer each shard
+was decrypted into, not copies. Decrypted state stays in memory: it is never
+written to disk or to the store.
 
 Keys: saving takes a :class:`~cantata.security.keys.JobKey` (it wraps each
 object's fresh data key); reading takes anything that unwraps, normally the
