@@ -44,7 +44,9 @@ import hmac
 import os
 import re
 import struct
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Protocol, overload
 
@@ -66,6 +68,7 @@ SALT_SIZE = 32
 NONCE_PREFIX_SIZE = 7
 COMMITMENT_SIZE = 32
 TAG_SIZE = 16
+DECRYPT_THREADS = 2  # segments decrypted at once by read_into
 _HKDF_INFO_LABEL = b"cantata/stream-aead/v1\x00"
 _CANONICAL_STEP = re.compile(rb"0|[1-9][0-9]{0,19}")  # ASCII, no sign, no leading zero, no separator
 
@@ -397,23 +400,30 @@ class StreamDecryptor:
         """Decrypt the whole plaintext straight into ``buffer`` and return its size.
 
         ``buffer`` must be writable and hold at least the plaintext (else :class:`BufferTooSmallError`).
-        Each segment is decrypted into its place and authenticated there; if any fails, the error
-        propagates and what ``buffer`` holds must not be used.
+        Each segment is decrypted into its place and authenticated there, on up to
+        ``DECRYPT_THREADS`` threads (the AEAD releases the GIL) while the next is read;
+        if any fails, the first failure propagates and what ``buffer`` holds must not be used.
         """
         view = memoryview(buffer).cast("B")
         size = 0
-        for index, sealed, last in self._segments():
-            end = size + max(0, len(sealed) - TAG_SIZE)
-            if end > len(view):
-                raise BufferTooSmallError(
-                    f"{self.header.context}: plaintext does not fit a buffer of {len(view)} bytes"
-                )
-            self._open_segment(index, sealed, last, view[size:end])
-            size = end
+        in_flight: deque[Future[memoryview]] = deque()
+        with ThreadPoolExecutor(DECRYPT_THREADS, thread_name_prefix="decrypt") as pool:
+            for index, sealed, last in self._segments():
+                end = size + max(0, len(sealed) - TAG_SIZE)
+                if end > len(view):
+                    raise BufferTooSmallError(
+                        f"{self.header.context}: plaintext does not fit a buffer of {len(view)} bytes"
+                    )
+                in_flight.append(pool.submit(self._open_segment, index, sealed, last, view[size:end]))
+                size = end
+                if len(in_flight) > DECRYPT_THREADS:
+                    in_flight.popleft().result()
+            while in_flight:
+                in_flight.popleft().result()
         return size
 
     def _segments(self) -> Iterator[tuple[int, bytes | memoryview, bool]]:
-        """Each sealed segment, its index and whether it is the final one; the caller opens it before the next."""
+        """Each sealed segment (never reused once yielded), its index and whether it is the final one."""
         header = self.header
         sealed_segment = header.segment_size + TAG_SIZE
         digest = hashlib.sha256(header.digested_bytes)

@@ -93,15 +93,18 @@ def keys(keyring: LocalKeyring) -> JobKeys:
 
 @pytest.fixture
 def torch_loads(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Records the ``weights_only`` flag of every ``torch.load`` call."""
+    """Records, for every archive torch deserialises, whether its unpickler is the weights-only one.
+
+    Both ``torch.load`` and the sealed loader's zero-copy path go through ``torch.serialization._load``.
+    """
     calls: list[bool] = []
-    real_load = torch.load
+    real_load = torch.serialization._load
 
-    def recording_load(*args, **kwargs):
-        calls.append(kwargs.get("weights_only"))
-        return real_load(*args, **kwargs)
+    def recording_load(zip_file, map_location, pickle_module, *args, **kwargs):
+        calls.append(pickle_module is torch._weights_only_unpickler)
+        return real_load(zip_file, map_location, pickle_module, *args, **kwargs)
 
-    monkeypatch.setattr(torch, "load", recording_load)
+    monkeypatch.setattr(torch.serialization, "_load", recording_load)
     return calls
 
 
