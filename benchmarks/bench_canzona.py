@@ -74,6 +74,7 @@ from cantata.trainer.optim.profiling import StepStats, ring_bytes
 from cantata.trainer.optim.qwen3 import qwen3_matrix_shapes
 from cantata.trainer.optim.sharded import ShardedMuon, piece_box
 from cantata.trainer.optim.tp import ShardedMatrix, TensorParallelMuon
+from cantata.trainer.process_exit import exit_without_finalizing
 
 PLAN_BUCKET = 400_000_000
 SCALE_DOWN = 8
@@ -340,6 +341,7 @@ def _step_worker(rank: int, world: int, init_file: str, out_file: str, layers: i
     if rank == 0:
         Path(out_file).write_text(json.dumps(results))
     dist.destroy_process_group()
+    exit_without_finalizing()  # gloo's threads may still hold work: see cantata.trainer.process_exit
 
 
 def optimizer_step(world: int, layers: int, steps: int) -> dict:
@@ -405,6 +407,7 @@ def _fsdp_worker(rank: int, world: int, init_file: str, out_file: str, model: st
     if rank == 0:
         Path(out_file).write_text(json.dumps(results))
     dist.destroy_process_group()
+    exit_without_finalizing()  # gloo's threads may still hold work: see cantata.trainer.process_exit
 
 
 def fsdp_step(model: str, world: int, layers: int, steps: int) -> dict:

@@ -42,6 +42,7 @@ from cantata.trainer import loop
 from cantata.trainer.config import WorkerConfig
 from cantata.trainer.model import build_model
 from cantata.trainer.parallel import parallelize
+from cantata.trainer.process_exit import exit_without_finalizing
 from cantata.trainer.shards import local_block
 
 RANKS = (1, 2, 4)
@@ -137,6 +138,7 @@ def _worker(rank: int, world: int, port: int, model: str, path: str, steps: int,
     }
     Path(scratch, f"rank{rank}.json").write_text(json.dumps(report))
     strategy.close()
+    exit_without_finalizing()  # gloo's threads may still hold work: see cantata.trainer.process_exit
 
 
 def _free_port() -> int:

@@ -50,6 +50,7 @@ from cantata.trainer.checkpoint import JobCheckpoints, Scope, TrainingState  # n
 from cantata.trainer.decoder import Decoder, DecoderConfig  # noqa: E402
 from cantata.trainer.optim import build_optimizer  # noqa: E402
 from cantata.trainer.parallel import MeshState, Parallelism, parallelize  # noqa: E402
+from cantata.trainer.process_exit import exit_without_finalizing  # noqa: E402
 
 WORLD = 4
 SIZES = {  # dim, layers, ffn, vocabulary
@@ -146,6 +147,7 @@ def _rank(rank: int, port: int, store: str, keys: str, quick: bool, trials: int,
         params = sum(p.numel() for p in model.parameters())  # local shards: summed below over the mesh
         torch.save({"samples": everyone, "local_params": params}, out)
     dist.destroy_process_group()
+    exit_without_finalizing()  # gloo's threads may still hold work: see cantata.trainer.process_exit
 
 
 def _free_port() -> int:

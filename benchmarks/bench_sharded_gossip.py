@@ -102,9 +102,12 @@ def _case(process: int, model_name: str, sharded: bool, rounds: int, port: int, 
 
 
 def _process(process: int, plan: list, port: int, tables: list, paths: dict, out: str) -> None:
+    from cantata.trainer.process_exit import exit_without_finalizing
+
     torch.set_num_threads(1)
     rows = [_case(process, *case, port + 10 * k, tables[k], paths) for k, case in enumerate(plan)]
     torch.save(rows, os.path.join(out, f"{process}.pt"))
+    exit_without_finalizing()  # gloo's threads may still hold work: see cantata.trainer.process_exit
 
 
 def main(argv=None) -> None:

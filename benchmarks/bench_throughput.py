@@ -36,6 +36,7 @@ from torch.nn.parallel import DistributedDataParallel
 from cantata.proto.vocabulary import MixedPrecision
 from cantata.trainer.model import build_model
 from cantata.trainer.parallel import Parallelism, data_rank, parallelize
+from cantata.trainer.process_exit import exit_without_finalizing
 
 MODEL = "llama-tiny"
 GLOBAL_BATCH, SEQ = 16, 256
@@ -84,6 +85,7 @@ def _worker(rank: int, world: int, init_file: str, out_file: str, steps: int, tr
     if rank == 0:
         Path(out_file).write_text(json.dumps({"samples": samples, "losses": losses}))
     dist.destroy_process_group()
+    exit_without_finalizing()  # gloo's threads may still hold work: see cantata.trainer.process_exit
 
 
 def run(world: int, steps: int, trials: int) -> dict:

@@ -22,6 +22,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from cantata.trainer.optim import build_optimizer, merge_optimizer_shards
 from cantata.trainer.optim.muon import Muon
 from cantata.trainer.optim.tp import ShardedMatrix, TensorParallelMuon, tensor_parallel_matrices
+from cantata.trainer.process_exit import exit_without_finalizing
 
 pytestmark = pytest.mark.integration  # spawns 4 worker processes
 
@@ -196,6 +197,7 @@ def worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
             save_params(model, out / f"reshard-{before}to{after}-rank{rank}.pt")
         dist.barrier()
     dist.destroy_process_group()
+    exit_without_finalizing()  # gloo's threads may still hold work: see cantata.trainer.process_exit
 
 
 @pytest.fixture(scope="module")

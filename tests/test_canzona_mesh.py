@@ -25,6 +25,7 @@ from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from cantata.trainer.optim import build_optimizer
+from cantata.trainer.process_exit import exit_without_finalizing
 
 pytestmark = pytest.mark.integration  # spawns up to 4 worker processes per mesh
 
@@ -149,6 +150,7 @@ def worker(rank: int, dp: int, tp: int, init_file: str, out_dir: str) -> None:
     }
     torch.save(result, out / f"rank{rank}.pt")
     dist.destroy_process_group()
+    exit_without_finalizing()  # gloo's threads may still hold work: see cantata.trainer.process_exit
 
 
 @functools.cache

@@ -21,6 +21,7 @@ from cantata.proto.vocabulary import MixedPrecision
 from cantata.trainer.model import build_model
 from cantata.trainer.optim import build_optimizer, spec_settings
 from cantata.trainer.parallel import Parallelism, data_rank, parallelize
+from cantata.trainer.process_exit import exit_without_finalizing
 from tests.test_parallel import MODEL, STEPS, _batches, _free_port, _keys, _parse, _registry, _train
 
 
@@ -74,6 +75,7 @@ def _muon_ranks(rank: int, world: int, port: int, out: str, store: str, keys: st
             out,
         )
     dist.destroy_process_group()
+    exit_without_finalizing()  # gloo's threads may still hold work: see cantata.trainer.process_exit
 
 
 @pytest.mark.integration  # four gloo processes

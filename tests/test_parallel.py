@@ -31,6 +31,7 @@ from cantata.trainer.checkpoint import JobCheckpoints, Scope, TrainingState
 from cantata.trainer.model import build_model
 from cantata.trainer.optim import build_optimizer
 from cantata.trainer.parallel import MeshState, Parallelism, data_rank, parallelize
+from cantata.trainer.process_exit import exit_without_finalizing
 from cantata.trainer.sealed_dcp import ShardedFormatError, consolidate, decode_metadata
 from cantata.trainer.weights import WeightsError, load_weights, local_weights
 from tests.services import azurite_connection_string
@@ -92,6 +93,7 @@ def _ranks(rank: int, world: int, port: int, out: str, weights: str, store: str,
     if rank == 0:
         torch.save({"losses": losses / world, "steps": reopt.steps, "lr": reopt.lr, "probe": probe_loss}, out)
     dist.destroy_process_group()
+    exit_without_finalizing()  # gloo's threads may still hold work: see cantata.trainer.process_exit
 
 
 def _fewer_ranks(rank: int, world: int, port: int, out: str, store: str, keys: str) -> None:
@@ -137,6 +139,7 @@ def _fewer_ranks(rank: int, world: int, port: int, out: str, store: str, keys: s
             out,
         )
     dist.destroy_process_group()
+    exit_without_finalizing()  # gloo's threads may still hold work: see cantata.trainer.process_exit
 
 
 def _save_hf_style(model: torch.nn.Module, directory: Path) -> Path:

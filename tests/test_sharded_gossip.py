@@ -23,6 +23,7 @@ from cantata.proto.vocabulary import MixedPrecision
 from cantata.trainer.model import build_model
 from cantata.trainer.optim import build_optimizer
 from cantata.trainer.parallel import parallelize
+from cantata.trainer.process_exit import exit_without_finalizing
 from tests.gossip_rig import Directory, Parts, credentials, worker_config
 from tests.platform import free_ports
 
@@ -100,6 +101,7 @@ def _process(process: int, runs: list, port: int, table, paths: dict, out: str) 
     for k, (sharded, algorithm, attack) in enumerate(runs):
         results.append(_run(process, sharded, algorithm, attack, port + 10 * k, table[k], paths))
     torch.save(results, os.path.join(out, f"{process}.pt"))
+    exit_without_finalizing()  # gloo's threads may still hold work: see cantata.trainer.process_exit
 
 
 def test_per_shard_gossip_matches_the_gathered_path_sends_a_shard_and_rejects_a_bad_shard_groupwide(tmp_path):

@@ -24,6 +24,7 @@ from cantata.storage import open_store
 from cantata.trainer.data import SourceCredentials
 from cantata.trainer.model import build_model
 from cantata.trainer.parallel import Parallelism, build_sharded
+from cantata.trainer.process_exit import exit_without_finalizing
 from cantata.trainer.weights import WeightObjects, WeightsError, load_weights, local_weights, open_weights
 from tests.services import S3_TEST_CREDENTIALS
 
@@ -61,6 +62,7 @@ def _ranks(rank: int, world: int, port: int, init_from: str, credentials: dict |
     if rank == 0:
         torch.save({"full": full, "reads": reads}, out)
     dist.destroy_process_group()
+    exit_without_finalizing()  # gloo's threads may still hold work: see cantata.trainer.process_exit
 
 
 def _saved(directory: Path) -> tuple[dict[str, torch.Tensor], int]:

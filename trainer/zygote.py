@@ -33,11 +33,11 @@ import json
 import os
 import select
 import signal
-import sys
 import traceback
 from pathlib import Path
 
 from cantata.security.process_sandbox import SpawnRequest, enter, limit_memory
+from cantata.trainer.process_exit import exit_without_finalizing
 
 
 def preload() -> None:
@@ -79,10 +79,7 @@ def _child(request: SpawnRequest) -> None:
     except BaseException:
         traceback.print_exc()
     finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
+        exit_without_finalizing(code)  # no interpreter finalization: it races gloo's threads (see process_exit)
 
 
 def _send(message: dict) -> None:
