@@ -116,7 +116,9 @@ def test_a_job_whose_workers_died_while_the_disk_was_full_is_not_shown_running(p
     handle = tenant.submit(_job(platform, "dies-on-a-full-disk"))
     wait_for(lambda: tenant.get(handle.id).step > 0)
     pids = _pids_of(handle.id)
+    refused_before = _refused_reports(platform)
     filler = fill(platform.data_dir)
+    wait_for(lambda: _refused_reports(platform) > refused_before)  # what room the files had left is taken
     for pid in pids:
         os.killpg(pid, signal.SIGKILL)
 
