@@ -335,6 +335,7 @@ class ControlPlane:
                 self.settings.restart_backoff_max_seconds,
             ),
         )
+        self.shown = lifecycle.shown  # a job as tenants see it, for the dashboard
         heartbeats = Heartbeats(self.settings.worker_heartbeat_timeout_s)
         self.scheduler = Scheduler(
             self.store,
@@ -493,7 +494,7 @@ class ControlPlane:
 
         dashboard = Dashboard(
             self.signin,
-            Views(self.store, self.paths.audit, self.audit.checkpoint),
+            Views(self.store, self.paths.audit, self.audit.checkpoint, self.shown),
             EventSeries(self.store, self.broadcast),
             self.refusals.append,  # the recorder, counting anonymous refusals (unknown login links) per address
             allowed,

@@ -236,6 +236,39 @@ class DatabaseError(Exception):
     """The database file cannot be used by this server (for instance, its schema is newer than the server)."""
 
 
+class DatabaseUnavailable(Exception):
+    """The database cannot be written now: its disk is full or failed (SQLite's ``SQLITE_FULL`` or ``SQLITE_IOERR``).
+
+    The statement or transaction that met it was rolled back: nothing of it happened, and the same request may be
+    sent again once there is space (the server serves it as ``UNAVAILABLE``).
+    """
+
+
+# SQLite's primary result codes (the low byte of an extended one) that mean the disk, not the request, is at fault.
+_DISK_ERRORS = {sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR}
+
+
+def disk_error(exc: BaseException) -> DatabaseUnavailable | None:
+    """``exc`` as :class:`DatabaseUnavailable` if it is SQLite's full-disk or I/O error, else None."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if not isinstance(exc, sqlite3.Error) or code is None or code & 0xFF not in _DISK_ERRORS:
+        return None
+    name = getattr(exc, "sqlite_errorname", "") or "SQLITE_FULL"
+    return DatabaseUnavailable(f"the control-plane database cannot be written: {exc} ({name})")
+
+
+@contextmanager
+def _disk_errors_unavailable() -> Iterator[None]:
+    """Raise SQLite's full-disk and I/O errors met inside as :class:`DatabaseUnavailable`."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        unavailable = disk_error(exc)
+        if unavailable is None:
+            raise
+        raise unavailable from exc
+
+
 class Database:
     """The SQLite file, its writing connection, the lock every store on it shares, and per-thread readers."""
 
@@ -293,6 +326,12 @@ class Database:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (see :meth:`_transaction`); a full or failing disk raises :class:`DatabaseUnavailable`."""
+        with _disk_errors_unavailable(), self._transaction() as connection:
+            yield connection
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
         """One write transaction: committed (and synced) before it returns, rolled back on an exception.
 
         Concurrent transactions share one SQLite transaction (a batch, group
@@ -431,7 +470,7 @@ class Database:
             except BaseException as exc:
                 if self.connection.in_transaction:
                     self.connection.execute("ROLLBACK")
-                batch.failure = exc
+                batch.failure = disk_error(exc) or exc  # every member raises it: a type they can be given again
                 return
             self._commits += batch.transactions
             batch.commit = self._commits
@@ -523,6 +562,10 @@ class Database:
             with self.lock:
                 yield self.connection
             return
+        with _disk_errors_unavailable():
+            yield self._reader()
+
+    def _reader(self) -> sqlite3.Connection:
         reader = getattr(self._readers, "connection", None)
         if reader is None:
             reader = _connect(self.path)
@@ -530,7 +573,7 @@ class Database:
             self._readers.connection = reader
             with self._readers_lock:
                 self._all_readers.append(reader)
-        yield reader
+        return reader
 
     def on_every_commit(self, hook: Callable[[], None]) -> None:
         """Run ``hook`` after every transaction that commits (under the lock, at once: readers see it at once)."""

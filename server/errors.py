@@ -32,6 +32,7 @@ from cantata.security.audit import AuditLogUnavailable
 from cantata.security.keys import UnknownTenantError
 from cantata.security.pki import InvalidCSR, InvalidName, Principal, peer_certificate
 from cantata.server.dashboard.signin import LoginsLimited
+from cantata.server.database import DatabaseUnavailable
 from cantata.server.datasource_store import DataSourceExists, DataSourceNotFound, InvalidDataSource
 from cantata.server.enrollment import EnrollmentLimited
 from cantata.server.jobspec import InvalidField
@@ -95,6 +96,8 @@ MAPPING: dict[type[Exception], Mapped] = {
     Refused: Mapped(grpc.StatusCode.PERMISSION_DENIED, ErrorReason.PERMISSION_DENIED),
     Unavailable: Mapped(grpc.StatusCode.UNAVAILABLE, ErrorReason.UNAVAILABLE),
     AuditLogUnavailable: Mapped(grpc.StatusCode.UNAVAILABLE, ErrorReason.UNAVAILABLE),
+    # A full or failing data disk: the request changed nothing and may be sent again once there is space.
+    DatabaseUnavailable: Mapped(grpc.StatusCode.UNAVAILABLE, ErrorReason.UNAVAILABLE),
     DataLoss: Mapped(grpc.StatusCode.DATA_LOSS, ErrorReason.DATA_LOSS),
     # Blob stores: only a transient error is UNAVAILABLE; the others need an operator, so retrying is pointless.
     StoreUnavailableError: Mapped(grpc.StatusCode.UNAVAILABLE, ErrorReason.UNAVAILABLE),

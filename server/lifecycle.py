@@ -38,16 +38,20 @@ Each event method writes the store transition together with its audit record,
 in one store transaction committed only once the record is durable: a
 transition the audit log cannot record does not happen (the caller sees
 :class:`~cantata.security.audit.AuditLogUnavailable` and the scheduler
-retries it once the log can be written again). Every terminal state has
-exactly one ``job_finished`` or ``job_cancelled`` record.
+retries it once the log can be written again); likewise while the database
+cannot be written (a full data disk: :class:`~cantata.server.database.DatabaseUnavailable`).
+Every terminal state has exactly one ``job_finished`` or ``job_cancelled`` record.
+Until then, a started job whose workers have all exited is not shown as
+started (:meth:`~JobLifecycle.shown`): it shows QUEUED, with why its end waits.
 Processes are the launcher's business, reached through :class:`WorkerProcesses`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from cantata.proto.v1 import common_pb2 as pb
 from cantata.proto.v1 import jobs_pb2
@@ -85,7 +89,30 @@ class JobLifecycle:
         self._clock = clock
         self._not_before: dict[str, float] = {}  # job id -> when a restarting job may be placed again
         self._permanent: set[str] = set()  # jobs a worker of which reported a permanent failure
+        self._unrecorded_ends: Mapping[str, str] = {}  # started job -> why the exit of all its workers is not recorded
+        self._shown_changed: list[Callable[[], None]] = []
         self.lock = threading.RLock()
+
+    # ---- what is shown ------------------------------------------------------
+    def ends_unrecorded(self, why: Mapping[str, str]) -> None:
+        """The started jobs whose workers have all exited while their end cannot be recorded (job id -> why not)."""
+        if why == self._unrecorded_ends:
+            return
+        self._unrecorded_ends = why
+        for hook in self._shown_changed:
+            hook()
+
+    def on_shown_change(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` whenever :meth:`shown` may show a job otherwise than before (a cache of it is stale)."""
+        self._shown_changed.append(hook)
+
+    def shown(self, job: JobRecord) -> JobRecord:
+        """``job`` as tenants see it: a started job whose workers all exited unrecorded is QUEUED, saying why."""
+        why = self._unrecorded_ends.get(job.id)
+        if why is None or job.state not in STARTED:
+            return job
+        reason = f"its workers exited; what that means for the job is recorded once the server can write: {why}"
+        return dataclasses.replace(job, state=pb.QUEUED, reason=reason)
 
     # ---- placement ------------------------------------------------------
     def due(self, job: JobRecord) -> bool:

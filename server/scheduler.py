@@ -21,10 +21,13 @@ in the index, and it is offered again when a recheck (one look per distinct reas
 start and every ``UNFIT_RECHECK_S``) finds that reason changed. A job whose earlier workers are still stopping (a restart, a
 resume, a deferred start) waits, and so do the jobs behind it.
 
-While the audit log cannot be written (``audit_failure`` says why) a tick does
-nothing: workers run on, and their exits, the settling of their jobs and new
-placements wait, so no job changes state unrecorded. A worker exit or a settled
-job whose record failed mid-tick is kept and handled again at the next tick.
+While the audit log cannot be written (``audit_failure`` says why) a tick only
+reaps exits: workers run on, and what their exits mean, the settling of their
+jobs and new placements wait, so no job changes state unrecorded. A worker exit
+or a settled job whose record failed mid-tick (the audit log, or a full data disk:
+:class:`~cantata.server.database.DatabaseUnavailable`) is kept and handled again
+at the next tick. Meanwhile a started job whose workers have all exited is shown
+as not running (:meth:`~cantata.server.lifecycle.JobLifecycle.shown`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from collections.abc import Callable
 
 from cantata.proto.v1 import common_pb2 as pb
 from cantata.security.audit import AuditLogUnavailable
+from cantata.server.database import DatabaseUnavailable
 from cantata.server.executors import Executor, NotPlaceable
 from cantata.server.heartbeats import Heartbeats
 from cantata.server.lifecycle import JobLifecycle
@@ -67,6 +71,7 @@ class Scheduler:
         self._audit_failure = audit_failure
         self._exits: list = []  # reaped worker exits not yet handled
         self._unsettled: list[str] = []  # released jobs not yet settled
+        self._cannot_write: str | None = None  # why the last tick could not record what it saw
         self._stop = threading.Event()
         self._woken = threading.Event()
         self._place_due = True  # something changed that a placement depends on
@@ -132,30 +137,49 @@ class Scheduler:
                 log.exception("scheduler tick failed")
 
     def tick(self) -> None:
-        if self._audit_failure():
-            return
         with self._lifecycle.lock:
             self._exits.extend(self._launcher.poll())
-            if self._exits:
-                self._place_due = True  # a slot may be free
-            while self._exits:
-                exit_ = self._exits[0]
-                self._lifecycle.worker_exited(exit_.job_id, exit_.worker, exit_.returncode, node_lost=exit_.node_lost)
-                self._exits.pop(0)
-            for job_id in self._launcher.finished_jobs():
-                self._launcher.release(job_id)
-                self._unsettled.append(job_id)
-                self._place_due = True
-            while self._unsettled:
-                self._lifecycle.workers_exited(self._unsettled[0])
-                self._unsettled.pop(0)
-            self._kill_silent()
-            if time.monotonic() >= self._recheck_at:  # the executor may have grown (a Ray cluster can)
-                self._recheck_at = time.monotonic() + UNFIT_RECHECK_S
-                self._recheck_parked()
-            if self._place_due:
-                self._place_due = False
-                self._place()
+            failure = self._audit_failure()
+            if failure is None:
+                try:
+                    self._handle()
+                except (AuditLogUnavailable, DatabaseUnavailable) as exc:  # what is left is handled at the next tick
+                    failure = str(exc)
+            self._note_cannot_write(failure)
+
+    def _note_cannot_write(self, failure: str | None) -> None:
+        """Show the started jobs whose workers all exited unrecorded as such; log when writing fails and recovers."""
+        ended = {*self._unsettled, *self._launcher.finished_jobs()} if failure else set()
+        self._lifecycle.ends_unrecorded(dict.fromkeys(ended, failure or ""))
+        if failure != self._cannot_write:
+            if failure:
+                log.warning("job state changes wait: %s", failure)
+            else:
+                log.info("job state changes are recorded again")
+            self._cannot_write = failure
+
+    def _handle(self) -> None:
+        """Judge the exits reaped so far, settle the jobs whose workers are all gone, kill the silent, place."""
+        if self._exits:
+            self._place_due = True  # a slot may be free
+        while self._exits:
+            exit_ = self._exits[0]
+            self._lifecycle.worker_exited(exit_.job_id, exit_.worker, exit_.returncode, node_lost=exit_.node_lost)
+            self._exits.pop(0)
+        for job_id in self._launcher.finished_jobs():
+            self._launcher.release(job_id)
+            self._unsettled.append(job_id)
+            self._place_due = True
+        while self._unsettled:
+            self._lifecycle.workers_exited(self._unsettled[0])
+            self._unsettled.pop(0)
+        self._kill_silent()
+        if time.monotonic() >= self._recheck_at:  # the executor may have grown (a Ray cluster can)
+            self._recheck_at = time.monotonic() + UNFIT_RECHECK_S
+            self._recheck_parked()
+        if self._place_due:
+            self._place_due = False
+            self._place()
 
     def _kill_silent(self) -> None:
         """Workers that sent nothing for longer than the heartbeat timeout are hung: the lifecycle kills them."""

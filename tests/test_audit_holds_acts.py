@@ -167,13 +167,14 @@ def test_the_scheduler_waits_while_the_log_is_down_and_then_settles_what_a_faile
     scheduler = Scheduler(store, launcher, lifecycle, Heartbeats(60), audit_failure=audit.failure)  # type: ignore[arg-type]
     audit.down = True
     scheduler.tick()
-    assert launcher.polls == 0  # paused: the exit waits in the launcher
+    assert launcher.polls == 1  # paused: the exit is reaped (the server's view follows it) but not judged
+    assert store.job(job.id).state == pb.RUNNING and audit.actions(job.id) == [Action.JOB_STARTED]
+    assert lifecycle.shown(store.job(job.id)).state == pb.RUNNING  # its other worker still runs
 
     audit.down = False
     original = audit.append
     audit.append = _fail_once(original)  # type: ignore[method-assign]
-    with pytest.raises(AuditLogUnavailable):  # the disk fills again mid-tick
-        scheduler.tick()
+    scheduler.tick()  # the disk fills again mid-tick: the exit is kept for the next tick
     assert store.job(job.id).state == pb.RUNNING
     scheduler.tick()  # the exit reaped by the failed tick is handled now
     assert store.job(job.id).state == pb.FAILED
@@ -190,3 +191,27 @@ def _fail_once(append):
         return append(*args, **kwargs)
 
     return flaky
+
+
+def test_a_job_whose_workers_all_exited_unrecorded_is_shown_queued_saying_why_until_its_end_is_recorded(
+    lifecycle, store, audit, workers
+):
+    job = _running(lifecycle, store, workers, _submit(store))
+    for worker in (0, 1):
+        lifecycle.worker_finished(store.job(job.id), worker, 1.5)
+    launcher = FakeLauncher(exits=[WorkerExit(job.id, 0, 0), WorkerExit(job.id, 1, 0)], finished=[job.id])
+    scheduler = Scheduler(store, launcher, lifecycle, Heartbeats(60), audit_failure=audit.failure)  # type: ignore[arg-type]
+    audit.down = True
+    scheduler.tick()
+    assert store.job(job.id).state == pb.RUNNING  # nothing recorded
+    shown = lifecycle.shown(store.job(job.id))
+    assert shown.state == pb.QUEUED
+    assert (
+        shown.reason == f"its workers exited; what that means for the job is recorded once the server can write: {FULL}"
+    )
+
+    audit.down = False
+    scheduler.tick()
+    assert store.job(job.id).state == pb.SUCCEEDED and launcher.released == [job.id]
+    assert lifecycle.shown(store.job(job.id)).state == pb.SUCCEEDED
+    assert audit.actions(job.id) == [Action.JOB_STARTED, Action.JOB_FINISHED]

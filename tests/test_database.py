@@ -10,9 +10,10 @@ import pytest
 
 from cantata.proto.v1 import common_pb2
 from cantata.security.keys import LocalKeyring, MasterKey
-from cantata.server.database import MIGRATIONS, Database, DatabaseError
+from cantata.server.database import MIGRATIONS, Database, DatabaseError, DatabaseUnavailable, disk_error
 from cantata.server.datasource_store import DataSourceSpec, DataSourceStore
 from cantata.server.store import RequestIdReused, Store
+from tests.fullfs import fill, small_tmpfs
 
 # The DDL both stores ran before the schema was versioned, copied as it was.
 OLD_STORE_SCHEMA = """
@@ -276,3 +277,38 @@ def test_a_version_3_database_gains_request_sources_and_renewal_links(tmp_path: 
     assert store.revoke_certificate("a1") == "p" and store.is_revoked(0xA1)
     assert [t.name for t in store.expire_pending(dt.datetime(2026, 6, 1, tzinfo=dt.UTC))] == ["old-co"]
     db.close()
+
+
+def test_a_full_disk_is_database_unavailable_changes_nothing_and_passes_once_there_is_space(tmp_path: Path) -> None:
+    with small_tmpfs(tmp_path / "data", size="2m") as data:
+        database = Database(data / "state.db")
+        try:
+            with database.transaction() as connection:
+                connection.execute("CREATE TABLE blobs (body BLOB NOT NULL)")
+            filler = fill(data)
+            full = pytest.raises(DatabaseUnavailable, match=r"database or disk is full \(SQLITE_FULL\)")
+            with full, database.transaction() as connection:
+                connection.execute("INSERT INTO blobs VALUES (?)", (os.urandom(256 * 1024),))
+            with database.read() as reader:
+                assert reader.execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 0
+            filler.unlink()
+            with database.transaction() as connection:
+                connection.execute("INSERT INTO blobs VALUES (?)", (os.urandom(256 * 1024),))
+            with database.read() as reader:
+                assert reader.execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 1
+        finally:
+            database.close()
+
+
+def test_only_disk_errors_are_database_unavailable() -> None:
+    full = sqlite3.OperationalError("database or disk is full")
+    full.sqlite_errorcode, full.sqlite_errorname = sqlite3.SQLITE_FULL, "SQLITE_FULL"
+    write = sqlite3.OperationalError("disk I/O error")
+    write.sqlite_errorcode, write.sqlite_errorname = sqlite3.SQLITE_IOERR_WRITE, "SQLITE_IOERR_WRITE"
+    locked = sqlite3.OperationalError("database is locked")
+    locked.sqlite_errorcode, locked.sqlite_errorname = sqlite3.SQLITE_BUSY, "SQLITE_BUSY"
+    assert (
+        str(disk_error(full)) == "the control-plane database cannot be written: database or disk is full (SQLITE_FULL)"
+    )
+    assert "disk I/O error (SQLITE_IOERR_WRITE)" in str(disk_error(write))
+    assert disk_error(locked) is None and disk_error(ValueError("full")) is None

@@ -18,6 +18,7 @@ from cantata.security.keys import UnknownTenantError
 from cantata.security.pki import InvalidCSR, InvalidName, Principal
 from cantata.server import errors as server_errors
 from cantata.server.dashboard.signin import LoginsLimited
+from cantata.server.database import DatabaseUnavailable
 from cantata.server.datasource_store import (
     DataSourceExists,
     DataSourceNotFound,
@@ -60,6 +61,11 @@ EXPECTED = [
     (StorePermissionError("access denied"), Code.PERMISSION_DENIED, "STORE_PERMISSION_DENIED"),
     (StoreFull("store file:///s is full"), Code.RESOURCE_EXHAUSTED, "STORE_FULL"),
     (AuditLogUnavailable("the audit log cannot be written: No space left on device"), Code.UNAVAILABLE, "UNAVAILABLE"),
+    (
+        DatabaseUnavailable("the control-plane database cannot be written: database or disk is full (SQLITE_FULL)"),
+        Code.UNAVAILABLE,
+        "UNAVAILABLE",
+    ),
 ]
 
 

@@ -7,8 +7,8 @@ than the server's heartbeat timeout on a busy node.
 Reports go out in order from a background thread, through a bounded queue of
 ``MAX_PENDING`` reports, each numbered (``seq`` 1, 2, 3 ...): training does not
 wait for the server. While the server is down (restarting, upgraded, killed) or
-answers ``UNAVAILABLE`` (its audit log cannot be written, so it recorded
-nothing), the head report is sent again with exponential backoff and the
+answers ``UNAVAILABLE`` (its audit log or its database cannot be written, a
+full data disk: it recorded nothing), the head report is sent again with exponential backoff and the
 others wait behind it; training goes on until the queue is full, then waits
 too. The server applies each number once, so a report sent again because its
 answer was lost is not applied twice, and nothing reported is lost. After

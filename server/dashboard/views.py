@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -150,20 +151,27 @@ def _edges(job_id: str, events: list[jobs_pb2.JobEvent], store: Store) -> list[E
 class Views:
     """The pages' data: a tenant's jobs, or the platform's state for an admin."""
 
-    def __init__(self, store: Store, audit_dir: Path, flush_audit):
+    def __init__(
+        self,
+        store: Store,
+        audit_dir: Path,
+        flush_audit,
+        shown: Callable[[JobRecord], JobRecord] = lambda job: job,
+    ):
         self._store = store
         self._audit_dir = audit_dir
         self._flush_audit = flush_audit  # signs a checkpoint so the verification covers everything so far
+        self._shown = shown  # a job as tenants see it (JobLifecycle.shown: not running once its workers all exited)
 
     def jobs(self, tenant: str) -> list[JobRow]:
-        return [job_row(j) for j in reversed(self._store.jobs(tenant=tenant, limit=1000))]
+        return [job_row(self._shown(j)) for j in reversed(self._store.jobs(tenant=tenant, limit=1000))]
 
     def job(self, job_id: str, tenant: str) -> JobRow:
         """The job, if ``tenant`` may see it (``NotFound`` otherwise)."""
-        return job_row(self._store.job(job_id, tenant=tenant))
+        return job_row(self._shown(self._store.job(job_id, tenant=tenant)))
 
     def job_page(self, job_id: str, tenant: str) -> JobPage:
-        job = self._store.job(job_id, tenant=tenant)
+        job = self._shown(self._store.job(job_id, tenant=tenant))
         events = self._store.events_after(job.id, 0)
         gossip = decentralized(job.spec)
         edges = _edges(job.id, events, self._store) if gossip else []

@@ -96,6 +96,7 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         self._submissions = submissions
         self._replies = Cache[str, tuple[str, bytes]](limit=10_000)  # GetJob's, until a commit changes a job
         store.database.on_commit_changing("jobs", self._replies.clear)
+        lifecycle.on_shown_change(self._replies.clear)
         self._metrics = metrics
         self._lifecycle = lifecycle
         self._log_path = log_path
@@ -162,7 +163,7 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
     def _reply(self, job_id: str) -> tuple[str, bytes]:
         """The job's tenant, and its ``GetJob`` reply as sent."""
         job = self._store.job(job_id)
-        return job.tenant, job_info(job).SerializeToString()
+        return job.tenant, job_info(self._lifecycle.shown(job)).SerializeToString()
 
     def GetMetrics(self, request, context):
         """A page of the job's metrics history: ``page_size`` 0 takes 5,000, more than 20,000 takes 20,000."""
@@ -204,12 +205,14 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
             limit=size + 1,
         )
         token = jobs[size - 1].id if len(jobs) > size else ""
-        return jobs_pb2.ListJobsReply(jobs=[job_info(j) for j in jobs[:size]], next_page_token=token)
+        return jobs_pb2.ListJobsReply(
+            jobs=[job_info(self._lifecycle.shown(j)) for j in jobs[:size]], next_page_token=token
+        )
 
     def CancelJob(self, request, context):
         job = self._job(context, request.job_id)
         self._lifecycle.cancel_requested(job, actor=caller(context).uri, peer=context.peer())
-        return job_info(self._store.job(job.id))
+        return job_info(self._lifecycle.shown(self._store.job(job.id)))
 
     def ResumeJob(self, request, context):
         job = self._job(context, request.job_id)
