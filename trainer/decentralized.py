@@ -69,6 +69,7 @@ from cantata.security.pki import Bundle
 from cantata.trainer.attacks import AttackView, craft
 from cantata.trainer.checkpoint import Scope, TrainingState, share_from_rank0
 from cantata.trainer.config import WorkerConfig
+from cantata.trainer.consensus import ConsensusFailed
 from cantata.trainer.gasloc.deadline import FIRST_DEADLINE_S, RoundDeadline
 from cantata.trainer.gasloc.outer import GASLoCOuter, Proposal, flatten, split_weight, with_weight
 from cantata.trainer.gasloc.topology import make_topology
@@ -133,6 +134,7 @@ class GossipExchange:
         self._restarts: dict[int, int] = {}  # how often the server had restarted each, when first or last seen
         self._traffic: dict[int, list[int]] = {}  # peer process -> [payload bytes sent, received] this round
         self.ring: tuple[int, ...] = ()  # the other worker groups the last all-reduce summed over (none if it failed)
+        self.failure = ""  # why the last all-reduce failed ("" if it did not)
 
     def take_traffic(self) -> dict[int, tuple[int, int]]:
         """Payload bytes sent to and received from each peer process since the last call."""
@@ -189,13 +191,14 @@ class GossipExchange:
             self._count(payloads, received)
             return received
 
+        self.failure = ""
         try:
             total: torch.Tensor | None = ring_allreduce(vector, members, me, swap, self._wire_dtype)
         except AllReduceFailed as failure:
             log.warning("round %d: worker %d's all-reduce failed: %s", round_, me, failure)
-            total = None
+            total, self.failure = None, f"the ring {members} failed at {failure}"
         if not self._agreement.all(total is not None):  # one shard's failure: the whole group keeps its own
-            total = None
+            total, self.failure = None, self.failure or "another shard of this worker group failed its ring"
         self.ring = tuple(groups) if total is not None else ()
         return total
 
@@ -501,6 +504,25 @@ def consensus(
     return round(count), loss_mean, loss_std
 
 
+def consensus_failure(cfg: WorkerConfig, agreed: tuple[int, float, float] | None, ring: Iterable[int], why: str) -> str:
+    """Why this worker's final average is no consensus of the job ("" if it is one).
+
+    It is none if the all-reduce failed (``why`` says how), or if it reached
+    fewer than ``min_workers`` worker groups (``ring``: the other groups it
+    summed over): the rest were left out (dead, hung, or quarantined), so the
+    graph is split and the job holds no one model.
+    """
+    if agreed is None:
+        return f"worker {cfg.worker}: the final average failed ({why}); it holds only its own model"
+    workers, needed = agreed[0], cfg.spec.min_workers
+    if workers < needed:
+        return (
+            f"worker {cfg.worker}: the final average reached {workers} of {cfg.workers} worker groups "
+            f"(with worker groups {sorted(ring)}), fewer than min_workers={needed}"
+        )
+    return ""
+
+
 def parameters_digest(params: list[torch.Tensor]) -> str:
     """A short SHA-256 of the parameters' (or shards') bytes, so reports can show that workers hold the same model."""
     return hashlib.sha256(flatten(params).numpy().tobytes()).hexdigest()[:16]
@@ -632,12 +654,12 @@ class Decentralized:
         """
         cfg = self.cfg
         val_loss = evaluate()
+        failure = ""
         if self.gossips:
             rounds = math.ceil(cfg.spec.steps / self.local_steps)
             agreed = consensus(self.params(), self.exchange, rounds, val_loss)
-            if agreed is None:
-                self.reporter.message(f"worker {cfg.worker}: the final average failed; it keeps its own model")
-            else:
+            failure = consensus_failure(cfg, agreed, self.exchange.ring, self.exchange.failure)
+            if agreed is not None and not failure:
                 workers, own_mean, own_std = agreed
                 val_loss = evaluate()
                 shard = f" shard {cfg.group_rank}" if cfg.sharded else ""
@@ -646,6 +668,10 @@ class Decentralized:
                     f"(parameters{shard} {parameters_digest(self.params())}): validation loss {val_loss:.4f}; "
                     f"the workers' own models {own_mean:.4f} +- {own_std:.4f}"
                 )
+        if not cfg.sharded:  # a replicated group's other ranks learn the outcome from its rank 0
+            failure = share_from_rank0(failure, self.group)
+        if failure:
+            raise ConsensusFailed(failure)
         if not cfg.sharded:
             sync_parameters(self.model, self.group)
             if not self.gossips:  # the group's other ranks now hold rank 0's consensus: evaluate that
