@@ -163,8 +163,9 @@ class JobLifecycle:
                 needed = quorum(job.spec) if decentralized(job.spec) else len(workers)
                 if workers and sum(w.finished for w in workers) >= needed:
                     state, reason = pb.SUCCEEDED, ""
-                else:
-                    state, reason = pb.FAILED, "workers exited without finishing"
+                else:  # with what those that said why failed of (a quarantined worker's lost final average)
+                    said = [f"worker {w.idx}: {w.failure}" for w in workers if not w.finished and w.failure]
+                    state, reason = pb.FAILED, "; ".join(["workers exited without finishing", *said])
                 with self._store.database.transaction():
                     if self._store.transition(job_id, state, reason):
                         self._audit_job(job, Action.JOB_FINISHED, state=pb.JobState.Name(state), reason=reason)

@@ -453,6 +453,17 @@ def test_a_quarantined_worker_whose_final_average_failed_is_left_out_of_the_job(
     _ended(store, job.id, pb.SUCCEEDED, "")  # min_workers=2 groups finished in their consensus
 
 
+def test_a_decentralized_job_whose_workers_all_failed_their_final_average_names_them(lifecycle, store, workers):
+    job = _decentralized(lifecycle, store, workers)
+    for i in range(3):  # each quarantined by another: none is restarted, none finished
+        store.add_anomaly(AnomalyRecord(job.id, (i + 1) % 3, i, 4, "norm", "reject", 9.5, True, utcnow()))
+        lifecycle.worker_failed(store.job(job.id), i, NO_CONSENSUS.replace("worker 2", f"worker {i}"), permanent=True)
+        _exit(lifecycle, workers, job, i, 1)
+    _all_exit(lifecycle, workers, job)
+    said = "; ".join(f"worker {i}: {NO_CONSENSUS.replace('worker 2', f'worker {i}')}" for i in range(3))
+    _ended(store, job.id, pb.FAILED, f"workers exited without finishing; {said}")
+
+
 def test_a_worker_whose_data_source_is_gone_is_not_restarted(lifecycle, store, workers):
     job = _decentralized(lifecycle, store, workers)
     workers.refuse_restart = DataSourceNotFound("data source 'corpus' not found")
