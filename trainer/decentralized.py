@@ -111,6 +111,12 @@ class GossipExchange:
     withdrawn) or done with the round without this worker. So a worker that
     fell behind (held up by a dead peer, or restarted) runs its rounds without
     exchanges until it has caught up, while its peers wait for it.
+
+    Lateness is no evidence of lying: a peer that missed a round with this
+    worker (it timed out, sent nothing, was gone, or was done without it)
+    gets the grace a restarted one gets (``Quarantine.grace``), and a worker
+    that finds most of the others done with a round before it (it was paused
+    or slow) catches up like a rejoining one (``behind``).
     """
 
     def __init__(
@@ -122,9 +128,10 @@ class GossipExchange:
         quarantine: Quarantine,
         deadline: RoundDeadline,
         agreement: GroupAgreement | None = None,
+        behind: Callable[[int], None] = lambda round_: None,
     ):
         self._cfg, self._node, self._reporter, self._outer = cfg, node, reporter, outer
-        self._quarantine, self.deadline = quarantine, deadline
+        self._quarantine, self.deadline, self._behind = quarantine, deadline, behind
         self._agreement = agreement or GroupAgreement(None)
         self._attack = parse_attack_config(cfg.attack, SpecOrigin.ADMIN) if cfg.attack else None
         self._noise = torch.Generator().manual_seed(cfg.spec.seed + cfg.worker)
@@ -152,11 +159,16 @@ class GossipExchange:
         peers = [self._cfg.shard_peer(g) for g in groups]
         sent = self._maybe_attack(round_, wire)
         self._refresh(round_)
-        wanted = {p: self.addresses[p] for p in peers if self._trusted(p) and not self._done(p, round_)}
+        if self._agreement.first(self._most_done(round_)):  # a sharded group's shards screen alike
+            self._behind(round_)
+        trusted = [p for p in peers if self._trusted(p)]
+        wanted = {p: self.addresses[p] for p in trusted if not self._done(p, round_)}
         received = self._node.exchange(
             wire_round(round_), wanted, sent, deadline_s=self.deadline.seconds, gone=self._gone(round_, wanted)
         )
         self._count(dict.fromkeys(wanted, sent), received)
+        for late in set(trusted) - set(received):  # late, on its side or this worker's: no evidence that it lies
+            self._quarantine.grace(self._cfg.gossip_process(late // self._cfg.ranks_per_worker), round_)
         usable = {peer // self._cfg.ranks_per_worker: t.clone() for peer, t in received.items() if _readable(t, sent)}
         agreed = self._agreement.common(usable)  # a sharded group mixes a peer in every shard or in none
         return {group: t for group, t in usable.items() if group in agreed}
@@ -224,6 +236,15 @@ class GossipExchange:
             return [p for p in peers if p not in self.addresses or self._done(p, round_)]
 
         return gone
+
+    def _most_done(self, round_: int) -> bool:
+        """Whether most other worker groups are done with ``round_`` before this worker: it is the late one.
+
+        Most, not one: a peer's round is its own claim, and one peer claiming to be ahead must not switch
+        this worker's screen off.
+        """
+        others = [self._cfg.shard_peer(g) for g in range(self._cfg.workers) if g != self._cfg.group]
+        return 2 * sum(self._done(p, round_) for p in others) > len(others)
 
     def _done(self, peer: int, round_: int) -> bool:
         """Whether ``peer`` has finished ``round_`` (the control plane counts no round finished as round 0)."""
@@ -329,7 +350,7 @@ class UpdateScreen:
     clipping factor of its shards; the group's rank 0 reports the strictest
     shard's check, and every rank's quarantine records the same verdicts.
 
-    A worker that rejoined from an older checkpoint is the one that is off:
+    A worker that rejoined from an older checkpoint, or fell behind, is the one that is off:
     until it has caught up (``catch_up``) it mixes whatever finite update its
     peers send, unscreened, so that it comes level with them; its peers still
     screen it, so a peer that poisons it only loses them the rejoiner.
@@ -349,9 +370,10 @@ class UpdateScreen:
         self._catching_up_until = 0  # the first round screened again after a rejoin
 
     def catch_up(self, first: int) -> None:
-        """This worker rejoins at round ``first``, behind its peers: for a quarantine window it mixes their finite
-        updates unscreened (so it neither rejects nor quarantines them for being where it is not yet)."""
-        self._catching_up_until = first + self._quarantine.policy.window
+        """This worker rejoins at round ``first`` (restarted), or is there behind its peers (paused, slow): for a
+        quarantine window it mixes their finite updates unscreened (so it neither rejects nor quarantines them for
+        being where it is not yet)."""
+        self._catching_up_until = max(self._catching_up_until, first + self._quarantine.policy.window)
 
     def __call__(self, proposal: Proposal, decoded: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
         if proposal.round < self._catching_up_until:
@@ -597,11 +619,11 @@ class Decentralized:
             self.reporter.gossip_endpoint(self.node.start())
             quarantine = Quarantine(cfg.gossip_process(cfg.group))
             agreement = self.agreement if cfg.sharded else None
-            self.exchange = GossipExchange(
-                cfg, self.node, self.reporter, self.outer, quarantine, self.deadline, agreement
-            )
             layout = shard_layout(self.model) if cfg.sharded else LayerLayout.from_module(self.model)
             self.screen = UpdateScreen(cfg, self.reporter, layout, quarantine, agreement)
+            self.exchange = GossipExchange(
+                cfg, self.node, self.reporter, self.outer, quarantine, self.deadline, agreement, self.screen.catch_up
+            )
             current = wait_for_peers(self.reporter, cfg.workers * (cfg.ranks_per_worker if cfg.sharded else 1))
             if current and current >= first:  # the job went on past this worker's checkpoint: it rejoins later
                 first = current + 1
