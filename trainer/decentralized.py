@@ -219,14 +219,20 @@ class GossipExchange:
 
         A peer the server restarted since the last look rejoins from an older
         checkpoint: for a while its updates may be rejected as too far off,
-        and those rejections do not count towards quarantining it.
+        and so may those of its neighbours, which mix its older model
+        meanwhile; rejections of any peer do not count towards quarantine then
+        (the server restarts a worker, a bounded number of times, so no peer
+        can buy this grace).
         """
         peers = self._reporter.peers()
         self.addresses, self.rounds = peers.addresses, peers.rounds
+        restarted = False
         for peer, restarts in peers.restarts.items():
             if restarts > self._restarts.setdefault(peer, restarts):
-                self._restarts[peer] = restarts
-                self._quarantine.grace(self._cfg.gossip_process(peer // self._cfg.ranks_per_worker), round_)
+                self._restarts[peer], restarted = restarts, True
+        for group in range(self._cfg.workers) if restarted else ():
+            if group != self._cfg.group:
+                self._quarantine.grace(self._cfg.gossip_process(group), round_)
 
     def _gone(self, round_: int, peers: Iterable[int]) -> Callable[[], list[int]]:
         """For an exchange of ``round_``: which of ``peers`` will not come (endpoint withdrawn, or done with it)."""
