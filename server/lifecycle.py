@@ -17,6 +17,10 @@ that a tenant may resume a FAILED or CANCELLED job (:meth:`~JobLifecycle.resume_
   a cluster, restarts the group without counting against that budget: the
   job did not fail, the machine did); a decentralized job restarts
   the dead worker alone, or goes on while a quorum of worker groups lives.
+  A worker that reports a permanent failure (bad data or settings, or, in a
+  decentralized job, a final average that failed or reached fewer than
+  ``min_workers``) fails the job at once, unless its peers had quarantined
+  it: then it is left out, as it was of their consensus.
   Once all of a job's workers exited, it is settled: SUCCEEDED if enough of
   them finished, else FAILED; CANCELLED if it was being cancelled.
 - Cancellation (a tenant's request, or its suspension): a queued job ends at
@@ -88,7 +92,7 @@ class JobLifecycle:
         self._restarts = restarts
         self._clock = clock
         self._not_before: dict[str, float] = {}  # job id -> when a restarting job may be placed again
-        self._permanent: set[str] = set()  # jobs a worker of which reported a permanent failure
+        self._permanent: dict[str, set[int]] = {}  # job id -> its workers that reported a permanent failure
         self._unrecorded_ends: Mapping[str, str] = {}  # started job -> why the exit of all its workers is not recorded
         self._shown_changed: list[Callable[[], None]] = []
         self.lock = threading.RLock()
@@ -122,7 +126,7 @@ class JobLifecycle:
     def placing(self, job: JobRecord) -> bool:
         """Start an attempt of a queued job (STARTING); False if it is not to be launched (it moved on)."""
         self._not_before.pop(job.id, None)
-        self._permanent.discard(job.id)
+        self._permanent.pop(job.id, None)
         return self._store.transition(job.id, pb.STARTING, "starting workers")
 
     def placed(self, job: JobRecord, pids: dict[int, int]) -> None:
@@ -156,12 +160,14 @@ class JobLifecycle:
     def worker_failed(self, job: JobRecord, worker: int, reason: str, *, permanent: bool = False) -> None:
         """The worker says why it fails; the reason is given when its exit is judged.
 
-        A ``permanent`` failure (the job's data or settings are at fault) ends an all-reduce or single
-        job without a restart: it would fail the same way.
+        A ``permanent`` failure (the job's data or settings are at fault, or a decentralized worker's
+        final average failed) ends the job without a restart: it would fail the same way. In a
+        decentralized job only the worker's own permanent failure counts, and one of a worker its peers
+        quarantined does not end the job: that worker is left out, as it was of their consensus.
         """
         self._store.mark_worker(job.id, worker, failure=reason)
         if permanent:
-            self._permanent.add(job.id)
+            self._permanent.setdefault(job.id, set()).add(worker)
 
     # ---- what the launcher sees -------------------------------------------
     def worker_exited(self, job_id: str, worker: int, returncode: int, *, node_lost: bool = False) -> None:
@@ -184,8 +190,9 @@ class JobLifecycle:
                 needed = quorum(job.spec) if decentralized(job.spec) else len(workers)
                 if workers and sum(w.finished for w in workers) >= needed:
                     state, reason = pb.SUCCEEDED, ""
-                else:
-                    state, reason = pb.FAILED, "workers exited without finishing"
+                else:  # with what those that said why failed of (a quarantined worker's lost final average)
+                    said = [f"worker {w.idx}: {w.failure}" for w in workers if not w.finished and w.failure]
+                    state, reason = pb.FAILED, "; ".join(["workers exited without finishing", *said])
                 with self._store.database.transaction():
                     if self._store.transition(job_id, state, reason):
                         self._audit_job(job, Action.JOB_FINISHED, state=pb.JobState.Name(state), reason=reason)
@@ -205,6 +212,16 @@ class JobLifecycle:
                 self.restart(job_id, f"worker {worker} was lost with its node", worker=worker, counted=False)
             else:
                 self.restart(job_id, reason, worker=worker)
+            return
+        if worker in self._permanent.get(job_id, ()):
+            if not self._quarantined(job, worker):
+                self._fail(job, f"{reason}; not restarted: the error is permanent")
+                return
+            message = f"{reason}; not restarted: its peers quarantined it, and their consensus is the job's"
+            self._store.append_event(  # the job ends as the others' consensus does (workers_exited)
+                job.id,
+                jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, worker=worker, total_steps=job.spec.steps, message=message),
+            )
             return
         reason = self._survive(job, record, reason)
         if reason:
@@ -253,6 +270,11 @@ class JobLifecycle:
             if self._store.transition(job.id, pb.FAILED, reason):
                 self._audit_job(job, Action.JOB_FINISHED, state="FAILED", reason=reason)
         self._workers.terminate(job.id)
+
+    def _quarantined(self, job: JobRecord, worker: int) -> bool:
+        """Whether a peer reported quarantining ``worker``'s group (its anomaly reports name the group's process)."""
+        size = job.spec.ranks_per_worker
+        return any(a.quarantined and a.peer // size == worker // size for a in self._store.anomalies(job.id))
 
     def _survive(self, job: JobRecord, worker: WorkerRecord, reason: str) -> str:
         """A decentralized job outlives a dead worker: restart it, or go on while a quorum is alive.

@@ -14,7 +14,7 @@ from cantata.security.audit import Action
 from cantata.server.datasource_store import DataSourceNotFound
 from cantata.server.lifecycle import JobLifecycle
 from cantata.server.restarts import RestartPolicy
-from cantata.server.store import JobRecord, Store
+from cantata.server.store import AnomalyRecord, JobRecord, Store, utcnow
 
 MAX_RESTARTS = 2  # the server's bound on max_failures
 BACKOFF, MAX_BACKOFF = 1.0, 3.0
@@ -411,6 +411,57 @@ def test_a_decentralized_jobs_max_failures_bounds_each_workers_restarts(lifecycl
         "worker 2 exited with code 9: no output; continuing with 2 of 3 worker processes",
     ]
     assert Action.JOB_RESTARTED not in [a for a, _ in audit.of(job.id)]  # the job itself never stopped
+
+
+NO_CONSENSUS = "ConsensusFailed: worker 2: the final average failed (the ring [0, 1, 2] failed at step 0: no chunk)"
+
+
+def test_a_decentralized_worker_whose_final_average_failed_fails_the_job_unrestarted(lifecycle, store, audit, workers):
+    job = _decentralized(lifecycle, store, workers)
+    for i in (0, 1):  # its peers finished: what they hold is no consensus of the job either way
+        lifecycle.worker_finished(store.job(job.id), i, final_val_loss=1.0)
+    lifecycle.worker_failed(store.job(job.id), 2, NO_CONSENSUS, permanent=True)
+    _exit(lifecycle, workers, job, 2, 1)
+    _ended(
+        store, job.id, pb.FAILED, f"worker 2 exited with code 1: {NO_CONSENSUS}; not restarted: the error is permanent"
+    )
+    assert workers.relaunched == [] and workers.terminated == [job.id]
+    _all_exit(lifecycle, workers, job)  # the others' exits change nothing
+    assert store.job(job.id).state == pb.FAILED
+
+
+def test_a_decentralized_workers_permanent_failure_is_its_own(lifecycle, store, workers):
+    job = _decentralized(lifecycle, store, workers)
+    lifecycle.worker_failed(store.job(job.id), 2, NO_CONSENSUS, permanent=True)
+    _exit(lifecycle, workers, job, 1, 9)  # another worker's crash is restarted as before
+    assert workers.relaunched == [(job.id, 1)] and store.job(job.id).state == pb.RUNNING
+
+
+def test_a_quarantined_worker_whose_final_average_failed_is_left_out_of_the_job(lifecycle, store, audit, workers):
+    job = _decentralized(lifecycle, store, workers)
+    store.add_anomaly(AnomalyRecord(job.id, 0, 2, 4, "norm", "reject", 9.5, True, utcnow()))
+    for i in (0, 1):
+        lifecycle.worker_finished(store.job(job.id), i, final_val_loss=1.0)
+    lifecycle.worker_failed(store.job(job.id), 2, NO_CONSENSUS, permanent=True)
+    _exit(lifecycle, workers, job, 2, 1)
+    assert workers.relaunched == [] and store.job(job.id).state == pb.RUNNING
+    assert _messages(store, job.id)[-1] == (
+        f"worker 2 exited with code 1: {NO_CONSENSUS}; not restarted: its peers quarantined it, "
+        "and their consensus is the job's"
+    )
+    _all_exit(lifecycle, workers, job)
+    _ended(store, job.id, pb.SUCCEEDED, "")  # min_workers=2 groups finished in their consensus
+
+
+def test_a_decentralized_job_whose_workers_all_failed_their_final_average_names_them(lifecycle, store, workers):
+    job = _decentralized(lifecycle, store, workers)
+    for i in range(3):  # each quarantined by another: none is restarted, none finished
+        store.add_anomaly(AnomalyRecord(job.id, (i + 1) % 3, i, 4, "norm", "reject", 9.5, True, utcnow()))
+        lifecycle.worker_failed(store.job(job.id), i, NO_CONSENSUS.replace("worker 2", f"worker {i}"), permanent=True)
+        _exit(lifecycle, workers, job, i, 1)
+    _all_exit(lifecycle, workers, job)
+    said = "; ".join(f"worker {i}: {NO_CONSENSUS.replace('worker 2', f'worker {i}')}" for i in range(3))
+    _ended(store, job.id, pb.FAILED, f"workers exited without finishing; {said}")
 
 
 def test_a_worker_whose_data_source_is_gone_is_not_restarted(lifecycle, store, workers):

@@ -20,7 +20,7 @@ import json
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypedDict
+from typing import Any, Protocol, TypedDict, TypeVar
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -42,6 +42,8 @@ from cantata.security.sealed_checkpoint import (
 )
 from cantata.storage import open_store
 from cantata.trainer.sealed_dcp import SafeLoadPlanner, SealedReader, SealedWriter, first_failure
+
+T = TypeVar("T")
 
 
 class CheckpointFormatError(ValueError):
@@ -260,7 +262,7 @@ class TrainingState:
         return self._checkpoints.commit(step, self._rank, shards, self._group, written)
 
 
-def share_from_rank0(value: int, group: dist.ProcessGroup | None) -> int:
+def share_from_rank0(value: T, group: dist.ProcessGroup | None) -> T:
     """Rank 0's ``value`` on every rank of ``group``."""
     if group is None:
         return value

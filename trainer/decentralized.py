@@ -69,6 +69,7 @@ from cantata.security.pki import Bundle
 from cantata.trainer.attacks import AttackView, craft
 from cantata.trainer.checkpoint import Scope, TrainingState, share_from_rank0
 from cantata.trainer.config import WorkerConfig
+from cantata.trainer.consensus import ConsensusFailed
 from cantata.trainer.gasloc.deadline import FIRST_DEADLINE_S, RoundDeadline
 from cantata.trainer.gasloc.outer import GASLoCOuter, Proposal, flatten, split_weight, with_weight
 from cantata.trainer.gasloc.topology import make_topology
@@ -110,6 +111,12 @@ class GossipExchange:
     withdrawn) or done with the round without this worker. So a worker that
     fell behind (held up by a dead peer, or restarted) runs its rounds without
     exchanges until it has caught up, while its peers wait for it.
+
+    Lateness is no evidence of lying: a peer that missed a round with this
+    worker (it timed out, sent nothing, was gone, or was done without it)
+    gets the grace a restarted one gets (``Quarantine.grace``), and a worker
+    that finds most of the others done with a round before it (it was paused
+    or slow) catches up like a rejoining one (``behind``).
     """
 
     def __init__(
@@ -121,9 +128,10 @@ class GossipExchange:
         quarantine: Quarantine,
         deadline: RoundDeadline,
         agreement: GroupAgreement | None = None,
+        behind: Callable[[int], None] = lambda round_: None,
     ):
         self._cfg, self._node, self._reporter, self._outer = cfg, node, reporter, outer
-        self._quarantine, self.deadline = quarantine, deadline
+        self._quarantine, self.deadline, self._behind = quarantine, deadline, behind
         self._agreement = agreement or GroupAgreement(None)
         self._attack = parse_attack_config(cfg.attack, SpecOrigin.ADMIN) if cfg.attack else None
         self._noise = torch.Generator().manual_seed(cfg.spec.seed + cfg.worker)
@@ -133,6 +141,7 @@ class GossipExchange:
         self._restarts: dict[int, int] = {}  # how often the server had restarted each, when first or last seen
         self._traffic: dict[int, list[int]] = {}  # peer process -> [payload bytes sent, received] this round
         self.ring: tuple[int, ...] = ()  # the other worker groups the last all-reduce summed over (none if it failed)
+        self.failure = ""  # why the last all-reduce failed ("" if it did not)
 
     def take_traffic(self) -> dict[int, tuple[int, int]]:
         """Payload bytes sent to and received from each peer process since the last call."""
@@ -150,11 +159,16 @@ class GossipExchange:
         peers = [self._cfg.shard_peer(g) for g in groups]
         sent = self._maybe_attack(round_, wire)
         self._refresh(round_)
-        wanted = {p: self.addresses[p] for p in peers if self._trusted(p) and not self._done(p, round_)}
+        if self._agreement.first(self._most_done(round_)):  # a sharded group's shards screen alike
+            self._behind(round_)
+        trusted = [p for p in peers if self._trusted(p)]
+        wanted = {p: self.addresses[p] for p in trusted if not self._done(p, round_)}
         received = self._node.exchange(
             wire_round(round_), wanted, sent, deadline_s=self.deadline.seconds, gone=self._gone(round_, wanted)
         )
         self._count(dict.fromkeys(wanted, sent), received)
+        for late in set(trusted) - set(received):  # late, on its side or this worker's: no evidence that it lies
+            self._quarantine.grace(self._cfg.gossip_process(late // self._cfg.ranks_per_worker), round_)
         usable = {peer // self._cfg.ranks_per_worker: t.clone() for peer, t in received.items() if _readable(t, sent)}
         agreed = self._agreement.common(usable)  # a sharded group mixes a peer in every shard or in none
         return {group: t for group, t in usable.items() if group in agreed}
@@ -189,13 +203,14 @@ class GossipExchange:
             self._count(payloads, received)
             return received
 
+        self.failure = ""
         try:
             total: torch.Tensor | None = ring_allreduce(vector, members, me, swap, self._wire_dtype)
         except AllReduceFailed as failure:
             log.warning("round %d: worker %d's all-reduce failed: %s", round_, me, failure)
-            total = None
+            total, self.failure = None, f"the ring {members} failed at {failure}"
         if not self._agreement.all(total is not None):  # one shard's failure: the whole group keeps its own
-            total = None
+            total, self.failure = None, self.failure or "another shard of this worker group failed its ring"
         self.ring = tuple(groups) if total is not None else ()
         return total
 
@@ -204,14 +219,20 @@ class GossipExchange:
 
         A peer the server restarted since the last look rejoins from an older
         checkpoint: for a while its updates may be rejected as too far off,
-        and those rejections do not count towards quarantining it.
+        and so may those of its neighbours, which mix its older model
+        meanwhile; rejections of any peer do not count towards quarantine then
+        (the server restarts a worker, a bounded number of times, so no peer
+        can buy this grace).
         """
         peers = self._reporter.peers()
         self.addresses, self.rounds = peers.addresses, peers.rounds
+        restarted = False
         for peer, restarts in peers.restarts.items():
             if restarts > self._restarts.setdefault(peer, restarts):
-                self._restarts[peer] = restarts
-                self._quarantine.grace(self._cfg.gossip_process(peer // self._cfg.ranks_per_worker), round_)
+                self._restarts[peer], restarted = restarts, True
+        for group in range(self._cfg.workers) if restarted else ():
+            if group != self._cfg.group:
+                self._quarantine.grace(self._cfg.gossip_process(group), round_)
 
     def _gone(self, round_: int, peers: Iterable[int]) -> Callable[[], list[int]]:
         """For an exchange of ``round_``: which of ``peers`` will not come (endpoint withdrawn, or done with it)."""
@@ -221,6 +242,15 @@ class GossipExchange:
             return [p for p in peers if p not in self.addresses or self._done(p, round_)]
 
         return gone
+
+    def _most_done(self, round_: int) -> bool:
+        """Whether most other worker groups are done with ``round_`` before this worker: it is the late one.
+
+        Most, not one: a peer's round is its own claim, and one peer claiming to be ahead must not switch
+        this worker's screen off.
+        """
+        others = [self._cfg.shard_peer(g) for g in range(self._cfg.workers) if g != self._cfg.group]
+        return 2 * sum(self._done(p, round_) for p in others) > len(others)
 
     def _done(self, peer: int, round_: int) -> bool:
         """Whether ``peer`` has finished ``round_`` (the control plane counts no round finished as round 0)."""
@@ -326,7 +356,7 @@ class UpdateScreen:
     clipping factor of its shards; the group's rank 0 reports the strictest
     shard's check, and every rank's quarantine records the same verdicts.
 
-    A worker that rejoined from an older checkpoint is the one that is off:
+    A worker that rejoined from an older checkpoint, or fell behind, is the one that is off:
     until it has caught up (``catch_up``) it mixes whatever finite update its
     peers send, unscreened, so that it comes level with them; its peers still
     screen it, so a peer that poisons it only loses them the rejoiner.
@@ -346,9 +376,10 @@ class UpdateScreen:
         self._catching_up_until = 0  # the first round screened again after a rejoin
 
     def catch_up(self, first: int) -> None:
-        """This worker rejoins at round ``first``, behind its peers: for a quarantine window it mixes their finite
-        updates unscreened (so it neither rejects nor quarantines them for being where it is not yet)."""
-        self._catching_up_until = first + self._quarantine.policy.window
+        """This worker rejoins at round ``first`` (restarted), or is there behind its peers (paused, slow): for a
+        quarantine window it mixes their finite updates unscreened (so it neither rejects nor quarantines them for
+        being where it is not yet)."""
+        self._catching_up_until = max(self._catching_up_until, first + self._quarantine.policy.window)
 
     def __call__(self, proposal: Proposal, decoded: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
         if proposal.round < self._catching_up_until:
@@ -501,6 +532,25 @@ def consensus(
     return round(count), loss_mean, loss_std
 
 
+def consensus_failure(cfg: WorkerConfig, agreed: tuple[int, float, float] | None, ring: Iterable[int], why: str) -> str:
+    """Why this worker's final average is no consensus of the job ("" if it is one).
+
+    It is none if the all-reduce failed (``why`` says how), or if it reached
+    fewer than ``min_workers`` worker groups (``ring``: the other groups it
+    summed over): the rest were left out (dead, hung, or quarantined), so the
+    graph is split and the job holds no one model.
+    """
+    if agreed is None:
+        return f"worker {cfg.worker}: the final average failed ({why}); it holds only its own model"
+    workers, needed = agreed[0], cfg.spec.min_workers
+    if workers < needed:
+        return (
+            f"worker {cfg.worker}: the final average reached {workers} of {cfg.workers} worker groups "
+            f"(with worker groups {sorted(ring)}), fewer than min_workers={needed}"
+        )
+    return ""
+
+
 def parameters_digest(params: list[torch.Tensor]) -> str:
     """A short SHA-256 of the parameters' (or shards') bytes, so reports can show that workers hold the same model."""
     return hashlib.sha256(flatten(params).numpy().tobytes()).hexdigest()[:16]
@@ -575,11 +625,11 @@ class Decentralized:
             self.reporter.gossip_endpoint(self.node.start())
             quarantine = Quarantine(cfg.gossip_process(cfg.group))
             agreement = self.agreement if cfg.sharded else None
-            self.exchange = GossipExchange(
-                cfg, self.node, self.reporter, self.outer, quarantine, self.deadline, agreement
-            )
             layout = shard_layout(self.model) if cfg.sharded else LayerLayout.from_module(self.model)
             self.screen = UpdateScreen(cfg, self.reporter, layout, quarantine, agreement)
+            self.exchange = GossipExchange(
+                cfg, self.node, self.reporter, self.outer, quarantine, self.deadline, agreement, self.screen.catch_up
+            )
             current = wait_for_peers(self.reporter, cfg.workers * (cfg.ranks_per_worker if cfg.sharded else 1))
             if current and current >= first:  # the job went on past this worker's checkpoint: it rejoins later
                 first = current + 1
@@ -632,12 +682,12 @@ class Decentralized:
         """
         cfg = self.cfg
         val_loss = evaluate()
+        failure = ""
         if self.gossips:
             rounds = math.ceil(cfg.spec.steps / self.local_steps)
             agreed = consensus(self.params(), self.exchange, rounds, val_loss)
-            if agreed is None:
-                self.reporter.message(f"worker {cfg.worker}: the final average failed; it keeps its own model")
-            else:
+            failure = consensus_failure(cfg, agreed, self.exchange.ring, self.exchange.failure)
+            if agreed is not None and not failure:
                 workers, own_mean, own_std = agreed
                 val_loss = evaluate()
                 shard = f" shard {cfg.group_rank}" if cfg.sharded else ""
@@ -646,6 +696,10 @@ class Decentralized:
                     f"(parameters{shard} {parameters_digest(self.params())}): validation loss {val_loss:.4f}; "
                     f"the workers' own models {own_mean:.4f} +- {own_std:.4f}"
                 )
+        if not cfg.sharded:  # a replicated group's other ranks learn the outcome from its rank 0
+            failure = share_from_rank0(failure, self.group)
+        if failure:
+            raise ConsensusFailed(failure)
         if not cfg.sharded:
             sync_parameters(self.model, self.group)
             if not self.gossips:  # the group's other ranks now hold rank 0's consensus: evaluate that

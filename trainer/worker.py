@@ -5,7 +5,8 @@ reported to the server first), 3 the zygote that forked us is gone, 4 out
 of memory (past the limit the server set, reported as such). A failure the
 job's own inputs cause (its data, its settings, a batch that does not fit
 in its memory) is reported as permanent: restarting the job from its
-checkpoint would fail the same way.
+checkpoint would fail the same way, as would a decentralized worker whose final
+average failed (``ConsensusFailed``: its peers are done).
 
 The process is forked from the zygote (:mod:`cantata.trainer.zygote`) into
 its sandbox; what it needs of the server's environment to reach the job's
@@ -31,6 +32,7 @@ from cantata.logformat import LogFormat, configure, log_format
 from cantata.proto.vocabulary import DECENTRALIZED
 from cantata.storage.base import StoreConfigError, StorePermissionError
 from cantata.storage.logs import set_third_party_log_level
+from cantata.trainer.consensus import ConsensusFailed
 from cantata.trainer.data.errors import DatasetUnavailableError
 from cantata.trainer.reporter import Endpoint, Reporter
 
@@ -38,8 +40,17 @@ log = logging.getLogger("cantata.worker")
 EXIT_ORPHANED = 3
 EXIT_OUT_OF_MEMORY = 4
 STOPPING_FLUSH_S = 2.0  # how long a worker told to stop still tries to deliver its last reports
-# DataError is a ValueError; a missing bucket (a StoreConfigError) or refused credentials stay so until someone acts.
-PERMANENT = (ValueError, TypeError, LookupError, PermissionError, StoreConfigError, StorePermissionError)
+# DataError is a ValueError; a missing bucket (a StoreConfigError) or refused credentials stay so until someone acts;
+# a failed final average stays failed, as the peers it needs are done.
+PERMANENT = (
+    ValueError,
+    TypeError,
+    LookupError,
+    PermissionError,
+    StoreConfigError,
+    StorePermissionError,
+    ConsensusFailed,
+)
 TRANSIENT = (DatasetUnavailableError,)
 
 

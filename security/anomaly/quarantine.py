@@ -8,10 +8,14 @@ reports an ``AnomalyEvent`` to the server, which records it in the audit log
 
 A worker that the server restarted rejoins from the job's last checkpoint,
 rounds behind its neighbours, so for a while its updates look too far off to
-them although it is honest. So for ``window`` rounds after a peer's restart
-(``grace``) its rejections are still rejections, and still reported, but do
+them although it is honest (and so may its neighbours', which mix its older
+model meanwhile). So for ``window`` rounds after a restart (``grace``, given
+to every peer) rejections are still rejections, and still reported, but do
 not count towards quarantine. Only the server restarts a worker, a bounded
-number of times, so a peer cannot buy itself this grace.
+number of times, so a peer cannot buy itself this grace that way. A peer
+that was late (missed a round: paused, slow, or gone a while) gets the same
+grace, as lateness is no evidence of lying; what it sends is still screened,
+and a rejected update is still never mixed.
 """
 
 from __future__ import annotations
@@ -97,7 +101,7 @@ class Quarantine:
         ]
 
     def grace(self, peer: int, round: int) -> None:
-        """``peer`` was restarted and rejoins at ``round``: its rejections count from ``round + window`` on."""
+        """``peer`` was restarted, or late, at ``round``: its rejections count from ``round + window`` on."""
         self._grace_until[peer] = round + self.policy.window
         self._rejected_rounds.pop(peer, None)
 
