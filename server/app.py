@@ -425,6 +425,7 @@ class ControlPlane:
                 self.metrics,
                 revoke_quarantined=self.settings.revoke_quarantined_workers,
                 checkpoint_written=self.telemetry.checkpoint,
+                store_outage=self.telemetry.store_outage,
             ),
             server,
         )

@@ -8,20 +8,24 @@ this server's own, so several servers in one process stay apart):
 - ``cantata_audit_appends_total`` by action and outcome, ``cantata_audit_append_seconds``;
 - ``cantata_worker_restarts_total`` (each ``job_restarted`` record);
 - ``cantata_checkpoint_bytes_total`` and ``cantata_checkpoint_write_seconds`` by store kind (file, s3, az);
+- ``cantata_store_outages_total`` by store kind: a worker's checkpoint store stopped answering (retries began);
 - ``cantata_queue_wait_seconds``: how long each placed job waited in the queue.
 
 Read at each scrape (:class:`StateCollector`): ``cantata_jobs`` by state,
 ``cantata_queue_length``, ``cantata_queue_oldest_wait_seconds``,
-``cantata_workers_alive``, and for every active job its latest training
+``cantata_workers_alive``, for every active job its latest training
 values as ``cantata_job_<metric>{tenant, job}`` gauges from the metrics
-history (:mod:`cantata.server.metrics_store`).
+history (:mod:`cantata.server.metrics_store`), and
+``cantata_job_store_unreachable{tenant, job}``: how many of its workers
+last reported their checkpoint store unreachable (0 once it answers again).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Callable, Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -91,6 +95,13 @@ class Telemetry:
             ["store"],
             registry=r,
         )
+        self.store_outages = Counter(
+            "cantata_store_outages",
+            "times a worker's checkpoint store stopped answering and its calls were retried",
+            ["store"],
+            registry=r,
+        )
+        self.unreachable = UnreachableStores()
         self.queue_wait = Histogram(
             "cantata_queue_wait_seconds",
             "seconds a job waited in the queue before it was placed",
@@ -117,21 +128,58 @@ class Telemetry:
         self.checkpoint_bytes.labels(kind).inc(size_bytes)
         self.checkpoint_seconds.labels(kind).observe(seconds)
 
+    def store_outage(self, job: JobRecord, worker: int, reachable: bool) -> None:
+        """Worker ``worker`` of ``job`` reported its checkpoint store unreachable (counted) or reachable again."""
+        if reachable:
+            self.unreachable.answered(job.id, worker)
+            return
+        self.store_outages.labels(store_kind(job.spec.checkpoint_store)).inc()
+        self.unreachable.failed(job.id, worker)
+
     def placed(self, job: JobRecord) -> None:
         """A job leaves the queue: it entered it when it last changed state (``updated_at``)."""
         self.queue_wait.observe(max(0.0, _age(job.updated_at)))
 
     def watch(self, store: Store, metrics: MetricsStore, workers_alive: Callable[[], int]) -> None:
-        self.registry.register(StateCollector(store, metrics, workers_alive))
+        self.registry.register(StateCollector(store, metrics, workers_alive, self.unreachable))
+
+
+class UnreachableStores:
+    """Which workers of which jobs report their checkpoint store unreachable now (shared by the RPC threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._workers: dict[str, set[int]] = {}
+
+    def failed(self, job_id: str, worker: int) -> None:
+        with self._lock:
+            self._workers.setdefault(job_id, set()).add(worker)
+
+    def answered(self, job_id: str, worker: int) -> None:
+        with self._lock:
+            self._workers.get(job_id, set()).discard(worker)
+
+    def counts(self, active: Iterable[str]) -> dict[str, int]:
+        """Workers with an unreachable store for each of the ``active`` jobs; ended jobs are forgotten."""
+        with self._lock:
+            self._workers = {job_id: self._workers.get(job_id, set()) for job_id in active}
+            return {job_id: len(workers) for job_id, workers in self._workers.items()}
 
 
 class StateCollector(Collector):
     """What the store says at scrape time: jobs by state, the queue, live workers, active jobs' training."""
 
-    def __init__(self, store: Store, metrics: MetricsStore, workers_alive: Callable[[], int]):
+    def __init__(
+        self,
+        store: Store,
+        metrics: MetricsStore,
+        workers_alive: Callable[[], int],
+        unreachable: UnreachableStores,
+    ):
         self._store = store
         self._metrics = metrics
         self._workers_alive = workers_alive
+        self._unreachable = unreachable
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         counts = self._store.job_counts()
@@ -157,12 +205,20 @@ class StateCollector(Collector):
             for name in JOB_GAUGES
         }
         step = GaugeMetricFamily("cantata_job_step", "the job's latest reported step", labels=["tenant", "job"])
+        unreachable = GaugeMetricFamily(
+            "cantata_job_store_unreachable",
+            "the job's workers whose checkpoint store does not answer now (its calls being retried)",
+            labels=["tenant", "job"],
+        )
+        outages = self._unreachable.counts(active)
         for job_id, job in active.items():
             step.add_metric([job.tenant, job_id], job.step)
+            unreachable.add_metric([job.tenant, job_id], outages[job_id])
             for name, value in latest.get(job_id, {}).items():
                 if name in families:
                     families[name].add_metric([job.tenant, job_id], value)
         yield step
+        yield unreachable
         yield from families.values()
 
 

@@ -13,7 +13,8 @@ the service discards them after seven days, so there is nothing to sweep);
 Transient errors (connection errors, timeouts, 408/429/5xx) are retried by
 the storage SDK's exponential retry policy for ``retry_seconds`` in all (a
 deadline added to it); an explicit ``retries`` count caps the attempts as
-well. A missing container and refused credentials are
+well. ``outages`` hears once when the store stops answering and once when it
+answers again (:mod:`cantata.storage.outage`). A missing container and refused credentials are
 permanent (:class:`StoreNotFound`, :class:`StorePermissionError`).
 """
 
@@ -53,6 +54,7 @@ from cantata.storage.base import (
     validate_key,
     validate_prefix,
 )
+from cantata.storage.outage import OutageListener, OutageWatch
 from cantata.storage.parts import PartSender
 
 CONNECTION_STRING_ENV = "AZURE_STORAGE_CONNECTION_STRING"
@@ -60,6 +62,7 @@ DEFAULT_BLOCK_SIZE = 8 << 20
 UNCOUNTED_RETRIES = 1_000_000  # no count limit: the time budget ends the retries
 FIRST_BACKOFF = 1  # seconds, then 1 + 2**n with up to 1 s of jitter, capped by MAX_BACKOFF and the budget
 MAX_BACKOFF = 4.0
+RETRIED_STATUSES = {408, 429}  # with 5xx: what the storage SDK's policy retries
 
 
 class _BudgetedRetry(ExponentialRetry):
@@ -67,10 +70,11 @@ class _BudgetedRetry(ExponentialRetry):
 
     Its policy counts attempts only (azure-core's ``RetryPolicy`` has a
     ``timeout`` but does not fit the storage pipeline), so the budget is
-    checked before each retry and caps each backoff.
+    checked before each retry and caps each backoff. Each retry and each answer
+    after it are told to ``watch``.
     """
 
-    def __init__(self, budget: float, retry_total: int) -> None:
+    def __init__(self, budget: float, retry_total: int, watch: OutageWatch) -> None:
         super().__init__(
             initial_backoff=FIRST_BACKOFF,
             increment_base=2,
@@ -81,6 +85,14 @@ class _BudgetedRetry(ExponentialRetry):
             retry_status=retry_total,
         )
         self._budget = budget
+        self._watch = watch
+
+    def send(self, request: Any) -> Any:
+        response = super().send(request)
+        status = response.http_response.status_code
+        if status < 500 and status not in RETRIED_STATUSES:
+            self._watch.answered()
+        return response
 
     def configure_retries(self, request: Any) -> dict[str, Any]:
         settings = super().configure_retries(request)
@@ -90,7 +102,12 @@ class _BudgetedRetry(ExponentialRetry):
     def increment(self, settings: dict[str, Any], request: Any, response: Any = None, error: Any = None) -> bool:
         if time.monotonic() >= settings["deadline"]:
             return False
-        return super().increment(settings, request, response, error)
+        retried = bool(super().increment(settings, request, response, error))
+        if retried:
+            self._watch.failed(
+                f"Azure Blob unreachable ({error})" if error else f"Azure Blob answered {response.status_code}"
+            )
+        return retried
 
     def get_backoff_time(self, settings: dict[str, Any]) -> float:
         remaining = settings["deadline"] - time.monotonic()
@@ -114,14 +131,16 @@ class AzureBlobStore(BlobStore):
         retries: int | None = None,
         connection_timeout: float = 10.0,
         read_timeout: float = 60.0,
+        outages: OutageListener | None = None,
     ) -> None:
         if not container:
             raise StoreConfigError("an Azure Blob store needs a container")
         self._prefix = store_prefix(prefix)
+        watch = OutageWatch(f"az://{container}/{self._prefix}", retry_seconds, outages)
         self._block_size = block_size
         self._concurrency = max_concurrency
         options: dict[str, Any] = {
-            "retry_policy": _BudgetedRetry(retry_seconds, UNCOUNTED_RETRIES if retries is None else retries),
+            "retry_policy": _BudgetedRetry(retry_seconds, UNCOUNTED_RETRIES if retries is None else retries, watch),
             "connection_timeout": min(connection_timeout, retry_seconds) or connection_timeout,
             "read_timeout": min(read_timeout, retry_seconds) or read_timeout,
             "max_chunk_get_size": block_size,

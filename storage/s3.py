@@ -12,7 +12,9 @@ fails, ``max_concurrency`` of its parts in flight at once.
 Transient errors (throttling, 5xx, resets, timeouts) are retried by
 botocore's standard retry mode (exponential backoff with jitter), repeated by
 :func:`cantata.storage.deadline.within` for ``retry_seconds`` in all; an
-explicit ``retries`` count caps the attempts instead. A missing bucket and
+explicit ``retries`` count caps the attempts instead. ``outages`` hears once
+when the store stops answering and once when it answers again
+(:mod:`cantata.storage.outage`). A missing bucket and
 refused credentials are permanent (:class:`StoreNotFound`,
 :class:`StorePermissionError`) and fail at once. :meth:`S3Store.sweep` aborts
 the multipart uploads of writers that died under the store's prefix.
@@ -48,6 +50,7 @@ from cantata.storage.base import (
     validate_prefix,
 )
 from cantata.storage.deadline import within
+from cantata.storage.outage import OutageListener, OutageWatch
 from cantata.storage.parts import PartSender
 
 T = TypeVar("T")
@@ -90,6 +93,7 @@ class S3Store(BlobStore):
         retries: int | None = None,
         connect_timeout: float = 10.0,
         read_timeout: float = 60.0,
+        outages: OutageListener | None = None,
     ) -> None:
         if not bucket:
             raise StoreConfigError("an S3 store needs a bucket")
@@ -100,6 +104,7 @@ class S3Store(BlobStore):
         self._part_size = part_size
         self._concurrency = max_concurrency
         self._budget = retry_seconds if retries is None else 0.0
+        self._watch = OutageWatch(self.uri, self._budget, outages)
         attempt_seconds = retry_seconds / ATTEMPTS_PER_ROUND if retries is None else retry_seconds
         config = Config(
             retries={"mode": "standard", "total_max_attempts": ATTEMPTS_PER_ROUND if retries is None else retries + 1},
@@ -143,7 +148,7 @@ class S3Store(BlobStore):
             with _translated_errors(f"{action} in {self.uri}"):
                 return call()
 
-        return within(self._budget, typed)
+        return within(self._budget, typed, self._watch)
 
     def _start_upload(self, key: str) -> BlobUpload:
         return _S3Upload(self, self.object_name(key))

@@ -6,10 +6,14 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from cantata.storage.base import BlobStore, StoreConfigError
+from cantata.storage.outage import OutageListener
 
 
-def open_store(uri: str, **overrides: Any) -> BlobStore:
+def open_store(uri: str, *, outages: OutageListener | None = None, **overrides: Any) -> BlobStore:
     """Return the store that ``uri`` names; ``overrides`` go to its constructor.
+
+    ``outages`` hears when a remote store stops answering while its retries run, and when it answers
+    again (a local directory is not retried: it has no outage to tell).
 
     ``file:///abs/dir`` is a local directory; ``s3://bucket/prefix`` accepts
     ``endpoint_url``, ``region_name``, ``profile_name`` or ``session``, credentials,
@@ -29,9 +33,9 @@ def open_store(uri: str, **overrides: Any) -> BlobStore:
     if parts.scheme == "s3":
         from cantata.storage.s3 import S3Store
 
-        return S3Store(parts.netloc, unquote(parts.path), **overrides)
+        return S3Store(parts.netloc, unquote(parts.path), outages=outages, **overrides)
     if parts.scheme == "az":
         from cantata.storage.azure import AzureBlobStore
 
-        return AzureBlobStore(parts.netloc, unquote(parts.path), **overrides)
+        return AzureBlobStore(parts.netloc, unquote(parts.path), outages=outages, **overrides)
     raise StoreConfigError(f"unsupported store URI {uri!r}: use file://, s3:// or az://")

@@ -17,6 +17,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -38,8 +39,10 @@ from cantata.storage import (
     open_store,
 )
 from cantata.storage.local import PARTIAL_DIR, LocalStore
+from cantata.storage.outage import OutageListener
 from cantata.storage.s3 import MIN_PART_SIZE, S3Store
 from tests.faultproxy import FaultProxy
+from tests.outages import HeardOutages
 from tests.platform import Platform
 from tests.services import (
     AZURITE_ACCOUNT,
@@ -94,19 +97,26 @@ def remote(request: pytest.FixtureRequest) -> Iterator[tuple[str, FaultProxy, ob
         bucket = request.getfixturevalue("s3_bucket")
         proxy = FaultProxy(_port(service.endpoint))
 
-        def opened(budget: float) -> BlobStore:
+        def opened(budget: float, outages: OutageListener | None = None) -> BlobStore:
             return open_store(
-                f"s3://{bucket}/ckpt", endpoint_url=proxy.endpoint, retry_seconds=budget, **S3_TEST_CREDENTIALS
+                f"s3://{bucket}/ckpt",
+                endpoint_url=proxy.endpoint,
+                retry_seconds=budget,
+                outages=outages,
+                **S3_TEST_CREDENTIALS,
             )
     else:
         service = request.getfixturevalue("azurite_service")
         container = request.getfixturevalue("azure_container")
         proxy = FaultProxy(_port(service.endpoint))
 
-        def opened(budget: float) -> BlobStore:
+        def opened(budget: float, outages: OutageListener | None = None) -> BlobStore:
             endpoint = f"{proxy.endpoint}/{AZURITE_ACCOUNT}"
             return open_store(
-                f"az://{container}/ckpt", connection_string=azurite_connection_string(endpoint), retry_seconds=budget
+                f"az://{container}/ckpt",
+                connection_string=azurite_connection_string(endpoint),
+                retry_seconds=budget,
+                outages=outages,
             )
 
     yield kind, proxy, opened
@@ -140,6 +150,38 @@ def test_an_outage_longer_than_the_budget_fails_as_unavailable_after_about_the_b
     elapsed = time.monotonic() - started
     assert SHORT_BUDGET <= elapsed < 3 * SHORT_BUDGET + 2, elapsed
     assert _code(caught.value) == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.parametrize("fault", ["refuse", "reset"])
+def test_an_outage_is_told_once_while_it_lasts_and_once_when_it_ends(remote, fault: str) -> None:
+    _, proxy, opened = remote
+    heard = HeardOutages()
+    store = opened(BUDGET, heard)
+    store.put("before", b"x")
+    assert heard.events == []  # a store that answers has no outage to tell
+    proxy.set(fault)
+    with ThreadPoolExecutor(1) as pool:
+        putting = pool.submit(store.put, "obj", DATA)
+        began = heard.wait_for("unreachable")
+        assert not putting.done()  # told while the call is still being retried
+        proxy.set("pass")
+        putting.result()
+    assert store.get_bytes("obj") == DATA
+    assert [event.what for event in heard.events] == ["unreachable", "reachable"]  # once each, not once per retry
+    assert began.store == store.uri and began.retry_for == BUDGET
+    assert "unreachable" in began.cause
+    assert heard.events[1].store == store.uri and heard.events[1].seconds > 0
+
+
+def test_an_outage_past_the_budget_is_told_and_still_fails_as_unavailable(remote) -> None:
+    _, proxy, opened = remote
+    heard = HeardOutages()
+    store = opened(SHORT_BUDGET, heard)
+    store.list()
+    proxy.set("refuse")
+    with pytest.raises(StoreUnavailableError):
+        store.put("obj", DATA)
+    assert [event.what for event in heard.events] == ["unreachable"]  # no end is told: it did not end
 
 
 # ---- permanent errors -------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from cantata.security.sealed_checkpoint import (
     write_shard_parts,
 )
 from cantata.storage import open_store
+from cantata.storage.outage import OutageListener
 from cantata.trainer.sealed_dcp import SafeLoadPlanner, SealedReader, SealedWriter, first_failure
 
 T = TypeVar("T")
@@ -58,9 +59,20 @@ class _Where(TypedDict):
 
 
 class JobCheckpoints:
-    def __init__(self, store_uri: str, tenant: str, job_id: str, keys: JobKeys, keep_last: int):
-        """``keep_last``: the newest checkpoints kept; older ones are deleted once a newer manifest is written."""
-        self._store = open_store(store_uri)
+    def __init__(
+        self,
+        store_uri: str,
+        tenant: str,
+        job_id: str,
+        keys: JobKeys,
+        keep_last: int,
+        outages: OutageListener | None = None,
+    ):
+        """``keep_last``: the newest checkpoints kept; older ones are deleted once a newer manifest is written.
+
+        ``outages`` hears when the store stops answering while its calls are retried, and when it answers again.
+        """
+        self._store = open_store(store_uri, outages=outages)
         self._keep_last = keep_last
         self._where: _Where = {"tenant": tenant, "job_id": job_id}
         self._keys = keys

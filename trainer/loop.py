@@ -90,6 +90,21 @@ def note(event: str, message: str, *, level: int = logging.INFO, **fields: objec
     log.log(level, message, extra={"fields": {"event": event, **fields}})
 
 
+class ReportedOutages:
+    """A checkpoint store's outage as the job shows it: a job event and a log line when it begins and when it ends."""
+
+    def __init__(self, reporter: Reporter) -> None:
+        self._reporter = reporter
+
+    def unreachable(self, store: str, cause: str, retry_for: float) -> None:
+        note("store_unreachable", f"checkpoint store {store} unreachable ({cause}); retrying for up to {retry_for:g} s")
+        self._reporter.store_unreachable(store, cause, retry_for)
+
+    def reachable(self, store: str, seconds: float) -> None:
+        note("store_reachable", f"checkpoint store {store} reachable again after {seconds:.1f} s", seconds=seconds)
+        self._reporter.store_reachable(store, seconds)
+
+
 @torch.no_grad()
 def evaluate(model: LanguageModel, feed: Feed, batches: int, device: Device = CPU) -> float:
     model.eval()
@@ -356,7 +371,12 @@ class Trainer:
         )
         self.schedule = Schedule.of(spec)
         self.checkpoints = JobCheckpoints(
-            spec.checkpoint_store, cfg.tenant, cfg.job_id, cfg.checkpoint_keys, spec.keep_last
+            spec.checkpoint_store,
+            cfg.tenant,
+            cfg.job_id,
+            cfg.checkpoint_keys,
+            spec.keep_last,
+            outages=ReportedOutages(reporter),
         )
         self.state = TrainingState(
             self.checkpoints, rank=strategy.rank, process=cfg.worker, group=strategy.group, commits=strategy.commits

@@ -234,6 +234,14 @@ class Reporter:
     def message(self, text: str) -> None:
         self.send(message=worker_pb2.Message(text=text))
 
+    def store_unreachable(self, uri: str, cause: str, retry_for: float) -> None:
+        """The checkpoint store at ``uri`` stopped answering; its calls are retried for up to ``retry_for`` s."""
+        self.send(store_outage=worker_pb2.StoreOutage(uri=uri, cause=cause, retry_for_s=retry_for))
+
+    def store_reachable(self, uri: str, seconds: float) -> None:
+        """The checkpoint store at ``uri`` answers again, after an outage of ``seconds``."""
+        self.send(store_outage=worker_pb2.StoreOutage(uri=uri, reachable=True, seconds=seconds))
+
     def finished(self, final_val_loss: float) -> None:
         """Report the end, and wait until the server has it and everything before it."""
         self.send(finished=worker_pb2.Finished(final_val_loss=final_val_loss))

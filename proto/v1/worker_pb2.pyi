@@ -84,6 +84,20 @@ class Message(_message.Message):
     text: str
     def __init__(self, text: _Optional[str] = ...) -> None: ...
 
+class StoreOutage(_message.Message):
+    __slots__ = ("uri", "reachable", "cause", "retry_for_s", "seconds")
+    URI_FIELD_NUMBER: _ClassVar[int]
+    REACHABLE_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    RETRY_FOR_S_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    uri: str
+    reachable: bool
+    cause: str
+    retry_for_s: float
+    seconds: float
+    def __init__(self, uri: _Optional[str] = ..., reachable: _Optional[bool] = ..., cause: _Optional[str] = ..., retry_for_s: _Optional[float] = ..., seconds: _Optional[float] = ...) -> None: ...
+
 class GossipEndpoint(_message.Message):
     __slots__ = ("address", "first_round")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -155,7 +169,7 @@ class Heartbeat(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerReport(_message.Message):
-    __slots__ = ("job_id", "worker", "started", "progress", "eval", "checkpoint", "finished", "failed", "message", "gossip", "round", "anomaly", "refused", "heartbeat", "seq")
+    __slots__ = ("job_id", "worker", "started", "progress", "eval", "checkpoint", "finished", "failed", "message", "gossip", "round", "anomaly", "refused", "heartbeat", "store_outage", "seq")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
     STARTED_FIELD_NUMBER: _ClassVar[int]
@@ -170,6 +184,7 @@ class WorkerReport(_message.Message):
     ANOMALY_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    STORE_OUTAGE_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     worker: int
@@ -185,8 +200,9 @@ class WorkerReport(_message.Message):
     anomaly: Anomaly
     refused: GossipRefused
     heartbeat: Heartbeat
+    store_outage: StoreOutage
     seq: int
-    def __init__(self, job_id: _Optional[str] = ..., worker: _Optional[int] = ..., started: _Optional[bool] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., eval: _Optional[_Union[Eval, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointWritten, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., failed: _Optional[_Union[Failed, _Mapping]] = ..., message: _Optional[_Union[Message, _Mapping]] = ..., gossip: _Optional[_Union[GossipEndpoint, _Mapping]] = ..., round: _Optional[_Union[Round, _Mapping]] = ..., anomaly: _Optional[_Union[Anomaly, _Mapping]] = ..., refused: _Optional[_Union[GossipRefused, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., seq: _Optional[int] = ...) -> None: ...
+    def __init__(self, job_id: _Optional[str] = ..., worker: _Optional[int] = ..., started: _Optional[bool] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., eval: _Optional[_Union[Eval, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointWritten, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., failed: _Optional[_Union[Failed, _Mapping]] = ..., message: _Optional[_Union[Message, _Mapping]] = ..., gossip: _Optional[_Union[GossipEndpoint, _Mapping]] = ..., round: _Optional[_Union[Round, _Mapping]] = ..., anomaly: _Optional[_Union[Anomaly, _Mapping]] = ..., refused: _Optional[_Union[GossipRefused, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., store_outage: _Optional[_Union[StoreOutage, _Mapping]] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class WorkerReportReply(_message.Message):
     __slots__ = ("stop", "heartbeat_interval_s")

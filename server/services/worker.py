@@ -15,7 +15,7 @@ from cantata.server.heartbeats import Heartbeats
 from cantata.server.lifecycle import JobLifecycle
 from cantata.server.metrics_store import METRICS, MetricsStore
 from cantata.server.ports import AuditSink
-from cantata.server.store import AnomalyRecord, Store, utcnow
+from cantata.server.store import AnomalyRecord, JobRecord, Store, utcnow
 
 
 class WorkerService(worker_pb2_grpc.WorkerServicer):
@@ -29,10 +29,12 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         *,
         revoke_quarantined: bool,
         checkpoint_written: Callable[[str, int, float], None] = lambda uri, size, seconds: None,
+        store_outage: Callable[[JobRecord, int, bool], None] = lambda job, worker, reachable: None,
     ):
         self._store = store
         self._metrics = metrics
         self._checkpoint_written = checkpoint_written  # (store URI, bytes, seconds): the Prometheus counters
+        self._store_outage = store_outage  # (job, worker, reachable): the Prometheus outage counter and gauge
         self._lifecycle = lifecycle
         self._audit = audit.append
         self._heartbeats = heartbeats
@@ -76,6 +78,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             pass
         elif kind == "started":
             self._lifecycle.worker_started(job, request.worker)
+            self._store_outage(
+                job, request.worker, True
+            )  # a new process: whatever outage its predecessor saw is not its own
         elif kind == "progress":
             p = request.progress
             values = {"loss": p.loss, "lr": p.lr, "tokens_per_s": p.tokens_per_s}
@@ -116,6 +121,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             )
         elif kind == "message":
             event = jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, message=request.message.text[:2000])
+        elif kind == "store_outage":
+            self._store_outage(job, request.worker, request.store_outage.reachable)
+            event = jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, message=store_outage_text(job, request.store_outage))
         elif kind == "gossip":
             self._join_gossip(job, request.worker, request.gossip)
         elif kind == "round":
@@ -265,6 +273,14 @@ def optimizer_metrics(window: worker_pb2.OptimizerWindow) -> dict[str, float]:
     }
 
 
+def store_outage_text(job: JobRecord, outage: worker_pb2.StoreOutage) -> str:
+    """The job event of a worker's checkpoint store outage, naming the job's store (not what the worker says it is)."""
+    store = job.spec.checkpoint_store
+    if outage.reachable:
+        return f"checkpoint store {store} reachable again after {outage.seconds:.1f} s"
+    return f"checkpoint store {store} unreachable ({outage.cause[:1000]}); retrying for up to {outage.retry_for_s:g} s"
+
+
 def _check_ranges(report: worker_pb2.WorkerReport, processes: int) -> None:
     """Refuse a report whose steps, rounds, sizes or worker indices are out of range (``InvalidRequest``)."""
     kind = report.WhichOneof("payload")
@@ -294,3 +310,7 @@ def _check_ranges(report: worker_pb2.WorkerReport, processes: int) -> None:
         raise InvalidRequest("anomaly.score must be a number", field="anomaly.score")
     if kind == "round" and not (math.isfinite(report.round.seconds) and report.round.seconds >= 0):
         raise InvalidRequest("round.seconds must be a finite duration", field="round.seconds")
+    for name in ("retry_for_s", "seconds") if kind == "store_outage" else ():
+        value = getattr(report.store_outage, name)
+        if not (math.isfinite(value) and value >= 0):
+            raise InvalidRequest(f"store_outage.{name} must be a finite duration", field=f"store_outage.{name}")
