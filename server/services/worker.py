@@ -78,9 +78,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             pass
         elif kind == "started":
             self._lifecycle.worker_started(job, request.worker)
-            self._store_outage(
-                job, request.worker, True
-            )  # a new process: whatever outage its predecessor saw is not its own
+            # a new process: whatever outage its predecessor saw is not its own
+            self._store_outage(job, request.worker, True)
         elif kind == "progress":
             p = request.progress
             values = {"loss": p.loss, "lr": p.lr, "tokens_per_s": p.tokens_per_s}
