@@ -9,7 +9,6 @@ over TLS, ends the outage and waits for the job's end.
 
 from __future__ import annotations
 
-import json
 import uuid
 from urllib.parse import urlsplit
 
@@ -61,7 +60,7 @@ def platform(tmp_path_factory, proxy):
 
 @pytest.fixture(scope="module")
 def scraper(platform) -> Profile:
-    json.loads(cli("admin", "scrapers", "add", "prom", "--json", env=platform.env).stdout)
+    cli("admin", "scrapers", "add", "prom", "--json", env=platform.env)
     return Profile.named("prom")
 
 
