@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from cantata.proto.vocabulary import Utf8Policy
 
@@ -58,7 +59,7 @@ def cmd_prepare(args) -> int:
     return 0
 
 
-def store_options(uri: str, endpoint: str, environ: Mapping[str, str]) -> dict[str, object]:
+def store_options(uri: str, endpoint: str, environ: Mapping[str, str]) -> dict[str, Any]:
     """How to reach ``uri``'s store at ``endpoint``, as ``cantata data sources add --endpoint`` names it.
 
     S3: an S3-compatible endpoint URL. Azure: the account URL, with the account key or SAS
