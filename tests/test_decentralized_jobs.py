@@ -108,6 +108,7 @@ def test_a_group_that_loses_a_rank_restarts_together_and_rejoins(tenant):
             Job(name="group-fault", algorithm="gasloc", ranks_per_worker=2, **{**SMALL, "workers": 2, "steps": 150})
         ),
         worker=3,
+        watched=2,
     )
     assert any("worker 3 exited with code -9" in m and "restarting it" in m for m in messages)
     assert any(m.startswith("worker 2 rejoins at round") for m in messages)  # the group's gossiping rank
@@ -182,17 +183,24 @@ def test_a_peer_of_another_job_is_refused_and_audited(platform, tenant):
     assert handle.wait().state == "CANCELLED"
 
 
-def _kill_mid_job_and_finish(handle, worker: int) -> list[str]:
-    """SIGKILL one worker process after round 3; the job must still succeed. Returns its event messages."""
-    kill_after_round_3(handle, worker)
+def _kill_mid_job_and_finish(handle, worker: int, watched: int | None = None) -> list[str]:
+    """SIGKILL one worker process in round 5; the job must still succeed. Returns its event messages."""
+    kill_after_round_4(handle, worker, watched)
     status = handle.wait()
     assert status.state == "SUCCEEDED", status.reason
     return [e.message for e in handle.events()]
 
 
-def kill_after_round_3(handle, worker: int) -> None:
-    """SIGKILL one worker process of a running decentralized job once round 3 is done."""
-    wait_for(lambda: any(e.kind == "ROUND" and e.step >= 3 for e in _events_so_far(handle)))
+def kill_after_round_4(handle, worker: int, watched: int | None = None) -> None:
+    """SIGKILL one worker process of a running decentralized job as soon as it (or ``watched``, the gossiping rank
+    of its group) reports round 4.
+
+    With ``SMALL``'s checkpoint_every=20 and local_steps=5 the last checkpoint is then step 20 (the end of round 3)
+    and the job is already past it, so a restarted worker always comes back behind its peers; killing it at a
+    checkpoint's own round would race the checkpoint.
+    """
+    watched = worker if watched is None else watched
+    next(e for e in handle.events() if e.kind == "ROUND" and e.worker == watched and e.step >= 4)
     victim = [pid for pid in _pids_of(handle.id) if _worker_of(pid) == worker]
     assert victim, f"worker {worker} is not running: {handle.status()}"
     os.kill(victim[0], 9)

@@ -6,7 +6,7 @@ import pytest
 
 from cantata.sdk.job import Job
 from tests.platform import Platform
-from tests.test_decentralized_jobs import SMALL, kill_after_round_3
+from tests.test_decentralized_jobs import SMALL, kill_after_round_4
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def test_a_job_goes_on_while_min_workers_are_alive(tenant):
     handle = tenant.submit(
         Job(name="quorate", algorithm="gasloc", min_workers=2, **{**SMALL, "workers": 3, "steps": 150})
     )
-    kill_after_round_3(handle, worker=1)
+    kill_after_round_4(handle, worker=1)
     status = handle.wait()
     assert status.state == "SUCCEEDED", status.reason
     assert any("continuing with 2 of 3 worker processes" in e.message for e in handle.events())
@@ -34,7 +34,7 @@ def test_a_job_fails_once_fewer_than_min_workers_are_alive(tenant):
     handle = tenant.submit(
         Job(name="strict", algorithm="gasloc", min_workers=3, **{**SMALL, "workers": 3, "steps": 100_000})
     )  # ends only by the kill
-    kill_after_round_3(handle, worker=1)
+    kill_after_round_4(handle, worker=1)
     status = handle.wait()
     assert status.state == "FAILED"
     assert "worker 1 exited with code -9" in status.reason and "min_workers=3" in status.reason
@@ -44,7 +44,7 @@ def test_a_diloco_ring_goes_on_without_a_dead_worker_and_its_rounds_say_so(tenan
     handle = tenant.submit(
         Job(name="ring-quorate", algorithm="diloco", min_workers=2, **{**SMALL, "workers": 3, "steps": 150})
     )
-    kill_after_round_3(handle, worker=1)
+    kill_after_round_4(handle, worker=1)
     status = handle.wait()
     assert status.state == "SUCCEEDED", status.reason
     rounds = [e.message for e in handle.events() if e.kind == "ROUND"]

@@ -635,6 +635,8 @@ class Decentralized:
                 first = current + 1
                 if cfg.group_rank == 0:
                     self.reporter.message(f"worker {cfg.worker} rejoins at round {first} from checkpoint step {start}")
+            elif start and cfg.group_rank == 0:  # resumed where the job is: level with its peers
+                self.reporter.message(f"worker {cfg.worker} resumes at round {first} from checkpoint step {start}")
         first = share_from_rank0(first, self.group)
         if self.gossips and first > 0:  # its peers need not wait for it in the rounds it skips
             assert self.node is not None and self.node.address is not None
