@@ -271,7 +271,7 @@ def test_a_gasloc_job_outlives_a_lost_node_its_worker_placed_again_on_another(cl
             workers=3,
             local_steps=2,
             round_time_s=2.0,  # rounds of 2 s: the peers train on long enough for the lost worker to come back
-            **{**TINY, "steps": 100, "eval_every": 100, "checkpoint_every": 20},
+            **{**TINY, "steps": 60, "eval_every": 60, "checkpoint_every": 20},
         )
     )
     placed = _placement(handle)

@@ -15,6 +15,7 @@ import json
 import os
 import select
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -60,39 +61,52 @@ def _open_file(rendezvous_file: str) -> dict:
 
 
 def _as_attacker(attack: Callable[..., object], *args) -> object:
-    """``attack(*args)`` in a child forked from this process as ``ATTACKER_UID`` (no groups, no capability).
+    """``attack(*args)`` in a child forked from this process as ``ATTACKER_UID`` (no groups, no capability)."""
+    return _as_attackers(attack, [args])[0]
+
+
+def _as_attackers(attack: Callable[..., object], tries: list[tuple]) -> list[object]:
+    """``attack(*args)`` for each ``args`` of ``tries``, all at once, each in a child forked as ``ATTACKER_UID``.
 
     A TCP store client waits without end for an answer from a listener that is no store (a gloo
     pair, a TLS endpoint): the attacker gives up after ``ATTACK_PATIENCE_S``, having changed nothing.
     """
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.close(read)
-            os.setgroups([])
-            os.setgid(ATTACKER_UID)
-            os.setuid(ATTACKER_UID)
+    children = []
+    for args in tries:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
             try:
-                result = attack(*args)
-            except Exception as error:
-                result = f"refused: {type(error).__name__}"
-            os.write(write, json.dumps(result).encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write)
-    answered, _, _ = select.select([read], [], [], ATTACK_PATIENCE_S)
-    if not answered:
-        os.kill(pid, signal.SIGKILL)
-    with os.fdopen(read) as pipe:
-        output = pipe.read()
-    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-    if not answered:
-        return "refused: no answer"
-    assert code == 0, output
-    return json.loads(output)
+                os.close(read)
+                os.setgroups([])
+                os.setgid(ATTACKER_UID)
+                os.setuid(ATTACKER_UID)
+                try:
+                    result = attack(*args)
+                except Exception as error:
+                    result = f"refused: {type(error).__name__}"
+                os.write(write, json.dumps(result).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        children.append((pid, read))
+    patience_ends = time.monotonic() + ATTACK_PATIENCE_S
+    results: list[object] = []
+    for pid, read in children:
+        answered, _, _ = select.select([read], [], [], max(0.0, patience_ends - time.monotonic()))
+        if not answered:
+            os.kill(pid, signal.SIGKILL)
+        with os.fdopen(read) as pipe:
+            output = pipe.read()
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        if not answered:
+            results.append("refused: no answer")
+            continue
+        assert code == 0, output
+        results.append(json.loads(output))
+    return results
 
 
 def _listening_ports(pids: list[int]) -> list[int]:
@@ -140,7 +154,7 @@ def test_another_uid_without_a_certificate_cannot_set_get_or_add_rendezvous_keys
             control = dist.TCPStore("127.0.0.1", control_port, is_master=True, timeout=dt.timedelta(seconds=30))
             # the attack works on a TCP store: it sets, adds and reads keys in the test's own
             assert _as_attacker(_tamper, control_port) == "x" and control.get("attacker") == b"x"
-            tcp = {port: _as_attacker(_tamper, port) for port in ports}
+            tcp = dict(zip(ports, _as_attackers(_tamper, [(port,) for port in ports]), strict=True))
             assert all(str(result).startswith("refused") for result in tcp.values()), tcp
             opened = _as_attacker(_open_file, rendezvous_file)
             assert opened["rb"] == opened["ab"] == "refused: Permission denied", opened
