@@ -787,27 +787,39 @@ def test_a_workers_numbered_report_is_applied_once_and_numbering_restarts_with_t
 
 @dataclass
 class DiskFillingWorkers(FakeWorkers):
-    """Workers whose log is read (after the exit's first write, before its restart is recorded) as the disk fills."""
+    """Workers whose disk fills as the lifecycle reads a log (after the exit's first write, before the restart
+    is recorded: ``fill_at="log"``) or relaunches one (after the restart is recorded: ``fill_at="relaunch"``)."""
 
     disk: Path | None = None
+    fill_at: str = "log"
     filler: Path | None = None
 
-    def log_tail(self, job_id: str, worker: int) -> str:
-        if self.disk is not None and self.filler is None:
+    def _fill(self, at: str) -> None:
+        if self.disk is not None and self.filler is None and at == self.fill_at:
             self.filler = fill(self.disk)
+
+    def log_tail(self, job_id: str, worker: int) -> str:
+        self._fill("log")
         return super().log_tail(job_id, worker)
 
+    def relaunch(self, job: JobRecord, worker: int) -> int:
+        pid = super().relaunch(job, worker)
+        self._fill("relaunch")
+        return pid
 
-def test_a_restart_the_full_disk_did_not_record_relaunches_nothing_and_once_there_is_space_one_worker(
-    tmp_path, audit, clock
+
+@pytest.mark.parametrize("fill_at", ["log", "relaunch"])
+def test_a_restart_the_full_disk_did_not_record_starts_one_worker_however_often_the_exit_is_handled(
+    tmp_path, audit, clock, fill_at
 ):
-    """A decentralized worker's restart is recorded before it is relaunched: while the write fails, no process is
-    started, and the exit handled again at a later tick (as the scheduler does) starts exactly one."""
+    """A decentralized worker's restart is recorded before it is relaunched: while that write fails, no process
+    is started; once it is relaunched, an exit handled again (the scheduler does, at its next tick, while a
+    write fails) only records its process and event. Either way exactly one worker is started."""
     with small_tmpfs(tmp_path / "data") as disk:
         store = Store(disk / "state.db")
         store.add_tenancy_request(TENANT, b"csr", "sha256:x")
         store.approve_tenant(TENANT, "sha256:x", b"cert", pb.Quota(), "root")
-        workers = DiskFillingWorkers()
+        workers = DiskFillingWorkers(fill_at=fill_at)
         lc = JobLifecycle(
             store, audit, workers, restarts=RestartPolicy(MAX_RESTARTS, BACKOFF, MAX_BACKOFF), clock=clock
         )
@@ -817,8 +829,8 @@ def test_a_restart_the_full_disk_did_not_record_relaunches_nothing_and_once_ther
         for _ in range(3):  # three ticks with the disk full
             with pytest.raises(DatabaseUnavailable):
                 lc.worker_exited(job.id, 2, 9)
-        assert workers.relaunched == []
         assert workers.filler is not None
+        assert workers.relaunched == ([] if fill_at == "log" else [(job.id, 2)])
         workers.filler.unlink()
         lc.worker_exited(job.id, 2, 9)
         assert workers.relaunched == [(job.id, 2)]
