@@ -93,6 +93,7 @@ class JobLifecycle:
         self._clock = clock
         self._not_before: dict[str, float] = {}  # job id -> when a restarting job may be placed again
         self._permanent: dict[str, set[int]] = {}  # job id -> its workers that reported a permanent failure
+        self._relaunched: dict[tuple[str, int], tuple[int, str]] = {}  # relaunched, pid and event not recorded yet
         self._unrecorded_ends: Mapping[str, str] = {}  # started job -> why the exit of all its workers is not recorded
         self._shown_changed: list[Callable[[], None]] = []
         self.lock = threading.RLock()
@@ -282,25 +283,34 @@ class JobLifecycle:
         Returns "" if the job goes on, else why it fails. A restarted worker gets the job's
         secrets as they are now: if its data source was deleted, it is not restarted.
         """
-        message, budget = "", self._restarts.budget(job.spec)
-        if worker.restarts < budget:
+        message, budget, key = "", self._restarts.budget(job.spec), (job.id, worker.idx)
+        if key not in self._relaunched and worker.restarts < budget:
+            self._store.restart_worker(job.id, worker.idx)  # first: if this write fails, nothing was relaunched
             try:
                 pid = self._workers.relaunch(job, worker.idx)
             except DataSourceError as exc:
                 reason = f"{reason}; cannot restart it: {exc}"
             else:
-                self._store.restart_worker(job.id, worker.idx, pid, self._workers.started_at(job.id, worker.idx))
-                message = f"{reason}; restarting it ({worker.restarts + 1}/{budget})"
+                self._relaunched[key] = (pid, f"{reason}; restarting it ({worker.restarts + 1}/{budget})")
+        if key in self._relaunched:  # relaunched now, or by an earlier try of this exit whose later writes failed
+            pid, message = self._relaunched[key]
+            with self._store.database.transaction():
+                self._store.worker_relaunched(job.id, worker.idx, pid, self._workers.started_at(job.id, worker.idx))
+                self._append_message(job, worker.idx, message)
+            del self._relaunched[key]
+            return ""
         if not message:
             alive = self._workers.alive_workers(job.id)
             if alive < quorum(job.spec):
                 return f"{reason}; fewer than min_workers={job.spec.min_workers} worker groups are left"
             message = f"{reason}; continuing with {alive} of {processes(job.spec)} worker processes"
-        self._store.append_event(
-            job.id,
-            jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, worker=worker.idx, total_steps=job.spec.steps, message=message),
-        )
+        self._append_message(job, worker.idx, message)
         return ""
+
+    def _append_message(self, job: JobRecord, worker: int, message: str) -> None:
+        self._store.append_event(
+            job.id, jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, worker=worker, total_steps=job.spec.steps, message=message)
+        )
 
     # ---- cancellation -----------------------------------------------------
     def cancel_requested(self, job: JobRecord, *, actor: str, peer: str) -> None:

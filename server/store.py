@@ -925,13 +925,22 @@ class Store:
                 for r in db.execute("SELECT * FROM workers WHERE job_id=? ORDER BY idx", (job_id,))
             ]
 
-    def restart_worker(self, job_id: str, idx: int, pid: int, started_at: int = 0) -> None:
-        """A relaunched worker: new pid, no gossip endpoint until it registers again, its reports numbered anew."""
+    def restart_worker(self, job_id: str, idx: int) -> None:
+        """A worker about to be relaunched: one restart more, no process yet (pid 0), no gossip endpoint until it
+        registers again, its reports numbered anew. Recorded before the relaunch, so that an exit handled again
+        (this write failed) relaunches nothing twice."""
         with self._tx() as db:
             db.execute(
-                "UPDATE workers SET pid=?, started_at=?, restarts=restarts+1, failure='', gossip_address='', "
+                "UPDATE workers SET pid=0, started_at=0, restarts=restarts+1, failure='', gossip_address='', "
                 "last_seq=0 WHERE job_id=? AND idx=?",
-                (pid, started_at, job_id, idx),
+                (job_id, idx),
+            )
+
+    def worker_relaunched(self, job_id: str, idx: int, pid: int, started_at: int = 0) -> None:
+        """The relaunched worker's process: its pid and start time (clock ticks since boot)."""
+        with self._tx() as db:
+            db.execute(
+                "UPDATE workers SET pid=?, started_at=? WHERE job_id=? AND idx=?", (pid, started_at, job_id, idx)
             )
 
     def claim_report(self, job_id: str, idx: int, seq: int) -> bool | None:

@@ -50,6 +50,8 @@ def test_rejections_in_the_window_after_a_restart_are_reported_but_do_not_count(
     quarantine = Quarantine(worker=0, policy=QuarantinePolicy(rejections=3, window=5))
     quarantine.record(0, result(1, Verdict.REJECT))  # before the restart: forgotten with it
     quarantine.grace(1, 10)  # peer 1 was restarted and rejoins at round 10, from an older checkpoint
+    assert [quarantine.in_grace(1, r) for r in (9, 10, 14, 15)] == [True, True, True, False]
+    assert not quarantine.in_grace(2, 10)  # the others' grace is their own
     for round in range(10, 15):
         events = quarantine.record(round, result(1, Verdict.REJECT))
         assert [e.kind for e in events] == [AnomalyKind.ANOMALY_DETECTED] and events[0].rejections_in_window == 0

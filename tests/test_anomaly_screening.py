@@ -275,3 +275,38 @@ def test_the_round_gives_the_gram_matrix_of_the_pulls_from_the_receivers_sent_po
     assert from_gram.caps == pytest.approx(explicit.caps, rel=1e-4)
     with pytest.raises(ValueError):
         opposition_from_gram(peers, results.pull_gram(peers[:3]))
+
+
+def test_a_far_off_peer_in_grace_is_clipped_to_its_typical_norm_and_the_history_follows_it_in_bounded_steps(
+    own, generator
+):
+    """A peer that lagged (in grace: ``lenient``) and drifted past its history is clipped, not rejected, and
+    once its capped ratios fill the window its new distance is normal again; without grace it stays rejected."""
+    config = ScreeningConfig()
+    lenient, strict = UpdateScreener(LAYOUT, config), UpdateScreener(LAYOUT, config)
+    for screener in (lenient, strict):
+        warmed(screener, own, generator)
+    typical = (honest(own, generator) - own).norm().item()
+    drifted = [honest(own, generator, 4.0) for _ in range(config.window)]
+    first = lenient.screen_round({1: drifted[0]}, own, lenient=frozenset({1}))[1]
+    assert first.verdict is Verdict.CLIP and {c.check: c.verdict for c in first.checks}["difference_norm"] is (
+        Verdict.CLIP
+    )
+    assert first.clip_norm == pytest.approx(typical, rel=0.2)  # mixed at its old typical distance, no further
+    for update in drifted[1:]:
+        assert lenient.screen_round({1: update}, own, lenient=frozenset({1}))[1].verdict is not Verdict.REJECT
+        assert strict.screen(1, update, own).verdict is Verdict.REJECT  # never in grace: never re-baselined
+    assert lenient.screen(1, honest(own, generator, 4.0), own).verdict is not Verdict.REJECT  # grace is over
+
+
+def test_grace_spares_only_the_distance_a_flipped_or_poisoned_update_in_grace_is_rejected(own, generator):
+    screener = UpdateScreener(LAYOUT)
+    warmed(screener, own, generator)
+    flipped = screener.screen_round({1: -10 * honest(own, generator, 0.2)}, own, lenient=frozenset({1}))[1]
+    assert flipped.verdict is Verdict.REJECT
+    assert {c.check: c.verdict for c in flipped.checks}["cosine"] is Verdict.REJECT
+    poisoned = honest(own, generator)
+    start, stop = LAYOUT.bounds[2], LAYOUT.bounds[3]  # one matrix, far off
+    poisoned[start:stop] = own[start:stop] + 8 * (poisoned[start:stop] - own[start:stop])
+    result = screener.screen_round({1: poisoned}, own, lenient=frozenset({1}))[1]
+    assert result.verdict is Verdict.REJECT and result.checks[-1].verdict is Verdict.REJECT  # layer_norms

@@ -1,5 +1,6 @@
-"""A decentralized job ends in the consensus it really reached: a paused peer is waited out, not quarantined,
-and a final average short of ``min_workers`` fails the job with the reason."""
+"""A decentralized job ends in the consensus it really reached: a paused peer is waited out, not quarantined
+(also after another worker was killed and restarted twice), and a final average short of ``min_workers`` fails
+the job with the reason."""
 
 from __future__ import annotations
 
@@ -39,19 +40,31 @@ def test_an_honest_worker_paused_past_the_gossip_timeout_is_not_quarantined_and_
     handle = tenant.submit(Job(name="paused", algorithm="gasloc", **PAUSED))
     events = handle.events()
     next(e for e in events if e.kind == "ROUND" and e.worker == 2 and e.step >= 15)  # round 15: it gossiped a while
-    paused = _pid_of(handle, 2)
+    _pause_until_skipped(handle, events, 2, times=6)  # its ring neighbours time out on it round after round
+    _assert_one_consensus_without_quarantine(handle, handle.wait())
+
+
+def _round_of(events, worker: int, at_least: int = 0):
+    return next(e for e in events if e.kind == "ROUND" and e.worker == worker and e.step >= at_least)
+
+
+def _pause_until_skipped(handle, events, worker: int, times: int) -> None:
+    """SIGSTOP ``worker`` until both its ring neighbours skipped it ``times`` times, then SIGCONT it."""
+    paused = _pid_of(handle, worker)
     os.kill(paused, signal.SIGSTOP)
     try:
-        # its ring neighbours time out on it round after round: each skips it six times
-        skips = {1: 0, 3: 0}
+        skips = dict.fromkeys(((worker - 1) % 4, (worker + 1) % 4), 0)
+        pattern = re.compile(rf"skipped \[[^]]*\b{worker}\b")
         for event in events:
-            if event.kind == "ROUND" and event.worker in skips and re.search(r"skipped \[[^]]*\b2\b", event.message):
+            if event.kind == "ROUND" and event.worker in skips and pattern.search(event.message):
                 skips[event.worker] += 1
-                if min(skips.values()) >= 6:
+                if min(skips.values()) >= times:
                     break
     finally:
         os.kill(paused, signal.SIGCONT)
-    status = handle.wait()
+
+
+def _assert_one_consensus_without_quarantine(handle, status) -> None:
     messages = [e.message for e in handle.events()]
     assert status.state == "SUCCEEDED", (status.reason, [m for m in messages if not m.startswith("round ")])
     assert not any("quarantined" in m for m in messages), [m for m in messages if "quarantin" in m]
@@ -59,6 +72,22 @@ def test_an_honest_worker_paused_past_the_gossip_timeout_is_not_quarantined_and_
     # every worker holds the same consensus of all 4
     held = [m for m in messages if "holds the consensus of 4 workers" in m]
     assert len(held) == 4 and len({m.split("(parameters ")[1].split(")")[0] for m in held}) == 1, held
+
+
+def test_a_worker_restarted_twice_then_an_honest_worker_paused_quarantines_no_one_and_the_job_succeeds(tenant):
+    """The held-out fault run of issue 32: worker 1 SIGKILLed twice (the server restarts it from an older
+    checkpoint each time), then honest worker 2 SIGSTOPped for six of its neighbours' rounds. The peers drift
+    apart meanwhile; in grace their far-off updates are clipped, not rejected, so no one is quarantined."""
+    # 40 rounds: the peers run ahead while worker 1 rejoins; a pause into the final average would fail it
+    handle = tenant.submit(Job(name="killed-paused", algorithm="gasloc", **dict(PAUSED, steps=200)))
+    events = handle.events()
+    for attempt in (1, 2):
+        _round_of(events, 1, at_least=4)  # a round of the (restarted) worker: its process runs
+        os.kill(_pid_of(handle, 1), signal.SIGKILL)
+        next(e for e in events if e.worker == 1 and f"restarting it ({attempt}/" in e.message)
+    _round_of(events, 1)  # back once more: pause worker 2 now, so that it is level again well before the end
+    _pause_until_skipped(handle, events, 2, times=6)
+    _assert_one_consensus_without_quarantine(handle, handle.wait())
 
 
 def test_a_final_average_short_of_min_workers_fails_the_job_with_the_reason(tenant):

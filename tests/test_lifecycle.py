@@ -11,10 +11,12 @@ import pytest
 from cantata.proto.v1 import common_pb2 as pb
 from cantata.proto.v1 import jobs_pb2
 from cantata.security.audit import Action
+from cantata.server.database import DatabaseUnavailable
 from cantata.server.datasource_store import DataSourceNotFound
 from cantata.server.lifecycle import JobLifecycle
 from cantata.server.restarts import RestartPolicy
 from cantata.server.store import AnomalyRecord, JobRecord, Store, utcnow
+from tests.fullfs import fill, small_tmpfs
 
 MAX_RESTARTS = 2  # the server's bound on max_failures
 BACKOFF, MAX_BACKOFF = 1.0, 3.0
@@ -468,7 +470,7 @@ def test_a_worker_whose_data_source_is_gone_is_not_restarted(lifecycle, store, w
     job = _decentralized(lifecycle, store, workers)
     workers.refuse_restart = DataSourceNotFound("data source 'corpus' not found")
     _exit(lifecycle, workers, job, 0, 1)
-    assert workers.relaunched == [] and store.workers(job.id)[0].restarts == 0
+    assert workers.relaunched == [] and store.workers(job.id)[0].restarts == 1  # recorded before it was tried
     assert _messages(store, job.id) == [
         "worker 0 exited with code 1: no output; cannot restart it: data source 'corpus' not found; "
         "continuing with 2 of 3 worker processes"
@@ -779,5 +781,59 @@ def test_a_workers_numbered_report_is_applied_once_and_numbering_restarts_with_t
     _started(lifecycle, store, workers, job)
     assert [store.claim_report(job.id, 0, seq) for seq in (1, 2, 2, 1, 3)] == [True, True, False, False, True]
     assert store.claim_report(job.id, 1, 1) is True  # each worker numbers its own
-    store.restart_worker(job.id, 0, 2000, 77)
+    store.restart_worker(job.id, 0)
     assert store.claim_report(job.id, 0, 1) is True  # a new process counts from 1 again
+
+
+@dataclass
+class DiskFillingWorkers(FakeWorkers):
+    """Workers whose disk fills as the lifecycle reads a log (after the exit's first write, before the restart
+    is recorded: ``fill_at="log"``) or relaunches one (after the restart is recorded: ``fill_at="relaunch"``)."""
+
+    disk: Path | None = None
+    fill_at: str = "log"
+    filler: Path | None = None
+
+    def _fill(self, at: str) -> None:
+        if self.disk is not None and self.filler is None and at == self.fill_at:
+            self.filler = fill(self.disk)
+
+    def log_tail(self, job_id: str, worker: int) -> str:
+        self._fill("log")
+        return super().log_tail(job_id, worker)
+
+    def relaunch(self, job: JobRecord, worker: int) -> int:
+        pid = super().relaunch(job, worker)
+        self._fill("relaunch")
+        return pid
+
+
+@pytest.mark.parametrize("fill_at", ["log", "relaunch"])
+def test_a_restart_the_full_disk_did_not_record_starts_one_worker_however_often_the_exit_is_handled(
+    tmp_path, audit, clock, fill_at
+):
+    """A decentralized worker's restart is recorded before it is relaunched: while that write fails, no process
+    is started; once it is relaunched, an exit handled again (the scheduler does, at its next tick, while a
+    write fails) only records its process and event. Either way exactly one worker is started."""
+    with small_tmpfs(tmp_path / "data") as disk:
+        store = Store(disk / "state.db")
+        store.add_tenancy_request(TENANT, b"csr", "sha256:x")
+        store.approve_tenant(TENANT, "sha256:x", b"cert", pb.Quota(), "root")
+        workers = DiskFillingWorkers(fill_at=fill_at)
+        lc = JobLifecycle(
+            store, audit, workers, restarts=RestartPolicy(MAX_RESTARTS, BACKOFF, MAX_BACKOFF), clock=clock
+        )
+        job = _decentralized(lc, store, workers)
+        workers.disk = disk
+        workers.running[job.id] -= 1
+        for _ in range(3):  # three ticks with the disk full
+            with pytest.raises(DatabaseUnavailable):
+                lc.worker_exited(job.id, 2, 9)
+        assert workers.filler is not None
+        assert workers.relaunched == ([] if fill_at == "log" else [(job.id, 2)])
+        workers.filler.unlink()
+        lc.worker_exited(job.id, 2, 9)
+        assert workers.relaunched == [(job.id, 2)]
+        assert (store.workers(job.id)[2].restarts, store.workers(job.id)[2].pid) == (1, 2002)
+        assert _messages(store, job.id) == [f"worker 2 exited with code 9: no output; restarting it (1/{MAX_RESTARTS})"]
+        store.close()

@@ -390,7 +390,8 @@ class UpdateScreen:
         canary = proposal.canary
         anchor, own = proposal.theta, (proposal.sent if canary is None else proposal.sent - canary) - proposal.theta
         by_process = {self._cfg.gossip_process(g): update for g, update in decoded.items()}
-        screening = self._screener.screen_round(by_process, own, anchor=anchor, canary=canary)
+        lenient = frozenset(p for p in by_process if self._quarantine.in_grace(p, proposal.round))
+        screening = self._screener.screen_round(by_process, own, anchor=anchor, canary=canary, lenient=lenient)
         results: dict[int, ScreeningResult] = screening
         pulling = [p for p in by_process if results[p].checks[0].check != "echo"]
         opposition = opposition_from_gram(pulling, screening.pull_gram(pulling))

@@ -105,6 +105,10 @@ class Quarantine:
         self._grace_until[peer] = round + self.policy.window
         self._rejected_rounds.pop(peer, None)
 
+    def in_grace(self, peer: int, round: int) -> bool:
+        """Whether ``peer``'s rejections at ``round`` do not count (it was restarted or late within a window)."""
+        return round < self._grace_until.get(peer, round)
+
     def is_quarantined(self, peer: int) -> bool:
         return peer in self.quarantined
 

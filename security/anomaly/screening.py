@@ -39,6 +39,15 @@ it, a small random vector that only it knows), a fifth check comes first:
 
 Only values from updates that were not rejected enter a peer's history, so an
 attacker that is rejected from the first round never shapes its reference.
+
+A peer in quarantine grace (``lenient``: restarted, or late, a few rounds ago)
+may be far off for an honest reason: it lagged, and while its neighbours
+rejected it they drifted apart from it and from each other, past the history
+they knew. For such a peer a ``difference_norm`` rejection is a clip instead:
+the update is mixed at the peer's typical norm (pulling the models together
+again) and its ratio enters the history capped at the clip threshold, so the
+reference moves to where the peers now are by at most that much per value,
+never to an attacker's scale. Every other check rejects it as before.
 """
 
 from __future__ import annotations
@@ -296,6 +305,7 @@ class UpdateScreener:
         own: torch.Tensor,
         anchor: torch.Tensor | None = None,
         canary: torch.Tensor | None = None,
+        lenient: frozenset[int] = frozenset(),
     ) -> RoundScreening:
         """Screen one round's vectors from several peers against the same ``own`` update.
 
@@ -303,7 +313,8 @@ class UpdateScreener:
         vectors are the peers' points and their updates are ``received - anchor``;
         without it they are the updates already. ``canary``: what the
         receiver's sent point adds to its own (the ``echo`` check); None skips
-        that check. The vectors are copied once, into one float32 block of
+        that check. ``lenient``: the peers in quarantine grace (see the module
+        docstring). The vectors are copied once, into one float32 block of
         their differences from the receiver's point (with ``own`` and
         ``canary`` as two more rows), and every statistic comes from two
         passes over it: one norm per screened layer, and the block's Gram
@@ -359,10 +370,12 @@ class UpdateScreener:
         if judged:
             rows = statistics[judged]
             warm, median, spread = self._references([peers[row] for row in judged], rows.device)
-            z, values, medians = ((rows - median) / spread).tolist(), rows.tolist(), median[:, 1].tolist()
-            for k, row in enumerate(judged):
-                results[peers[row]] = self._judge(
-                    peers[row], rows[k], values[k][0], z[k], warm[k], medians[k], own_norm
+            z, values = ((rows - median) / spread).tolist(), rows.tolist()
+            ratio_references = zip(median[:, 1].tolist(), spread[:, 1].tolist(), strict=True)
+            for k, (row, (median_ratio, ratio_spread)) in enumerate(zip(judged, ratio_references, strict=True)):
+                peer = peers[row]
+                results[peer] = self._judge(
+                    peer, rows[k], values[k][0], z[k], warm[k], (median_ratio, ratio_spread), own_norm, peer in lenient
                 )
         return RoundScreening({peer: results[peer] for peer in peers}, peers, pulls)
 
@@ -465,13 +478,21 @@ class UpdateScreener:
         cosine: float,
         z: list[float],
         warm: bool,
-        median_ratio: float,
+        ratio_reference: tuple[float, float],
         own_norm: float,
+        lenient: bool,
     ) -> ScreeningResult:
-        """The verdicts on one peer from its ``[cosine, ratio, shares...]`` and their z-scores (``_references``)."""
+        """The verdicts on one peer from its ``[cosine, ratio, shares...]`` and their z-scores (``_references``);
+        ``ratio_reference``: the median and spread its ratio was scored against; ``lenient``: it is in grace."""
+        median_ratio, ratio_spread = ratio_reference
+        distance = self._z_verdict(z[1])
+        if lenient and distance is Verdict.REJECT:  # far off for lagging: clipped, its ratio capped in the history
+            distance = Verdict.CLIP
+            statistics = statistics.clone()
+            statistics[1] = median_ratio + self.config.clip_z * ratio_spread
         checks = (
             CheckResult("finite", 0.0, Verdict.ACCEPT),
-            CheckResult("difference_norm", z[1], self._z_verdict(z[1])),
+            CheckResult("difference_norm", z[1], distance),
             CheckResult("cosine", cosine, self._cosine_verdict(cosine, -z[0] if warm else None)),
             CheckResult("layer_norms", max(z[2:]), self._z_verdict(max(z[2:]))),
         )
