@@ -248,3 +248,11 @@ def test_every_metric_in_monitoring_md_is_in_a_real_servers_exposition(tmp_path:
 
 def test_the_docs_quote_measured_numbers_only_from_generated_tables():
     assert tables.unsourced() == []
+
+
+def test_the_readme_is_short_and_opens_with_its_two_commands():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 300, "move long sections to docs/ and leave a pointer"
+    first = FENCE.search(readme)
+    assert first is not None
+    assert [line.split()[:2] for line in first["body"].splitlines()] == [["make", "demo"], ["make", "test"]]
