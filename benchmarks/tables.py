@@ -6,7 +6,12 @@ table ends with the command that reproduces it, and says which targets were
 missed. Targets that the JSON does not record are the benchmark issues' own.
 
     .venv/bin/python benchmarks/tables.py            # rewrite docs/benchmarks.md
-    .venv/bin/python benchmarks/tables.py --check    # exit 1 if docs/benchmarks.md is stale
+    .venv/bin/python benchmarks/tables.py --check    # exit 1 if docs/benchmarks.md is stale, or prose quotes a number
+
+``--check`` also reads README.md and every docs/*.md page: a measured number
+(a decimal with a unit, a ratio or a share) may stand only inside a
+generated table, so prose cannot drift from the JSON; a number that states a
+setting or a target rather than a measurement is listed in ``SETTINGS``.
 """
 
 from __future__ import annotations
@@ -528,6 +533,31 @@ def gossip_transport(load: Callable[[str], dict]) -> list[str]:
     ]
 
 
+@table("sharded_gossip")
+def sharded_gossip(load: Callable[[str], dict]) -> list[str]:
+    result = load("sharded_gossip")
+    lines = header("model", "path", "MB sent a round (busiest rank)", "outer round s (median)", "sharded ÷ gathered")
+    for r in result["rows"]:
+        for path in ("gathered", "sharded"):
+            part = r[path]
+            ratio = (
+                f"{r['bytes_ratio']:.3f}× the bytes, {r['round_time_ratio']:.2f}× the time" if path == "sharded" else ""
+            )
+            lines.append(
+                row(r["model"], path, f"{part['max_bytes_per_rank'] / 1e6:.1f}", f"{part['round_s_median']:.3f}", ratio)
+            )
+    return [
+        f"A GASLoC ring of {result['groups']} worker groups × {result['ranks']} ranks over real mutual-TLS gossip: "
+        "every rank gossiping its own FSDP2 shard (sharded) against the group's rank 0 gossiping the gathered "
+        f"model (gathered), {result['rounds']} rounds, median of {result['trials']} trials (load average "
+        f"{result['machine']['load_average_1m']:g} on {result['machine']['cpus']} cores, so the times are rough):",
+        "",
+        *lines,
+        "",
+        reproduce(f"bench_sharded_gossip.py --trials {result['trials']}", quick=result["quick"]),
+    ]
+
+
 ATTACKS = ("clean", "nan", "sign_flip", "scale", "gaussian", "alie", "alie_z0", "alie_stress", "ipm", "dissensus")
 DEFENCES = ("undefended", "screened", "trimmed_mean", "krum", "centered_clipping")
 
@@ -662,6 +692,70 @@ def _anomaly(result: dict) -> list[str]:
             f" on {result['machine']['cpus']} cores)",
             quick=result["mode"] == "quick",
         ),
+    ]
+
+
+STOPPED = ("nan", "sign_flip", "scale", "gaussian", "alie_stress", "ipm", "dissensus")
+
+
+def _span(values: list[float], digits: int = 3) -> str:
+    low, high = min(values), max(values)
+    return (
+        f"{low:.{digits}f}×" if f"{low:.{digits}f}" == f"{high:.{digits}f}" else f"{low:.{digits}f}–{high:.{digits}f}×"
+    )
+
+
+@table("anomaly_summary")
+def anomaly_summary(load: Callable[[str], dict]) -> list[str]:
+    """What the full grid says, in numbers read from it (the prose around the tables quotes none)."""
+    result = load("anomaly_full")
+    rows = result["rows"]
+
+    def cells(defence: str, topology: str | None = None, byzantine: int | None = None, attacks=STOPPED) -> list[dict]:
+        return [
+            r
+            for r in rows
+            if r["defence"] == defence
+            and r["attack"] in attacks
+            and (topology is None or r["topology"] == topology)
+            and (byzantine is None or r["byzantine"] == byzantine)
+        ]
+
+    screened = cells("screened")
+    undefended = cells("undefended")
+    diverged = sorted({r["attack"].replace("_", " ") for r in undefended if r["relative_loss"] is None})
+    hurt = [r["relative_loss"] for r in undefended if r["relative_loss"] is not None]
+    panels = [("ring", 1), ("ring", 2), ("complete", None)]
+    ends = ", ".join(
+        f"{_span([r['relative_loss'] for r in cells('screened', t, b)])} ({t}{f', {b} Byzantine' if b else ''})"
+        for t, b in panels
+    )
+    price = []
+    for defence in DEFENCES[1:]:
+        every = [r for r in rows if r["topology"] == "complete" and r["defence"] == defence]
+        clean = next(r for r in every if r["attack"] == "clean")
+        losses = [r["relative_loss"] for r in every if r["relative_loss"] is not None]
+        price.append(f"{defence.replace('_', ' ')} {_span(losses)} ({clean['relative_loss']:.3f}× clean)")
+    alie = {
+        (r["topology"], r["byzantine"]): r["relative_loss"]
+        for r in rows
+        if r["attack"] == "alie" and r["defence"] == "undefended"
+    }
+    return [
+        f"From the full grid above ({result['runs_done']} runs, {result['seeds']} seeds; losses relative to the "
+        "clean undefended run of the same graph and seed):",
+        "",
+        f"- **The crude attacks, IPM, stress ALIE and dissensus** ({', '.join(a.replace('_', ' ') for a in STOPPED)}): "
+        f"the screening catches {min(r['tpr'] for r in screened):.2f}–{max(r['tpr'] for r in screened):.2f} of "
+        f"their messages at an FPR of at most {max(r['fpr'] for r in screened):.3f}. Undefended, "
+        f"{', '.join(diverged)} diverge in at least one cell, and the worst cell that does not ends at "
+        f"{max(hurt):.3f}×; screened, every one ends at {ends}.",
+        "- **ALIE at its paper's z**, undefended: "
+        + ", ".join(f"{alie[t, b]:.3f}× ({t}, {b} Byzantine)" for t, b in sorted(alie))
+        + ".",
+        "- **The defences' own price on the complete graph**, over every cell: " + "; ".join(price) + ".",
+        "",
+        reproduce("bench_anomaly.py --device cuda --processes 14", " (the full grid above)"),
     ]
 
 
@@ -913,6 +1007,48 @@ def control_plane(load: Callable[[str], dict]) -> list[str]:
     ]
 
 
+FLOOD_ROWS = {
+    "control": "no flood (control)",
+    "flood": "flood",
+    "distributed_flood_open_connection": "flood from more addresses, admin connected beforehand",
+}
+
+
+@table("flood")
+def flood(load: Callable[[str], dict]) -> list[str]:
+    result = load("flood")
+    ports = ("grpc", "enrollment", "dashboard", "metrics")
+    lines = header(
+        "run", "connections opened (addresses)", "`ListTenants` median / max", "held: " + "/".join(ports), "RSS"
+    )
+    for key, label in FLOOD_ROWS.items():
+        r = result["rows"][key]
+        calls = r["list_tenants"]
+        lines.append(
+            row(
+                label,
+                f"{r['flood_connections_opened']:,} ({r['flood_sources']})" if "flood_sources" in r else "",
+                f"{1000 * calls['median_s']:.1f} / {1000 * calls['max_s']:.1f} ms",
+                "/".join(str(r["connections_held"][p]) for p in ports),
+                f"{r['rss_mib']:.1f} MiB",
+            )
+        )
+    caps = result["caps"]
+    return [
+        "A real server flooded with connections from several addresses, beside "
+        f"a no-flood control (caps: {caps['max_connections']:,} connections a port, "
+        f"{caps['max_connections_per_address']} per address, {caps['http_max_connections']} on each HTTP port; "
+        f"load average {result['machine']['load_average_1m']:g} on {result['machine']['cpus']} cores):",
+        "",
+        *lines,
+        "",
+        f"Under the flood `ListTenants` took {result['list_tenants_ratio_flood_to_control']}× the control's median "
+        f"and the server's RSS was {result['rss_ratio_flood_to_control']}× the control's.",
+        missed([] if result["meets_target"] else [f"`ListTenants` within {result['target_list_tenants_s']:g} s"]),
+        reproduce("bench_flood.py", quick=result["quick"]),
+    ]
+
+
 @table("audit_lookup")
 def audit_lookup(load: Callable[[str], dict]) -> list[str]:
     result = load("audit_lookup")
@@ -1110,6 +1246,57 @@ def rewrite(text: str, results: Path = RESULTS) -> str:
     return REGION.sub(lambda m: m.group(1) + render(m.group("name"), results) + m.group(4), text)
 
 
+# A measured number: a decimal or a ratio or share, with its unit (a range counts as one).
+_NUMBER = r"\d[\d,]*(?:\.\d+)?"
+QUOTED = re.compile(
+    rf"(?<![\w.\-/`])(?P<low>{_NUMBER})(?:\s?[–-]\s?(?P<high>{_NUMBER}))?\s?"
+    r"(?P<unit>×(?!\s?\d)|x(?!\s?\d)(?!\w)|%|ms\b|µs\b|s\b|GiB\b|MiB\b|GB/s|MB/s|tokens/s)"
+)
+CODE = re.compile(r"^```.*?^```|`[^`\n]*`", re.DOTALL | re.MULTILINE)
+# Numbers that state a setting, a limit or an example, not a measurement: page -> the quotes as written.
+SETTINGS: dict[str, tuple[str, ...]] = {
+    "architecture.md": ("4×", "0.25 s"),
+    "benchmarks.md": ("0.8×",),  # the data loader's target
+    "operations.md": ("0.5 s", "1%", "7.3 GiB", "2.1 GiB", "24.0 GiB", "15%"),
+    "security.md": ("0.25 s", "5%"),
+    "training.md": ("6.5 GiB",),  # the big-model test's RLIMIT_AS
+    "user-guide.md": ("1%", "5%"),
+}
+
+
+def _blank(match: re.Match[str]) -> str:
+    """The match as spaces, its line breaks kept (so that line numbers still hold)."""
+    return re.sub(r"[^\n]", " ", match.group(0))
+
+
+def pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def quoted_numbers(page: Path, text: str) -> list[str]:
+    """The measured numbers ``text`` quotes outside generated tables and code (each as ``page:line: quote``)."""
+    if "<!-- Generated by" in text:  # a page generated from code (docs/job-fields.md)
+        return []
+    settings = SETTINGS.get(page.name, ())
+    prose = CODE.sub(_blank, REGION.sub(_blank, text))
+    name = page.relative_to(ROOT) if page.is_relative_to(ROOT) else page
+    found, used = [], set()
+    for m in QUOTED.finditer(prose):
+        if not ("." in m["low"] or m["unit"] in ("×", "x", "%")):
+            continue  # a whole number of seconds or bytes: a setting or a limit
+        if m.group(0) in settings:
+            used.add(m.group(0))
+        else:
+            found.append(f"{name}:{prose.count(chr(10), 0, m.start()) + 1}: {m.group(0)}")
+    found += [f"{name}: {quote}: in SETTINGS but no longer quoted" for quote in settings if quote not in used]
+    return found
+
+
+def unsourced(paths: list[Path] | None = None) -> list[str]:
+    """Every measured number README.md and docs/*.md quote that no generated table renders from the JSON."""
+    return [quote for page in paths or pages() for quote in quoted_numbers(page, page.read_text())]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if the page is not what the JSON gives")
@@ -1122,7 +1309,10 @@ def main(argv: list[str] | None = None) -> int:
         if fresh != text:
             print(f"{args.page} is stale: run {RUN}tables.py", file=sys.stderr)
             return 1
-        return 0
+        quotes = unsourced()
+        for quote in quotes:
+            print(f"{quote}: a measured number outside a generated table (generate it, or drop it)", file=sys.stderr)
+        return 1 if quotes else 0
     if fresh != text:
         args.page.write_text(fresh)
         print(f"rewrote {args.page}")

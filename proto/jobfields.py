@@ -514,7 +514,7 @@ FIELDS: tuple[JobField, ...] = (
     JobField(
         "ranks_per_worker",
         int,
-        "gasloc/diloco: processes per worker group, data parallel inside",
+        "gasloc/diloco: processes per worker group, data parallel inside; single and allreduce jobs must leave it 1",
         0,
         1,
         range=Range(1, MAX_RANKS_PER_WORKER),

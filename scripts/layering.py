@@ -1,4 +1,4 @@
-"""Check the import contracts of ``[tool.importlinter]``: the layering of DESIGN.md.
+"""Check the import contracts of ``[tool.importlinter]``: the layering of docs/architecture.md#layering.
 
 import-linter finds a package's modules by walking its folder, but the
 subpackages of ``cantata`` live in folders of their own (``cantata.sdk`` is

@@ -62,7 +62,7 @@ def server_names(listen: str, advertise: Sequence[str] = ()) -> tuple[list[str],
 
 
 def write_profile(name: str, address: str, enroll_address: str, ca_pem: bytes, cert_pem: bytes, key_pem: bytes) -> Path:
-    """Write a client profile in the layout DESIGN.md fixes."""
+    """Write a client profile in the layout docs/user-guide.md#enrolling describes."""
     folder = cantata_home() / "profiles" / name
     folder.mkdir(parents=True, exist_ok=True)
     folder.chmod(0o700)

@@ -68,3 +68,23 @@ def test_unknown_missing_and_repeated_regions_are_refused():
     region = "<!-- bench:audit -->\n<!-- /bench:audit -->\n"
     with pytest.raises(ValueError, match="repeated"):
         tables.rewrite(page + region)
+
+
+def test_no_page_quotes_a_measured_number_outside_a_generated_table():
+    assert tables.unsourced() == []
+
+
+def test_a_measured_number_in_prose_is_caught_and_a_table_or_code_is_not(tmp_path: Path):
+    page = tmp_path / "benchmarks.md"
+    page.write_text(
+        "Krum ends at 1.14–1.17× clean in every cell, on 2 cores.\n"
+        "The data loader's target is 0.8×; `0.5 s` in code and a 2 x 2 mesh are not measurements.\n"
+        "<!-- bench:audit -->\n| 1.23× | 45.6 ms |\n<!-- /bench:audit -->\n"
+        "```sh\nsleep 0.25s\n```\n"
+        "It took 3.70 s and 12% more.\n"
+    )
+    assert tables.quoted_numbers(page, page.read_text()) == [
+        f"{page}:1: 1.14–1.17×",
+        f"{page}:9: 3.70 s",
+        f"{page}:9: 12%",
+    ]

@@ -1,4 +1,4 @@
-"""The layering of DESIGN.md holds, and the CLI never loads torch."""
+"""The layering of docs/architecture.md#layering holds, and the CLI never loads torch."""
 
 from __future__ import annotations
 
