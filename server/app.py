@@ -426,6 +426,7 @@ class ControlPlane:
                 revoke_quarantined=self.settings.revoke_quarantined_workers,
                 checkpoint_written=self.telemetry.checkpoint,
                 store_outage=self.telemetry.store_outage,
+                trained=self.telemetry.trained,
             ),
             server,
         )
