@@ -1046,7 +1046,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cantata: error: {_missing_extra(exc, args.command)}", file=sys.stderr)
         return 1
     except Exception as exc:
-        print(f"cantata: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"cantata: error: {_one_line(exc)}{_admin_hint(args, exc)}", file=sys.stderr)
         return 1
 
 
@@ -1071,6 +1071,18 @@ def _missing_extra(exc: ModuleNotFoundError, command: str) -> str:
     if extra is None:
         raise exc
     return f"`cantata {command}` needs {module}, which the base install leaves out: pip install 'cantata[{extra}]'"
+
+
+def _admin_hint(args, exc: Exception) -> str:
+    """For an admin command refused under another profile: which profile to use instead."""
+    profile = getattr(args, "profile", None)
+    if args.command != "admin" or not profile or profile == "admin" or "cantata.sdk.errors" not in sys.modules:
+        return ""
+    from cantata.sdk.errors import PermissionDenied
+
+    if not isinstance(exc, PermissionDenied):
+        return ""
+    return f" (`cantata admin` needs an admin's profile, not {profile!r}: run it with --profile admin)"
 
 
 def _one_line(exc: Exception) -> str:

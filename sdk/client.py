@@ -43,6 +43,7 @@ from cantata.proto.vocabulary import (
     model_architecture,
 )
 from cantata.sdk.errors import (
+    CantataError,
     InvalidArgument,
     InvalidJob,
     NotFound,
@@ -354,15 +355,25 @@ class Client:
     """A connection to a Cantata server with one identity (a profile's certificate)."""
 
     def __init__(
-        self, address: str, *, ca, cert=None, key=None, timeout: float = TIMEOUT, resume_window: float = RESUME_WINDOW
+        self,
+        address: str,
+        *,
+        ca,
+        cert=None,
+        key=None,
+        timeout: float = TIMEOUT,
+        resume_window: float = RESUME_WINDOW,
+        profile: str = "",
     ):
-        """``timeout`` bounds each call; ``resume_window`` is how long ``events()`` resumes a dropped stream."""
+        """``timeout`` bounds each call; ``resume_window`` is how long ``events()`` resumes a dropped stream;
+        ``profile`` is the name of the profile the identity came from (errors name it)."""
         creds = grpc.ssl_channel_credentials(
             root_certificates=_read(ca),
             private_key=_read(key) if key is not None else None,
             certificate_chain=_read(cert) if cert is not None else None,
         )
         self.address = address
+        self.profile = profile
         self.timeout = timeout
         self.resume_window = resume_window
         self._channel = grpc.secure_channel(address, creds, options=CHANNEL_OPTIONS)
@@ -380,7 +391,7 @@ class Client:
             raise FileNotFoundError(f"no profile {name!r} under {profile.folder.parent}")
         if not profile.cert.exists():
             raise FileNotFoundError(f"profile {name!r} has no certificate yet: run `cantata tenant status {name}`")
-        return cls(profile.server, ca=profile.ca, cert=profile.cert, key=profile.key, **kwargs)
+        return cls(profile.server, ca=profile.ca, cert=profile.cert, key=profile.key, profile=name, **kwargs)
 
     def close(self) -> None:
         self._channel.close()
@@ -391,11 +402,16 @@ class Client:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _error(self, err: grpc.RpcError) -> CantataError:
+        """The SDK's error for ``err``; one that reached no server says where the call went."""
+        profile = f" (profile {self.profile})" if self.profile else ""
+        return from_rpc_error(err, target=f"the Cantata server at {self.address}{profile}")
+
     def _call(self, method, request):
         try:
             return method(request, timeout=self.timeout)
         except grpc.RpcError as err:
-            raise from_rpc_error(err) from None
+            raise self._error(err) from None
 
     # ---- jobs ----------------------------------------------------------
     def submit(self, job: Job) -> JobHandle:
@@ -409,7 +425,7 @@ class Client:
                 info = self._jobs.SubmitJob(request, timeout=self.timeout)
                 return JobHandle(self, info.id)
             except grpc.RpcError as err:
-                error = from_rpc_error(err)
+                error = self._error(err)
                 if not isinstance(error, Unavailable) or attempt == 2:
                     raise error from None
                 time.sleep(0.5 * 2**attempt)  # idempotent: safe to retry
@@ -509,7 +525,7 @@ class Client:
                     if event.terminal:
                         return
             except grpc.RpcError as err:
-                error = from_rpc_error(err)
+                error = self._error(err)
                 if not isinstance(error, Unavailable):
                     raise error from None
             now = time.monotonic()
@@ -551,7 +567,7 @@ class Client:
             for line in self._jobs.ReadLogs(jobs_pb2.ReadLogsRequest(job_id=job_id, follow=follow)):
                 yield line.worker, line.line
         except grpc.RpcError as err:
-            raise from_rpc_error(err) from None
+            raise self._error(err) from None
 
     # ---- checkpoints ---------------------------------------------------
     def checkpoints(self, job_id: str) -> builtins.list[Checkpoint]:
@@ -619,7 +635,7 @@ class Client:
                     expected = chunk.sha256 or expected
         except grpc.RpcError as err:
             _remove(tmp)
-            raise from_rpc_error(err) from None
+            raise self._error(err) from None
         if expected != digest.hexdigest():
             _remove(tmp)
             raise StreamInterrupted(f"download of {job_id}@{step} was incomplete or corrupted")
@@ -852,7 +868,7 @@ class JobHandle:
             info = self._client._jobs.GetJob(jobs_pb2.GetJobRequest(job_id=self.id), timeout=timeout)
         except grpc.RpcError as err:
             _left(deadline, self.id)  # the deadline passed during the call: a timeout, not an outage
-            raise from_rpc_error(err) from None
+            raise self._client._error(err) from None
         return JobStatus.from_proto(info)
 
 

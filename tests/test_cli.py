@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import shutil
 
-from tests.platform import cli
+from cantata.sdk.profiles import Profile
+from tests.platform import cli, free_port
 
 
 def test_enroll_approve_submit_watch_and_list_through_the_cli(platform):
@@ -86,3 +88,28 @@ def test_help_on_every_level():
     for args in ([], ["jobs"], ["admin", "tenants"], ["server"], ["tenant"], ["checkpoints"], ["audit"]):
         result = cli(*args, "--help")
         assert result.stdout.startswith("usage: cantata")
+
+
+def test_an_admin_command_under_a_tenant_profile_says_to_use_the_admin_one(platform):
+    with platform.enroll("hint-co"):
+        pass
+    result = cli("admin", "tenants", "list", "--profile", "hint-co", env=platform.env, check=False)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("cantata: error: PermissionDenied")
+    assert "needs an admin's profile, not 'hint-co': run it with --profile admin" in lines[0]
+    tenant_command = cli("jobs", "status", "job-nope", "--profile", "hint-co", env=platform.env, check=False)
+    assert "--profile admin" not in tenant_command.stderr  # a tenant's own command: no such advice
+
+
+def test_a_server_that_does_not_answer_is_named_with_the_profile_that_tried_it(platform):
+    gone = Profile.named("gone")
+    admin = Profile.named("admin")
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    gone.create(address, address, admin.ca.read_bytes())
+    shutil.copy(admin.cert, gone.cert)
+    shutil.copy(admin.key, gone.key)
+    result = cli("jobs", "list", "--profile", "gone", env=platform.env, check=False)  # refused: fails at once
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("cantata: error: Unavailable")
+    assert f"could not reach the Cantata server at {address} (profile gone): " in lines[0]
+    assert lines[0].endswith("Is the server running, and is that its address?")
