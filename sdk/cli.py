@@ -270,6 +270,14 @@ def _job_line(j) -> str:
 
 def cmd_jobs_submit(args) -> int:
     job = _job_from_args(args)
+    if args.dry_run:
+        if args.watch:
+            raise CommandError("--dry-run submits nothing to --watch")
+        with _client(args) as client:
+            fields = client.check(job)
+        lines = [f"{name}: {json.dumps(value)}" for name, value in fields.items()]
+        _print(args, fields, [f"# would run (nothing submitted): job {job.name!r} as the server checked it", *lines])
+        return 0
     with _client(args) as client:
         handle = client.submit(job)
         if not args.watch:
@@ -756,6 +764,12 @@ def _build_jobs(root: argparse._SubParsersAction, groups: dict) -> None:
     if groups.get("sub") in (None, "submit"):
         _add_job_flags(p)
     p.add_argument("--watch", action="store_true", help="follow the job with a progress bar until it ends")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="have the server check the job as a submission (fields, defaults, data sources, quotas) and print "
+        "every field as it would run; submit nothing",
+    )
     _client_flags(p, None)
     p.set_defaults(func=cmd_jobs_submit)
     for verb, func, helptext in (

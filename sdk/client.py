@@ -14,7 +14,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 import grpc
 
@@ -347,6 +347,15 @@ class DashboardLogin:
     expires: dt.datetime
 
 
+def _submit_request(job: Job, *, dry_run: bool = False) -> jobs_pb2.SubmitJobRequest:
+    """``job``'s submission, checked here first (its fields, its size)."""
+    job.validate()
+    request = jobs_pb2.SubmitJobRequest(request_id=job.request_id, spec=job.to_proto(), dry_run=dry_run)
+    if request.ByteSize() > MAX_REQUEST_BYTES:
+        raise InvalidJob(f"request of {request.ByteSize()} bytes exceeds {MAX_REQUEST_BYTES}", field="request")
+    return request
+
+
 def _read(path_or_pem: str | os.PathLike | bytes) -> bytes:
     return path_or_pem if isinstance(path_or_pem, bytes) else Path(path_or_pem).read_bytes()
 
@@ -416,10 +425,7 @@ class Client:
     # ---- jobs ----------------------------------------------------------
     def submit(self, job: Job) -> JobHandle:
         """Submit ``job``. Retrying with the same ``job.request_id`` returns the same job."""
-        job.validate()
-        request = jobs_pb2.SubmitJobRequest(request_id=job.request_id, spec=job.to_proto())
-        if request.ByteSize() > MAX_REQUEST_BYTES:
-            raise InvalidJob(f"request of {request.ByteSize()} bytes exceeds {MAX_REQUEST_BYTES}", field="request")
+        request = _submit_request(job)
         for attempt in range(3):
             try:
                 info = self._jobs.SubmitJob(request, timeout=self.timeout)
@@ -430,6 +436,18 @@ class Client:
                     raise error from None
                 time.sleep(0.5 * 2**attempt)  # idempotent: safe to retry
         raise AssertionError("unreachable")
+
+    def check(self, job: Job) -> dict[str, Any]:
+        """What ``submit(job)`` would run, without creating it: the server checks it as a submission (its fields,
+        the server's defaults, your data sources and quotas) and answers with every job field as it would run."""
+        from cantata.proto import jobfields
+
+        info = self._call(self._jobs.SubmitJob, _submit_request(job, dry_run=True))
+        fields = {f.name: getattr(info.spec, f.name) for f in jobfields.FIELDS}
+        return {
+            name: list(value) if not isinstance(value, (str, int, float, bool)) else value
+            for name, value in fields.items()
+        }
 
     def get(self, job_id: str) -> JobStatus:
         return JobStatus.from_proto(self._call(self._jobs.GetJob, jobs_pb2.GetJobRequest(job_id=job_id)))

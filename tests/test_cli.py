@@ -113,3 +113,24 @@ def test_a_server_that_does_not_answer_is_named_with_the_profile_that_tried_it(p
     assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("cantata: error: Unavailable")
     assert f"could not reach the Cantata server at {address} (profile gone): " in lines[0]
     assert lines[0].endswith("Is the server running, and is that its address?")
+
+
+def test_submit_dry_run_is_checked_by_the_server_and_submits_nothing(platform, tmp_path):
+    with platform.enroll("dry-co") as client:
+        job_file = tmp_path / "job.yaml"
+        job_file.write_text("name: dry\nsteps: 30\nbatch_size: 4\n")
+        env = {**platform.env, "CANTATA_PROFILE": "dry-co"}
+        shown = json.loads(cli("jobs", "submit", str(job_file), "--dry-run", "--json", env=env).stdout)
+        assert shown["name"] == "dry" and shown["steps"] == 30 and shown["batch_size"] == 4
+        assert shown["checkpoint_store"].startswith("file://")  # the server's default, filled in by the server
+        text = cli("jobs", "submit", str(job_file), "--dry-run", env=env).stdout
+        assert text.startswith("# would run (nothing submitted)") and 'algorithm: "single"' in text
+
+        unknown_source = cli(
+            "jobs", "submit", str(job_file), "--dataset", "s3://nobody@bucket/shards", "--dry-run", env=env, check=False
+        )
+        assert unknown_source.returncode == 1 and "data source 'nobody' not found" in unknown_source.stderr
+        cli("admin", "tenants", "set-quota", "dry-co", "--max-steps", "20", env=platform.env)
+        over = cli("jobs", "submit", str(job_file), "--dry-run", env=env, check=False)
+        assert over.returncode == 1 and "QuotaExceeded" in over.stderr and "steps per job" in over.stderr
+        assert client.list() == []  # nothing was submitted

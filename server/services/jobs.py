@@ -122,6 +122,9 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
             for field, source in job_sources(spec).items():  # another tenant's source is not found either
                 if not self._data_source_exists(who.name, source):
                     raise DataSourceNotFound(f"{field}: data source {source!r} not found")
+            if request.dry_run:
+                await asyncio.to_thread(self._store.check_quota, who.name, spec)
+                return common_pb2.JobInfo(tenant=who.name, spec=spec, request_id=request.request_id)
             job, created = await self._submissions.submit(
                 who.name, request.request_id, spec, digest, actor=who.uri, peer=context.peer(), call_id=request_id()
             )
@@ -140,6 +143,8 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
     def _record_refusal(self, request, context, exc: Exception) -> None:
         """A refused submission is on the record too (what was asked, and why not); the refusal stands either way."""
         details = {"name": request.spec.name[:128], "error": type(exc).__name__, "message": str(exc)[:500]}
+        if request.dry_run:
+            details["dry_run"] = True
         if isinstance(exc, InvalidField):
             details["field"] = exc.field
         with contextlib.suppress(AuditLogUnavailable):  # the log's failure is in the server log
