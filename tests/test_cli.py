@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
+from cantata.sdk.job import Job
 from cantata.sdk.profiles import Profile
 from tests.platform import cli, free_port
 
@@ -134,3 +135,24 @@ def test_submit_dry_run_is_checked_by_the_server_and_submits_nothing(platform, t
         over = cli("jobs", "submit", str(job_file), "--dry-run", env=env, check=False)
         assert over.returncode == 1 and "QuotaExceeded" in over.stderr and "steps per job" in over.stderr
         assert client.list() == []  # nothing was submitted
+
+
+GRPC_LINES = (
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+    "E0000 00:00:1733512345.123456   40213 ssl_transport_security.cc:1659] Handshake failed with error SSL_ERROR_SSL",
+    "I1206 19:20:01.000123456   40213 ev_epoll1_linux.cc:359] grpc epoll fd: 7",
+)
+
+
+def test_grpc_internal_log_lines_stay_out_of_a_tenants_job_logs(platform):
+    with platform.enroll("logs-co") as client:
+        handle = client.submit(Job(name="logged", steps=10, batch_size=2, seq_len=16, eval_every=10))
+        assert handle.wait().state == "SUCCEEDED"
+    log = platform.data_dir / "jobs" / handle.id / "worker-0.log"
+    with log.open("a") as f:  # as gRPC's C core writes them to the worker's stderr
+        f.write("\n".join(GRPC_LINES) + "\nworker 0: a line of its own after them\n")
+    env = {**platform.env, "CANTATA_PROFILE": "logs-co"}
+    shown = cli("jobs", "logs", handle.id, env=env).stdout
+    assert "step 10/10 loss" in shown and "a line of its own after them" in shown
+    assert not any(line in shown for line in GRPC_LINES)
+    assert all(line in log.read_text() for line in GRPC_LINES)  # the operator's file keeps them
