@@ -7,7 +7,7 @@ import shutil
 
 from cantata.sdk.job import Job
 from cantata.sdk.profiles import Profile
-from tests.platform import cli, free_port
+from tests.platform import cli, complete, free_port
 
 
 def test_enroll_approve_submit_watch_and_list_through_the_cli(platform):
@@ -156,3 +156,14 @@ def test_grpc_internal_log_lines_stay_out_of_a_tenants_job_logs(platform):
     assert "step 10/10 loss" in shown and "a line of its own after them" in shown
     assert not any(line in shown for line in GRPC_LINES)
     assert all(line in log.read_text() for line in GRPC_LINES)  # the operator's file keeps them
+
+
+def test_shell_completion_offers_the_profiles_job_ids_from_the_server(platform, tmp_path):
+    with platform.enroll("complete-co") as client:
+        ids = sorted(client.submit(Job(name=f"c{i}", steps=4, batch_size=2, seq_len=16)).id for i in range(2))
+    env = {**platform.env, "CANTATA_PROFILE": "complete-co"}
+    out = tmp_path / "completions"
+    assert sorted(complete("cantata jobs status job-", out, env)) == ids
+    prefix = ids[0][:-1]
+    assert complete(f"cantata jobs logs {prefix}", out, env) == [i for i in ids if i.startswith(prefix)]
+    assert complete("cantata jobs status job-", out, {**env, "CANTATA_PROFILE": "admin"}) == []  # none of its own
