@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as the shell reports a reader that stopped early
 PLUGIN_GROUP = "cantata.cli"
+COMPLETION_TIMEOUT_S = 5.0  # a shell waits on a completion: job ids come from the server, or not at all
 
 
 class CommandError(Exception):
@@ -270,6 +271,14 @@ def _job_line(j) -> str:
 
 def cmd_jobs_submit(args) -> int:
     job = _job_from_args(args)
+    if args.dry_run:
+        if args.watch:
+            raise CommandError("--dry-run submits nothing to --watch")
+        with _client(args) as client:
+            fields = client.check(job)
+        lines = [f"{name}: {json.dumps(value)}" for name, value in fields.items()]
+        _print(args, fields, [f"# would run (nothing submitted): job {job.name!r} as the server checked it", *lines])
+        return 0
     with _client(args) as client:
         handle = client.submit(job)
         if not args.watch:
@@ -646,17 +655,44 @@ def _command(root: argparse._SubParsersAction, name: str, help: str = "") -> arg
     return parser.add_subparsers(dest="sub", required=True, metavar="COMMAND")
 
 
+def complete_profiles(prefix: str = "", **_: Any) -> list[str]:
+    """Shell completion: the profiles in $CANTATA_HOME."""
+    folder = home() / "profiles"
+    names = (p.name for p in folder.iterdir() if (p / "profile.json").exists()) if folder.is_dir() else ()
+    return sorted(n for n in names if n.startswith(prefix))
+
+
+def complete_job_ids(prefix: str = "", parsed_args: argparse.Namespace | None = None, **_: Any) -> list[str]:
+    """Shell completion: the ids of the profile's jobs, asked of the server (none when it cannot be asked)."""
+    profile = getattr(parsed_args, "profile", None)
+    if not profile:
+        return []
+    from cantata.sdk.client import Client
+    from cantata.sdk.errors import CantataError
+
+    try:
+        with Client.from_profile(profile, timeout=COMPLETION_TIMEOUT_S) as client:
+            return [j.id for j in client.list() if j.id.startswith(prefix)]
+    except (CantataError, OSError):
+        return []
+
+
+def _job_id_argument(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
+    parser.add_argument(name, **kwargs).completer = complete_job_ids  # type: ignore[attr-defined]
+
+
 def _client_flags(
     parser: argparse.ArgumentParser, default: str | None, json_flag: bool = True, json_help: str = ""
 ) -> None:
     value = default_profile(default or "")
-    parser.add_argument(
+    flag = parser.add_argument(
         "--profile",
         default=value or None,
         required=not value,
         help="client profile (default: $CANTATA_PROFILE, else the one `cantata profile use` chose"
         + (f", else {default})" if default else ")"),
     )
+    flag.completer = complete_profiles  # type: ignore[attr-defined]  # argcomplete's hook
     if json_flag or json_help:
         parser.add_argument("--json", action="store_true", help=json_help or "machine-readable output")
 
@@ -738,7 +774,7 @@ def _build_admin(root: argparse._SubParsersAction, groups: dict) -> None:
 
     admin_jobs = admin.add_parser("jobs", help="jobs of every tenant").add_subparsers(dest="action", required=True)
     p = admin_jobs.add_parser("anomalies", help="updates a job's workers screened out")
-    p.add_argument("job_id")
+    _job_id_argument(p, "job_id")
     _client_flags(p, "admin")
     p.set_defaults(func=cmd_admin_anomalies)
     groups["admin"] = admin
@@ -756,6 +792,12 @@ def _build_jobs(root: argparse._SubParsersAction, groups: dict) -> None:
     if groups.get("sub") in (None, "submit"):
         _add_job_flags(p)
     p.add_argument("--watch", action="store_true", help="follow the job with a progress bar until it ends")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="have the server check the job as a submission (fields, defaults, data sources, quotas) and print "
+        "every field as it would run; submit nothing",
+    )
     _client_flags(p, None)
     p.set_defaults(func=cmd_jobs_submit)
     for verb, func, helptext in (
@@ -764,11 +806,11 @@ def _build_jobs(root: argparse._SubParsersAction, groups: dict) -> None:
         ("cancel", cmd_jobs_cancel, "cancel a job"),
     ):
         p = jobs.add_parser(verb, help=helptext)
-        p.add_argument("job_id")
+        _job_id_argument(p, "job_id")
         _client_flags(p, None)
         p.set_defaults(func=func)
     p = jobs.add_parser("resume", help="resume a FAILED or CANCELLED job from its latest checkpoint, same id")
-    p.add_argument("job_id")
+    _job_id_argument(p, "job_id")
     p.add_argument("--watch", action="store_true", help="follow the job with a progress bar until it ends")
     for flag, what in (
         ("--workers", "workers on the new mesh"),
@@ -793,18 +835,18 @@ def _build_jobs(root: argparse._SubParsersAction, groups: dict) -> None:
     _client_flags(p, None)
     p.set_defaults(func=cmd_jobs_list)
     p = jobs.add_parser("delete", help="delete an ended job: its records, logs and checkpoints")
-    p.add_argument("job_id")
+    _job_id_argument(p, "job_id")
     _client_flags(p, None)
     p.set_defaults(func=cmd_jobs_delete)
     p = jobs.add_parser("plot", help="draw jobs' curves, overlaid, to a PNG (running jobs too)")
-    p.add_argument("job_ids", nargs="+", metavar="JOB")
+    _job_id_argument(p, "job_ids", nargs="+", metavar="JOB")
     p.add_argument("--out", required=True)
     p.add_argument("--x", choices=("step", "time"), default="step", help="against step or wall-clock (minutes)")
     p.add_argument("--metric", action="append", help="a metric to draw (repeat; default: loss and val_loss)")
     _client_flags(p, None, json_flag=False)
     p.set_defaults(func=cmd_jobs_plot)
     p = jobs.add_parser("metrics", help="a job's metrics history as CSV, JSON or Parquet (for BI tools)")
-    p.add_argument("job_id")
+    _job_id_argument(p, "job_id")
     p.add_argument("--format", choices=("csv", "json", "parquet"), default="csv")
     p.add_argument("--out", help="write to this file (parquet needs one; default: stdout)")
     p.add_argument("--name", action="append", help="only this metric (repeat): loss, val_loss, lr, tokens_per_s ...")
@@ -812,7 +854,7 @@ def _build_jobs(root: argparse._SubParsersAction, groups: dict) -> None:
     _client_flags(p, None, json_flag=False)
     p.set_defaults(func=cmd_jobs_metrics)
     p = jobs.add_parser("logs", help="the workers' logs: steps, evaluations, checkpoints, warnings")
-    p.add_argument("job_id")
+    _job_id_argument(p, "job_id")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
     _client_flags(p, None, json_help="one JSON object per line: worker, line, and a JSON log record's keys")
     p.set_defaults(func=cmd_jobs_logs)
@@ -827,11 +869,11 @@ def _state_names() -> tuple[str, ...]:
 def _build_checkpoints(root: argparse._SubParsersAction, groups: dict) -> None:
     ckpts = _command(root, "checkpoints")
     p = ckpts.add_parser("list", help="list checkpoints")
-    p.add_argument("job_id")
+    _job_id_argument(p, "job_id")
     _client_flags(p, None)
     p.set_defaults(func=cmd_checkpoints_list)
     p = ckpts.add_parser("download", help="download a checkpoint's model state")
-    p.add_argument("job_id")
+    _job_id_argument(p, "job_id")
     p.add_argument("step", type=int, nargs="?", help="the checkpoint's step (default: the latest)")
     p.add_argument("--out", required=True, help="a file (torch) or a directory (safetensors, hf)")
     p.add_argument(
@@ -897,7 +939,7 @@ def _build_profile(root: argparse._SubParsersAction, groups: dict) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_profile_list)
     p = profile.add_parser("use", help="make a profile the default of every command ($CANTATA_PROFILE overrides it)")
-    p.add_argument("name")
+    p.add_argument("name").completer = complete_profiles
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_profile_use)
 
@@ -1046,7 +1088,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cantata: error: {_missing_extra(exc, args.command)}", file=sys.stderr)
         return 1
     except Exception as exc:
-        print(f"cantata: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"cantata: error: {_one_line(exc)}{_admin_hint(args, exc)}", file=sys.stderr)
         return 1
 
 
@@ -1071,6 +1113,18 @@ def _missing_extra(exc: ModuleNotFoundError, command: str) -> str:
     if extra is None:
         raise exc
     return f"`cantata {command}` needs {module}, which the base install leaves out: pip install 'cantata[{extra}]'"
+
+
+def _admin_hint(args, exc: Exception) -> str:
+    """For an admin command refused under another profile: which profile to use instead."""
+    profile = getattr(args, "profile", None)
+    if args.command != "admin" or not profile or profile == "admin" or "cantata.sdk.errors" not in sys.modules:
+        return ""
+    from cantata.sdk.errors import PermissionDenied
+
+    if not isinstance(exc, PermissionDenied):
+        return ""
+    return f" (`cantata admin` needs an admin's profile, not {profile!r}: run it with --profile admin)"
 
 
 def _one_line(exc: Exception) -> str:

@@ -14,7 +14,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 import grpc
 
@@ -43,6 +43,7 @@ from cantata.proto.vocabulary import (
     model_architecture,
 )
 from cantata.sdk.errors import (
+    CantataError,
     InvalidArgument,
     InvalidJob,
     NotFound,
@@ -346,6 +347,15 @@ class DashboardLogin:
     expires: dt.datetime
 
 
+def _submit_request(job: Job, *, dry_run: bool = False) -> jobs_pb2.SubmitJobRequest:
+    """``job``'s submission, checked here first (its fields, its size)."""
+    job.validate()
+    request = jobs_pb2.SubmitJobRequest(request_id=job.request_id, spec=job.to_proto(), dry_run=dry_run)
+    if request.ByteSize() > MAX_REQUEST_BYTES:
+        raise InvalidJob(f"request of {request.ByteSize()} bytes exceeds {MAX_REQUEST_BYTES}", field="request")
+    return request
+
+
 def _read(path_or_pem: str | os.PathLike | bytes) -> bytes:
     return path_or_pem if isinstance(path_or_pem, bytes) else Path(path_or_pem).read_bytes()
 
@@ -354,15 +364,25 @@ class Client:
     """A connection to a Cantata server with one identity (a profile's certificate)."""
 
     def __init__(
-        self, address: str, *, ca, cert=None, key=None, timeout: float = TIMEOUT, resume_window: float = RESUME_WINDOW
+        self,
+        address: str,
+        *,
+        ca,
+        cert=None,
+        key=None,
+        timeout: float = TIMEOUT,
+        resume_window: float = RESUME_WINDOW,
+        profile: str = "",
     ):
-        """``timeout`` bounds each call; ``resume_window`` is how long ``events()`` resumes a dropped stream."""
+        """``timeout`` bounds each call; ``resume_window`` is how long ``events()`` resumes a dropped stream;
+        ``profile`` is the name of the profile the identity came from (errors name it)."""
         creds = grpc.ssl_channel_credentials(
             root_certificates=_read(ca),
             private_key=_read(key) if key is not None else None,
             certificate_chain=_read(cert) if cert is not None else None,
         )
         self.address = address
+        self.profile = profile
         self.timeout = timeout
         self.resume_window = resume_window
         self._channel = grpc.secure_channel(address, creds, options=CHANNEL_OPTIONS)
@@ -380,7 +400,7 @@ class Client:
             raise FileNotFoundError(f"no profile {name!r} under {profile.folder.parent}")
         if not profile.cert.exists():
             raise FileNotFoundError(f"profile {name!r} has no certificate yet: run `cantata tenant status {name}`")
-        return cls(profile.server, ca=profile.ca, cert=profile.cert, key=profile.key, **kwargs)
+        return cls(profile.server, ca=profile.ca, cert=profile.cert, key=profile.key, profile=name, **kwargs)
 
     def close(self) -> None:
         self._channel.close()
@@ -391,29 +411,43 @@ class Client:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _error(self, err: grpc.RpcError) -> CantataError:
+        """The SDK's error for ``err``; one that reached no server says where the call went."""
+        profile = f" (profile {self.profile})" if self.profile else ""
+        return from_rpc_error(err, target=f"the Cantata server at {self.address}{profile}")
+
     def _call(self, method, request):
         try:
             return method(request, timeout=self.timeout)
         except grpc.RpcError as err:
-            raise from_rpc_error(err) from None
+            raise self._error(err) from None
 
     # ---- jobs ----------------------------------------------------------
     def submit(self, job: Job) -> JobHandle:
         """Submit ``job``. Retrying with the same ``job.request_id`` returns the same job."""
-        job.validate()
-        request = jobs_pb2.SubmitJobRequest(request_id=job.request_id, spec=job.to_proto())
-        if request.ByteSize() > MAX_REQUEST_BYTES:
-            raise InvalidJob(f"request of {request.ByteSize()} bytes exceeds {MAX_REQUEST_BYTES}", field="request")
+        request = _submit_request(job)
         for attempt in range(3):
             try:
                 info = self._jobs.SubmitJob(request, timeout=self.timeout)
                 return JobHandle(self, info.id)
             except grpc.RpcError as err:
-                error = from_rpc_error(err)
+                error = self._error(err)
                 if not isinstance(error, Unavailable) or attempt == 2:
                     raise error from None
                 time.sleep(0.5 * 2**attempt)  # idempotent: safe to retry
         raise AssertionError("unreachable")
+
+    def check(self, job: Job) -> dict[str, Any]:
+        """What ``submit(job)`` would run, without creating it: the server checks it as a submission (its fields,
+        the server's defaults, your data sources and quotas) and answers with every job field as it would run."""
+        from cantata.proto import jobfields
+
+        info = self._call(self._jobs.SubmitJob, _submit_request(job, dry_run=True))
+        fields = {f.name: getattr(info.spec, f.name) for f in jobfields.FIELDS}
+        return {
+            name: list(value) if not isinstance(value, (str, int, float, bool)) else value
+            for name, value in fields.items()
+        }
 
     def get(self, job_id: str) -> JobStatus:
         return JobStatus.from_proto(self._call(self._jobs.GetJob, jobs_pb2.GetJobRequest(job_id=job_id)))
@@ -509,7 +543,7 @@ class Client:
                     if event.terminal:
                         return
             except grpc.RpcError as err:
-                error = from_rpc_error(err)
+                error = self._error(err)
                 if not isinstance(error, Unavailable):
                     raise error from None
             now = time.monotonic()
@@ -551,7 +585,7 @@ class Client:
             for line in self._jobs.ReadLogs(jobs_pb2.ReadLogsRequest(job_id=job_id, follow=follow)):
                 yield line.worker, line.line
         except grpc.RpcError as err:
-            raise from_rpc_error(err) from None
+            raise self._error(err) from None
 
     # ---- checkpoints ---------------------------------------------------
     def checkpoints(self, job_id: str) -> builtins.list[Checkpoint]:
@@ -619,7 +653,7 @@ class Client:
                     expected = chunk.sha256 or expected
         except grpc.RpcError as err:
             _remove(tmp)
-            raise from_rpc_error(err) from None
+            raise self._error(err) from None
         if expected != digest.hexdigest():
             _remove(tmp)
             raise StreamInterrupted(f"download of {job_id}@{step} was incomplete or corrupted")
@@ -852,7 +886,7 @@ class JobHandle:
             info = self._client._jobs.GetJob(jobs_pb2.GetJobRequest(job_id=self.id), timeout=timeout)
         except grpc.RpcError as err:
             _left(deadline, self.id)  # the deadline passed during the call: a timeout, not an outage
-            raise from_rpc_error(err) from None
+            raise self._client._error(err) from None
         return JobStatus.from_proto(info)
 
 

@@ -123,8 +123,9 @@ def _details(err: grpc.RpcError) -> dict[type[Message], Message]:
     return found
 
 
-def from_rpc_error(err: grpc.RpcError) -> CantataError:
-    """Map a gRPC error and its ``google.rpc`` details to the SDK's error tree."""
+def from_rpc_error(err: grpc.RpcError, *, target: str = "") -> CantataError:
+    """Map a gRPC error and its ``google.rpc`` details to the SDK's error tree; ``target`` ("the server at
+    HOST:PORT (profile P)") names where a call went that reached no server."""
     code = err.code()
     details = _details(err)
     info = details.get(error_details_pb2.ErrorInfo, error_details_pb2.ErrorInfo())
@@ -155,4 +156,7 @@ def from_rpc_error(err: grpc.RpcError) -> CantataError:
         return StoreFull(message, **common)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:  # gRPC's own message-size limit: no reason of ours
         return InvalidArgument(f"request too large: {message}", **common)
-    return _BY_CODE.get(code, CantataError)(message, **common)
+    kind = _BY_CODE.get(code, CantataError)
+    if kind is Unavailable and target and not request_id:  # no server answered (one that did sends its request id)
+        message = f"could not reach {target}: {message}. Is the server running, and is that its address?"
+    return kind(message, **common)

@@ -45,7 +45,15 @@ from cantata.security.worker_confinement import ConfinementPolicy
 from cantata.server import id_ranges
 from cantata.server.auth import AuthInterceptor, Gatekeeper, request_id
 from cantata.server.broadcast import EventBroadcast
-from cantata.server.config import DataDir, ServerSettings, connection_limits, enrollment_limits, signin_limits
+from cantata.server.config import (
+    DataDir,
+    ServerSettings,
+    check_ports,
+    connection_limits,
+    enrollment_limits,
+    settings_ports,
+    signin_limits,
+)
 from cantata.server.connection_reaper import ConnectionReaper
 from cantata.server.dashboard.signin import Session, SignIn
 from cantata.server.database import Database
@@ -114,6 +122,7 @@ class ControlPlane:
         if self.on_stop not in ON_STOP:
             raise ValueError(f"on_stop must be one of {', '.join(ON_STOP)}, not {self.on_stop!r}")
         self.listen = listen or self.settings.listen
+        check_ports(settings_ports(self.settings, self.listen))
         self.executor = executor or self.settings.executor
         self.ray_address = ray_address or self.settings.ray_address
         self.gpus = self.settings.gpus if gpus is None else gpus
@@ -426,6 +435,7 @@ class ControlPlane:
                 revoke_quarantined=self.settings.revoke_quarantined_workers,
                 checkpoint_written=self.telemetry.checkpoint,
                 store_outage=self.telemetry.store_outage,
+                trained=self.telemetry.trained,
             ),
             server,
         )

@@ -17,7 +17,14 @@ from pathlib import Path
 from cantata.security import audit
 from cantata.security.keys import MASTER_KEY_ENV, MasterKey
 from cantata.security.pki import CertificateAuthority, Principal
-from cantata.server.config import DataDir, ServerSettings, enrollment_address, write_private
+from cantata.server.config import (
+    DataDir,
+    ServerSettings,
+    check_ports,
+    enrollment_address,
+    settings_ports,
+    write_private,
+)
 from cantata.server.sandbox import check_passable
 from cantata.server.store import Store
 
@@ -84,19 +91,20 @@ def init_data_dir(
     dashboard_listen: str = "",
     advertise: Sequence[str] = (),
 ) -> Path:
-    """Create a new data directory; refuse to overwrite an existing one."""
+    """Create a new data directory; refuse to overwrite an existing one, or listeners that share a port."""
     paths = DataDir(root)
     if paths.exists():
         raise FileExistsError(f"{root} already holds a Cantata server")
-    check_passable(root)
-    root.mkdir(parents=True, exist_ok=True)
-    root.chmod(0o700)
     settings = ServerSettings(
         listen=listen,
         enroll_listen=enroll_listen or enrollment_address(listen),
         dashboard_listen=dashboard_listen,
         advertise=list(advertise),
     )
+    check_ports(settings_ports(settings))
+    check_passable(root)
+    root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o700)
 
     ca = CertificateAuthority.create()
     paths.ca_cert.write_bytes(ca.cert_pem)

@@ -143,6 +143,42 @@ def enrollment_address(listen: str) -> str:
     return f"{host}:{int(port) + 1}"
 
 
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})  # noqa: S104 (names them, binds nothing)
+
+
+class PortCollision(ValueError):
+    """Two of the server's listeners are set to the same port of one host."""
+
+
+def check_ports(listeners: dict[str, str]) -> None:
+    """Refuse two listeners (name -> ``HOST:PORT``; empty: off) on one port where their hosts overlap (a wildcard
+    host overlaps every host); port 0 (any free port) never collides."""
+    taken: list[tuple[str, str, int]] = []
+    for name, address in listeners.items():
+        if not address:
+            continue
+        host, _, port = address.rpartition(":")
+        host, number = host.strip("[]"), int(port)
+        for other, other_host, other_number in taken:
+            overlap = host == other_host or host in WILDCARD_HOSTS or other_host in WILDCARD_HOSTS
+            if number and number == other_number and overlap:
+                raise PortCollision(
+                    f"{name} {address} and {other} {listeners[other]} use the same port {number}: "
+                    f"give {name} a port of its own"
+                )
+        taken.append((name, host, number))
+
+
+def settings_ports(settings: ServerSettings, listen: str | None = None) -> dict[str, str]:
+    """The listeners ``settings`` serve on (``listen`` overriding the main one)."""
+    return {
+        "listen": listen or settings.listen,
+        "enroll_listen": settings.enroll_listen,
+        "dashboard_listen": settings.dashboard_listen,
+        "metrics_listen": settings.metrics_listen,
+    }
+
+
 @dataclass(frozen=True)
 class DataDir:
     """Paths inside a server data directory."""

@@ -546,6 +546,11 @@ class Store:
                 )
             }
 
+    def check_quota(self, tenant: str, spec: common_pb2.JobSpec) -> None:
+        """Raise ``QuotaExceeded`` if one more active job with ``spec`` would be over ``tenant``'s limits now."""
+        with self.database.read() as db:
+            self._check_quota(db, self._tenant(db, tenant), spec)
+
     def _check_quota(self, db: sqlite3.Connection, tenant: Tenant, spec: common_pb2.JobSpec) -> None:
         """Raise ``QuotaExceeded`` if one more active job with ``spec`` is over the tenant's limits."""
         quota = tenant.quota

@@ -54,6 +54,20 @@ def cli(*args: str, env: dict | None = None, check: bool = True) -> subprocess.C
     return result
 
 
+def complete(line: str, out: Path, env: dict | None = None) -> list[str]:
+    """What argcomplete offers for ``line``, as the shell's hook asks the real CLI."""
+    hook = {
+        **(env or os.environ),
+        "_ARGCOMPLETE": "1",
+        "_ARGCOMPLETE_IFS": "\n",
+        "COMP_LINE": line,
+        "COMP_POINT": str(len(line)),
+        "_ARGCOMPLETE_STDOUT_FILENAME": str(out),
+    }
+    subprocess.run([sys.executable, "-m", "cantata.sdk.cli"], env=hook, check=False, capture_output=True)
+    return [word.strip() for word in out.read_text().split("\n") if word.strip()]
+
+
 # Every test client calls from 127.0.0.1, so the per-address enrollment limits would be shared by the
 # whole module: tests of other things get room; tests of the limits set their own (``settings``).
 LOOPBACK_ENROLLMENT = {"enroll_max_pending_per_address": 1000, "enroll_burst": 1000, "enroll_rate_per_minute": 6000.0}

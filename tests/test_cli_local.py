@@ -17,7 +17,7 @@ import pytest
 from cantata.sdk.client import Event
 from cantata.sdk.profiles import Profile
 from cantata.sdk.progress import ProgressLines, progress_display
-from tests.platform import cli
+from tests.platform import cli, complete
 
 HEAVY = ("grpc", "google.protobuf", "cryptography", "yaml", "tqdm", "numpy", "torch", "matplotlib", "boto3", "azure")
 _LOADED = """
@@ -119,22 +119,9 @@ def test_profile_list_and_use_set_the_default_that_cantata_profile_overrides(hom
 
 def test_shell_completion_completes_commands_and_flags(tmp_path):
     out = tmp_path / "completions"
-
-    def complete(line: str) -> list[str]:
-        env = {
-            **os.environ,
-            "_ARGCOMPLETE": "1",
-            "_ARGCOMPLETE_IFS": "\n",
-            "COMP_LINE": line,
-            "COMP_POINT": str(len(line)),
-            "_ARGCOMPLETE_STDOUT_FILENAME": str(out),
-        }
-        subprocess.run([sys.executable, "-m", "cantata.sdk.cli"], env=env, check=False, capture_output=True)
-        return [word.strip() for word in out.read_text().split("\n")]
-
-    assert "jobs" in complete("cantata jo")
-    assert "submit" in complete("cantata jobs su")
-    assert "--grad-accum" in complete("cantata jobs submit --grad-")
+    assert "jobs" in complete("cantata jo", out)
+    assert "submit" in complete("cantata jobs su", out)
+    assert "--grad-accum" in complete("cantata jobs submit --grad-", out)
     script = cli("completion", "bash").stdout
     assert "complete" in script and "cantata" in script
 
@@ -175,3 +162,13 @@ def test_plain_progress_lines_are_periodic():
     for step in (1, 2, 3):
         display.update(_event("PROGRESS", step, loss=2.0, tokens_per_s=None))
     assert out.getvalue().splitlines() == [f"job-2: step {s}/120 loss 2.0000" for s in (1, 2, 3)]
+
+
+def test_shell_completion_offers_the_profiles(tmp_path):
+    env = {**os.environ, "CANTATA_HOME": str(tmp_path / "home")}
+    for name in ("acme", "admin", "alpha"):
+        Profile(name, tmp_path / "home" / "profiles" / name).create("h:1", "h:2", b"ca")
+    (tmp_path / "home" / "profiles" / "half-made").mkdir()  # no profile.json: not a profile
+    out = tmp_path / "completions"
+    assert complete("cantata jobs list --profile a", out, env) == ["acme", "admin", "alpha"]
+    assert complete("cantata profile use ad", out, env) == ["admin"]

@@ -11,14 +11,20 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import http.client
+import importlib.metadata
 import json
 import ssl
+import sys
+from pathlib import Path
 
+import promql_parser
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+import cantata
 from cantata.sdk import errors
 from cantata.sdk.job import Job
 from cantata.sdk.profiles import Profile
@@ -29,6 +35,9 @@ from tests.waiting import wait_for
 TENANT = "metrics-co"
 SHORT = dict(steps=20, batch_size=4, seq_len=32, eval_every=10, eval_batches=2, checkpoint_every=10, grad_clip=1.0)
 Samples = dict[tuple[str, frozenset], float]
+RULES = Path(__file__).parents[1] / "docs" / "alerts" / "cantata.rules.yml"
+SCRAPE_SERIES = {"up"}  # what Prometheus itself adds to every scrape
+SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "info": ("_info",)}
 
 
 @pytest.fixture(scope="module")
@@ -158,12 +167,17 @@ def test_plot_overlays_a_finished_and_a_running_job_and_the_scraper_sees_the_run
     )
     wait_for(lambda: tenant.metrics(running.id, ["loss"]))
     found = samples(platform, scraper)  # at once, while it runs
+    job = dict(tenant=TENANT, job_id=running.id)
     losses = {r.value for r in tenant.metrics(running.id, ["loss"])}
-    assert value(found, "cantata_job_loss", tenant=TENANT, job=running.id) in losses
+    assert value(found, "cantata_job_loss", **job) in losses
     step_times = {r.value for r in tenant.metrics(running.id, ["optim_step_s"])}  # the optimizer's, per window
-    assert value(found, "cantata_job_optim_step_s", tenant=TENANT, job=running.id) in step_times
-    assert value(found, "cantata_job_step", tenant=TENANT, job=running.id) > 0
-    assert (("cantata_job_loss", frozenset({("tenant", TENANT), ("job", finished)}))) not in found  # ended: no gauge
+    assert value(found, "cantata_job_optim_step_seconds", **job) in step_times
+    assert value(found, "cantata_job_step", **job) > 0
+    # a counter of the tokens of every report window so far: 2 x 16 tokens a step, up to a reported step
+    tokens = value(found, "cantata_job_tokens_total", **job)
+    assert tokens > 0 and tokens % 32 == 0
+    assert tokens // 32 in {r.step for r in tenant.metrics(running.id, ["loss"])}
+    assert (("cantata_job_loss", frozenset({("tenant", TENANT), ("job_id", finished)}))) not in found  # ended
     assert value(found, "cantata_jobs", state="RUNNING") == 1
     assert value(found, "cantata_workers_alive") >= 1
 
@@ -186,11 +200,18 @@ def test_the_scrape_counts_what_the_test_did(tenant, finished, platform, scraper
     def delta(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)
 
-    get_job = dict(method="/cantata.v1.Jobs/GetJob", code="OK")
+    get_job = dict(service="cantata.v1.Jobs", method="GetJob", code="OK")
     assert delta("cantata_rpc_calls_total", **get_job) == 3
     assert delta("cantata_rpc_duration_seconds_count", **get_job) == 3
     assert delta("cantata_refused_calls_total", reason="role") == 1
-    assert delta("cantata_rpc_calls_total", method="/cantata.v1.Admin/ListTenants", code="PERMISSION_DENIED") == 1
+    denied = dict(service="cantata.v1.Admin", method="ListTenants", code="PERMISSION_DENIED")
+    assert delta("cantata_rpc_calls_total", **denied) == 1
+
+    assert not [name for name, _ in after if name.endswith("_created")]
+    build = next(dict(labels) for name, labels in after if name == "cantata_build_info")
+    python = ".".join(map(str, sys.version_info[:3]))
+    assert build == {"version": cantata.__version__, "python": python, "torch": importlib.metadata.version("torch")}
+    assert value(after, "process_resident_memory_bytes") > 0 and value(after, "process_open_fds") > 0
 
     jobs = tenant.list()
     assert value(after, "cantata_jobs", state="SUCCEEDED") == sum(j.state == "SUCCEEDED" for j in jobs) >= 1
@@ -232,3 +253,36 @@ def test_only_a_live_scraper_certificate_reads_metrics(platform, tenant, scraper
     assert value(found, "cantata_refused_calls_total", reason="not_a_scraper") == 2
     assert value(found, "cantata_refused_calls_total", reason="revoked") == 1
     assert value(found, "cantata_refused_calls_total", reason="handshake") == 1
+
+
+def selectors(node) -> set[str]:
+    """The metric names a PromQL expression's selectors name."""
+    if isinstance(node, promql_parser.VectorSelector):
+        return {node.name}
+    children = [
+        getattr(node, attr) for attr in ("lhs", "rhs", "expr", "param", "vector_selector") if hasattr(node, attr)
+    ]
+    children += getattr(node, "args", [])  # a call's
+    return set().union(*(selectors(c) for c in children if c is not None))
+
+
+def test_the_alert_rules_name_only_metrics_the_server_exposes(platform, scraper):
+    status, text = scrape(platform, scraper)
+    assert status == 200, text
+    exposed = set(SCRAPE_SERIES)
+    for family in text_string_to_metric_families(text):
+        exposed |= {family.name + suffix for suffix in SUFFIXES.get(family.type, ("",))}
+        exposed |= {s.name for s in family.samples}
+    rules = [r for group in yaml.safe_load(RULES.read_text())["groups"] for r in group["rules"]]
+    assert len(rules) >= 10 and len({r["alert"] for r in rules}) == len(rules)
+    named = set()
+    for rule in rules:
+        assert {"expr", "labels", "annotations"} <= rule.keys() and rule["labels"]["severity"] in (
+            "warning",
+            "critical",
+        )
+        used = selectors(promql_parser.parse(rule["expr"]))
+        assert used - exposed == set(), f"{rule['alert']} names metrics the server does not expose"
+        named |= used
+    expected = {"cantata_audit_appends_total", "cantata_job_store_unreachable", "cantata_queue_oldest_wait_seconds"}
+    assert expected | {"up", "cantata_jobs", "cantata_job_tokens_total"} <= named

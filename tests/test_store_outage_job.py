@@ -78,14 +78,14 @@ def test_a_store_outage_is_shown_while_it_lasts_and_the_job_succeeds(platform, t
         assert began.message.startswith(f"checkpoint store {store} unreachable (")
         assert "S3 unreachable" in began.message and "retrying for up to 60 s" in began.message
         found = samples(platform, scraper)
-        assert value(found, "cantata_job_store_unreachable", tenant="acme", job=handle.id) == 1
+        assert value(found, "cantata_job_store_unreachable", tenant="acme", job_id=handle.id) == 1
         assert value(found, "cantata_store_outages_total", store="s3") == 1
         assert handle.status().state == "RUNNING"
     finally:
         proxy.set("pass")
     ended = next(e for e in events if "reachable again" in e.message or e.terminal)
     assert ended.message.startswith(f"checkpoint store {store} reachable again after "), ended
-    assert value(samples(platform, scraper), "cantata_job_store_unreachable", tenant="acme", job=handle.id) == 0
+    assert value(samples(platform, scraper), "cantata_job_store_unreachable", tenant="acme", job_id=handle.id) == 0
     rest = list(events)
     assert not any("unreachable" in e.message for e in rest)  # one outage, told once each way
     assert rest[-1].terminal and rest[-1].state == "SUCCEEDED", rest[-1]

@@ -460,6 +460,7 @@ class Trainer:
                         loss,
                         tokens_per_s,
                         lr,
+                        tokens=tokens_per_step * steps_since,
                         step_time_s=(now - tick) / max(steps_since, 1),
                         data_wait_s=self.feed.wait_seconds - waited,
                         grad_norm=self.optimizer.last_grad_norm,

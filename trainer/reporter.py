@@ -205,12 +205,13 @@ class Reporter:
         tokens_per_s: float,
         lr: float,
         *,
+        tokens: int = 0,
         step_time_s: float = 0.0,
         data_wait_s: float = 0.0,
         grad_norm: float | None = None,
         optimizer: Mapping[str, float] | None = None,
     ) -> None:
-        """The report window ending at ``step``: its last loss, throughput, mean step time and data wait,
+        """The report window ending at ``step``: its last loss, throughput and tokens, mean step time and data wait,
         and the optimizer's statistics (``TrainingOptimizer.window_metrics()``) when given."""
         self.send(
             progress=worker_pb2.Progress(
@@ -218,6 +219,7 @@ class Reporter:
                 loss=loss,
                 tokens_per_s=tokens_per_s,
                 lr=lr,
+                tokens=tokens,
                 step_time_s=step_time_s,
                 data_wait_s=data_wait_s,
                 grad_norm=grad_norm,

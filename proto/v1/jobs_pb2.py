@@ -26,15 +26,15 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from cantata.proto.v1 import common_pb2 as cantata_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63\x61ntata/v1/jobs.proto\x12\ncantata.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17\x63\x61ntata/v1/common.proto\"\x7f\n\x11GetMetricsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05names\x18\x02 \x03(\t\x12)\n\x05since\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x61\x66ter\x18\x04 \x01(\x03\x12\x11\n\tpage_size\x18\x05 \x01(\x05\"\x9b\x01\n\x0bMetricPoint\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x0e\n\x06worker\x18\x04 \x01(\x05\x12\x0c\n\x04name\x18\x05 \x01(\t\x12\r\n\x05value\x18\x06 \x01(\x01\x12\x11\n\x04peer\x18\x07 \x01(\x05H\x00\x88\x01\x01\x42\x07\n\x05_peer\"N\n\x0fGetMetricsReply\x12\'\n\x06points\x18\x01 \x03(\x0b\x32\x17.cantata.v1.MetricPoint\x12\x12\n\nnext_after\x18\x02 \x01(\x03\"I\n\x10SubmitJobRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12!\n\x04spec\x18\x02 \x01(\x0b\x32\x13.cantata.v1.JobSpec\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x96\x01\n\x0fListJobsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12$\n\x06states\x18\x03 \x03(\x0e\x32\x14.cantata.v1.JobState\x12\x0b\n\x03tag\x18\x04 \x01(\t\x12)\n\x05since\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"K\n\rListJobsReply\x12!\n\x04jobs\x18\x01 \x03(\x0b\x32\x13.cantata.v1.JobInfo\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"v\n\x10ResumeJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07workers\x18\x02 \x01(\x05\x12\x14\n\x0c\x64p_replicate\x18\x03 \x01(\x05\x12\x10\n\x08\x64p_shard\x18\x04 \x01(\x05\x12\n\n\x02tp\x18\x05 \x01(\x05\x12\r\n\x05steps\x18\x06 \x01(\x03\"\"\n\x10\x44\x65leteJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"D\n\x0e\x44\x65leteJobReply\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\"\n\x1a\x63heckpoint_objects_deleted\x18\x02 \x01(\x05\"1\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06\x63ursor\x18\x02 \x01(\x03\"\x97\x02\n\x08JobEvent\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12#\n\x04kind\x18\x03 \x01(\x0e\x32\x15.cantata.v1.EventKind\x12#\n\x05state\x18\x04 \x01(\x0e\x32\x14.cantata.v1.JobState\x12\x10\n\x08terminal\x18\x05 \x01(\x08\x12\x0c\n\x04step\x18\x06 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x07 \x01(\x03\x12\x0c\n\x04loss\x18\x08 \x01(\x01\x12\x10\n\x08val_loss\x18\t \x01(\x01\x12\x14\n\x0ctokens_per_s\x18\n \x01(\x01\x12\x0f\n\x07message\x18\x0b \x01(\t\x12\x0e\n\x06worker\x18\x0c \x01(\x05\"A\n\x0fReadLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0e\n\x06\x66ollow\x18\x03 \x01(\x08\"7\n\x07LogLine\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x0e\n\x06worker\x18\x02 \x01(\x05\x12\x0c\n\x04line\x18\x03 \x01(\t*\x7f\n\tEventKind\x12\x1a\n\x16\x45VENT_KIND_UNSPECIFIED\x10\x00\x12\t\n\x05STATE\x10\x01\x12\x0c\n\x08PROGRESS\x10\x02\x12\x08\n\x04\x45VAL\x10\x03\x12\x0e\n\nCHECKPOINT\x10\x04\x12\x0b\n\x07MESSAGE\x10\x05\x12\t\n\x05ROUND\x10\x06\x12\x0b\n\x07\x41NOMALY\x10\x07\x32\xd6\x04\n\x04Jobs\x12>\n\tSubmitJob\x12\x1c.cantata.v1.SubmitJobRequest\x1a\x13.cantata.v1.JobInfo\x12\x38\n\x06GetJob\x12\x19.cantata.v1.GetJobRequest\x1a\x13.cantata.v1.JobInfo\x12\x42\n\x08ListJobs\x12\x1b.cantata.v1.ListJobsRequest\x1a\x19.cantata.v1.ListJobsReply\x12>\n\tCancelJob\x12\x1c.cantata.v1.CancelJobRequest\x1a\x13.cantata.v1.JobInfo\x12>\n\tResumeJob\x12\x1c.cantata.v1.ResumeJobRequest\x1a\x13.cantata.v1.JobInfo\x12?\n\x08WatchJob\x12\x1b.cantata.v1.WatchJobRequest\x1a\x14.cantata.v1.JobEvent0\x01\x12>\n\x08ReadLogs\x12\x1b.cantata.v1.ReadLogsRequest\x1a\x13.cantata.v1.LogLine0\x01\x12\x45\n\tDeleteJob\x12\x1c.cantata.v1.DeleteJobRequest\x1a\x1a.cantata.v1.DeleteJobReply\x12H\n\nGetMetrics\x12\x1d.cantata.v1.GetMetricsRequest\x1a\x1b.cantata.v1.GetMetricsReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63\x61ntata/v1/jobs.proto\x12\ncantata.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17\x63\x61ntata/v1/common.proto\"\x7f\n\x11GetMetricsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05names\x18\x02 \x03(\t\x12)\n\x05since\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x61\x66ter\x18\x04 \x01(\x03\x12\x11\n\tpage_size\x18\x05 \x01(\x05\"\x9b\x01\n\x0bMetricPoint\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x0e\n\x06worker\x18\x04 \x01(\x05\x12\x0c\n\x04name\x18\x05 \x01(\t\x12\r\n\x05value\x18\x06 \x01(\x01\x12\x11\n\x04peer\x18\x07 \x01(\x05H\x00\x88\x01\x01\x42\x07\n\x05_peer\"N\n\x0fGetMetricsReply\x12\'\n\x06points\x18\x01 \x03(\x0b\x32\x17.cantata.v1.MetricPoint\x12\x12\n\nnext_after\x18\x02 \x01(\x03\"Z\n\x10SubmitJobRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12!\n\x04spec\x18\x02 \x01(\x0b\x32\x13.cantata.v1.JobSpec\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x96\x01\n\x0fListJobsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12$\n\x06states\x18\x03 \x03(\x0e\x32\x14.cantata.v1.JobState\x12\x0b\n\x03tag\x18\x04 \x01(\t\x12)\n\x05since\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"K\n\rListJobsReply\x12!\n\x04jobs\x18\x01 \x03(\x0b\x32\x13.cantata.v1.JobInfo\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"v\n\x10ResumeJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07workers\x18\x02 \x01(\x05\x12\x14\n\x0c\x64p_replicate\x18\x03 \x01(\x05\x12\x10\n\x08\x64p_shard\x18\x04 \x01(\x05\x12\n\n\x02tp\x18\x05 \x01(\x05\x12\r\n\x05steps\x18\x06 \x01(\x03\"\"\n\x10\x44\x65leteJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"D\n\x0e\x44\x65leteJobReply\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\"\n\x1a\x63heckpoint_objects_deleted\x18\x02 \x01(\x05\"1\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06\x63ursor\x18\x02 \x01(\x03\"\x97\x02\n\x08JobEvent\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12#\n\x04kind\x18\x03 \x01(\x0e\x32\x15.cantata.v1.EventKind\x12#\n\x05state\x18\x04 \x01(\x0e\x32\x14.cantata.v1.JobState\x12\x10\n\x08terminal\x18\x05 \x01(\x08\x12\x0c\n\x04step\x18\x06 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x07 \x01(\x03\x12\x0c\n\x04loss\x18\x08 \x01(\x01\x12\x10\n\x08val_loss\x18\t \x01(\x01\x12\x14\n\x0ctokens_per_s\x18\n \x01(\x01\x12\x0f\n\x07message\x18\x0b \x01(\t\x12\x0e\n\x06worker\x18\x0c \x01(\x05\"A\n\x0fReadLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0e\n\x06\x66ollow\x18\x03 \x01(\x08\"7\n\x07LogLine\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x0e\n\x06worker\x18\x02 \x01(\x05\x12\x0c\n\x04line\x18\x03 \x01(\t*\x7f\n\tEventKind\x12\x1a\n\x16\x45VENT_KIND_UNSPECIFIED\x10\x00\x12\t\n\x05STATE\x10\x01\x12\x0c\n\x08PROGRESS\x10\x02\x12\x08\n\x04\x45VAL\x10\x03\x12\x0e\n\nCHECKPOINT\x10\x04\x12\x0b\n\x07MESSAGE\x10\x05\x12\t\n\x05ROUND\x10\x06\x12\x0b\n\x07\x41NOMALY\x10\x07\x32\xd6\x04\n\x04Jobs\x12>\n\tSubmitJob\x12\x1c.cantata.v1.SubmitJobRequest\x1a\x13.cantata.v1.JobInfo\x12\x38\n\x06GetJob\x12\x19.cantata.v1.GetJobRequest\x1a\x13.cantata.v1.JobInfo\x12\x42\n\x08ListJobs\x12\x1b.cantata.v1.ListJobsRequest\x1a\x19.cantata.v1.ListJobsReply\x12>\n\tCancelJob\x12\x1c.cantata.v1.CancelJobRequest\x1a\x13.cantata.v1.JobInfo\x12>\n\tResumeJob\x12\x1c.cantata.v1.ResumeJobRequest\x1a\x13.cantata.v1.JobInfo\x12?\n\x08WatchJob\x12\x1b.cantata.v1.WatchJobRequest\x1a\x14.cantata.v1.JobEvent0\x01\x12>\n\x08ReadLogs\x12\x1b.cantata.v1.ReadLogsRequest\x1a\x13.cantata.v1.LogLine0\x01\x12\x45\n\tDeleteJob\x12\x1c.cantata.v1.DeleteJobRequest\x1a\x1a.cantata.v1.DeleteJobReply\x12H\n\nGetMetrics\x12\x1d.cantata.v1.GetMetricsRequest\x1a\x1b.cantata.v1.GetMetricsReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cantata.v1.jobs_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_EVENTKIND']._serialized_start=1519
-  _globals['_EVENTKIND']._serialized_end=1646
+  _globals['_EVENTKIND']._serialized_start=1536
+  _globals['_EVENTKIND']._serialized_end=1663
   _globals['_GETMETRICSREQUEST']._serialized_start=95
   _globals['_GETMETRICSREQUEST']._serialized_end=222
   _globals['_METRICPOINT']._serialized_start=225
@@ -42,29 +42,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETMETRICSREPLY']._serialized_start=382
   _globals['_GETMETRICSREPLY']._serialized_end=460
   _globals['_SUBMITJOBREQUEST']._serialized_start=462
-  _globals['_SUBMITJOBREQUEST']._serialized_end=535
-  _globals['_GETJOBREQUEST']._serialized_start=537
-  _globals['_GETJOBREQUEST']._serialized_end=568
-  _globals['_LISTJOBSREQUEST']._serialized_start=571
-  _globals['_LISTJOBSREQUEST']._serialized_end=721
-  _globals['_LISTJOBSREPLY']._serialized_start=723
-  _globals['_LISTJOBSREPLY']._serialized_end=798
-  _globals['_CANCELJOBREQUEST']._serialized_start=800
-  _globals['_CANCELJOBREQUEST']._serialized_end=834
-  _globals['_RESUMEJOBREQUEST']._serialized_start=836
-  _globals['_RESUMEJOBREQUEST']._serialized_end=954
-  _globals['_DELETEJOBREQUEST']._serialized_start=956
-  _globals['_DELETEJOBREQUEST']._serialized_end=990
-  _globals['_DELETEJOBREPLY']._serialized_start=992
-  _globals['_DELETEJOBREPLY']._serialized_end=1060
-  _globals['_WATCHJOBREQUEST']._serialized_start=1062
-  _globals['_WATCHJOBREQUEST']._serialized_end=1111
-  _globals['_JOBEVENT']._serialized_start=1114
-  _globals['_JOBEVENT']._serialized_end=1393
-  _globals['_READLOGSREQUEST']._serialized_start=1395
-  _globals['_READLOGSREQUEST']._serialized_end=1460
-  _globals['_LOGLINE']._serialized_start=1462
-  _globals['_LOGLINE']._serialized_end=1517
-  _globals['_JOBS']._serialized_start=1649
-  _globals['_JOBS']._serialized_end=2247
+  _globals['_SUBMITJOBREQUEST']._serialized_end=552
+  _globals['_GETJOBREQUEST']._serialized_start=554
+  _globals['_GETJOBREQUEST']._serialized_end=585
+  _globals['_LISTJOBSREQUEST']._serialized_start=588
+  _globals['_LISTJOBSREQUEST']._serialized_end=738
+  _globals['_LISTJOBSREPLY']._serialized_start=740
+  _globals['_LISTJOBSREPLY']._serialized_end=815
+  _globals['_CANCELJOBREQUEST']._serialized_start=817
+  _globals['_CANCELJOBREQUEST']._serialized_end=851
+  _globals['_RESUMEJOBREQUEST']._serialized_start=853
+  _globals['_RESUMEJOBREQUEST']._serialized_end=971
+  _globals['_DELETEJOBREQUEST']._serialized_start=973
+  _globals['_DELETEJOBREQUEST']._serialized_end=1007
+  _globals['_DELETEJOBREPLY']._serialized_start=1009
+  _globals['_DELETEJOBREPLY']._serialized_end=1077
+  _globals['_WATCHJOBREQUEST']._serialized_start=1079
+  _globals['_WATCHJOBREQUEST']._serialized_end=1128
+  _globals['_JOBEVENT']._serialized_start=1131
+  _globals['_JOBEVENT']._serialized_end=1410
+  _globals['_READLOGSREQUEST']._serialized_start=1412
+  _globals['_READLOGSREQUEST']._serialized_end=1477
+  _globals['_LOGLINE']._serialized_start=1479
+  _globals['_LOGLINE']._serialized_end=1534
+  _globals['_JOBS']._serialized_start=1666
+  _globals['_JOBS']._serialized_end=2264
 # @@protoc_insertion_point(module_scope)

@@ -71,12 +71,14 @@ class GetMetricsReply(_message.Message):
     def __init__(self, points: _Optional[_Iterable[_Union[MetricPoint, _Mapping]]] = ..., next_after: _Optional[int] = ...) -> None: ...
 
 class SubmitJobRequest(_message.Message):
-    __slots__ = ("request_id", "spec")
+    __slots__ = ("request_id", "spec", "dry_run")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     spec: _common_pb2.JobSpec
-    def __init__(self, request_id: _Optional[str] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ...) -> None: ...
+    dry_run: bool
+    def __init__(self, request_id: _Optional[str] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
     __slots__ = ("job_id",)

@@ -7,11 +7,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Progress(_message.Message):
-    __slots__ = ("step", "loss", "tokens_per_s", "lr", "step_time_s", "data_wait_s", "grad_norm", "optimizer")
+    __slots__ = ("step", "loss", "tokens_per_s", "lr", "tokens", "step_time_s", "data_wait_s", "grad_norm", "optimizer")
     STEP_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     LR_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
     STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
     DATA_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
@@ -20,11 +21,12 @@ class Progress(_message.Message):
     loss: float
     tokens_per_s: float
     lr: float
+    tokens: int
     step_time_s: float
     data_wait_s: float
     grad_norm: float
     optimizer: OptimizerWindow
-    def __init__(self, step: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., lr: _Optional[float] = ..., step_time_s: _Optional[float] = ..., data_wait_s: _Optional[float] = ..., grad_norm: _Optional[float] = ..., optimizer: _Optional[_Union[OptimizerWindow, _Mapping]] = ...) -> None: ...
+    def __init__(self, step: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., lr: _Optional[float] = ..., tokens: _Optional[int] = ..., step_time_s: _Optional[float] = ..., data_wait_s: _Optional[float] = ..., grad_norm: _Optional[float] = ..., optimizer: _Optional[_Union[OptimizerWindow, _Mapping]] = ...) -> None: ...
 
 class OptimizerWindow(_message.Message):
     __slots__ = ("step_s", "sent_bytes", "compute_s", "compute_imbalance", "ns_flops_imbalance", "owned_matrices", "updated_matrices")

@@ -8,6 +8,7 @@ import contextlib
 import datetime as dt
 import functools
 import hashlib
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -122,6 +123,9 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
             for field, source in job_sources(spec).items():  # another tenant's source is not found either
                 if not self._data_source_exists(who.name, source):
                     raise DataSourceNotFound(f"{field}: data source {source!r} not found")
+            if request.dry_run:
+                await asyncio.to_thread(self._store.check_quota, who.name, spec)
+                return common_pb2.JobInfo(tenant=who.name, spec=spec, request_id=request.request_id)
             job, created = await self._submissions.submit(
                 who.name, request.request_id, spec, digest, actor=who.uri, peer=context.peer(), call_id=request_id()
             )
@@ -140,6 +144,8 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
     def _record_refusal(self, request, context, exc: Exception) -> None:
         """A refused submission is on the record too (what was asked, and why not); the refusal stands either way."""
         details = {"name": request.spec.name[:128], "error": type(exc).__name__, "message": str(exc)[:500]}
+        if request.dry_run:
+            details["dry_run"] = True
         if isinstance(exc, InvalidField):
             details["field"] = exc.field
         with contextlib.suppress(AuditLogUnavailable):  # the log's failure is in the server log
@@ -291,9 +297,20 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
         for worker in range(len(read)):
             path: Path = self._log_path(job_id, worker)
             lines = _complete_lines(path) if path.exists() else []
-            new.extend((worker, line) for line in lines[read[worker] :])
+            new.extend((worker, line) for line in lines[read[worker] :] if not grpc_internal(line))
             read[worker] = len(lines)
         return new
+
+
+# A line gRPC's C core writes to a worker's stderr through absl logging (``E0000 00:00:1733.. 123 file.cc:42] ..``),
+# and absl's notice before its logging is set up: the platform's plumbing, for the operator, not the tenant.
+GRPC_LOG_LINE = re.compile(r"[DIWEF]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ [\w./-]+:\d+\] ")
+ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+
+
+def grpc_internal(line: str) -> bool:
+    """Whether a worker's log line is gRPC's own (kept in the worker's log file, left out of ``ReadLogs``)."""
+    return line.startswith(ABSL_NOTICE) or GRPC_LOG_LINE.match(line) is not None
 
 
 def _not_terminal(event: jobs_pb2.JobEvent) -> jobs_pb2.JobEvent:

@@ -30,11 +30,13 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         revoke_quarantined: bool,
         checkpoint_written: Callable[[str, int, float], None] = lambda uri, size, seconds: None,
         store_outage: Callable[[JobRecord, int, bool], None] = lambda job, worker, reachable: None,
+        trained: Callable[[JobRecord, int], None] = lambda job, tokens: None,
     ):
         self._store = store
         self._metrics = metrics
         self._checkpoint_written = checkpoint_written  # (store URI, bytes, seconds): the Prometheus counters
         self._store_outage = store_outage  # (job, worker, reachable): the Prometheus outage counter and gauge
+        self._trained = trained  # (job, tokens of a report window): the Prometheus tokens counter
         self._lifecycle = lifecycle
         self._audit = audit.append
         self._heartbeats = heartbeats
@@ -91,6 +93,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             with self._store.database.transaction():  # one durable write for the job's step and its history
                 self._store.record_progress(job.id, step=p.step, loss=p.loss)
                 self._metrics.record(job.id, p.step, request.worker, values)
+            self._trained(job, p.tokens)
             event = jobs_pb2.JobEvent(kind=jobs_pb2.PROGRESS, step=p.step, loss=p.loss, tokens_per_s=p.tokens_per_s)
         elif kind == "eval":
             e = request.eval
@@ -284,7 +287,7 @@ def _check_ranges(report: worker_pb2.WorkerReport, processes: int) -> None:
     """Refuse a report whose steps, rounds, sizes or worker indices are out of range (``InvalidRequest``)."""
     kind = report.WhichOneof("payload")
     body = getattr(report, kind) if kind else None
-    counts = {f: getattr(body, f) for f in ("step", "round", "size_bytes") if kind and hasattr(body, f)}
+    counts = {f: getattr(body, f) for f in ("step", "round", "size_bytes", "tokens") if kind and hasattr(body, f)}
     for name, value in counts.items():
         if isinstance(value, int) and value < 0:
             raise InvalidRequest(f"{kind}.{name} must be >= 0, not {value}", field=f"{kind}.{name}")
