@@ -32,7 +32,7 @@ from cantata.server.store import Store
 from cantata.server.webhook_delivery import signature
 from cantata.server.webhook_store import WebhookStore
 from cantata.server.webhook_targets import AddressPolicy, InvalidWebhook, parse_url
-from tests.platform import Platform
+from tests.platform import Platform, cli
 from tests.waiting import wait_for
 
 QUICK = dict(model="gpt-tiny", steps=10, eval_every=10, checkpoint_every=10, batch_size=8, seq_len=32)
@@ -209,6 +209,21 @@ def test_another_tenant_cannot_see_or_remove_webhooks(platform, tenant, receiver
     tenant.webhooks.remove(mine.id)
     with pytest.raises(errors.NotFound):
         tenant.webhooks.remove(mine.id)
+
+
+def test_the_cli_adds_lists_and_removes_webhooks(platform, tenant, receiver):
+    def run(*args: str, check: bool = True):
+        return cli("webhooks", *args, "--profile", "acme", env=platform.env, check=check)
+
+    added = json.loads(run("add", f"{receiver.url}/cli", "--event", "job.failed", "--json").stdout)
+    assert added["event_types"] == ["job.failed"] and added["secret"].startswith("whsec_")
+    listed = json.loads(run("list", "--json").stdout)
+    assert [w["id"] for w in listed if w["url"].endswith("/cli")] == [added["id"]]
+    assert all(not w["secret"] for w in listed)
+    refused = run("add", "http://localhost/cli", check=False)
+    assert refused.returncode != 0 and "must be https" in refused.stderr
+    run("remove", added["id"])
+    assert added["id"] not in run("list").stdout
 
 
 @pytest.mark.parametrize(
