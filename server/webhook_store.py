@@ -250,11 +250,18 @@ class WebhookStore:
                 "WHERE d.state = 'pending' AND d.next_attempt_at <= ? ORDER BY d.next_attempt_at, d.id LIMIT ?",
                 (now, limit + len(busy)),
             ).fetchall()
-        return [
-            DueDelivery(i, w, t, u, e, k, b, a, self._open(t, w, u, s))
-            for i, w, t, u, e, k, b, a, s in rows
-            if i not in busy
-        ][:limit]
+        found = []
+        for i, w, t, u, e, k, b, a, s in rows:
+            if i in busy or len(found) == limit:
+                continue
+            try:
+                found.append(DueDelivery(i, w, t, u, e, k, b, a, self._open(t, w, u, s)))
+            except SealedSecretError as error:  # it can never be signed: dead, not retried for ever
+                with self.database.transaction() as db:
+                    db.execute(
+                        "UPDATE webhook_deliveries SET state = 'dead', last_error = ? WHERE id = ?", (str(error), i)
+                    )
+        return found
 
     def next_due(self, busy: Iterable[int] = ()) -> float | None:
         """When the next pending delivery not in ``busy`` is due (a UNIX time), or None."""

@@ -296,4 +296,13 @@ def test_events_are_queued_in_their_transaction_by_type_and_bounded(tmp_path):
     assert webhooks.rewrap("acme") == 2 and webhooks.key_versions_in_use("acme") == {2}
     keyring.retire_unused("acme", webhooks.key_versions_in_use("acme") | {2})
     assert webhooks.due(time.time() + 1, 10)[0].secret == secret
+
+    with db.transaction() as tx:  # a secret moved to another endpoint's row does not open there
+        tx.execute(
+            "UPDATE webhook_endpoints SET sealed = (SELECT sealed FROM webhook_endpoints WHERE id = ?) WHERE id = ?",
+            (anomalies.id, everything.id),
+        )
+    assert [d.event_type for d in webhooks.due(time.time() + 1, 10)] == ["job.anomaly"]
+    dead = {d.event_type: d.last_error for d in webhooks.deliveries("acme", everything.id, "dead")}
+    assert "does not decrypt" in dead["job.queued"] and dead["job.anomaly"] == "queue full"
     db.close()
