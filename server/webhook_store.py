@@ -250,7 +250,7 @@ class WebhookStore:
                 "WHERE d.state = 'pending' AND d.next_attempt_at <= ? ORDER BY d.next_attempt_at, d.id LIMIT ?",
                 (now, limit + len(busy)),
             ).fetchall()
-        found = []
+        found: list[DueDelivery] = []
         for i, w, t, u, e, k, b, a, s in rows:
             if i in busy or len(found) == limit:
                 continue
