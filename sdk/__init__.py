@@ -17,6 +17,7 @@ if TYPE_CHECKING:
         DataLoss,
         InvalidArgument,
         InvalidJob,
+        InvalidWebhook,
         NotFound,
         PermissionDenied,
         QuotaExceeded,
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
         WaitTimedOut,
     )
     from cantata.sdk.job import Job
+    from cantata.sdk.webhooks import InvalidSignature, Webhook, WebhookDelivery, verify_signature
 
 _HOMES = {
     **dict.fromkeys(
@@ -39,6 +41,7 @@ _HOMES = {
             "DataLoss",
             "InvalidArgument",
             "InvalidJob",
+            "InvalidWebhook",
             "NotFound",
             "PermissionDenied",
             "QuotaExceeded",
@@ -51,6 +54,7 @@ _HOMES = {
         "errors",
     ),
     "Job": "job",
+    **dict.fromkeys(("InvalidSignature", "Webhook", "WebhookDelivery", "verify_signature"), "webhooks"),
 }
 
 __all__ = [
@@ -63,6 +67,8 @@ __all__ = [
     "Event",
     "InvalidArgument",
     "InvalidJob",
+    "InvalidSignature",
+    "InvalidWebhook",
     "Job",
     "JobHandle",
     "JobStatus",
@@ -76,6 +82,9 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "WaitTimedOut",
+    "Webhook",
+    "WebhookDelivery",
+    "verify_signature",
 ]
 
 

@@ -1,6 +1,6 @@
 """The ``cantata`` command line.
 
-Client commands (tenant, admin tenants, jobs, checkpoints, data sources,
+Client commands (tenant, admin tenants, jobs, checkpoints, data sources, webhooks,
 profiles) live here and talk to the server through the SDK. Commands that act
 on a server's own data directory (``server``, ``audit``) or on local data
 files (``data prepare``, ``data upload``) are contributed by installed
@@ -536,6 +536,48 @@ def cmd_data_sources_rm(args) -> int:
     return 0
 
 
+# ---- webhooks -----------------------------------------------------------
+def _webhook_line(w) -> str:
+    return f"{w.id}  {w.url}  {', '.join(w.event_types) or 'every event'}  {w.created}"
+
+
+def cmd_webhooks_add(args) -> int:
+    with _client(args) as client:
+        webhook = client.webhooks.add(args.url, args.event, args.description)
+    lines = [
+        f"added webhook {_webhook_line(webhook)}",
+        f"signing secret (shown once; receivers check Cantata-Signature with it): {webhook.secret}",
+    ]
+    _print(args, asdict(webhook), lines)
+    return 0
+
+
+def cmd_webhooks_list(args) -> int:
+    with _client(args) as client:
+        webhooks = client.webhooks.list()
+    _print(args, [asdict(w) for w in webhooks], [_webhook_line(w) for w in webhooks] or ["no webhooks"])
+    return 0
+
+
+def cmd_webhooks_remove(args) -> int:
+    with _client(args) as client:
+        client.webhooks.remove(args.id)
+    _print(args, {"id": args.id, "removed": True}, [f"removed webhook {args.id}"])
+    return 0
+
+
+def cmd_webhooks_deliveries(args) -> int:
+    with _client(args) as client:
+        deliveries = client.webhooks.deliveries(args.webhook, state=args.state, limit=args.limit)
+    lines = [
+        f"{d.id:>6} {d.webhook_id} {d.event_type:<14} {d.job_id} {d.state:<9} attempts {d.attempts}"
+        + (f"  last: {d.last_error or d.last_status}" if d.attempts else "")
+        for d in deliveries
+    ]
+    _print(args, [asdict(d) for d in deliveries], lines or ["no deliveries"])
+    return 0
+
+
 # ---- audit --------------------------------------------------------------
 def cmd_audit_report_remote(args) -> int:
     """``cantata audit report --profile P``: a verified report from the server."""
@@ -643,6 +685,7 @@ COMMANDS = {  # the built-in commands and their help; plugins add to these and a
     "jobs": "training jobs",
     "checkpoints": "a job's checkpoints",
     "data": "tenant datasets: data sources, preparing and uploading shards",
+    "webhooks": "HTTPS endpoints that receive your jobs' events, signed",
     "profile": "client profiles: list them, choose the default",
     "dashboard": "a one-time link that signs your browser in to the web dashboard",
     "completion": 'print the shell completion script: eval "$(cantata completion bash)"',
@@ -933,6 +976,37 @@ def _build_data(root: argparse._SubParsersAction, groups: dict) -> None:
     p.set_defaults(func=cmd_data_sources_rm)
 
 
+def _build_webhooks(root: argparse._SubParsersAction, groups: dict) -> None:
+    webhooks = _command(root, "webhooks")
+    p = webhooks.add_parser(
+        "add",
+        help="register an https endpoint; prints its signing secret once",
+        description="Job events (job.queued, job.running, job.succeeded, job.failed, job.cancelled, "
+        "job.anomaly) are POSTed as JSON, signed with HMAC-SHA256 (Cantata-Signature), and retried with "
+        "backoff until the endpoint answers 2xx.",
+    )
+    p.add_argument("url", help="https://HOST[:PORT]/PATH")
+    p.add_argument(
+        "--event", action="append", default=[], metavar="TYPE", help="an event type to send (repeat; default: all)"
+    )
+    p.add_argument("--description", default="")
+    _client_flags(p, None)
+    p.set_defaults(func=cmd_webhooks_add)
+    p = webhooks.add_parser("list", help="your webhooks (never their secrets)")
+    _client_flags(p, None)
+    p.set_defaults(func=cmd_webhooks_list)
+    p = webhooks.add_parser("remove", help="remove a webhook; its pending deliveries are dropped")
+    p.add_argument("id")
+    _client_flags(p, None)
+    p.set_defaults(func=cmd_webhooks_remove)
+    p = webhooks.add_parser("deliveries", help="recent deliveries, with their attempts and last error")
+    p.add_argument("--webhook", default="", metavar="ID", help="of this webhook only")
+    p.add_argument("--state", default="", choices=["", "pending", "delivered", "dead"])
+    p.add_argument("--limit", type=int, default=100)
+    _client_flags(p, None)
+    p.set_defaults(func=cmd_webhooks_deliveries)
+
+
 def _build_profile(root: argparse._SubParsersAction, groups: dict) -> None:
     profile = _command(root, "profile")
     p = profile.add_parser("list", help="the profiles in $CANTATA_HOME (default ~/.cantata); * marks the default")
@@ -986,6 +1060,7 @@ BUILDERS = {
     "jobs": _build_jobs,
     "checkpoints": _build_checkpoints,
     "data": _build_data,
+    "webhooks": _build_webhooks,
     "profile": _build_profile,
     "dashboard": _build_dashboard,
     "completion": _build_completion,

@@ -32,6 +32,7 @@ from cantata.proto.v1 import (
     datasources_pb2_grpc,
     jobs_pb2,
     jobs_pb2_grpc,
+    webhooks_pb2_grpc,
 )
 from cantata.proto.vocabulary import (
     BYTE_GPTS,
@@ -53,6 +54,7 @@ from cantata.sdk.errors import (
     from_rpc_error,
 )
 from cantata.sdk.profiles import Profile
+from cantata.sdk.webhooks import Webhooks
 
 if TYPE_CHECKING:  # the job-field table loads only for a submit
     from cantata.sdk.job import Job
@@ -392,6 +394,7 @@ class Client:
         self._audit = audit_pb2_grpc.AuditStub(self._channel)
         self._data_sources = datasources_pb2_grpc.DataSourcesStub(self._channel)
         self._dashboard = dashboard_pb2_grpc.DashboardStub(self._channel)
+        self.webhooks = Webhooks(webhooks_pb2_grpc.WebhooksStub(self._channel), self._call)
 
     @classmethod
     def from_profile(cls, name: str, **kwargs) -> Client:

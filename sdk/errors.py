@@ -50,6 +50,10 @@ class InvalidJob(InvalidArgument):
         self.field = field
 
 
+class InvalidWebhook(InvalidArgument):
+    """A webhook URL the server refuses: not https, too long, or reaching an address webhooks may not."""
+
+
 class QuotaExceeded(CantataError):
     """A tenant limit is reached; ``what``, ``limit`` and ``used`` say which, and ``retry_after_s`` (when the
     server tells, as for login links; else 0) when to try again."""
@@ -152,6 +156,8 @@ def from_rpc_error(err: grpc.RpcError, *, target: str = "") -> CantataError:
         return EnrollmentLimited(
             message, what=what, limit=int(float(limit or 0)), retry_after_s=float(retry or 0), **common
         )
+    if reason == ErrorReason.INVALID_WEBHOOK:
+        return InvalidWebhook(message, **common)
     if reason == ErrorReason.STORE_FULL:
         return StoreFull(message, **common)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:  # gRPC's own message-size limit: no reason of ours

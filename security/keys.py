@@ -61,6 +61,7 @@ _KEYRING_MAGIC = b"CNKR\x01"
 _JOB_KEY_INFO = b"cantata/job-kek/v1\x00"
 _WRAP_LABEL = b"cantata/dek-wrap/v1\x00"
 DATA_SOURCES_SCOPE = "@data-sources"  # job ids are "job-<hex>": none can derive this scope's keys
+WEBHOOKS_SCOPE = "@webhooks"  # the same for the signing secrets of the tenant's webhook endpoints
 
 
 class KeyringError(Exception):
@@ -281,6 +282,10 @@ class KeyProvider(ABC):
     def data_source_keys(self, tenant: str) -> JobKeys:
         """The wrapping keys of the tenant's data-source secrets (every active KEK version)."""
         return self.job_keys(tenant, DATA_SOURCES_SCOPE)
+
+    def webhook_keys(self, tenant: str) -> JobKeys:
+        """The wrapping keys of the tenant's webhook signing secrets (every active KEK version)."""
+        return self.job_keys(tenant, WEBHOOKS_SCOPE)
 
     def retire_unused(self, tenant: str, in_use: set[int]) -> list[int]:
         """Retire every active, non-current version not in ``in_use``; return them."""

@@ -36,6 +36,7 @@ from cantata.proto.v1 import (
     jobs_pb2,
     jobs_pb2_grpc,
     tenancy_pb2_grpc,
+    webhooks_pb2_grpc,
     worker_pb2_grpc,
 )
 from cantata.security import seccomp_policy
@@ -83,6 +84,7 @@ from cantata.server.services.dashboard import DashboardService
 from cantata.server.services.datasources import DataSourcesService
 from cantata.server.services.jobs import JobsService
 from cantata.server.services.tenancy import TenancyService
+from cantata.server.services.webhooks import WebhooksService
 from cantata.server.services.worker import WorkerService
 from cantata.server.serving import ServingLoop
 from cantata.server.store import Store
@@ -93,6 +95,9 @@ from cantata.server.telemetry import Telemetry
 from cantata.server.tenant_groups import TenantGroups
 from cantata.server.tls import RotatingCredentials
 from cantata.server.voided_submissions import submitted_jobs, to_void
+from cantata.server.webhook_delivery import WebhookDeliverer
+from cantata.server.webhook_store import WebhookStore
+from cantata.server.webhook_targets import AddressPolicy
 
 if TYPE_CHECKING:
     from cantata.server.dashboard.serving import DashboardServer
@@ -138,6 +143,23 @@ class ControlPlane:
         self.telemetry = Telemetry()
         self.keyring = self.paths.open_keyring()
         self.data_sources = DataSourceStore(self.database, self.keyring)
+        self.webhooks = WebhookStore(
+            self.database,
+            self.keyring,
+            max_endpoints=self.settings.webhook_max_endpoints,
+            max_pending=self.settings.webhook_max_pending,
+        )
+        self.store.on_event = self.webhooks.enqueue
+        self.webhook_policy = AddressPolicy(self.settings.webhook_allowed_networks)
+        self.deliverer = WebhookDeliverer(
+            self.webhooks,
+            self.webhook_policy,
+            ca_file=self.settings.webhook_ca_file,
+            timeout_s=self.settings.webhook_timeout_s,
+            max_attempts=self.settings.webhook_max_attempts,
+            backoff_s=self.settings.webhook_backoff_s,
+            backoff_max_s=self.settings.webhook_backoff_max_s,
+        )
         self.audit = AuditLog.open(self.paths.audit)
         # A submit's job and record are synced side by side: a crash between the two syncs may have kept jobs
         # whose records it took. They were never acknowledged nor placed; undone before anything reads them.
@@ -397,6 +419,7 @@ class ControlPlane:
                 self.ca,
                 self.keyring,
                 self.data_sources,
+                self.webhooks,
                 self.settings.default_quota,
                 self.settings.tenant_cert_days,
                 self.recorder,
@@ -442,6 +465,9 @@ class ControlPlane:
         datasources_pb2_grpc.add_DataSourcesServicer_to_server(
             DataSourcesService(self.data_sources, self.recorder.append), server
         )
+        webhooks_pb2_grpc.add_WebhooksServicer_to_server(
+            WebhooksService(self.webhooks, self.webhook_policy, self.recorder.append), server
+        )
         audit_pb2_grpc.add_AuditServicer_to_server(AuditService(self.paths.audit, self.audit.checkpoint), server)
         dashboard_url = self._start_dashboard()
         dashboard_pb2_grpc.add_DashboardServicer_to_server(
@@ -458,6 +484,7 @@ class ControlPlane:
         self.scheduler.start()
         self.sweeper.start()
         self.retention.start()
+        self.deliverer.start()
         if self.settings.metrics_listen:
             self._metrics_endpoint = MetricsEndpoint(
                 self.settings.metrics_listen,
@@ -550,6 +577,7 @@ class ControlPlane:
             self.scheduler.shutdown(leave_jobs=self.on_stop == "leave")
             self.sweeper.shutdown()
             self.retention.shutdown()
+            self.deliverer.shutdown()
         if self._metrics_endpoint is not None:
             self._metrics_endpoint.stop()
         self.refusals.close()  # the counts of open windows, before the log closes

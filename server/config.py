@@ -106,6 +106,15 @@ class ServerSettings:
     handshake_timeout_s: float = 10.0  # TLS handshake, and an HTTP request's head, must be done by then or closed
     idle_connection_s: float = 600.0  # a gRPC connection with no call for this long is closed (clients reconnect)
     reserved_fds: int = 1024  # open files kept for the server itself (database, audit log, workers, outgoing calls)
+    # Webhooks (docs/monitoring.md#webhooks):
+    webhook_max_endpoints: int = 10  # endpoints one tenant may register
+    webhook_max_pending: int = 1000  # deliveries one endpoint may have waiting; more are recorded dead
+    webhook_allowed_networks: list[str] = field(default_factory=list)  # CIDRs webhooks may reach though not public
+    webhook_ca_file: str = ""  # CA bundle receivers' certificates are checked against (default: the system's)
+    webhook_timeout_s: float = 10.0  # one delivery attempt: connect, TLS, request and answer
+    webhook_max_attempts: int = 8  # attempts of a delivery before it is dead
+    webhook_backoff_s: float = 5.0  # wait before the first retry; doubles each time, half of it random
+    webhook_backoff_max_s: float = 3600.0  # the longest wait between attempts
 
 
 def enrollment_limits(settings: ServerSettings) -> EnrollmentLimits:

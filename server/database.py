@@ -215,6 +215,48 @@ CREATE TRIGGER tenant_last_start AFTER UPDATE OF state ON jobs WHEN new.state = 
 END;
 """
 
+# 13 (branch webhooks): tenants' webhook endpoints (signing secret sealed under the tenant's key), the
+# deliveries of each event to each endpoint (the outbox the deliverer works through, in the transaction that
+# wrote the event) and every attempt of each (:mod:`cantata.server.webhook_store`).
+_V13_WEBHOOKS = """
+CREATE TABLE webhook_endpoints (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    url TEXT NOT NULL,
+    event_types TEXT NOT NULL,
+    description TEXT NOT NULL,
+    sealed BLOB NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE INDEX webhook_endpoints_by_tenant ON webhook_endpoints (tenant);
+CREATE TABLE webhook_deliveries (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    endpoint_id TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    event_id TEXT NOT NULL,
+    event_type TEXT NOT NULL,
+    job_id TEXT NOT NULL,
+    body BLOB NOT NULL,
+    state TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at REAL NOT NULL,
+    last_status INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT NOT NULL DEFAULT '',
+    created_at TEXT NOT NULL
+);
+CREATE INDEX webhook_deliveries_due ON webhook_deliveries (state, next_attempt_at);
+CREATE INDEX webhook_deliveries_by_endpoint ON webhook_deliveries (endpoint_id, id);
+CREATE TABLE webhook_attempts (
+    delivery_id INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    at TEXT NOT NULL,
+    status INTEGER NOT NULL,
+    error TEXT NOT NULL,
+    seconds REAL NOT NULL,
+    PRIMARY KEY (delivery_id, attempt)
+);
+"""
+
 # MIGRATIONS[n] takes a database from version n to n + 1. Append; never edit a step that has shipped.
 MIGRATIONS: tuple[str, ...] = (
     _V1_STORE + _V1_DATA_SOURCES,  # 1: the unversioned schema of the store and the data sources, as it was
@@ -229,6 +271,7 @@ MIGRATIONS: tuple[str, ...] = (
     _V10_SUBMIT_RECORD,  # 10: jobs.audit_seq
     _V11_PARKED,  # 11: jobs.parked, jobs_queue, jobs_parked, unfinished_jobs
     _V12_LAST_START,  # 12: tenants.last_start, tenants_by_last_start, tenant_last_start
+    _V13_WEBHOOKS,  # 13: webhook_endpoints, webhook_deliveries, webhook_attempts
 )
 
 

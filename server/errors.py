@@ -37,6 +37,7 @@ from cantata.server.datasource_store import DataSourceExists, DataSourceNotFound
 from cantata.server.enrollment import EnrollmentLimited
 from cantata.server.jobspec import InvalidField
 from cantata.server.store import Conflict, NotFound, QuotaExceeded, RequestIdReused
+from cantata.server.webhook_targets import InvalidWebhook
 from cantata.storage import StoreFull, StoreNotFound, StorePermissionError, StoreUnavailableError
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,7 @@ MAPPING: dict[type[Exception], Mapped] = {
     InvalidRequest: Mapped(grpc.StatusCode.INVALID_ARGUMENT, ErrorReason.INVALID_ARGUMENT),
     InvalidDataSource: Mapped(grpc.StatusCode.INVALID_ARGUMENT, ErrorReason.INVALID_DATA_SOURCE),
     InvalidName: Mapped(grpc.StatusCode.INVALID_ARGUMENT, ErrorReason.INVALID_NAME),
+    InvalidWebhook: Mapped(grpc.StatusCode.INVALID_ARGUMENT, ErrorReason.INVALID_WEBHOOK),
     InvalidCSR: Mapped(grpc.StatusCode.INVALID_ARGUMENT, ErrorReason.INVALID_CSR),
     InvalidAttackConfig: Mapped(grpc.StatusCode.INVALID_ARGUMENT, ErrorReason.INVALID_ATTACK),
     Refused: Mapped(grpc.StatusCode.PERMISSION_DENIED, ErrorReason.PERMISSION_DENIED),

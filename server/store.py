@@ -193,6 +193,8 @@ class Store:
         self.database = database if isinstance(database, Database) else Database(database)
         self._broadcast = broadcast
         self.on_queue_change: Callable[[], None] = lambda: None  # a job was queued, or a quota or tenant changed
+        # Called with each job event inside the transaction that writes it (the webhooks' outbox).
+        self.on_event: Callable[[sqlite3.Connection, str, jobs_pb2.JobEvent], None] = lambda db, job_id, event: None
         # What every call's gatekeeper asks, answered from memory; emptied whenever a commit changed its table,
         # so no writer (of tenants or certificates, in this class or another) can leave a stale answer behind.
         self._tenant_statuses = Cache[str, str | None]()
@@ -871,6 +873,7 @@ class Store:
         event.seq = seq
         event.time.GetCurrentTime()
         db.execute("INSERT INTO events (job_id, seq, body) VALUES (?, ?, ?)", (job_id, seq, event.SerializeToString()))
+        self.on_event(db, job_id, event)
         if self._broadcast is not None:
             self.database.after_commit(partial(self._broadcast.publish, job_id, (event,)))
         if event.kind == jobs_pb2.STATE and event.state == common_pb2.QUEUED:

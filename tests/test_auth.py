@@ -16,6 +16,7 @@ from cantata.proto.v1 import (
     datasources_pb2,
     jobs_pb2,
     tenancy_pb2,
+    webhooks_pb2,
     worker_pb2,
 )
 from cantata.sdk import errors
@@ -32,6 +33,7 @@ SERVICE_MODULES = (
     audit_pb2,
     datasources_pb2,
     dashboard_pb2,
+    webhooks_pb2,
 )
 
 

@@ -30,6 +30,7 @@ from cantata.server.errors import ErrorInterceptor
 from cantata.server.jobspec import InvalidField
 from cantata.server.serving import ServingLoop
 from cantata.server.store import Conflict, NotFound, QuotaExceeded, RequestIdReused, StoreError
+from cantata.server.webhook_targets import InvalidWebhook
 from cantata.storage import StoreFull, StoreNotFound, StorePermissionError, StoreUnavailableError
 from tests.platform import free_port
 
@@ -51,6 +52,7 @@ EXPECTED = [
     (server_errors.InvalidRequest("empty report"), Code.INVALID_ARGUMENT, "INVALID_ARGUMENT"),
     (InvalidDataSource("kind: S3 or AZURE_BLOB is required"), Code.INVALID_ARGUMENT, "INVALID_DATA_SOURCE"),
     (InvalidName("bad name"), Code.INVALID_ARGUMENT, "INVALID_NAME"),
+    (InvalidWebhook("url: must be https://"), Code.INVALID_ARGUMENT, "INVALID_WEBHOOK"),
     (InvalidCSR("CSR too large"), Code.INVALID_ARGUMENT, "INVALID_CSR"),
     (InvalidAttackConfig("the job has 2 workers"), Code.INVALID_ARGUMENT, "INVALID_ATTACK"),
     (server_errors.Refused("a worker may only report for itself"), Code.PERMISSION_DENIED, "PERMISSION_DENIED"),

@@ -47,6 +47,9 @@ class Action(StrEnum):
     DATA_SOURCE_REGISTERED = "data_source_registered"
     DATA_SOURCE_DELETED = "data_source_deleted"
     DATA_SOURCE_RELEASED = "data_source_released"  # credentials handed to one job's workers
+    # tenant webhooks
+    WEBHOOK_ADDED = "webhook_added"
+    WEBHOOK_REMOVED = "webhook_removed"
     # training integrity
     GRADIENT_ANOMALY_DETECTED = "gradient_anomaly_detected"
     PEER_QUARANTINED = "peer_quarantined"

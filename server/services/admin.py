@@ -26,6 +26,7 @@ from cantata.server.errors import InvalidRequest
 from cantata.server.lifecycle import JobLifecycle
 from cantata.server.ports import AuditSink
 from cantata.server.store import Conflict, Store, Tenant
+from cantata.server.webhook_store import WebhookStore
 from cantata.storage import open_store
 
 # Which AttackConfig field SimulateAttackRequest.strength sets, per attack.
@@ -45,6 +46,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         ca: CertificateAuthority,
         keyring: KeyProvider,
         data_sources: DataSourceStore,
+        webhooks: WebhookStore,
         default_quota: dict,
         tenant_cert_days: int,
         audit: AuditSink,
@@ -61,6 +63,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         self._ca = ca
         self._keyring = keyring
         self._data_sources = data_sources
+        self._webhooks = webhooks
         self._default_quota = default_quota
         self._cert_lifetime = dt.timedelta(days=tenant_cert_days)
         self._audit = audit.append
@@ -219,7 +222,11 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         self._audit_writable()
         version = self._keyring.rotate(request.tenant)
         sources_rewrapped = self._data_sources.rewrap(request.tenant)
-        rewrapped, in_use = sources_rewrapped, self._data_sources.key_versions_in_use(request.tenant)
+        webhooks_rewrapped = self._webhooks.rewrap(request.tenant)
+        rewrapped = sources_rewrapped + webhooks_rewrapped
+        in_use = self._data_sources.key_versions_in_use(request.tenant) | self._webhooks.key_versions_in_use(
+            request.tenant
+        )
         for job in self._store.jobs(tenant=request.tenant):
             store = open_store(job.spec.checkpoint_store)
             rewrapped += rewrap_checkpoints(
@@ -234,6 +241,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             key_version=version,
             objects_rewrapped=rewrapped,
             data_sources_rewrapped=sources_rewrapped,
+            webhooks_rewrapped=webhooks_rewrapped,
             retired_versions=retired,
         )
         return admin_pb2.RotateTenantKeyReply(version=version, objects_rewrapped=rewrapped, retired=retired)
