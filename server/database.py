@@ -215,6 +215,9 @@ CREATE TRIGGER tenant_last_start AFTER UPDATE OF state ON jobs WHEN new.state = 
 END;
 """
 
+# 15 (branch recovery): an admin's planned fault (cantata.proto.faults, JSON; '': none), evaluation only, like attack.
+_V15_FAULT = "ALTER TABLE jobs ADD COLUMN fault TEXT NOT NULL DEFAULT ''"
+
 # MIGRATIONS[n] takes a database from version n to n + 1. Append; never edit a step that has shipped.
 MIGRATIONS: tuple[str, ...] = (
     _V1_STORE + _V1_DATA_SOURCES,  # 1: the unversioned schema of the store and the data sources, as it was
@@ -229,6 +232,7 @@ MIGRATIONS: tuple[str, ...] = (
     _V10_SUBMIT_RECORD,  # 10: jobs.audit_seq
     _V11_PARKED,  # 11: jobs.parked, jobs_queue, jobs_parked, unfinished_jobs
     _V12_LAST_START,  # 12: tenants.last_start, tenants_by_last_start, tenant_last_start
+    _V15_FAULT,  # 15 (renumbered at merge): jobs.fault
 )
 
 
