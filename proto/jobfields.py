@@ -38,6 +38,7 @@ from cantata.proto.vocabulary import (
     MixedPrecision,
     Model,
     NsDtype,
+    OnNonfinite,
     Optimizer,
     Topology,
     Utf8Policy,
@@ -381,6 +382,66 @@ PLACEMENT_FIELDS: tuple[JobField, ...] = (
     ),
 )
 
+MAX_ROLLBACKS = 100
+DEFAULT_SPIKE_WINDOW = 50
+# Automatic recovery (issue 36): single and allreduce jobs roll back to their latest checkpoint
+# (cantata.trainer.recovery); a decentralized worker's state is its peers' too, so gasloc and diloco refuse them.
+RECOVERY_FIELDS: tuple[JobField, ...] = (
+    JobField(
+        "on_nonfinite",
+        str,
+        "a step whose loss is NaN or infinite: warn and train on, roll back to the latest checkpoint "
+        "(skipping the data since), or fail the job",
+        "",
+        OnNonfinite.WARN.value,
+        choices=OnNonfinite,
+        algorithms=_MESH,
+    ),
+    JobField(
+        "spike_zscore",
+        float,
+        "roll back to the latest checkpoint (skipping the data since) when a step's loss lies this many standard "
+        "deviations above the mean of the last spike_window losses; unset: no spike detection",
+        None,
+        range=Range(0, 1000, low_open=True),
+        algorithms=_MESH,
+        optional=True,
+    ),
+    JobField(
+        "spike_window",
+        int,
+        "the losses spike_zscore compares a step's loss with (with spike_zscore; detection starts once it is full)",
+        None,
+        Rule(
+            f"{DEFAULT_SPIKE_WINDOW} with spike_zscore",
+            lambda spec: DEFAULT_SPIKE_WINDOW if spec.HasField("spike_zscore") else None,
+        ),
+        range=Range(2, 10_000),
+        algorithms=_MESH,
+        optional=True,
+    ),
+    JobField(
+        "max_rollbacks",
+        int,
+        "rollbacks one run of the workers survives; the next loss spike or non-finite loss fails the job",
+        None,
+        3,
+        range=Range(0, MAX_ROLLBACKS),
+        algorithms=_MESH,
+        optional=True,
+    ),
+    JobField(
+        "rollback_lr_scale",
+        float,
+        "the learning rate's factor after each rollback (0.5: halved after the first, quartered after the second)",
+        None,
+        1.0,
+        range=Range(0, 1, low_open=True),
+        algorithms=_MESH,
+        optional=True,
+    ),
+)
+
 FIELDS: tuple[JobField, ...] = (
     JobField("name", str, "the job's name, shown in listings", REQUIRED, max_length=128, required=True),
     JobField("model", str, "model configuration", Model.GPT_TINY.value, Model.GPT_TINY.value, choices=Model),
@@ -572,6 +633,7 @@ FIELDS: tuple[JobField, ...] = (
     *MODEL_FIELDS,
     *MUON_FIELDS,
     *PLACEMENT_FIELDS,
+    *RECOVERY_FIELDS,
 )
 FIELD = {f.name: f for f in FIELDS}
 

@@ -65,6 +65,14 @@ class Compression(enum.StrEnum):
     INT8 = "int8"
 
 
+class OnNonfinite(enum.StrEnum):
+    """What a single or allreduce job does when a step's loss is not a finite number."""
+
+    WARN = "warn"  # log a warning and train on
+    ROLLBACK = "rollback"  # roll back to the latest checkpoint and skip the data since (cantata.trainer.recovery)
+    FAIL = "fail"  # fail the job at once, permanently
+
+
 class Utf8Policy(enum.StrEnum):
     """What to do with dataset text that is not valid UTF-8."""
 

@@ -982,7 +982,7 @@ def _build_webhooks(root: argparse._SubParsersAction, groups: dict) -> None:
         "add",
         help="register an https endpoint; prints its signing secret once",
         description="Job events (job.queued, job.running, job.succeeded, job.failed, job.cancelled, "
-        "job.anomaly) are POSTed as JSON, signed with HMAC-SHA256 (Cantata-Signature), and retried with "
+        "job.anomaly, job.rollback) are POSTed as JSON, signed with HMAC-SHA256 (Cantata-Signature), and retried with "
         "backoff until the endpoint answers 2xx.",
     )
     p.add_argument("url", help="https://HOST[:PORT]/PATH")

@@ -124,7 +124,7 @@ class JobStatus:
 
 
 # The event kinds that carry each value; other events hold None there.
-_LOSS_KINDS = frozenset({jobs_pb2.PROGRESS})
+_LOSS_KINDS = frozenset({jobs_pb2.PROGRESS, jobs_pb2.ROLLBACK})  # ROLLBACK: the loss that tripped the policy
 _VAL_LOSS_KINDS = frozenset({jobs_pb2.EVAL})
 
 
@@ -157,7 +157,7 @@ class Event:
             e.total_steps or None,
             e.loss if e.kind in _LOSS_KINDS else None,
             e.val_loss if e.kind in _VAL_LOSS_KINDS else None,
-            e.tokens_per_s if e.kind in _LOSS_KINDS else None,
+            e.tokens_per_s if e.kind == jobs_pb2.PROGRESS else None,
             e.message,
             e.worker,
         )
@@ -809,6 +809,25 @@ class Client:
         self._call(
             self._admin.SimulateAttack,
             admin_pb2.SimulateAttackRequest(job_id=job_id, workers=workers, attack=attack, strength=strength),
+        )
+
+    def inject_fault(
+        self,
+        job_id: str,
+        fault: str,
+        step: int,
+        *,
+        scale: float = 0.0,
+        times: int = 0,
+        workers: builtins.list[int] | None = None,
+    ) -> None:
+        """Evaluation only (admins): corrupt a queued job's loss at ``step`` (``loss_spike`` x ``scale``, or
+        ``nonfinite``), ``times`` times, on ``workers`` (default all), to exercise its recovery policy."""
+        self._call(
+            self._admin.InjectFault,
+            admin_pb2.InjectFaultRequest(
+                job_id=job_id, fault=fault, step=step, scale=scale, times=times, workers=workers or []
+            ),
         )
 
     def anomalies(self, job_id: str) -> builtins.list[Anomaly]:

@@ -50,6 +50,7 @@ RULES: dict[str, frozenset[str]] = {
     "/cantata.v1.Admin/RotateTenantKey": frozenset({ADMIN}),
     "/cantata.v1.Admin/ListAnomalies": frozenset({ADMIN}),
     "/cantata.v1.Admin/SimulateAttack": frozenset({ADMIN}),
+    "/cantata.v1.Admin/InjectFault": frozenset({ADMIN}),
     "/cantata.v1.Admin/AddScraper": frozenset({ADMIN}),
     "/cantata.v1.Jobs/SubmitJob": frozenset({TENANT}),
     "/cantata.v1.Jobs/GetJob": frozenset({TENANT}),

@@ -215,7 +215,7 @@ CREATE TRIGGER tenant_last_start AFTER UPDATE OF state ON jobs WHEN new.state = 
 END;
 """
 
-# 13 (branch webhooks): tenants' webhook endpoints (signing secret sealed under the tenant's key), the
+# 13: tenants' webhook endpoints (signing secret sealed under the tenant's key), the
 # deliveries of each event to each endpoint (the outbox the deliverer works through, in the transaction that
 # wrote the event) and every attempt of each (:mod:`cantata.server.webhook_store`).
 _V13_WEBHOOKS = """
@@ -257,6 +257,9 @@ CREATE TABLE webhook_attempts (
 );
 """
 
+# 14: an admin's planned fault (cantata.proto.faults, JSON; '': none), evaluation only, like attack.
+_V14_FAULT = "ALTER TABLE jobs ADD COLUMN fault TEXT NOT NULL DEFAULT ''"
+
 # MIGRATIONS[n] takes a database from version n to n + 1. Append; never edit a step that has shipped.
 MIGRATIONS: tuple[str, ...] = (
     _V1_STORE + _V1_DATA_SOURCES,  # 1: the unversioned schema of the store and the data sources, as it was
@@ -272,6 +275,7 @@ MIGRATIONS: tuple[str, ...] = (
     _V11_PARKED,  # 11: jobs.parked, jobs_queue, jobs_parked, unfinished_jobs
     _V12_LAST_START,  # 12: tenants.last_start, tenants_by_last_start, tenant_last_start
     _V13_WEBHOOKS,  # 13: webhook_endpoints, webhook_deliveries, webhook_attempts
+    _V14_FAULT,  # 14: jobs.fault
 )
 
 

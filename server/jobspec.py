@@ -140,6 +140,8 @@ def parse_job_spec(
     if s.optimizer != Optimizer.MUON:  # before the defaults, which fill these in for muon only
         for f in jobfields.MUON_FIELDS:
             _require(not jobfields.is_set(f, jobfields.value_of(s, f)), f.name, "only with optimizer 'muon'")
+    if not s.HasField("spike_zscore"):  # before the defaults, which fill spike_window in with it
+        _require(not s.HasField("spike_window"), "spike_window", "only with spike_zscore")
     jobfields.fill_defaults(s)
     s.checkpoint_store = s.checkpoint_store or default_store
     _require(s.algorithm != Algorithm.SINGLE or s.workers == 1, "workers", "algorithm 'single' runs one worker")

@@ -132,6 +132,7 @@ class _Running:
     identity: Identity | None
     rendezvous: list[str]  # per torch.distributed group
     attack: dict | None
+    fault: dict | None  # an admin's planned fault (cantata.proto.faults), evaluation only
     kill_at: float | None = None
     exited: dict[int, int] = field(default_factory=dict)
     spawned: dict[int, float] = field(default_factory=dict)  # process index -> time.monotonic() at its start
@@ -214,7 +215,9 @@ class WorkerLauncher:
         """The start time of the job's worker process (clock ticks since boot), which with its pid names it."""
         return self._running[job_id].procs[worker].started_at
 
-    def adopt(self, job: JobRecord, workers: list[WorkerRecord], *, attack: dict | None = None) -> int:
+    def adopt(
+        self, job: JobRecord, workers: list[WorkerRecord], *, attack: dict | None = None, fault: dict | None = None
+    ) -> int:
         """Take over the workers of ``job`` an earlier server started; returns how many still run.
 
         Each is its recorded pid only if that process started when recorded; those that exited
@@ -229,7 +232,7 @@ class WorkerLauncher:
             with contextlib.suppress(OSError, ValueError, KeyError):
                 config = json.loads((ws / f"worker-{w.idx}.json").read_text())
                 rendezvous[w.idx // group_size(job.spec)] = config["rendezvous"]
-        adopted = _Running({}, identity, rendezvous, attack)
+        adopted = _Running({}, identity, rendezvous, attack, fault)
         now = time.monotonic()  # heartbeats count from the adoption: the new server heard none yet
         for w in workers:
             adopted.procs[w.idx] = AdoptedProcess.adopt(w.pid, w.started_at, self._status(job.id, w.idx))
@@ -264,7 +267,7 @@ class WorkerLauncher:
             return ""
         return " | ".join(line.strip() for line in text[-lines:])
 
-    def launch(self, job: JobRecord, *, attack: dict | None = None) -> dict[int, int]:
+    def launch(self, job: JobRecord, *, attack: dict | None = None, fault: dict | None = None) -> dict[int, int]:
         """Start every worker process of ``job``; returns process index -> pid.
 
         The job's secrets (its keys and data-source credentials) go only into the 0600 config files.
@@ -278,7 +281,7 @@ class WorkerLauncher:
         store = job.spec.checkpoint_store
         store_root = Path(unquote(urlparse(store).path)) if store.startswith("file://") else None
         folders = (ws, *([store_root / job.tenant / job.id] if store_root else []))
-        running = self._running[job.id] = _Running({}, None, rendezvous, attack)
+        running = self._running[job.id] = _Running({}, None, rendezvous, attack, fault)
         try:
             running.identity = self._identities.acquire(job.id, job.tenant, folders)
             (ws / "tmp").mkdir(exist_ok=True)
@@ -349,6 +352,7 @@ class WorkerLauncher:
             "ca": str(ws / "ca.pem"),
             "threads": max(1, (os.cpu_count() or 1) // processes(job.spec)),
             "attack": running.attack,
+            "fault": running.fault,
             "spec": json_format.MessageToDict(job.spec, preserving_proto_field_name=True),
             "rendezvous": running.rendezvous[i // group_size(job.spec)],
             "worker": i,

@@ -87,6 +87,11 @@ class Scheduler:
         self._place_due = True
         self._woken.set()
 
+    def _evaluation(self, job_id: str) -> dict[str, dict | None]:
+        """What an admin planned for the job's workers, evaluation only: an attack, a fault (None: none)."""
+        attack, fault = self._store.attack(job_id), self._store.fault(job_id)
+        return {"attack": json.loads(attack) if attack else None, "fault": json.loads(fault) if fault else None}
+
     def start(self) -> None:
         """After a stop or a crash: re-adopt the workers of every started job, kill what no job owns; then tick.
 
@@ -100,8 +105,7 @@ class Scheduler:
         for job in self._store.jobs(states=ACTIVE | {pb.QUEUED}, with_workers=True, limit=1_000_000):
             workers = self._store.workers(job.id)
             if job.state in ACTIVE and workers:
-                attack = self._store.attack(job.id)
-                alive = self._launcher.adopt(job, workers, attack=json.loads(attack) if attack else None)
+                alive = self._launcher.adopt(job, workers, **self._evaluation(job.id))
                 if alive is not None:
                     adopted[job.id] = alive
                     continue
@@ -209,8 +213,7 @@ class Scheduler:
                 continue
             self.on_placed(job)
             try:
-                attack = self._store.attack(job.id)
-                pids = self._launcher.launch(self._store.job(job.id), attack=json.loads(attack) if attack else None)
+                pids = self._launcher.launch(self._store.job(job.id), **self._evaluation(job.id))
             except AuditLogUnavailable as exc:  # its keys were not released: nothing started
                 self._lifecycle.placement_deferred(job, f"{exc}; {UNTIL_AUDITABLE}")
                 self._place_due = True

@@ -993,6 +993,16 @@ class Store:
         with self.database.read() as db:
             return db.execute("SELECT attack FROM jobs WHERE id=?", (job_id,)).fetchone()[0]
 
+    def set_fault(self, job_id: str, fault_json: str) -> None:
+        with self._tx() as db:
+            if self._job(db, job_id).state != common_pb2.QUEUED:
+                raise Conflict("faults can only be injected into a queued job")
+            db.execute("UPDATE jobs SET fault=? WHERE id=?", (fault_json, job_id))
+
+    def fault(self, job_id: str) -> str:
+        with self.database.read() as db:
+            return db.execute("SELECT fault FROM jobs WHERE id=?", (job_id,)).fetchone()[0]
+
     def add_anomaly(self, a: AnomalyRecord) -> None:
         with self._tx() as db:
             db.execute(

@@ -20,6 +20,7 @@ WEBHOOK_EVENTS: dict[tuple[int, int], str] = {
     (jobs_pb2.STATE, common_pb2.FAILED): "job.failed",
     (jobs_pb2.STATE, common_pb2.CANCELLED): "job.cancelled",
     (jobs_pb2.ANOMALY, 0): "job.anomaly",  # an update failed screening; the message says if its sender was quarantined
+    (jobs_pb2.ROLLBACK, 0): "job.rollback",  # the recovery policy rolled the job back to a checkpoint
 }
 EVENT_TYPES: tuple[str, ...] = tuple(WEBHOOK_EVENTS.values())
 

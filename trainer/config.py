@@ -7,6 +7,7 @@ The file (mode 0600, deleted once the job's workers are gone) holds::
      "gossip_host": ... (the node's cluster address; absent: 127.0.0.1),
      "spec": {JobSpec as JSON},
      "attack": {...} | null,
+     "fault": {...} | null,
      "checkpoint_keys": {"tenant": ..., "job_id": ..., "keys": {VERSION: base64}},
      "data": {"roots": [...],
               "credentials": {"name": ..., "kind": ..., "endpoint": ..., "secrets": {...}} | null,
@@ -50,6 +51,7 @@ class WorkerConfig:
     checkpoint_keys: JobKeys = field(repr=False)  # this job's derived checkpoint keys, from the server
     dataset_access: DatasetAccess  # where file:// datasets may live; the data sources' secrets
     attack: dict | None = None  # evaluation only: set by an admin, never by the tenant
+    fault: dict | None = None  # evaluation only, likewise: a planned loss fault (cantata.proto.faults)
     gossip_host: str = "127.0.0.1"  # the address the gossip endpoint binds (named in the worker's certificate)
 
     @property
@@ -102,6 +104,7 @@ class WorkerConfig:
             checkpoint_keys=JobKeys.from_dict(raw["checkpoint_keys"]),
             dataset_access=_dataset_access(raw["data"]),
             attack=raw.get("attack"),
+            fault=raw.get("fault"),
             gossip_host=raw.get("gossip_host", "127.0.0.1"),
         )
 

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from cantata.proto.faults import Fault
 from cantata.proto.vocabulary import DECENTRALIZED, LrSchedule, MixedPrecision
 from cantata.security.sealed_checkpoint import SHARDED_PART
 from cantata.trainer.checkpoint import JobCheckpoints, Scope, TrainingState, share_from_rank0
@@ -39,12 +40,21 @@ from cantata.trainer.device import Device, pick_device
 from cantata.trainer.model import LanguageModel, build_model
 from cantata.trainer.optim import build_optimizer, spec_settings
 from cantata.trainer.parallel import MeshState, Parallelism, build_sharded, data_rank
+from cantata.trainer.recovery import Recovery, RecoveryPolicy, Trip
 from cantata.trainer.reporter import Reporter
 from cantata.trainer.weights import load_weights, open_weights
 
 
 class Stopped(Exception):
     """The job was cancelled or the server asked the worker to stop."""
+
+
+class LossTripped(Exception):
+    """The loss of ``step`` tripped the job's recovery policy (on every rank alike): roll back."""
+
+    def __init__(self, step: int, trip: Trip):
+        super().__init__(f"step {step}: {trip.cause}")
+        self.step, self.trip = step, trip
 
 
 @dataclass(frozen=True)
@@ -169,10 +179,12 @@ def train_step(
     accumulate: int,
     trace: bool,
     device: Device = CPU,
+    loss_factor: float = 1.0,
 ) -> float:
     """One optimizer step over ``accumulate`` micro-batches of the feed; returns their mean loss.
 
     With ``trace`` (the job asked for its data lineage) a line per micro-batch names its samples.
+    ``loss_factor`` (an admin's injected fault, evaluation only) multiplies each micro-batch's loss.
     """
     optimizer.set_lr(lr)
     total = 0.0
@@ -182,6 +194,8 @@ def train_step(
             print(f"samples step={step} ids={','.join(map(str, batch.sample_ids.tolist()))}", flush=True)
         with device.autocast():
             _, loss = model(batch.inputs.to(device.torch), batch.targets.to(device.torch))
+        if loss_factor != 1.0:
+            loss = loss * loss_factor
         (loss / accumulate).backward()
         total += loss.item()
     optimizer.step()
@@ -296,6 +310,15 @@ def log_progress(step: int, steps: int, loss: float, lr: float, tokens_per_s: fl
     )
 
 
+def mean_over(value: float, group: dist.ProcessGroup | None, device: Device) -> float:
+    """``value``'s mean over the ranks of ``group`` (NaN if any rank's is), the same on every rank."""
+    if group is None:
+        return value
+    box = torch.tensor([value], dtype=torch.float64, device=device.torch)
+    dist.all_reduce(box, group=group)
+    return box.item() / dist.get_world_size(group)
+
+
 def log_eval(step: int, val_loss: float) -> None:
     note("eval", f"eval at step {step}: validation loss {val_loss:.4f}", step=step, val_loss=val_loss)
 
@@ -381,6 +404,9 @@ class Trainer:
         self.state = TrainingState(
             self.checkpoints, rank=strategy.rank, process=cfg.worker, group=strategy.group, commits=strategy.commits
         )
+        self.recovery = Recovery(RecoveryPolicy.of(spec))  # inactive for gasloc and diloco, which refuse its fields
+        self.fault = Fault.from_dict(cfg.fault) if cfg.fault else None
+        self.faults_fired = 0
 
     def run(self) -> float:
         """Train to ``spec.steps``; returns the final validation loss. Raises ``Stopped`` on cancel."""
@@ -443,15 +469,20 @@ class Trainer:
         report_every = max(1, spec.steps // 100)
         tokens_per_step = spec.batch_size * self.seq_len * spec.grad_accum * strategy.data_world
         tick, steps_since, waited = time.perf_counter(), 0, self.feed.wait_seconds
-        for t in range(first, math.ceil(spec.steps / local_steps)):
-            done, loss = self.inner_steps(t)
+        t = first
+        while t < math.ceil(spec.steps / local_steps):
+            try:
+                done, loss = self.inner_steps(t)
+            except LossTripped as tripped:
+                t = self.roll_back(tripped) // local_steps
+                continue
             strategy.after_round(t, done)
             step = min((t + 1) * local_steps, spec.steps)
             steps_since += done
             if crossed(step, local_steps, report_every) or step == spec.steps:
                 now = time.perf_counter()
                 tokens_per_s = tokens_per_step * steps_since / (now - tick)
-                lr = self.schedule.lr(step)
+                lr = self.schedule.lr(step) * self.recovery.lr_scale
                 optimizer_window = self.optimizer.window_metrics()  # collective: every rank of the group
                 log_progress(step, spec.steps, loss, lr, tokens_per_s, self.optimizer.last_grad_norm)
                 if self.lead:
@@ -476,6 +507,31 @@ class Trainer:
                     self.reporter.eval(step, val_loss)
             if crossed(step, local_steps, spec.checkpoint_every):
                 self.save(step)
+            t += 1
+
+    def roll_back(self, tripped: LossTripped) -> int:
+        """Restore the model and the optimizer of the latest checkpoint; returns its step.
+
+        The data feed stays where it is: the batches of the steps since the checkpoint are skipped.
+        """
+        step, trip = tripped.step, tripped.trip
+        checkpoint = self.state.latest_step()
+        self.recovery.roll_back(step, trip, checkpoint)  # raises past max_rollbacks: alike on every rank
+        self.state.restore(checkpoint)
+        n, scale = self.recovery.rollbacks, self.recovery.lr_scale
+        note(
+            "rollback",
+            f"rollback {n}: {trip.cause} at step {step} (loss {trip.loss:.4g}); restored the checkpoint of step "
+            f"{checkpoint}, skipping the batches of steps {checkpoint + 1}-{step}; lr x {scale:g}",
+            level=logging.WARNING,
+            step=step,
+            checkpoint_step=checkpoint,
+            cause=str(trip.cause),
+            rollback=n,
+        )
+        if self.lead:
+            self.reporter.rollback(step, checkpoint, trip, n, scale)
+        return checkpoint
 
     def inner_steps(self, t: int) -> tuple[int, float]:
         """Round ``t``'s inner steps: ``local_steps`` of them, or as many as fit in the time budget (at least one).
@@ -491,7 +547,9 @@ class Trainer:
             if self.stop.is_set() or self.reporter.stop_requested:
                 raise Stopped()
             step = t * local_steps + min(done, local_steps - 1) + 1
-            lr = self.schedule.lr(min(step, spec.steps))
+            lr = self.schedule.lr(min(step, spec.steps)) * self.recovery.lr_scale
+            factor = self.fault.factor(step, self.cfg.worker, self.faults_fired) if self.fault else 1.0
+            self.faults_fired += factor != 1.0
             loss = train_step(
                 self.model,
                 self.optimizer,
@@ -501,7 +559,12 @@ class Trainer:
                 accumulate=spec.grad_accum,
                 trace=spec.trace_samples,
                 device=self.device,
+                loss_factor=factor,
             )
+            if self.recovery.policy.active:
+                trip = self.recovery.check(step, mean_over(loss, strategy.group, self.device))
+                if trip is not None:
+                    raise LossTripped(step, trip)
             done += 1
             if budget_s is None:
                 more = done < local_steps

@@ -35,6 +35,7 @@ from typing import NamedTuple, TypeVar
 import grpc
 
 from cantata.proto.v1 import worker_pb2, worker_pb2_grpc
+from cantata.trainer.recovery import Trip
 
 REPORT_TIMEOUT = 30.0
 HEARTBEAT_INTERVAL = 5.0  # seconds between heartbeats until the server's first reply says otherwise
@@ -243,6 +244,22 @@ class Reporter:
     def store_reachable(self, uri: str, seconds: float) -> None:
         """The checkpoint store at ``uri`` answers again, after an outage of ``seconds``."""
         self.send(store_outage=worker_pb2.StoreOutage(uri=uri, reachable=True, seconds=seconds))
+
+    def rollback(self, step: int, checkpoint_step: int, trip: Trip, rollback: int, lr_scale: float) -> None:
+        """A recovery policy rolled the job back from ``step`` to ``checkpoint_step``, tripped by ``trip``."""
+        self.send(
+            rollback=worker_pb2.Rollback(
+                step=step,
+                checkpoint_step=checkpoint_step,
+                cause=str(trip.cause),
+                loss=trip.loss,
+                zscore=trip.zscore,
+                skipped_from=checkpoint_step + 1,
+                skipped_to=step,
+                rollback=rollback,
+                lr_scale=lr_scale,
+            )
+        )
 
     def finished(self, final_val_loss: float) -> None:
         """Report the end, and wait until the server has it and everything before it."""

@@ -34,6 +34,7 @@ from cantata.storage.base import StoreConfigError, StorePermissionError
 from cantata.storage.logs import set_third_party_log_level
 from cantata.trainer.consensus import ConsensusFailed
 from cantata.trainer.data.errors import DatasetUnavailableError
+from cantata.trainer.recovery import NonfiniteLoss, RollbacksExhausted
 from cantata.trainer.reporter import Endpoint, Reporter
 
 log = logging.getLogger("cantata.worker")
@@ -41,7 +42,7 @@ EXIT_ORPHANED = 3
 EXIT_OUT_OF_MEMORY = 4
 STOPPING_FLUSH_S = 2.0  # how long a worker told to stop still tries to deliver its last reports
 # DataError is a ValueError; a missing bucket (a StoreConfigError) or refused credentials stay so until someone acts;
-# a failed final average stays failed, as the peers it needs are done.
+# a failed final average stays failed, as the peers it needs are done; a job out of rollbacks would trip again.
 PERMANENT = (
     ValueError,
     TypeError,
@@ -50,6 +51,8 @@ PERMANENT = (
     StoreConfigError,
     StorePermissionError,
     ConsensusFailed,
+    RollbacksExhausted,
+    NonfiniteLoss,
 )
 TRANSIENT = (DatasetUnavailableError,)
 

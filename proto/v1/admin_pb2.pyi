@@ -143,6 +143,28 @@ class SimulateAttackReply(_message.Message):
     job_id: str
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
+class InjectFaultRequest(_message.Message):
+    __slots__ = ("job_id", "fault", "step", "scale", "times", "workers")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FAULT_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
+    TIMES_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    fault: str
+    step: int
+    scale: float
+    times: int
+    workers: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, job_id: _Optional[str] = ..., fault: _Optional[str] = ..., step: _Optional[int] = ..., scale: _Optional[float] = ..., times: _Optional[int] = ..., workers: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class InjectFaultReply(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
 class RotateTenantKeyRequest(_message.Message):
     __slots__ = ("tenant", "retire_unused")
     TENANT_FIELD_NUMBER: _ClassVar[int]

@@ -94,6 +94,11 @@ class AdminStub:
                 request_serializer=cantata_dot_v1_dot_admin__pb2.SimulateAttackRequest.SerializeToString,
                 response_deserializer=cantata_dot_v1_dot_admin__pb2.SimulateAttackReply.FromString,
                 _registered_method=True)
+        self.InjectFault = channel.unary_unary(
+                '/cantata.v1.Admin/InjectFault',
+                request_serializer=cantata_dot_v1_dot_admin__pb2.InjectFaultRequest.SerializeToString,
+                response_deserializer=cantata_dot_v1_dot_admin__pb2.InjectFaultReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -178,6 +183,14 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def InjectFault(self, request, context):
+        """Evaluation only: corrupt the loss of a queued single or allreduce job at a
+        step, to exercise its recovery policy. Tenants cannot reach this.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -240,6 +253,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.SimulateAttack,
                     request_deserializer=cantata_dot_v1_dot_admin__pb2.SimulateAttackRequest.FromString,
                     response_serializer=cantata_dot_v1_dot_admin__pb2.SimulateAttackReply.SerializeToString,
+            ),
+            'InjectFault': grpc.unary_unary_rpc_method_handler(
+                    servicer.InjectFault,
+                    request_deserializer=cantata_dot_v1_dot_admin__pb2.InjectFaultRequest.FromString,
+                    response_serializer=cantata_dot_v1_dot_admin__pb2.InjectFaultReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -566,6 +584,33 @@ class Admin:
             '/cantata.v1.Admin/SimulateAttack',
             cantata_dot_v1_dot_admin__pb2.SimulateAttackRequest.SerializeToString,
             cantata_dot_v1_dot_admin__pb2.SimulateAttackReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InjectFault(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cantata.v1.Admin/InjectFault',
+            cantata_dot_v1_dot_admin__pb2.InjectFaultRequest.SerializeToString,
+            cantata_dot_v1_dot_admin__pb2.InjectFaultReply.FromString,
             options,
             channel_credentials,
             insecure,

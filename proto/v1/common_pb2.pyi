@@ -42,7 +42,7 @@ class Quota(_message.Message):
     def __init__(self, max_concurrent_jobs: _Optional[int] = ..., max_workers_per_job: _Optional[int] = ..., max_total_steps: _Optional[int] = ..., max_gpus: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "model", "dataset", "algorithm", "workers", "topology", "local_steps", "optimizer", "steps", "checkpoint_every", "checkpoint_store", "eval_every", "batch_size", "seq_len", "lr", "seed", "outer_lr", "outer_momentum", "gossip_step", "compression", "trace_samples", "on_bad_utf8", "ranks_per_worker", "min_workers", "max_failures", "tags", "round_deadline_s", "round_time_s", "warmup_steps", "lr_schedule", "min_lr_ratio", "weight_decay", "grad_clip", "grad_accum", "eval_batches", "keep_last", "tokenizer", "tokenizer_vocab", "dp_shard", "tp", "dp_replicate", "activation_checkpointing", "mixed_precision", "init_from", "canzona_alpha", "canzona_bucket_elements", "canzona_cost_unit", "muon_momentum", "muon_ns_steps", "muon_ns_dtype", "gpus_per_worker")
+    __slots__ = ("name", "model", "dataset", "algorithm", "workers", "topology", "local_steps", "optimizer", "steps", "checkpoint_every", "checkpoint_store", "eval_every", "batch_size", "seq_len", "lr", "seed", "outer_lr", "outer_momentum", "gossip_step", "compression", "trace_samples", "on_bad_utf8", "ranks_per_worker", "min_workers", "max_failures", "tags", "round_deadline_s", "round_time_s", "warmup_steps", "lr_schedule", "min_lr_ratio", "weight_decay", "grad_clip", "grad_accum", "eval_batches", "keep_last", "tokenizer", "tokenizer_vocab", "dp_shard", "tp", "dp_replicate", "activation_checkpointing", "mixed_precision", "init_from", "canzona_alpha", "canzona_bucket_elements", "canzona_cost_unit", "muon_momentum", "muon_ns_steps", "muon_ns_dtype", "gpus_per_worker", "on_nonfinite", "spike_zscore", "spike_window", "max_rollbacks", "rollback_lr_scale")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +94,11 @@ class JobSpec(_message.Message):
     MUON_NS_STEPS_FIELD_NUMBER: _ClassVar[int]
     MUON_NS_DTYPE_FIELD_NUMBER: _ClassVar[int]
     GPUS_PER_WORKER_FIELD_NUMBER: _ClassVar[int]
+    ON_NONFINITE_FIELD_NUMBER: _ClassVar[int]
+    SPIKE_ZSCORE_FIELD_NUMBER: _ClassVar[int]
+    SPIKE_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    MAX_ROLLBACKS_FIELD_NUMBER: _ClassVar[int]
+    ROLLBACK_LR_SCALE_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     dataset: str
@@ -145,7 +150,12 @@ class JobSpec(_message.Message):
     muon_ns_steps: int
     muon_ns_dtype: str
     gpus_per_worker: int
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., dataset: _Optional[str] = ..., algorithm: _Optional[str] = ..., workers: _Optional[int] = ..., topology: _Optional[str] = ..., local_steps: _Optional[int] = ..., optimizer: _Optional[str] = ..., steps: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., checkpoint_store: _Optional[str] = ..., eval_every: _Optional[int] = ..., batch_size: _Optional[int] = ..., seq_len: _Optional[int] = ..., lr: _Optional[float] = ..., seed: _Optional[int] = ..., outer_lr: _Optional[float] = ..., outer_momentum: _Optional[float] = ..., gossip_step: _Optional[float] = ..., compression: _Optional[str] = ..., trace_samples: _Optional[bool] = ..., on_bad_utf8: _Optional[str] = ..., ranks_per_worker: _Optional[int] = ..., min_workers: _Optional[int] = ..., max_failures: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ..., round_deadline_s: _Optional[float] = ..., round_time_s: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., lr_schedule: _Optional[str] = ..., min_lr_ratio: _Optional[float] = ..., weight_decay: _Optional[float] = ..., grad_clip: _Optional[float] = ..., grad_accum: _Optional[int] = ..., eval_batches: _Optional[int] = ..., keep_last: _Optional[int] = ..., tokenizer: _Optional[str] = ..., tokenizer_vocab: _Optional[int] = ..., dp_shard: _Optional[int] = ..., tp: _Optional[int] = ..., dp_replicate: _Optional[int] = ..., activation_checkpointing: _Optional[bool] = ..., mixed_precision: _Optional[str] = ..., init_from: _Optional[str] = ..., canzona_alpha: _Optional[float] = ..., canzona_bucket_elements: _Optional[int] = ..., canzona_cost_unit: _Optional[str] = ..., muon_momentum: _Optional[float] = ..., muon_ns_steps: _Optional[int] = ..., muon_ns_dtype: _Optional[str] = ..., gpus_per_worker: _Optional[int] = ...) -> None: ...
+    on_nonfinite: str
+    spike_zscore: float
+    spike_window: int
+    max_rollbacks: int
+    rollback_lr_scale: float
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., dataset: _Optional[str] = ..., algorithm: _Optional[str] = ..., workers: _Optional[int] = ..., topology: _Optional[str] = ..., local_steps: _Optional[int] = ..., optimizer: _Optional[str] = ..., steps: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., checkpoint_store: _Optional[str] = ..., eval_every: _Optional[int] = ..., batch_size: _Optional[int] = ..., seq_len: _Optional[int] = ..., lr: _Optional[float] = ..., seed: _Optional[int] = ..., outer_lr: _Optional[float] = ..., outer_momentum: _Optional[float] = ..., gossip_step: _Optional[float] = ..., compression: _Optional[str] = ..., trace_samples: _Optional[bool] = ..., on_bad_utf8: _Optional[str] = ..., ranks_per_worker: _Optional[int] = ..., min_workers: _Optional[int] = ..., max_failures: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ..., round_deadline_s: _Optional[float] = ..., round_time_s: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., lr_schedule: _Optional[str] = ..., min_lr_ratio: _Optional[float] = ..., weight_decay: _Optional[float] = ..., grad_clip: _Optional[float] = ..., grad_accum: _Optional[int] = ..., eval_batches: _Optional[int] = ..., keep_last: _Optional[int] = ..., tokenizer: _Optional[str] = ..., tokenizer_vocab: _Optional[int] = ..., dp_shard: _Optional[int] = ..., tp: _Optional[int] = ..., dp_replicate: _Optional[int] = ..., activation_checkpointing: _Optional[bool] = ..., mixed_precision: _Optional[str] = ..., init_from: _Optional[str] = ..., canzona_alpha: _Optional[float] = ..., canzona_bucket_elements: _Optional[int] = ..., canzona_cost_unit: _Optional[str] = ..., muon_momentum: _Optional[float] = ..., muon_ns_steps: _Optional[int] = ..., muon_ns_dtype: _Optional[str] = ..., gpus_per_worker: _Optional[int] = ..., on_nonfinite: _Optional[str] = ..., spike_zscore: _Optional[float] = ..., spike_window: _Optional[int] = ..., max_rollbacks: _Optional[int] = ..., rollback_lr_scale: _Optional[float] = ...) -> None: ...
 
 class JobInfo(_message.Message):
     __slots__ = ("id", "tenant", "spec", "state", "reason", "step", "loss", "val_loss", "created", "updated", "request_id")

@@ -21,6 +21,7 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MESSAGE: _ClassVar[EventKind]
     ROUND: _ClassVar[EventKind]
     ANOMALY: _ClassVar[EventKind]
+    ROLLBACK: _ClassVar[EventKind]
 EVENT_KIND_UNSPECIFIED: EventKind
 STATE: EventKind
 PROGRESS: EventKind
@@ -29,6 +30,7 @@ CHECKPOINT: EventKind
 MESSAGE: EventKind
 ROUND: EventKind
 ANOMALY: EventKind
+ROLLBACK: EventKind
 
 class GetMetricsRequest(_message.Message):
     __slots__ = ("job_id", "names", "since", "after", "page_size")

@@ -166,12 +166,34 @@ class GossipRefused(_message.Message):
     reason: str
     def __init__(self, address: _Optional[str] = ..., principal: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class Rollback(_message.Message):
+    __slots__ = ("step", "checkpoint_step", "cause", "loss", "zscore", "skipped_from", "skipped_to", "rollback", "lr_scale")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    ZSCORE_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FROM_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_TO_FIELD_NUMBER: _ClassVar[int]
+    ROLLBACK_FIELD_NUMBER: _ClassVar[int]
+    LR_SCALE_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    checkpoint_step: int
+    cause: str
+    loss: float
+    zscore: float
+    skipped_from: int
+    skipped_to: int
+    rollback: int
+    lr_scale: float
+    def __init__(self, step: _Optional[int] = ..., checkpoint_step: _Optional[int] = ..., cause: _Optional[str] = ..., loss: _Optional[float] = ..., zscore: _Optional[float] = ..., skipped_from: _Optional[int] = ..., skipped_to: _Optional[int] = ..., rollback: _Optional[int] = ..., lr_scale: _Optional[float] = ...) -> None: ...
+
 class Heartbeat(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class WorkerReport(_message.Message):
-    __slots__ = ("job_id", "worker", "started", "progress", "eval", "checkpoint", "finished", "failed", "message", "gossip", "round", "anomaly", "refused", "heartbeat", "store_outage", "seq")
+    __slots__ = ("job_id", "worker", "started", "progress", "eval", "checkpoint", "finished", "failed", "message", "gossip", "round", "anomaly", "refused", "heartbeat", "store_outage", "rollback", "seq")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
     STARTED_FIELD_NUMBER: _ClassVar[int]
@@ -187,6 +209,7 @@ class WorkerReport(_message.Message):
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     STORE_OUTAGE_FIELD_NUMBER: _ClassVar[int]
+    ROLLBACK_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     worker: int
@@ -203,8 +226,9 @@ class WorkerReport(_message.Message):
     refused: GossipRefused
     heartbeat: Heartbeat
     store_outage: StoreOutage
+    rollback: Rollback
     seq: int
-    def __init__(self, job_id: _Optional[str] = ..., worker: _Optional[int] = ..., started: _Optional[bool] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., eval: _Optional[_Union[Eval, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointWritten, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., failed: _Optional[_Union[Failed, _Mapping]] = ..., message: _Optional[_Union[Message, _Mapping]] = ..., gossip: _Optional[_Union[GossipEndpoint, _Mapping]] = ..., round: _Optional[_Union[Round, _Mapping]] = ..., anomaly: _Optional[_Union[Anomaly, _Mapping]] = ..., refused: _Optional[_Union[GossipRefused, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., store_outage: _Optional[_Union[StoreOutage, _Mapping]] = ..., seq: _Optional[int] = ...) -> None: ...
+    def __init__(self, job_id: _Optional[str] = ..., worker: _Optional[int] = ..., started: _Optional[bool] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., eval: _Optional[_Union[Eval, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointWritten, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., failed: _Optional[_Union[Failed, _Mapping]] = ..., message: _Optional[_Union[Message, _Mapping]] = ..., gossip: _Optional[_Union[GossipEndpoint, _Mapping]] = ..., round: _Optional[_Union[Round, _Mapping]] = ..., anomaly: _Optional[_Union[Anomaly, _Mapping]] = ..., refused: _Optional[_Union[GossipRefused, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., store_outage: _Optional[_Union[StoreOutage, _Mapping]] = ..., rollback: _Optional[_Union[Rollback, _Mapping]] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class WorkerReportReply(_message.Message):
     __slots__ = ("stop", "heartbeat_interval_s")

@@ -54,6 +54,8 @@ class Action(StrEnum):
     GRADIENT_ANOMALY_DETECTED = "gradient_anomaly_detected"
     PEER_QUARANTINED = "peer_quarantined"
     ATTACK_SIMULATION_PLANNED = "attack_simulation_planned"
+    FAULT_INJECTION_PLANNED = "fault_injection_planned"  # evaluation only: an admin corrupts a queued job's loss
+    JOB_ROLLED_BACK = "job_rolled_back"  # a recovery policy restored a checkpoint and skipped the data since
     # platform
     SERVER_STARTED = "server_started"
     SERVER_STOPPED = "server_stopped"

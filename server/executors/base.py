@@ -43,7 +43,7 @@ class Executor(Protocol):
         """Raise :class:`NotPlaceable` if ``job`` cannot start now (no free slots, GPUs or nodes)."""
         ...
 
-    def launch(self, job: JobRecord, *, attack: dict | None = None) -> dict[int, int]:
+    def launch(self, job: JobRecord, *, attack: dict | None = None, fault: dict | None = None) -> dict[int, int]:
         """Start every worker process of ``job``; returns process index -> pid.
 
         Raises :class:`NotPlaceable` (having started nothing) if the room ``placement`` saw was taken
@@ -97,7 +97,9 @@ class Executor(Protocol):
         """Delete the job's secret-bearing files."""
         ...
 
-    def adopt(self, job: JobRecord, workers: list[WorkerRecord], *, attack: dict | None = None) -> int | None:
+    def adopt(
+        self, job: JobRecord, workers: list[WorkerRecord], *, attack: dict | None = None, fault: dict | None = None
+    ) -> int | None:
         """Take over the job's workers an earlier server started; how many still run (None: this executor's
         workers do not outlive their server, so the job is requeued)."""
         ...

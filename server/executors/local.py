@@ -70,7 +70,7 @@ class LocalExecutor(WorkerLauncher):
                 f"beside {len(self._reserved)} running job(s))"
             )
 
-    def launch(self, job: JobRecord, *, attack: dict | None = None) -> dict[int, int]:
+    def launch(self, job: JobRecord, *, attack: dict | None = None, fault: dict | None = None) -> dict[int, int]:
         per_worker = job.spec.gpus_per_worker
         if per_worker:
             self._devices[job.id] = {
@@ -78,14 +78,16 @@ class LocalExecutor(WorkerLauncher):
             }
         self._reserved[job.id] = job_estimate(job.spec)
         try:
-            return super().launch(job, attack=attack)
+            return super().launch(job, attack=attack, fault=fault)
         except BaseException:
             self._give_back(job.id)
             raise
 
-    def adopt(self, job: JobRecord, workers: list[WorkerRecord], *, attack: dict | None = None) -> int:
+    def adopt(
+        self, job: JobRecord, workers: list[WorkerRecord], *, attack: dict | None = None, fault: dict | None = None
+    ) -> int:
         self._reserved[job.id] = job_estimate(job.spec)
-        return super().adopt(job, workers, attack=attack)
+        return super().adopt(job, workers, attack=attack, fault=fault)
 
     def detach(self) -> None:
         super().detach()

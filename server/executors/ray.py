@@ -150,6 +150,7 @@ class _Job:
     workers: dict[int, _Worker] = field(default_factory=dict)
     rendezvous: list[str] = field(default_factory=list)
     attack: dict | None = None
+    fault: dict | None = None  # an admin's planned fault (cantata.proto.faults), evaluation only
     exited: dict[int, int] = field(default_factory=dict)
     killed: set[int] = field(default_factory=set)
     kill_at: float | None = None
@@ -298,7 +299,7 @@ class RayExecutor:
         return held
 
     # ---- launching ----------------------------------------------------------
-    def launch(self, job: JobRecord, *, attack: dict | None = None) -> dict[int, int]:
+    def launch(self, job: JobRecord, *, attack: dict | None = None, fault: dict | None = None) -> dict[int, int]:
         import ray
         from ray.util.placement_group import placement_group
 
@@ -308,7 +309,7 @@ class RayExecutor:
         group = placement_group(
             [self.bundle(job)] * n, strategy=strategy, name=f"cantata-{job.id}-a{job.attempts}", lifetime="detached"
         )
-        running = self._jobs[job.id] = _Job(group, _times(self.bundle(job), n), attack=attack)
+        running = self._jobs[job.id] = _Job(group, _times(self.bundle(job), n), attack=attack, fault=fault)
         self._resources = (0.0, {}, {}, {})
         nodes: dict[int, dict] = {}
         try:
@@ -422,6 +423,7 @@ class RayExecutor:
             "ca": str(folder / "ca.pem"),
             "threads": threads,
             "attack": self._jobs[job.id].attack,
+            "fault": self._jobs[job.id].fault,
             "spec": json_format.MessageToDict(job.spec, preserving_proto_field_name=True),
             "rendezvous": self._jobs[job.id].rendezvous[i // size],
             "worker": i,
@@ -681,7 +683,9 @@ class RayExecutor:
                 answers[node_id] = ray.get(ref, timeout=PROBE_TIMEOUT_S)
         return answers
 
-    def adopt(self, job: JobRecord, workers: list[WorkerRecord], *, attack: dict | None = None) -> int:
+    def adopt(
+        self, job: JobRecord, workers: list[WorkerRecord], *, attack: dict | None = None, fault: dict | None = None
+    ) -> int:
         """Find the job's placement group (detached, by name) and its workers in the records of the nodes' hosts,
         which an earlier control plane started; how many of its workers still run. A worker no host knows is
         reported as killed at the next :meth:`poll`, and judged like any exit; one that exited meanwhile, with
@@ -694,7 +698,7 @@ class RayExecutor:
             group = None
         reserved = _times(self.bundle(job), processes(job.spec)) if group is not None else {}
         self._identities.claim(job.id, None, job.tenant)  # its workers' uid: never reclaimed as a stray's
-        running = self._jobs[job.id] = _Job(group, reserved, attack=attack)
+        running = self._jobs[job.id] = _Job(group, reserved, attack=attack, fault=fault)
         size = group_size(job.spec)
         running.rendezvous = [""] * (len(workers) // size + 1)
         found: dict[int, dict] = {}

@@ -9,7 +9,9 @@ from collections.abc import Callable
 
 from cryptography.hazmat.primitives.serialization import Encoding
 
+from cantata.proto.faults import InvalidFault, plan_fault
 from cantata.proto.v1 import admin_pb2, admin_pb2_grpc, common_pb2
+from cantata.proto.vocabulary import DECENTRALIZED
 from cantata.security.anomaly.attack_policy import (
     OWN_FRAME_ATTACKS,
     InvalidAttackConfig,
@@ -23,6 +25,7 @@ from cantata.security.sealed_checkpoint import key_versions_in_use, rewrap_check
 from cantata.server.auth import caller
 from cantata.server.datasource_store import DataSourceStore
 from cantata.server.errors import InvalidRequest
+from cantata.server.groups import processes
 from cantata.server.lifecycle import JobLifecycle
 from cantata.server.ports import AuditSink
 from cantata.server.store import Conflict, Store, Tenant
@@ -286,6 +289,35 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                 peer=context.peer(),
             )
         return admin_pb2.SimulateAttackReply(job_id=job.id)
+
+    def InjectFault(self, request, context):
+        """Evaluation only: corrupt the loss of a queued single or allreduce job at a step (admins only)."""
+        job = self._store.job(request.job_id)
+        if job.spec.algorithm in DECENTRALIZED:
+            raise InvalidRequest(f"{job.spec.algorithm} jobs have no recovery policy to exercise", field="job_id")
+        try:
+            fault = plan_fault(
+                request.fault,
+                request.step,
+                request.scale,
+                request.times,
+                list(request.workers),
+                steps=job.spec.steps,
+                processes=processes(job.spec),
+            )
+        except InvalidFault as exc:
+            raise InvalidRequest(str(exc), field="fault") from None
+        with self._store.database.transaction():  # planned only once its record is durable
+            self._store.set_fault(job.id, json.dumps(fault.to_dict()))
+            self._audit(
+                caller(context).uri,
+                Action.FAULT_INJECTION_PLANNED,
+                resource=job.id,
+                tenant=job.tenant,
+                details=fault.to_dict(),
+                peer=context.peer(),
+            )
+        return admin_pb2.InjectFaultReply(job_id=job.id)
 
     def _change(self, context, request, action: str, change, then=None):
         """Change a tenant's standing and record it in one transaction; ``then`` acts on the tenant once recorded."""

@@ -126,6 +126,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         elif kind == "store_outage":
             self._store_outage(job, request.worker, request.store_outage.reachable)
             event = jobs_pb2.JobEvent(kind=jobs_pb2.MESSAGE, message=store_outage_text(job, request.store_outage))
+        elif kind == "rollback":
+            event = self._rolled_back(me, job, request.rollback)
         elif kind == "gossip":
             self._join_gossip(job, request.worker, request.gossip)
         elif kind == "round":
@@ -143,6 +145,22 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             event.total_steps = job.spec.steps
             self._store.append_event(job.id, event)
         return self._reply(job.id)
+
+    def _rolled_back(self, me, job, r: worker_pb2.Rollback) -> jobs_pb2.JobEvent:
+        """A recovery policy's rollback: audited, and shown as a ``ROLLBACK`` event at the checkpoint's step."""
+        loss = r.loss if math.isfinite(r.loss) else str(r.loss)  # the log holds JSON numbers only: "nan", "inf"
+        details = {
+            "cause": r.cause[:50],
+            "step": r.step,
+            "checkpoint_step": r.checkpoint_step,
+            "skipped_steps": [r.skipped_from, r.skipped_to],
+            "loss": loss,
+            "zscore": r.zscore,
+            "rollback": r.rollback,
+            "lr_scale": r.lr_scale,
+        }
+        self._audit(me.uri, Action.JOB_ROLLED_BACK, resource=job.id, tenant=job.tenant, details=details)
+        return jobs_pb2.JobEvent(kind=jobs_pb2.ROLLBACK, step=r.checkpoint_step, loss=r.loss, message=rollback_text(r))
 
     def _join_gossip(self, job, worker: int, endpoint: worker_pb2.GossipEndpoint) -> None:
         """The worker's gossip endpoint; one that starts at a later round is done with the rounds before it."""
@@ -266,6 +284,15 @@ def round_text(r: worker_pb2.Round) -> str:
     )
 
 
+def rollback_text(r: worker_pb2.Rollback) -> str:
+    """A ``ROLLBACK`` event's text: what tripped the policy, the checkpoint restored and the data skipped."""
+    what = f"loss {r.loss:.4g} (z-score {r.zscore:.1f})" if r.cause == "loss_spike" else f"loss {r.loss}"
+    return (
+        f"rollback {r.rollback}: {r.cause[:50]} at step {r.step}, {what}; restored the checkpoint of step "
+        f"{r.checkpoint_step}, skipped the batches of steps {r.skipped_from}-{r.skipped_to}, lr x {r.lr_scale:g}"
+    )
+
+
 def optimizer_metrics(window: worker_pb2.OptimizerWindow) -> dict[str, float]:
     """A report window's optimizer statistics as metrics: field ``<name>`` is metric ``optim_<name>``."""
     return {
@@ -303,6 +330,12 @@ def _check_ranges(report: worker_pb2.WorkerReport, processes: int) -> None:
     for name, value in optimizer.items():
         if not (math.isfinite(value) and value >= 0):
             raise InvalidRequest(f"progress.optimizer: {name} must be finite and >= 0", field="progress.optimizer")
+    if kind == "rollback":
+        r = report.rollback
+        if not r.checkpoint_step <= r.skipped_from - 1 <= r.skipped_to <= r.step or r.rollback < 1:
+            raise InvalidRequest("rollback: inconsistent steps", field="rollback")
+        if not (math.isfinite(r.zscore) and math.isfinite(r.lr_scale) and r.lr_scale > 0):
+            raise InvalidRequest("rollback: zscore and lr_scale must be finite", field="rollback")
     if kind == "checkpoint" and not (math.isfinite(report.checkpoint.seconds) and report.checkpoint.seconds >= 0):
         raise InvalidRequest("checkpoint.seconds must be a finite duration", field="checkpoint.seconds")
     workers += [report.anomaly.peer] if kind == "anomaly" else []
