@@ -165,8 +165,14 @@ class GossipRefused(_message.Message):
     def __init__(self, address: _Optional[str] = ..., principal: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("cpu_percent", "memory_bytes", "gpu_memory_bytes")
+    CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    cpu_percent: float
+    memory_bytes: float
+    gpu_memory_bytes: float
+    def __init__(self, cpu_percent: _Optional[float] = ..., memory_bytes: _Optional[float] = ..., gpu_memory_bytes: _Optional[float] = ...) -> None: ...
 
 class WorkerReport(_message.Message):
     __slots__ = ("job_id", "worker", "started", "progress", "eval", "checkpoint", "finished", "failed", "message", "gossip", "round", "anomaly", "refused", "heartbeat", "store_outage", "seq")
