@@ -73,7 +73,7 @@ window.CantataCharts = (function () {
         el("line", { x1: box.left, x2: box.left + box.width, y1: y(v), y2: y(v), stroke: "#eef1f4" }, svg);
         el("text", { x: box.left - 4, y: y(v) + 3, "text-anchor": "end" }, axis).textContent = short(v);
       }
-      for (const s of niceTicks(0, maxStep, 5)) {
+      for (const s of niceTicks(0, maxStep, 5).filter(Number.isInteger)) {  // steps are whole
         el("text", { x: x(s), y: box.top + box.height + 13, "text-anchor": "middle" }, axis).textContent = String(s);
       }
       for (const line of lines) {
