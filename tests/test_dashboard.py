@@ -212,6 +212,7 @@ def test_the_list_refreshes_filters_and_compares_and_logs_follow_a_new_job(serve
     shown = [f"[{worker}] {line}" for worker, line in acme.logs(second.id)]
     assert log.text_content().splitlines() == shown[:total]  # every line, once, in order
     assert "step 20/20" in log.text_content()
+    assert logs.locator("#state").text_content() == "SUCCEEDED"  # the end says how it ended
     _screenshot(logs, "logs", tmp_path)
 
     page.fill("#filter", "sweep-a")  # search matches a tag

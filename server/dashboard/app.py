@@ -306,7 +306,7 @@ class Dashboard:
         lines), or until the session has."""
         yield "retry: 2000\n\n"
         while True:
-            ended = (await asyncio.to_thread(self._views.job, job.id, job.tenant)).terminal
+            now = await asyncio.to_thread(self._views.job, job.id, job.tenant)
             counts, lines = await asyncio.to_thread(self._views.log_lines, job, read)
             read = counts
             if not await self._still_allowed(session_id):
@@ -315,8 +315,8 @@ class Dashboard:
             if lines:
                 data = json.dumps(lines)
                 yield f"id: {'.'.join(map(str, counts))}\nevent: lines\ndata: {data}\n\n"
-            if ended:
-                yield "event: end\ndata: {}\n\n"
+            if now.terminal:
+                yield f"event: end\ndata: {json.dumps({'state': now.state})}\n\n"
                 return
             await asyncio.sleep(LOG_POLL_SECONDS)
 

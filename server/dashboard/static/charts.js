@@ -22,12 +22,21 @@ window.CantataCharts = (function () {
     return ticks;
   }
 
-  function short(v) {
+  function short(v, digits) {
     const a = Math.abs(v);
-    if (a >= 1e9) return (v / 1e9).toPrecision(3) + "G";
-    if (a >= 1e6) return (v / 1e6).toPrecision(3) + "M";
-    if (a >= 1e4) return (v / 1e3).toPrecision(3) + "k";
-    return Number(v.toPrecision(3)).toString();
+    if (a >= 1e9) return Number((v / 1e9).toPrecision(digits)) + "G";
+    if (a >= 1e6) return Number((v / 1e6).toPrecision(digits)) + "M";
+    if (a >= 1e4) return Number((v / 1e3).toPrecision(digits)) + "k";
+    return Number(v.toPrecision(digits)).toString();
+  }
+
+  // Tick labels with as few digits as tell them apart.
+  function labels(ticks) {
+    for (let digits = 3; digits < 12; digits++) {
+      const texts = ticks.map(function (t) { return short(t, digits); });
+      if (new Set(texts).size === texts.length) return texts;
+    }
+    return ticks.map(String);
   }
 
   // A chart of one metric in `container`: returns draw(lines), lines being [{label, colour, points: [[step, v]]}].
@@ -69,10 +78,12 @@ window.CantataCharts = (function () {
       const x = function (s) { return box.left + (s / maxStep) * box.width; };
       const y = function (v) { return box.top + box.height - ((v - lo) / (hi - lo)) * box.height; };
       const axis = el("g", { "font-size": "10", fill: "#57606a" }, svg);
-      for (const v of niceTicks(lo, hi, 4)) {
+      const ticks = niceTicks(lo, hi, 4);
+      labels(ticks).forEach(function (text, i) {
+        const v = ticks[i];
         el("line", { x1: box.left, x2: box.left + box.width, y1: y(v), y2: y(v), stroke: "#eef1f4" }, svg);
-        el("text", { x: box.left - 4, y: y(v) + 3, "text-anchor": "end" }, axis).textContent = short(v);
-      }
+        el("text", { x: box.left - 4, y: y(v) + 3, "text-anchor": "end" }, axis).textContent = text;
+      });
       for (const s of niceTicks(0, maxStep, 5).filter(Number.isInteger)) {  // steps are whole
         el("text", { x: x(s), y: box.top + box.height + 13, "text-anchor": "middle" }, axis).textContent = String(s);
       }

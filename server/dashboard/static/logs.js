@@ -15,8 +15,11 @@
     log.dataset.lines = String(count);
     if (follow.checked) log.scrollTop = log.scrollHeight;
   });
-  source.addEventListener("end", function () {
+  source.addEventListener("end", function (e) {
     source.close();
+    const state = document.getElementById("state");
+    state.textContent = JSON.parse(e.data).state;
+    state.className = "state state-" + state.textContent.toLowerCase();
     live.textContent = "ended";
     log.dataset.ended = "true";
   });
