@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -469,7 +470,7 @@ class ControlPlane:
             WebhooksService(self.webhooks, self.webhook_policy, self.recorder.append), server
         )
         audit_pb2_grpc.add_AuditServicer_to_server(AuditService(self.paths.audit, self.audit.checkpoint), server)
-        dashboard_url = self._start_dashboard()
+        dashboard_url = self._start_dashboard(launcher.log_path)
         dashboard_pb2_grpc.add_DashboardServicer_to_server(
             DashboardService(self.signin, dashboard_url, self.recorder, self.refusals), server
         )
@@ -514,7 +515,7 @@ class ControlPlane:
         )
         return self.port
 
-    def _start_dashboard(self) -> str:
+    def _start_dashboard(self, log_path: Callable[[str, int], Path]) -> str:
         """Serve the web dashboard if ``dashboard_listen`` is set; returns its base URL ("" when there is none)."""
         if self.signin is None:
             return ""
@@ -532,7 +533,7 @@ class ControlPlane:
 
         dashboard = Dashboard(
             self.signin,
-            Views(self.store, self.paths.audit, self.audit.checkpoint, self.shown),
+            Views(self.store, self.paths.audit, self.audit.checkpoint, self.metrics, log_path, self.shown),
             EventSeries(self.store, self.broadcast),
             self.refusals.append,  # the recorder, counting anonymous refusals (unknown login links) per address
             allowed,

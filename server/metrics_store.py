@@ -55,7 +55,12 @@ METRICS: dict[str, str] = {
     "bytes_received_from_peer": "payload bytes received from one peer in a round",
     "screen_clip": "an update from a peer clipped by screening (value: the check's score)",
     "screen_reject": "an update from a peer rejected by screening (value: the check's score)",
+    "cpu_percent": "the worker process's CPU use between heartbeats (100: one core busy)",
+    "memory_bytes": "the worker process's resident memory at a heartbeat",
+    "gpu_memory_bytes": "memory the worker's tensors hold on its GPU at a heartbeat (GPU workers only)",
 }
+# The metrics a heartbeat carries (the worker's use of its machine), recorded at the job's step.
+SYSTEM_METRICS = ("cpu_percent", "memory_bytes", "gpu_memory_bytes")
 
 
 class UnknownMetric(ValueError):

@@ -1,12 +1,16 @@
 """The web dashboard in a real headless Chromium (Debian's ``chromium``, driven by Playwright).
 
 One server with the dashboard on, two tenants, and one real training job of
-``acme``'s shared by the module. The browser signs in with links from the real
-CLI and SDK, watches the job's chart grow from server-sent events (waiting on
-the page's DOM, never a sleep), is refused another tenant's job, a used link
-and an expired one, and renders a job name full of markup as text. The
-browser trusts the test server's certificate by its public key
-(``--ignore-certificate-errors-spki-list``), not by ignoring TLS errors.
+``acme``'s shared by the module (a second, shorter one is submitted while the
+job list is open). The browser signs in with links from the real CLI and SDK,
+watches the job's chart and events grow from server-sent events (waiting on
+the page's DOM, never a sleep), sees its config and a chart for every series
+of its metrics history, follows a job's logs live, sees the list refresh with
+a new job, filters it and compares two jobs; it is refused another tenant's
+job on every page, a used link and an expired one, and renders a job name full
+of markup as text. The browser trusts the test server's certificate by its
+public key (``--ignore-certificate-errors-spki-list``), not by ignoring TLS
+errors.
 """
 
 from __future__ import annotations
@@ -30,10 +34,11 @@ from tests.waiting import wait_for
 CHROMIUM = "/usr/bin/chromium"  # Debian's package (make test installs it); Playwright downloads nothing
 LINK_SECONDS = 20  # the test server's login links; the expired-link test waits this long at most
 XSS_NAME = 'tiny-gpt <img src=x onerror="window.__xss=1"><script>window.__xss=2</script>&amp;'
-# The README's screenshot: CANTATA_DASHBOARD_SCREENSHOT=docs/images/dashboard-job.png pytest tests/test_dashboard.py
-# (it was taken with steps=100); otherwise the test saves it under its temp dir and the checkout is untouched.
-SCREENSHOT_ENV = "CANTATA_DASHBOARD_SCREENSHOT"
+# The docs' screenshots: CANTATA_DASHBOARD_SCREENSHOTS=docs/images pytest tests/test_dashboard.py writes
+# dashboard-{job,jobs,logs,compare}.png there; otherwise the test saves them under its temp dir.
+SCREENSHOT_ENV = "CANTATA_DASHBOARD_SCREENSHOTS"
 JOB = dict(model="gpt-tiny", steps=40, eval_every=20, checkpoint_every=20, batch_size=8, seq_len=32)
+SECOND = dict(JOB, steps=20, eval_every=10, checkpoint_every=10, lr=1e-3)  # submitted while the list is open
 
 pytestmark = pytest.mark.integration
 
@@ -103,6 +108,12 @@ def browser(server, tmp_path_factory):
         chromium.close()
 
 
+def _screenshot(page, name: str, tmp_path: Path) -> None:
+    path = Path(os.environ.get(SCREENSHOT_ENV) or tmp_path) / f"dashboard-{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 0
+
+
 def _signed_in(browser, url: str):
     """A fresh browser context (its own cookies) that redeemed ``url``; returns (context, page)."""
     context = browser.new_context(viewport={"width": 1200, "height": 1000})
@@ -149,17 +160,109 @@ def test_login_link_then_live_chart_and_escaped_name(server, acme, job, browser,
     assert not [line for line in console if "Content Security Policy" in line]  # the pages need nothing inline
     assert page.locator("#checkpoints tbody tr").count() == 2
     assert page.locator("#workers tbody tr").count() == 1
-    screenshot = Path(os.environ.get(SCREENSHOT_ENV) or tmp_path / "dashboard-job.png")
-    page.screenshot(path=str(screenshot))
-    assert screenshot.stat().st_size > 0
+    assert page.locator("#workers td.memory").text_content().endswith(" MiB")  # from the worker's heartbeat
+    # Every event row says what happened (a step's progress is in the charts, not the table); a healthy
+    # state is not drawn as an error.
+    whats = page.locator("#events tbody tr td:last-child").all_text_contents()
+    assert whats and all(whats) and "SUCCEEDED" in whats
+    assert page.locator(".reason-failed, #state.state-failed").count() == 0
+    # The config panel: the job's settings as it ran them.
+    config = dict(
+        zip(
+            page.locator("#config-table th").all_text_contents(),
+            page.locator("#config-table td").all_text_contents(),
+            strict=True,
+        )
+    )
+    assert config["steps"] == "40" and config["model"] == "gpt-tiny" and config["tags"] == '["nightly"]'
+    # A chart for every series of the metrics history, each with a point per report of it.
+    page.locator("#metrics[data-final='true']").wait_for(timeout=0)
+    history = [r for r in acme.metrics(job.id) if r.peer is None]
+    names = {r.name for r in history}
+    assert {"loss", "val_loss", "lr", "tokens_per_s", "step_time_s", "data_wait_s", "memory_bytes"} <= names
+    assert {f"metric-{n}" for n in names} == set(
+        page.locator("#metrics figure").evaluate_all("fs => fs.map(f => f.id)")
+    )
+    for name in names:
+        drawn = page.locator(f"#metric-{name}").get_attribute("data-points")
+        assert drawn == str(sum(r.name == name and r.value == r.value for r in history)), name  # NaN: a gap
+    _screenshot(page, "job", tmp_path)
+    context.close()
+
+
+def test_the_list_refreshes_filters_and_compares_and_logs_follow_a_new_job(server, acme, job, browser, tmp_path):
+    context, page = _signed_in(browser, acme.dashboard_login().url)
+    base = page.url.rstrip("/")
+    table = page.locator("#jobs")
+    page.locator("#jobs[data-refreshed]").wait_for(timeout=0)  # read from /jobs.json once
+    assert table.get_attribute("data-rows") == "1"
+    second = acme.submit(Job(name="second run", tags=["sweep-a"], **SECOND))
+    logs = context.new_page()  # the new job's logs, open before its worker has started: its lines arrive live
+    logs.goto(f"{base}/jobs/{second.id}/logs")
+    expect(logs.locator("#live")).to_have_text("live", timeout=0)
+    log = logs.locator("#log")
+    first = int(log.get_attribute("data-lines"))
+
+    page.locator("#jobs[data-rows='2']").wait_for(timeout=0)  # the open list shows it without a reload
+    assert page.locator(f"#jobs tr[data-job='{second.id}'] td.name").text_content() == "second run"
+
+    logs.locator("#log[data-ended='true']").wait_for(timeout=0)
+    total = int(log.get_attribute("data-lines"))
+    assert total > first, (first, total)
+    shown = [f"[{worker}] {line}" for worker, line in acme.logs(second.id)]
+    assert log.text_content().splitlines() == shown[:total]  # every line, once, in order
+    assert "step 20/20" in log.text_content()
+    assert logs.locator("#state").text_content() == "SUCCEEDED"  # the end says how it ended
+    _screenshot(logs, "logs", tmp_path)
+
+    page.fill("#filter", "sweep-a")  # search matches a tag
+    expect(table).to_have_attribute("data-rows", "1", timeout=0)
+    assert page.locator("#jobs tbody tr").get_attribute("data-job") == second.id
+    page.fill("#filter", "")
+    page.select_option("#state-filter", "SUCCEEDED")
+    expect(table).to_have_attribute("data-rows", "2", timeout=0)
+    page.select_option("#state-filter", "FAILED")
+    expect(table).to_have_attribute("data-rows", "0", timeout=0)
+    assert page.locator("#no-jobs").is_visible()
+    page.select_option("#state-filter", "")
+    page.click("th[data-sort='step']")  # ascending: the 20-step job first
+    assert page.locator("#jobs tbody tr").first.get_attribute("data-job") == second.id
+    _screenshot(page, "jobs", tmp_path)
+
+    for job_id in (job.id, second.id):
+        page.check(f"#jobs tr[data-job='{job_id}'] input.pick")
+    expect(page.locator("#compare-link")).to_have_attribute("data-picked", "2", timeout=0)
+    page.click("#compare-link")
+    page.locator("#compare[data-charts]").wait_for(timeout=0)
+    assert page.url.endswith(f"/compare?jobs={job.id},{second.id}") or page.url.endswith(
+        f"/compare?jobs={second.id},{job.id}"
+    )
+    overlaid = page.locator("#metric-loss polyline")
+    assert overlaid.count() == 2  # one line per job
+    lengths = sorted(len(line.split()) for line in overlaid.evaluate_all("ls => ls.map(l => l.getAttribute('points'))"))
+    assert lengths == sorted([JOB["steps"], SECOND["steps"]])
+    _screenshot(page, "compare", tmp_path)
+    response = page.goto(f"{base}/compare?jobs={job.id},job-that-never-was")
+    assert response is not None and response.status == 404
     context.close()
 
 
 def test_another_tenants_job_answers_404_and_a_suspension_signs_out(server, rival, job, browser):
     context, page = _signed_in(browser, rival.dashboard_login().url)
     base = page.url.rstrip("/")
-    assert page.locator("#jobs").count() == 0  # rival has no jobs; acme's is not listed
-    for path in (f"/jobs/{job.id}", f"/jobs/{job.id}/stream", "/jobs/job-that-never-was", "/admin"):
+    assert page.locator("#jobs tbody tr").count() == 0  # rival has no jobs; acme's is not listed
+    listed = page.goto(base + "/jobs.json")
+    assert listed is not None and listed.json() == {"jobs": []}
+    for path in (
+        f"/jobs/{job.id}",
+        f"/jobs/{job.id}/stream",
+        f"/jobs/{job.id}/metrics",
+        f"/jobs/{job.id}/logs",
+        f"/jobs/{job.id}/logs/stream",
+        f"/compare?jobs={job.id}",
+        "/jobs/job-that-never-was",
+        "/admin",
+    ):
         response = page.goto(base + path)
         assert response is not None and response.status == 404, path
     with server.admin() as admin:

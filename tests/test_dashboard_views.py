@@ -10,6 +10,7 @@ from cantata.proto.v1 import common_pb2, jobs_pb2, worker_pb2
 from cantata.server.broadcast import EventBroadcast
 from cantata.server.dashboard.series import EventSeries
 from cantata.server.dashboard.views import Views
+from cantata.server.metrics_store import MetricsStore
 from cantata.server.services.worker import round_text
 from cantata.server.store import AnomalyRecord, NotFound, Store, utcnow
 
@@ -38,7 +39,9 @@ def test_gossip_edges_carry_their_last_round_and_screening_verdicts(store, tmp_p
     _round(store, job.id, 0, 2, [1, 2], 1.5)
     _round(store, job.id, 1, 2, [0], 1.25)
     store.add_anomaly(AnomalyRecord(job.id, 1, 2, 2, "norm", "reject", 9.5, True, utcnow()))
-    views = Views(store, tmp_path / "audit", flush_audit=lambda: None)
+    views = Views(
+        store, tmp_path / "audit", lambda: None, MetricsStore(store.database), lambda job_id, worker: tmp_path / "none"
+    )
 
     page = views.job_page(job.id, "acme")
     edges = {(e.worker, e.peer): e for e in page.edges}
@@ -66,6 +69,7 @@ def test_a_stream_reconnecting_after_the_end_ends_at_once_and_one_from_the_start
         return [batch async for batch in EventSeries(store, broadcast).follow(job.id, cursor)]
 
     from_start = asyncio.run(follow(0))
-    last = from_start[-1][-1]
+    last = [u for u in from_start[-1] if u.series == "state"][-1]
     assert (last.state, last.terminal) == ("SUCCEEDED", True)
+    assert from_start[-1][-1].row is not None and from_start[-1][-1].row["what"] == "SUCCEEDED"  # its events row
     assert asyncio.run(follow(last.seq)) == []  # the browser's Last-Event-ID: nothing after it, and the stream ends

@@ -36,6 +36,7 @@ import grpc
 
 from cantata.proto.v1 import worker_pb2, worker_pb2_grpc
 from cantata.trainer.recovery import Trip
+from cantata.trainer.usage import Usage
 
 REPORT_TIMEOUT = 30.0
 HEARTBEAT_INTERVAL = 5.0  # seconds between heartbeats until the server's first reply says otherwise
@@ -184,13 +185,15 @@ class Reporter:
     def start_heartbeat(self) -> None:
         """Report that this process lives, from a background thread, as often as the server asks, until ``close``.
 
-        A process that is stopped or wedged stops beating with it, and the server kills it as hung.
+        A process that is stopped or wedged stops beating with it, and the server kills it as hung. Each beat
+        carries the process's CPU and memory use since the previous one (:class:`~cantata.trainer.usage.Usage`).
         """
         threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
 
     def _beat(self) -> None:
-        beat = worker_pb2.WorkerReport(job_id=self._job_id, worker=self._worker, heartbeat=worker_pb2.Heartbeat())
+        usage = Usage()
         while not self._closed.is_set():
+            beat = worker_pb2.WorkerReport(job_id=self._job_id, worker=self._worker, heartbeat=usage.heartbeat())
             # the server may be unreachable for now (the next beat tries again), or the channel closed at exit
             with contextlib.suppress(grpc.RpcError, ValueError):
                 self._answered(self._stub.Report(beat, timeout=REPORT_TIMEOUT, wait_for_ready=True))

@@ -189,8 +189,14 @@ class Rollback(_message.Message):
     def __init__(self, step: _Optional[int] = ..., checkpoint_step: _Optional[int] = ..., cause: _Optional[str] = ..., loss: _Optional[float] = ..., zscore: _Optional[float] = ..., skipped_from: _Optional[int] = ..., skipped_to: _Optional[int] = ..., rollback: _Optional[int] = ..., lr_scale: _Optional[float] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("cpu_percent", "memory_bytes", "gpu_memory_bytes")
+    CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    cpu_percent: float
+    memory_bytes: float
+    gpu_memory_bytes: float
+    def __init__(self, cpu_percent: _Optional[float] = ..., memory_bytes: _Optional[float] = ..., gpu_memory_bytes: _Optional[float] = ...) -> None: ...
 
 class WorkerReport(_message.Message):
     __slots__ = ("job_id", "worker", "started", "progress", "eval", "checkpoint", "finished", "failed", "message", "gossip", "round", "anomaly", "refused", "heartbeat", "store_outage", "rollback", "seq")

@@ -4,11 +4,17 @@ Routes (every one a GET; the only one that changes anything is the login
 link's redemption, and its token is single-use):
 
     /login/{token}     redeem a login link: set the session cookie, go to /
-    /                  the signed-in tenant's jobs (an admin goes to /admin)
-    /jobs/{id}         a job: state, live loss chart, events, workers, checkpoints, gossip topology
-    /jobs/{id}/stream  server-sent events: the job's loss points and states after Last-Event-ID
+    /                  the signed-in tenant's jobs: filter, sort, search, pick jobs to compare; refreshed live
+    /jobs.json         the same list as JSON (what the page refreshes from)
+    /jobs/{id}         a job: state, duration and ETA, config, live loss chart and events, a chart per metric,
+                       workers with their CPU and memory, checkpoints, gossip topology
+    /jobs/{id}/stream  server-sent events: the job's loss points, states and events after Last-Event-ID
+    /jobs/{id}/metrics the job's metrics history after ``?after=`` (a cursor), as JSON
+    /jobs/{id}/logs    the job's worker logs, followed live
+    /jobs/{id}/logs/stream  server-sent events: new log lines after Last-Event-ID (lines read, per worker)
+    /compare?jobs=A,B  several jobs' metrics overlaid
     /admin             tenants, pending requests, quotas, the queue, the audit log's verdict (admins only)
-    /static/...        the one stylesheet and the one script
+    /static/...        the one stylesheet and the scripts
 
 A page needs a live session (401 otherwise); a job another tenant owns is 404,
 as is /admin for a tenant and any job page for an admin (jobs are their
@@ -30,7 +36,7 @@ import jinja2
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -38,12 +44,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from cantata.security.audit import Action, Outcome
 from cantata.server.dashboard.series import TrainingSeries
 from cantata.server.dashboard.signin import LoginRefused, Session, SignIn
-from cantata.server.dashboard.views import Views
+from cantata.server.dashboard.views import JobRow, Views
 from cantata.server.enrollment import ANONYMOUS
 from cantata.server.store import NotFound
 from cantata.server.streams import StreamCounter
 
 LAST_EVENT_ID = re.compile(r"[0-9]{1,19}")  # a job event's sequence number (SQLite INTEGER): ASCII digits only
+LOG_CURSOR = re.compile(r"[0-9]{1,12}(\.[0-9]{1,12}){0,1023}")  # lines read per worker process, dot-separated
+LOG_POLL_SECONDS = 1.0  # between looks at a followed job's log files
 COOKIE = "__Host-cantata_session"  # __Host-: Secure, path /, no Domain: the browser enforces all three
 SECURITY_HEADERS = [
     (
@@ -138,8 +146,13 @@ class Dashboard:
                 routes=[
                     Route("/login/{token}", self.login),
                     Route("/", self.index),
+                    Route("/jobs.json", self.jobs_json),
                     Route("/jobs/{job_id}", self.job),
                     Route("/jobs/{job_id}/stream", self.stream),
+                    Route("/jobs/{job_id}/metrics", self.metrics),
+                    Route("/jobs/{job_id}/logs", self.logs),
+                    Route("/jobs/{job_id}/logs/stream", self.log_stream),
+                    Route("/compare", self.compare),
                     Route("/admin", self.admin),
                     Mount("/static", StaticFiles(directory=str(static)), name="static"),
                 ],
@@ -167,6 +180,29 @@ class Dashboard:
         if session.is_admin:
             raise HTTPException(404, "No such job.")
         return session.principal.name
+
+    async def _job(self, request: Request, session: Session) -> JobRow:
+        """The path's job, if the session's tenant owns it (404 otherwise)."""
+        try:
+            return await asyncio.to_thread(self._views.job, request.path_params["job_id"], self._tenant(session))
+        except NotFound:
+            raise HTTPException(404, "No such job.") from None
+
+    def _stream(self, session: Session, lines: AsyncIterator[str]) -> Response:
+        """``lines`` as server-sent events, in one of the principal's stream slots (429 when none is free)."""
+        who = session.principal.uri
+        if not self._streams.acquire(who):
+            raise HTTPException(429, "Too many open streams.")
+        return _CountedStream(
+            lines,
+            release=partial(self._streams.release, who),
+            media_type="text/event-stream",
+            headers={"x-accel-buffering": "no"},
+        )
+
+    async def _still_allowed(self, session_id: str) -> bool:
+        session = self._signin.session(session_id)
+        return session is not None and await asyncio.to_thread(self._is_allowed, session)
 
     # ---- routes ----------------------------------------------------------
     async def login(self, request: Request) -> Response:
@@ -216,38 +252,84 @@ class Dashboard:
             raise HTTPException(404, "No such job.") from None
         return self._page("job.html", session=session, page=page)
 
+    async def jobs_json(self, request: Request) -> Response:
+        session = await self._session(request)
+        jobs = await asyncio.to_thread(self._views.jobs, self._tenant(session))
+        return JSONResponse({"jobs": [j.as_json() for j in jobs]})
+
     async def stream(self, request: Request) -> Response:
         session = await self._session(request)
-        job_id = request.path_params["job_id"]
-        try:
-            job = await asyncio.to_thread(self._views.job, job_id, self._tenant(session))
-        except NotFound:
-            raise HTTPException(404, "No such job.") from None
+        job = await self._job(request, session)
         last = request.headers.get("last-event-id", "0")
         if not LAST_EVENT_ID.fullmatch(last):  # parsed before a stream slot is taken: nothing to give back
             raise HTTPException(400, "Last-Event-ID must be a sequence number (1 to 19 ASCII digits).")
-        who = session.principal.uri
-        if not self._streams.acquire(who):
-            raise HTTPException(429, "Too many open streams.")
-        return _CountedStream(
-            self._events(job.id, int(last), request.cookies.get(COOKIE, "")),
-            release=partial(self._streams.release, who),
-            media_type="text/event-stream",
-            headers={"x-accel-buffering": "no"},
-        )
+        return self._stream(session, self._events(job.id, int(last), request.cookies.get(COOKIE, "")))
 
     async def _events(self, job_id: str, cursor: int, session_id: str) -> AsyncIterator[str]:
         """The stream's lines; it ends with the job, or before a batch once the session has ended."""
         yield "retry: 2000\n\n"
         async with contextlib.aclosing(self._series.follow(job_id, cursor)) as batches:  # a gone browser unsubscribes
             async for batch in batches:
-                session = self._signin.session(session_id)
-                if session is None or not await asyncio.to_thread(self._is_allowed, session):
+                if not await self._still_allowed(session_id):
                     yield "event: signed-out\ndata: {}\n\n"
                     return
                 data = json.dumps([u.as_json() for u in batch], allow_nan=False)
                 yield f"id: {batch[-1].seq}\nevent: updates\ndata: {data}\n\n"
         yield "event: end\ndata: {}\n\n"
+
+    async def metrics(self, request: Request) -> Response:
+        session = await self._session(request)
+        job = await self._job(request, session)
+        after = request.query_params.get("after", "0")
+        if not LAST_EVENT_ID.fullmatch(after):
+            raise HTTPException(400, "after must be a cursor (1 to 19 ASCII digits).")
+        history = await asyncio.to_thread(self._views.metrics, job.id, int(after))
+        return JSONResponse(history | {"state": job.state, "terminal": job.terminal})
+
+    async def logs(self, request: Request) -> Response:
+        session = await self._session(request)
+        return self._page("logs.html", session=session, job=await self._job(request, session))
+
+    async def log_stream(self, request: Request) -> Response:
+        session = await self._session(request)
+        job = await self._job(request, session)
+        last = request.headers.get("last-event-id")
+        if last is not None and not LOG_CURSOR.fullmatch(last):
+            raise HTTPException(400, "Last-Event-ID must be the lines read per worker, dot-separated.")
+        read = [int(n) for n in last.split(".")] if last is not None else None
+        if read is not None and len(read) != job.processes:
+            raise HTTPException(400, f"Last-Event-ID must count the lines of {job.processes} worker processes.")
+        return self._stream(session, self._log_lines(job, read, request.cookies.get(COOKIE, "")))
+
+    async def _log_lines(self, job: JobRow, read: list[int] | None, session_id: str) -> AsyncIterator[str]:
+        """New lines each pass until the job has ended (read before its logs: the last pass has its last
+        lines), or until the session has."""
+        yield "retry: 2000\n\n"
+        while True:
+            now = await asyncio.to_thread(self._views.job, job.id, job.tenant)
+            counts, lines = await asyncio.to_thread(self._views.log_lines, job, read)
+            read = counts
+            if not await self._still_allowed(session_id):
+                yield "event: signed-out\ndata: {}\n\n"
+                return
+            if lines:
+                data = json.dumps(lines)
+                yield f"id: {'.'.join(map(str, counts))}\nevent: lines\ndata: {data}\n\n"
+            if now.terminal:
+                yield f"event: end\ndata: {json.dumps({'state': now.state})}\n\n"
+                return
+            await asyncio.sleep(LOG_POLL_SECONDS)
+
+    async def compare(self, request: Request) -> Response:
+        session = await self._session(request)
+        ids = [i for i in request.query_params.get("jobs", "").split(",") if i]
+        try:
+            jobs = await asyncio.to_thread(self._views.compared, ids, self._tenant(session))
+        except NotFound:
+            raise HTTPException(404, "No such job.") from None
+        except ValueError as e:
+            raise HTTPException(400, str(e)) from None
+        return self._page("compare.html", session=session, jobs=jobs)
 
     async def admin(self, request: Request) -> Response:
         session = await self._session(request)

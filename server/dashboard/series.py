@@ -1,10 +1,12 @@
-"""Where the job page's live loss curves come from: one small interface, and its implementation on job events.
+"""Where the job page's live loss curves and events table come from: one small interface, and its
+implementation on job events.
 
 :class:`TrainingSeries` is what the dashboard's event stream reads: the
 points stored after a cursor, then each new batch as it is committed, until
 the job ends. :class:`EventSeries` answers it from the job's events
-(``PROGRESS`` carries the training loss, ``EVAL`` the validation loss) and
-the in-memory broadcast, so a browser that follows a job costs the server no
+(``PROGRESS`` carries the training loss, ``EVAL`` the validation loss, and
+every event but a step's progress is a row of the events table) and the
+in-memory broadcast, so a browser that follows a job costs the server no
 polling; another implementation can read a metrics history instead.
 """
 
@@ -19,12 +21,14 @@ from typing import Protocol
 from cantata.proto.v1 import common_pb2, jobs_pb2
 from cantata.proto.vocabulary import is_terminal
 from cantata.server.broadcast import EventBroadcast
+from cantata.server.dashboard.views import event_row, shown_in_table
 from cantata.server.store import Store
 
 
 @dataclass(frozen=True)
 class SeriesUpdate:
-    """One thing the chart shows: a loss point (``series`` "loss" or "val_loss") or a state change ("state")."""
+    """One thing the page shows: a loss point (``series`` "loss" or "val_loss"), a state change ("state")
+    or a row of the events table ("event")."""
 
     seq: int  # the cursor after this update
     series: str
@@ -32,10 +36,13 @@ class SeriesUpdate:
     value: float = 0.0
     state: str = ""
     terminal: bool = False
+    row: dict | None = None
 
     def as_json(self) -> dict:
         if self.series == "state":
             return {"seq": self.seq, "state": self.state, "terminal": self.terminal}
+        if self.series == "event":
+            return {"seq": self.seq, "event": self.row}
         value = self.value if math.isfinite(self.value) else None  # a diverged run's NaN is a gap in the curve
         return {"seq": self.seq, "series": self.series, "step": self.step, "value": value}
 
@@ -46,14 +53,17 @@ class TrainingSeries(Protocol):
     def follow(self, job_id: str, cursor: int) -> AsyncGenerator[list[SeriesUpdate]]: ...
 
 
-def _update(event: jobs_pb2.JobEvent, *, terminal: bool) -> SeriesUpdate | None:
+def _updates(event: jobs_pb2.JobEvent, *, terminal: bool) -> list[SeriesUpdate]:
+    updates = []
     if event.kind == jobs_pb2.PROGRESS:
-        return SeriesUpdate(event.seq, "loss", event.step, event.loss)
-    if event.kind == jobs_pb2.EVAL:
-        return SeriesUpdate(event.seq, "val_loss", event.step, event.val_loss)
-    if event.kind == jobs_pb2.STATE:
-        return SeriesUpdate(event.seq, "state", state=common_pb2.JobState.Name(event.state), terminal=terminal)
-    return None
+        updates.append(SeriesUpdate(event.seq, "loss", event.step, event.loss))
+    elif event.kind == jobs_pb2.EVAL:
+        updates.append(SeriesUpdate(event.seq, "val_loss", event.step, event.val_loss))
+    elif event.kind == jobs_pb2.STATE:
+        updates.append(SeriesUpdate(event.seq, "state", state=common_pb2.JobState.Name(event.state), terminal=terminal))
+    if shown_in_table(event):
+        updates.append(SeriesUpdate(event.seq, "event", row=event_row(event)))
+    return updates
 
 
 class EventSeries:
@@ -93,9 +103,7 @@ class EventSeries:
                         if from_store
                         else any(later.kind == jobs_pb2.STATE for later in events[index + 1 :])
                     )
-                    update = _update(event, terminal=terminal)
-                    if update is not None:
-                        batch.append(update)
+                    batch.extend(_updates(event, terminal=terminal))
                     if terminal:
                         ended = True
                         break

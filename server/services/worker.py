@@ -13,7 +13,7 @@ from cantata.server.errors import InvalidRequest, Refused, Unavailable
 from cantata.server.groups import processes
 from cantata.server.heartbeats import Heartbeats
 from cantata.server.lifecycle import JobLifecycle
-from cantata.server.metrics_store import METRICS, MetricsStore
+from cantata.server.metrics_store import METRICS, SYSTEM_METRICS, MetricsStore
 from cantata.server.ports import AuditSink
 from cantata.server.store import AnomalyRecord, JobRecord, Store, utcnow
 
@@ -77,7 +77,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         _check_ranges(request, processes(job.spec))
         event = None
         if kind == "heartbeat":
-            pass
+            beat = request.heartbeat  # the process's use of its machine: kept in the history at the job's step
+            measured = {name: getattr(beat, name) for name in SYSTEM_METRICS if beat.HasField(name)}
+            if measured:
+                self._metrics.record(job.id, job.step, request.worker, measured)
         elif kind == "started":
             self._lifecycle.worker_started(job, request.worker)
             # a new process: whatever outage its predecessor saw is not its own

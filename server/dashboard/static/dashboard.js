@@ -1,4 +1,5 @@
-// The job page's live loss chart: server-sent events from /jobs/ID/stream drawn into the inline SVG.
+// The job page: the live loss chart and events table (server-sent events from /jobs/ID/stream), and a chart
+// for every metric of the history (/jobs/ID/metrics, read again while the job runs).
 // No library, no inline script (the page's Content-Security-Policy allows scripts from 'self' only).
 "use strict";
 (function () {
@@ -55,9 +56,26 @@
     for (const s of niceTicks(0, maxStep, 8)) label(xaxis, x(s), box.top + box.height + 16, String(s));
   }
 
+  const events = document.querySelector("#events tbody");
+  const EVENTS_SHOWN = 200;
+
+  function addEvent(row) {
+    const tr = document.createElement("tr");
+    for (const value of [row.seq, row.time, row.kind, row.worker, row.step, row.what]) {
+      const td = document.createElement("td");
+      td.textContent = String(value);
+      tr.appendChild(td);
+    }
+    events.insertBefore(tr, events.firstChild);
+    while (events.rows.length > EVENTS_SHOWN) events.deleteRow(-1);
+  }
+
   function apply(updates) {
+    const shown = new Set(Array.from(events.rows, function (r) { return r.cells[0].textContent; }));
     for (const u of updates) {
-      if (u.state !== undefined) {
+      if (u.event !== undefined) {
+        if (!shown.has(String(u.event.seq))) addEvent(u.event);  // the table as loaded holds the first ones
+      } else if (u.state !== undefined) {
         state.textContent = u.state;
         state.className = "state state-" + u.state.toLowerCase();
       } else {
@@ -69,6 +87,38 @@
     chart.dataset.points = String(series.loss.length + series.val_loss.length);
     chart.dispatchEvent(new CustomEvent("chart-updated", { detail: updates.length }));
   }
+
+  // One chart per metric name, one line per worker process; read again every REFRESH_MS until the job has ended.
+  const metrics = document.getElementById("metrics");
+  const REFRESH_MS = 2000;
+  const charts = {};  // name -> {draw, workers: {worker: [[step, value]]}}
+  let cursor = 0;
+
+  async function refreshMetrics() {
+    try {
+      const read = await CantataCharts.history(metrics.dataset.source, cursor);
+      cursor = read.cursor;
+      const changed = new Set();
+      for (const [name, worker, s, value] of read.points) {
+        if (!charts[name]) charts[name] = { draw: CantataCharts.chart(metrics, name, read.descriptions[name]), workers: {} };
+        (charts[name].workers[worker] = charts[name].workers[worker] || []).push([s, value]);
+        changed.add(name);
+      }
+      for (const name of changed) {
+        const workers = charts[name].workers;
+        charts[name].draw(Object.keys(workers).map(function (w, i) {
+          return { label: "worker " + w, colour: CantataCharts.COLOURS[i % CantataCharts.COLOURS.length], points: workers[w] };
+        }));
+      }
+      metrics.dataset.charts = String(Object.keys(charts).length);
+      metrics.dataset.cursor = String(cursor);
+      if (read.terminal) { metrics.dataset.final = "true"; return; }  // the end was read before the history
+    } catch (e) {
+      document.getElementById("metrics-note").textContent = "Metrics could not be read (" + e.message + "); trying again.";
+    }
+    setTimeout(refreshMetrics, REFRESH_MS);
+  }
+  refreshMetrics();
 
   const source = new EventSource(chart.dataset.stream);
   source.addEventListener("open", function () { live.textContent = "live"; });
