@@ -52,6 +52,7 @@ from cantata.sdk.errors import (
     from_rpc_error,
 )
 from cantata.sdk.profiles import Profile
+from cantata.sdk.sweeps import Sweeps
 
 if TYPE_CHECKING:  # the job-field table loads only for a submit
     from cantata.sdk.job import Job
@@ -372,6 +373,7 @@ class Client:
         self._audit = audit_pb2_grpc.AuditStub(self._channel)
         self._data_sources = datasources_pb2_grpc.DataSourcesStub(self._channel)
         self._dashboard = dashboard_pb2_grpc.DashboardStub(self._channel)
+        self.sweeps = Sweeps(self._channel, timeout)
 
     @classmethod
     def from_profile(cls, name: str, **kwargs) -> Client:

@@ -35,6 +35,7 @@ from cantata.proto.v1 import (
     datasources_pb2_grpc,
     jobs_pb2,
     jobs_pb2_grpc,
+    sweeps_pb2_grpc,
     tenancy_pb2_grpc,
     worker_pb2_grpc,
 )
@@ -73,7 +74,8 @@ from cantata.server.services.audit import AuditService
 from cantata.server.services.checkpoints import CheckpointsService
 from cantata.server.services.dashboard import DashboardService
 from cantata.server.services.datasources import DataSourcesService
-from cantata.server.services.jobs import JobsService
+from cantata.server.services.jobs import JobsService, submitted_digest
+from cantata.server.services.sweeps import SweepsService, check_job
 from cantata.server.services.tenancy import TenancyService
 from cantata.server.services.worker import WorkerService
 from cantata.server.serving import ServingLoop
@@ -81,6 +83,8 @@ from cantata.server.store import Store
 from cantata.server.streams import StreamCounter
 from cantata.server.submissions import SubmitWriter
 from cantata.server.sweeper import OrphanSweeper
+from cantata.server.sweeps.runner import SweepRunner, optuna_storage, submit_from_thread
+from cantata.server.sweeps.store import SweepStore
 from cantata.server.telemetry import Telemetry
 from cantata.server.tenant_groups import TenantGroups
 from cantata.server.tls import RotatingCredentials
@@ -413,6 +417,29 @@ class ControlPlane:
             ),
             server,
         )
+        self.sweeps = SweepStore(self.database)
+        sweep_storage = optuna_storage(self.paths.sweeps)
+
+        def submit_trial(tenant: str, request_id: str, spec):
+            """A sweep's trial submitted as its tenant's job (checked and recorded as ``SubmitJob`` does)."""
+            parsed = check_job(spec, tenant, spec_defaults(tenant), self.data_sources)
+            submission = self.submissions.submit(
+                tenant, request_id, parsed, submitted_digest(spec), actor="server", peer="", call_id=request_id
+            )
+            return submit_from_thread(self._serving.loop, submission)[0]
+
+        self.sweep_runner = SweepRunner(
+            self.sweeps,
+            self.store,
+            self.metrics,
+            sweep_storage,
+            submit=submit_trial,
+            cancel=lifecycle.cancel_for_tenant,
+            audit=self.recorder,
+        )
+        sweeps_pb2_grpc.add_SweepsServicer_to_server(
+            SweepsService(self.sweeps, sweep_storage, spec_defaults, self.recorder, self.data_sources), server
+        )
         checkpoints_pb2_grpc.add_CheckpointsServicer_to_server(
             CheckpointsService(self.store, self.keyring, self.recorder.append), server
         )
@@ -446,6 +473,7 @@ class ControlPlane:
         self._server, self._enrollment = server, enrollment
         self._reaper.start()
         self.scheduler.start()
+        self.sweep_runner.start()
         self.sweeper.start()
         self.retention.start()
         if self.settings.metrics_listen:
@@ -534,6 +562,7 @@ class ControlPlane:
             self._serving.run(self.health.enter_graceful_shutdown())
             self._serving.run(self._enrollment.stop(grace))
             self._serving.run(self._server.stop(grace))
+            self.sweep_runner.shutdown()  # before the submit writer closes: it submits trials
             self.submissions.close()  # no call submits any more: what it queued is written
             for guard in self._guards:
                 guard.close()  # the lines of the streams that ended

@@ -215,6 +215,22 @@ CREATE TRIGGER tenant_last_start AFTER UPDATE OF state ON jobs WHEN new.state = 
 END;
 """
 
+_V13_SWEEPS = """
+CREATE TABLE sweeps (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    spec BLOB NOT NULL,
+    state INTEGER NOT NULL,
+    reason TEXT NOT NULL DEFAULT '',
+    active INTEGER NOT NULL DEFAULT 1,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    UNIQUE (tenant, request_id)
+);
+CREATE INDEX sweeps_active ON sweeps (active) WHERE active = 1;
+"""
+
 # MIGRATIONS[n] takes a database from version n to n + 1. Append; never edit a step that has shipped.
 MIGRATIONS: tuple[str, ...] = (
     _V1_STORE + _V1_DATA_SOURCES,  # 1: the unversioned schema of the store and the data sources, as it was
@@ -229,6 +245,7 @@ MIGRATIONS: tuple[str, ...] = (
     _V10_SUBMIT_RECORD,  # 10: jobs.audit_seq
     _V11_PARKED,  # 11: jobs.parked, jobs_queue, jobs_parked, unfinished_jobs
     _V12_LAST_START,  # 12: tenants.last_start, tenants_by_last_start, tenant_last_start
+    _V13_SWEEPS,  # 13: sweeps (issue 36); renumber at merge if another migration took 13
 )
 
 
