@@ -1,11 +1,16 @@
-"""Sweeps end to end: a real server over TLS, real worker processes, Optuna's pruner stopping real trials."""
+"""Sweeps end to end: a real server over TLS, real worker processes, Optuna's pruner stopping real trials.
+
+The server restart test kills the module's server, so it comes last.
+"""
 
 from __future__ import annotations
 
 import pytest
 
+from cantata.sdk import errors
 from cantata.sdk.job import Job
 from cantata.sdk.sweeps import Sweep, progress_line
+from tests.waiting import wait_for
 
 # Tiny trials, evaluated often: ASHA's first rung (3 steps) comes long before a trial's end (60 steps).
 TRIAL = dict(name="tiny", model="gpt-tiny", steps=60, eval_every=3, eval_batches=1, batch_size=4, seq_len=16)
@@ -15,6 +20,49 @@ SPACE = {"lr": {"low": 1e-5, "high": 3e-1, "log": True}, "warmup_steps": {"low":
 def _sweep(**overrides) -> Sweep:
     fields = dict(job=Job(**TRIAL), parameters=SPACE, trials=12, concurrency=3, sampler="random", seed=7)
     return Sweep(**{**fields, **overrides})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        (dict(parameters={"lr": {"low": 0.1, "high": 0.01}}), "parameters[0]"),  # an empty range
+        (dict(parameters={"lr": {"low": 0.0, "high": 0.1, "log": True}}), "parameters[0]"),  # log of 0
+        (dict(parameters={"name": {"choices": ["a", "b"]}}), "parameters[0].field"),  # not tunable
+        (dict(parameters={"warmup_steps": {"choices": ["ten"]}}), "parameters[0]"),  # not an int
+        (dict(sampler="grid"), "parameters[0]"),  # a float range has no grid
+        (dict(sampler="grid", parameters={"warmup_steps": {"choices": [1, 2]}}), "trials"),  # 12 > 2 points
+        (dict(pruner="median"), "pruner"),
+        (dict(trials=0), "trials"),
+        (dict(job=Job(**{**TRIAL, "eval_every": 0})), "job.eval_every"),
+    ],
+)
+def test_a_bad_sweep_is_refused_with_the_field_named_and_recorded(tenant, overrides, field):
+    with pytest.raises(errors.InvalidArgument) as refused:
+        tenant.sweeps.submit(_sweep(**overrides))
+    assert field in str(refused.value), refused.value
+    assert not [s for s in tenant.sweeps.list() if s.name == "refused"]
+    records = list(tenant.audit_events(action="sweep_submitted"))
+    assert records[-1].outcome == "refused" and field in records[-1].details["message"]
+
+
+def test_a_trial_job_out_of_range_is_an_invalid_job(tenant):
+    with pytest.raises(errors.InvalidJob, match=r"parameters\.warmup_steps"):  # warm-up past the job's 60 steps
+        tenant.sweeps.submit(_sweep(parameters={"warmup_steps": {"low": 100, "high": 200}}))
+
+
+def test_another_tenant_cannot_see_or_cancel_a_sweep(platform, tenant):
+    sweep = tenant.sweeps.submit(_sweep(name="private", trials=1, concurrency=1))
+    with platform.enroll("rival") as rival:
+        for call in (rival.sweeps.get, rival.sweeps.cancel):
+            with pytest.raises(errors.NotFound):
+                call(sweep.id)
+        assert rival.sweeps.list() == []
+    cancelled = tenant.sweeps.cancel(sweep.id)
+    assert cancelled.state == "CANCELLED" and cancelled.reason == "cancelled by tenant"
+    wait_for(lambda: all(tenant.get(t.job_id).terminal for t in tenant.sweeps.get(sweep.id).trials if t.job_id))
+    assert [t.state for t in tenant.sweeps.get(sweep.id).trials] in ([], ["FAIL"])
+    actions = [e.action for e in tenant.audit_events() if e.resource == sweep.id]
+    assert actions[0] == "sweep_submitted" and "sweep_cancel_requested" in actions
 
 
 def test_asha_prunes_a_third_of_twelve_trials_and_reports_the_best(tenant):
@@ -41,3 +89,22 @@ def test_asha_prunes_a_third_of_twelve_trials_and_reports_the_best(tenant):
     assert best.state == "SUCCEEDED" and best.val_loss == pytest.approx(status.best.value)
     assert f"sweep={status.id}" in best.tags
     assert {j.id for j in tenant.list(tag=f"sweep={status.id}")} == {t.job_id for t in status.trials}
+    actions = [e.action for e in tenant.audit_events() if e.resource == status.id]
+    assert actions.count("sweep_trial_started") == 12 and actions.count("sweep_trial_pruned") == len(pruned)
+    assert actions[0] == "sweep_submitted" and actions[-1] == "sweep_finished"
+
+
+def test_a_sweep_goes_on_after_its_server_is_killed(platform, tenant):
+    """SIGKILL mid-sweep: the next server finishes it, every trial once, none lost or run twice."""
+    job = Job(**{**TRIAL, "steps": 30, "eval_every": 15})
+    sweep = tenant.sweeps.submit(_sweep(name="restart", job=job, trials=4, concurrency=2, pruner="none"))
+    wait_for(lambda: sum(bool(t.job_id) for t in tenant.sweeps.get(sweep.id).trials) >= 2)  # two running
+    platform.kill()
+    platform.start()
+    status = tenant.sweeps.wait(sweep.id)
+    assert status.state == "SUCCEEDED", status.reason
+    assert [t.number for t in status.trials] == [0, 1, 2, 3]
+    assert all(t.state == "COMPLETE" for t in status.trials), status.trials
+    jobs = tenant.list(tag=f"sweep={sweep.id}")
+    assert sorted(j.id for j in jobs) == sorted(t.job_id for t in status.trials)  # no job without its trial
+    assert sorted(j.name for j in jobs) == [f"restart-t{n}" for n in range(4)]
