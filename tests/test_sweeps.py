@@ -10,6 +10,7 @@ import pytest
 from cantata.sdk import errors
 from cantata.sdk.job import Job
 from cantata.sdk.sweeps import Sweep, progress_line
+from tests.platform import cli
 from tests.waiting import wait_for
 
 # Tiny trials, evaluated often: ASHA's first rung (3 steps) comes long before a trial's end (60 steps).
@@ -65,7 +66,7 @@ def test_another_tenant_cannot_see_or_cancel_a_sweep(platform, tenant):
     assert actions[0] == "sweep_submitted" and "sweep_cancel_requested" in actions
 
 
-def test_asha_prunes_a_third_of_twelve_trials_and_reports_the_best(tenant):
+def test_asha_prunes_a_third_of_twelve_trials_and_reports_the_best(tenant, tmp_path):
     submitted = tenant.sweeps.submit(_sweep(name="asha"))
     import time
 
@@ -92,6 +93,10 @@ def test_asha_prunes_a_third_of_twelve_trials_and_reports_the_best(tenant):
     actions = [e.action for e in tenant.audit_events() if e.resource == status.id]
     assert actions.count("sweep_trial_started") == 12 and actions.count("sweep_trial_pruned") == len(pruned)
     assert actions[0] == "sweep_submitted" and actions[-1] == "sweep_finished"
+    shown = cli("sweeps", "show", status.id, "--profile", "acme").stdout
+    assert f"best: trial {status.best.number}" in shown and shown.count("PRUNED") == len(pruned)
+    cli("sweeps", "plot", status.id, "--out", str(tmp_path), "--profile", "acme")
+    assert {p.name for p in tmp_path.iterdir()} == {f"{status.id}-parallel.png", f"{status.id}-val_loss.png"}
 
 
 def test_a_sweep_goes_on_after_its_server_is_killed(platform, tenant):
