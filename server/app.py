@@ -49,6 +49,7 @@ from cantata.server.broadcast import EventBroadcast
 from cantata.server.config import DataDir, ServerSettings, connection_limits, enrollment_limits, signin_limits
 from cantata.server.connection_reaper import ConnectionReaper
 from cantata.server.dashboard.signin import Session, SignIn
+from cantata.server.dashboard.sweeps import SweepViews
 from cantata.server.database import Database
 from cantata.server.datasource_store import DataSourceStore
 from cantata.server.deletion import JobDeletion, RetentionSweeper
@@ -418,7 +419,7 @@ class ControlPlane:
             server,
         )
         self.sweeps = SweepStore(self.database)
-        sweep_storage = optuna_storage(self.paths.sweeps)
+        self.sweep_storage = sweep_storage = optuna_storage(self.paths.sweeps)
 
         def submit_trial(tenant: str, request_id: str, spec):
             """A sweep's trial submitted as its tenant's job (checked and recorded as ``SubmitJob`` does)."""
@@ -460,7 +461,7 @@ class ControlPlane:
             DataSourcesService(self.data_sources, self.recorder.append), server
         )
         audit_pb2_grpc.add_AuditServicer_to_server(AuditService(self.paths.audit, self.audit.checkpoint), server)
-        dashboard_url = self._start_dashboard()
+        dashboard_url = self._start_dashboard(SweepViews(self.sweeps, sweep_storage))
         dashboard_pb2_grpc.add_DashboardServicer_to_server(
             DashboardService(self.signin, dashboard_url, self.recorder, self.refusals), server
         )
@@ -505,7 +506,7 @@ class ControlPlane:
         )
         return self.port
 
-    def _start_dashboard(self) -> str:
+    def _start_dashboard(self, sweeps: SweepViews) -> str:
         """Serve the web dashboard if ``dashboard_listen`` is set; returns its base URL ("" when there is none)."""
         if self.signin is None:
             return ""
@@ -528,6 +529,7 @@ class ControlPlane:
             self.refusals.append,  # the recorder, counting anonymous refusals (unknown login links) per address
             allowed,
             self.streams,
+            sweeps,
         )
         server = DashboardServer(
             dashboard.app,

@@ -5,17 +5,49 @@ The server restart test kills the module's server, so it comes last.
 
 from __future__ import annotations
 
+import http.client
+import ssl
+from urllib.parse import urlsplit
+
 import pytest
 
 from cantata.sdk import errors
 from cantata.sdk.job import Job
 from cantata.sdk.sweeps import Sweep, progress_line
-from tests.platform import cli
+from tests.platform import Platform, cli, free_port
 from tests.waiting import wait_for
 
 # Tiny trials, evaluated often: ASHA's first rung (3 steps) comes long before a trial's end (60 steps).
 TRIAL = dict(name="tiny", model="gpt-tiny", steps=60, eval_every=3, eval_batches=1, batch_size=4, seq_len=16)
 SPACE = {"lr": {"low": 1e-5, "high": 3e-1, "log": True}, "warmup_steps": {"low": 0, "high": 20}}
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory):
+    """The module's server, with the dashboard on (its sweep pages are checked here)."""
+    p = Platform(tmp_path_factory.mktemp("sweeps"), settings={"dashboard_listen": f"127.0.0.1:{free_port()}"})
+    p.start()
+    yield p
+    if p.proc is not None:
+        p.stop()
+
+
+def _dashboard_get(platform: Platform, client, path: str) -> tuple[int, str]:
+    """GET ``path`` from the dashboard, signed in as ``client``'s tenant by a fresh login link."""
+    link = urlsplit(client.dashboard_login().url)
+    context = ssl.create_default_context(cadata=platform.ca_pem.decode())
+    context.check_hostname = False
+    connection = http.client.HTTPSConnection(link.hostname, link.port, context=context)
+    try:
+        connection.request("GET", link.path)
+        response = connection.getresponse()
+        response.read()
+        cookie = response.getheader("set-cookie", "").split(";")[0]
+        connection.request("GET", path, headers={"Cookie": cookie})
+        page = connection.getresponse()
+        return page.status, page.read().decode()
+    finally:
+        connection.close()
 
 
 def _sweep(**overrides) -> Sweep:
@@ -58,6 +90,7 @@ def test_another_tenant_cannot_see_or_cancel_a_sweep(platform, tenant):
             with pytest.raises(errors.NotFound):
                 call(sweep.id)
         assert rival.sweeps.list() == []
+        assert _dashboard_get(platform, rival, f"/sweeps/{sweep.id}")[0] == 404
     cancelled = tenant.sweeps.cancel(sweep.id)
     assert cancelled.state == "CANCELLED" and cancelled.reason == "cancelled by tenant"
     wait_for(lambda: all(tenant.get(t.job_id).terminal for t in tenant.sweeps.get(sweep.id).trials if t.job_id))
@@ -66,7 +99,7 @@ def test_another_tenant_cannot_see_or_cancel_a_sweep(platform, tenant):
     assert actions[0] == "sweep_submitted" and "sweep_cancel_requested" in actions
 
 
-def test_asha_prunes_a_third_of_twelve_trials_and_reports_the_best(tenant, tmp_path):
+def test_asha_prunes_a_third_of_twelve_trials_and_reports_the_best(platform, tenant, tmp_path):
     submitted = tenant.sweeps.submit(_sweep(name="asha"))
     import time
 
@@ -97,6 +130,11 @@ def test_asha_prunes_a_third_of_twelve_trials_and_reports_the_best(tenant, tmp_p
     assert f"best: trial {status.best.number}" in shown and shown.count("PRUNED") == len(pruned)
     cli("sweeps", "plot", status.id, "--out", str(tmp_path), "--profile", "acme")
     assert {p.name for p in tmp_path.iterdir()} == {f"{status.id}-parallel.png", f"{status.id}-val_loss.png"}
+    code, listing = _dashboard_get(platform, tenant, "/sweeps")
+    assert code == 200 and f'href="/sweeps/{status.id}"' in listing and "SUCCEEDED" in listing
+    code, detail = _dashboard_get(platform, tenant, f"/sweeps/{status.id}")
+    assert code == 200 and detail.count("<td>PRUNED</td>") == len(pruned)
+    assert f'href="/jobs/{status.best.job_id}"' in detail and f"{status.best.number} (best)" in detail
 
 
 def test_a_sweep_goes_on_after_its_server_is_killed(platform, tenant):
