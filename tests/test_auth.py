@@ -15,6 +15,7 @@ from cantata.proto.v1 import (
     dashboard_pb2,
     datasources_pb2,
     jobs_pb2,
+    sweeps_pb2,
     tenancy_pb2,
     worker_pb2,
 )
@@ -27,6 +28,7 @@ SERVICE_MODULES = (
     tenancy_pb2,
     admin_pb2,
     jobs_pb2,
+    sweeps_pb2,
     checkpoints_pb2,
     worker_pb2,
     audit_pb2,
