@@ -137,6 +137,18 @@ def test_asha_prunes_a_third_of_twelve_trials_and_reports_the_best(platform, ten
     assert f'href="/jobs/{status.best.job_id}"' in detail and f"{status.best.number} (best)" in detail
 
 
+def test_a_suspended_tenants_sweep_is_cancelled_and_starts_no_trial(platform):
+    with platform.enroll("lapsed") as lapsed, platform.admin() as admin:
+        sweep = lapsed.sweeps.submit(_sweep(name="lapsed", trials=3, concurrency=1))
+        wait_for(lambda: any(t.job_id for t in lapsed.sweeps.get(sweep.id).trials))
+        admin.suspend_tenant("lapsed", "unpaid")
+        admin.resume_tenant("lapsed")  # to read what became of it
+        status = wait_for(lambda: (s := lapsed.sweeps.get(sweep.id)).trials[0].state == "FAIL" and s)
+        assert (status.state, status.reason) == ("CANCELLED", "tenant suspended")
+        assert len(status.trials) == 1
+        assert wait_for(lambda: (j := lapsed.get(status.trials[0].job_id)).terminal and j).state == "CANCELLED"
+
+
 def test_a_sweep_goes_on_after_its_server_is_killed(platform, tenant):
     """SIGKILL mid-sweep: the next server finishes it, every trial once, none lost or run twice."""
     job = Job(**{**TRIAL, "steps": 30, "eval_every": 15})

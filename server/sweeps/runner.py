@@ -11,7 +11,7 @@ A pass over a running sweep, with Optuna's study of it:
 - a pruned or failed trial's job takes its slot until it has stopped;
 - a sweep with all its trials asked for and no job of them running ends: SUCCEEDED if a trial completed, else FAILED.
 
-A cancelled sweep's running trials have their jobs cancelled and are told FAIL. Optuna's storage is durable
+A cancelled sweep's (or a suspended tenant's) running trials have their jobs cancelled and are told FAIL. Optuna's storage is durable
 on each call, and every step above can be repeated after a crash without changing its outcome: a restarted
 server goes on where the last one stopped, no trial lost or run twice.
 """
@@ -109,6 +109,10 @@ class SweepRunner(PeriodicTask):
 
     def _advance(self, sweep: SweepRecord) -> None:
         study = self.study(sweep)
+        status = self._jobs.tenant_status(sweep.tenant)
+        if not sweep.terminal and status != "APPROVED":  # suspended: its jobs were cancelled, no new one starts
+            self._sweeps.end(sweep.id, sweeps_pb2.SWEEP_CANCELLED, f"tenant {str(status).lower()}")
+            sweep = self._sweeps.sweep(sweep.id)
         if sweep.terminal:  # cancelled: stop what runs, then nothing is left to do
             for trial in _running(study):
                 self._abandon(study, trial, "sweep cancelled")
