@@ -142,6 +142,7 @@ def test_a_suspended_tenants_sweep_is_cancelled_and_starts_no_trial(platform):
         sweep = lapsed.sweeps.submit(_sweep(name="lapsed", trials=3, concurrency=1))
         wait_for(lambda: any(t.job_id for t in lapsed.sweeps.get(sweep.id).trials))
         admin.suspend_tenant("lapsed", "unpaid")
+        wait_for(lambda: list(admin.audit_events(tenant="lapsed", action="sweep_finished")))
         admin.resume_tenant("lapsed")  # to read what became of it
         status = wait_for(lambda: (s := lapsed.sweeps.get(sweep.id)).trials[0].state == "FAIL" and s)
         assert (status.state, status.reason) == ("CANCELLED", "tenant suspended")

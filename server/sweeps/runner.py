@@ -111,7 +111,19 @@ class SweepRunner(PeriodicTask):
         study = self.study(sweep)
         status = self._jobs.tenant_status(sweep.tenant)
         if not sweep.terminal and status != "APPROVED":  # suspended: its jobs were cancelled, no new one starts
-            self._sweeps.end(sweep.id, sweeps_pb2.SWEEP_CANCELLED, f"tenant {str(status).lower()}")
+            reason = f"tenant {str(status).lower()}"
+            self._sweeps.end(
+                sweep.id,
+                sweeps_pb2.SWEEP_CANCELLED,
+                reason,
+                before=lambda: self._audit.append(
+                    "server",
+                    Action.SWEEP_FINISHED,
+                    resource=sweep.id,
+                    tenant=sweep.tenant,
+                    details={"state": "SWEEP_CANCELLED", "reason": reason},
+                ),
+            )
             sweep = self._sweeps.sweep(sweep.id)
         if sweep.terminal:  # cancelled: stop what runs, then nothing is left to do
             for trial in _running(study):
