@@ -54,6 +54,7 @@ from cantata.sdk.errors import (
     from_rpc_error,
 )
 from cantata.sdk.profiles import Profile
+from cantata.sdk.sweeps import Sweeps
 from cantata.sdk.webhooks import Webhooks
 
 if TYPE_CHECKING:  # the job-field table loads only for a submit
@@ -395,6 +396,7 @@ class Client:
         self._data_sources = datasources_pb2_grpc.DataSourcesStub(self._channel)
         self._dashboard = dashboard_pb2_grpc.DashboardStub(self._channel)
         self.webhooks = Webhooks(webhooks_pb2_grpc.WebhooksStub(self._channel), self._call)
+        self.sweeps = Sweeps(self._channel, timeout)
 
     @classmethod
     def from_profile(cls, name: str, **kwargs) -> Client:

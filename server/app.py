@@ -36,6 +36,7 @@ from cantata.proto.v1 import (
     datasources_pb2_grpc,
     jobs_pb2,
     jobs_pb2_grpc,
+    sweeps_pb2_grpc,
     tenancy_pb2_grpc,
     webhooks_pb2_grpc,
     worker_pb2_grpc,
@@ -58,6 +59,7 @@ from cantata.server.config import (
 )
 from cantata.server.connection_reaper import ConnectionReaper
 from cantata.server.dashboard.signin import Session, SignIn
+from cantata.server.dashboard.sweeps import SweepViews
 from cantata.server.database import Database
 from cantata.server.datasource_store import DataSourceStore
 from cantata.server.deletion import JobDeletion, RetentionSweeper
@@ -83,7 +85,8 @@ from cantata.server.services.audit import AuditService
 from cantata.server.services.checkpoints import CheckpointsService
 from cantata.server.services.dashboard import DashboardService
 from cantata.server.services.datasources import DataSourcesService
-from cantata.server.services.jobs import JobsService
+from cantata.server.services.jobs import JobsService, submitted_digest
+from cantata.server.services.sweeps import SweepsService, check_job
 from cantata.server.services.tenancy import TenancyService
 from cantata.server.services.webhooks import WebhooksService
 from cantata.server.services.worker import WorkerService
@@ -92,6 +95,8 @@ from cantata.server.store import Store
 from cantata.server.streams import StreamCounter
 from cantata.server.submissions import SubmitWriter
 from cantata.server.sweeper import OrphanSweeper
+from cantata.server.sweeps.runner import SweepRunner, optuna_storage, submit_from_thread
+from cantata.server.sweeps.store import SweepStore
 from cantata.server.telemetry import Telemetry
 from cantata.server.tenant_groups import TenantGroups
 from cantata.server.tls import RotatingCredentials
@@ -446,6 +451,29 @@ class ControlPlane:
             ),
             server,
         )
+        self.sweeps = SweepStore(self.database)
+        self.sweep_storage = sweep_storage = optuna_storage(self.paths.sweeps)
+
+        def submit_trial(tenant: str, request_id: str, spec):
+            """A sweep's trial submitted as its tenant's job (checked and recorded as ``SubmitJob`` does)."""
+            parsed = check_job(spec, tenant, spec_defaults(tenant), self.data_sources)
+            submission = self.submissions.submit(
+                tenant, request_id, parsed, submitted_digest(spec), actor="server", peer="", call_id=request_id
+            )
+            return submit_from_thread(self._serving.loop, submission)[0]
+
+        self.sweep_runner = SweepRunner(
+            self.sweeps,
+            self.store,
+            self.metrics,
+            sweep_storage,
+            submit=submit_trial,
+            cancel=lifecycle.cancel_for_tenant,
+            audit=self.recorder,
+        )
+        sweeps_pb2_grpc.add_SweepsServicer_to_server(
+            SweepsService(self.sweeps, sweep_storage, spec_defaults, self.recorder, self.data_sources), server
+        )
         checkpoints_pb2_grpc.add_CheckpointsServicer_to_server(
             CheckpointsService(self.store, self.keyring, self.recorder.append), server
         )
@@ -470,7 +498,7 @@ class ControlPlane:
             WebhooksService(self.webhooks, self.webhook_policy, self.recorder.append), server
         )
         audit_pb2_grpc.add_AuditServicer_to_server(AuditService(self.paths.audit, self.audit.checkpoint), server)
-        dashboard_url = self._start_dashboard(launcher.log_path)
+        dashboard_url = self._start_dashboard(launcher.log_path, SweepViews(self.sweeps, sweep_storage))
         dashboard_pb2_grpc.add_DashboardServicer_to_server(
             DashboardService(self.signin, dashboard_url, self.recorder, self.refusals), server
         )
@@ -483,6 +511,7 @@ class ControlPlane:
         self._server, self._enrollment = server, enrollment
         self._reaper.start()
         self.scheduler.start()
+        self.sweep_runner.start()
         self.sweeper.start()
         self.retention.start()
         self.deliverer.start()
@@ -515,7 +544,7 @@ class ControlPlane:
         )
         return self.port
 
-    def _start_dashboard(self, log_path: Callable[[str, int], Path]) -> str:
+    def _start_dashboard(self, log_path: Callable[[str, int], Path], sweeps: SweepViews) -> str:
         """Serve the web dashboard if ``dashboard_listen`` is set; returns its base URL ("" when there is none)."""
         if self.signin is None:
             return ""
@@ -538,6 +567,7 @@ class ControlPlane:
             self.refusals.append,  # the recorder, counting anonymous refusals (unknown login links) per address
             allowed,
             self.streams,
+            sweeps,
         )
         server = DashboardServer(
             dashboard.app,
@@ -572,6 +602,7 @@ class ControlPlane:
             self._serving.run(self.health.enter_graceful_shutdown())
             self._serving.run(self._enrollment.stop(grace))
             self._serving.run(self._server.stop(grace))
+            self.sweep_runner.shutdown()  # before the submit writer closes: it submits trials
             self.submissions.close()  # no call submits any more: what it queued is written
             for guard in self._guards:
                 guard.close()  # the lines of the streams that ended

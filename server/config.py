@@ -224,6 +224,11 @@ class DataDir:
         return self.root / "state.db"
 
     @property
+    def sweeps(self) -> Path:
+        """Optuna's storage of the sweeps' studies (:mod:`cantata.server.sweeps`)."""
+        return self.root / "sweeps.db"
+
+    @property
     def master_key(self) -> Path:
         return self.root / "master.key"
 

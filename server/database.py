@@ -260,6 +260,23 @@ CREATE TABLE webhook_attempts (
 # 14: an admin's planned fault (cantata.proto.faults, JSON; '': none), evaluation only, like attack.
 _V14_FAULT = "ALTER TABLE jobs ADD COLUMN fault TEXT NOT NULL DEFAULT ''"
 
+# 15: sweeps (:mod:`cantata.server.sweeps.store`).
+_V15_SWEEPS = """
+CREATE TABLE sweeps (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    spec BLOB NOT NULL,
+    state INTEGER NOT NULL,
+    reason TEXT NOT NULL DEFAULT '',
+    active INTEGER NOT NULL DEFAULT 1,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    UNIQUE (tenant, request_id)
+);
+CREATE INDEX sweeps_active ON sweeps (active) WHERE active = 1;
+"""
+
 # MIGRATIONS[n] takes a database from version n to n + 1. Append; never edit a step that has shipped.
 MIGRATIONS: tuple[str, ...] = (
     _V1_STORE + _V1_DATA_SOURCES,  # 1: the unversioned schema of the store and the data sources, as it was
@@ -276,6 +293,7 @@ MIGRATIONS: tuple[str, ...] = (
     _V12_LAST_START,  # 12: tenants.last_start, tenants_by_last_start, tenant_last_start
     _V13_WEBHOOKS,  # 13: webhook_endpoints, webhook_deliveries, webhook_attempts
     _V14_FAULT,  # 14: jobs.fault
+    _V15_SWEEPS,  # 15: sweeps
 )
 
 

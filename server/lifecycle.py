@@ -320,6 +320,10 @@ class JobLifecycle:
         self._audit.append(actor, Action.JOB_CANCEL_REQUESTED, resource=job.id, tenant=job.tenant, peer=peer)
         self._cancel(job.id, "cancelled by tenant")
 
+    def cancel_for_tenant(self, job_id: str, reason: str) -> None:
+        """The server cancels a job on its tenant's behalf (a sweep's pruned trial), saying ``reason``."""
+        self._cancel(job_id, reason)
+
     def tenant_suspended(self, tenant: str) -> None:
         """Cancel every job of a tenant that was just suspended."""
         for job in self._store.jobs(tenant=tenant):

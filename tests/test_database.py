@@ -148,8 +148,8 @@ def test_a_version_1_database_migrates_to_failure_counts_and_spec_digests(tmp_pa
 
     db = Database(path)
     assert (
-        db.version == len(MIGRATIONS) == 14
-    )  # through the failures (2), digest (3), enrollment (4), tags/retention (5), metrics (6), queue index (7), max_gpus (8), adoption (9), submit record (10), parked jobs (11), last start (12), webhooks (13), fault (14)
+        db.version == len(MIGRATIONS) == 15
+    )  # through the failures (2), digest (3), enrollment (4), tags/retention (5), metrics (6), queue index (7), max_gpus (8), adoption (9), submit record (10), parked jobs (11), last start (12), webhooks (13), fault (14), sweeps (15)
     store = Store(db)
     assert store.undo_unrecorded(0, {}) == []  # an old job's record was synced before its commit: never undone
     acme = store.tenant("acme")
@@ -266,8 +266,8 @@ def test_a_version_3_database_gains_request_sources_and_renewal_links(tmp_path: 
 
     db = Database(path)
     assert (
-        db.version == len(MIGRATIONS) == 14
-    )  # every later step too (6: metrics, 7: queue index, 8: max_gpus, 9: worker adoption, 10: submit record, 11: parked jobs, 12: last start, 13: webhooks, 14: fault)
+        db.version == len(MIGRATIONS) == 15
+    )  # every later step too (6: metrics, 7: queue index, 8: max_gpus, 9: worker adoption, 10: submit record, 11: parked jobs, 12: last start, 13: webhooks, 14: fault, 15: sweeps)
     store = Store(db)
     store.add_tenancy_request("new-co", b"csr", "sha256:y", source="203.0.113.7")
     seen: list[tuple[int, int]] = []

@@ -35,6 +35,12 @@ class Action(StrEnum):
     JOB_DELETED = "job_deleted"  # its records and checkpoints, by its tenant or by the tenant's retention
     # a job_submitted record whose job a crash took before its commit was durable: that job never existed
     JOB_SUBMISSION_VOIDED = "job_submission_voided"
+    # sweeps: a search over job fields whose trials are jobs (their own records are the jobs')
+    SWEEP_SUBMITTED = "sweep_submitted"
+    SWEEP_CANCEL_REQUESTED = "sweep_cancel_requested"
+    SWEEP_TRIAL_STARTED = "sweep_trial_started"  # a trial's job was submitted
+    SWEEP_TRIAL_PRUNED = "sweep_trial_pruned"  # the pruner stopped a trial early: its job is cancelled as "pruned"
+    SWEEP_FINISHED = "sweep_finished"
     # checkpoints
     CHECKPOINT_WRITTEN = "checkpoint_written"
     CHECKPOINT_READ = "checkpoint_read"

@@ -44,6 +44,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from cantata.security.audit import Action, Outcome
 from cantata.server.dashboard.series import TrainingSeries
 from cantata.server.dashboard.signin import LoginRefused, Session, SignIn
+from cantata.server.dashboard.sweeps import SweepViews
+from cantata.server.dashboard.sweeps import state_name as sweep_state_name
 from cantata.server.dashboard.views import JobRow, Views
 from cantata.server.enrollment import ANONYMOUS
 from cantata.server.store import NotFound
@@ -132,6 +134,7 @@ class Dashboard:
         audit: Callable[..., object],
         is_allowed: Callable[[Session], bool],
         streams: StreamCounter,
+        sweeps: SweepViews | None = None,
     ):
         self._signin = signin
         self._views = views
@@ -139,6 +142,7 @@ class Dashboard:
         self._audit = audit  # AuditSink.append's signature
         self._is_allowed = is_allowed  # the session's tenant still approved, its certificate not revoked
         self._streams = streams
+        self._sweeps = sweeps
         self._templates = _environment()
         static = resources.files("cantata.server.dashboard") / "static"
         self.app = SecurityHeaders(
@@ -154,6 +158,8 @@ class Dashboard:
                     Route("/jobs/{job_id}/logs/stream", self.log_stream),
                     Route("/compare", self.compare),
                     Route("/admin", self.admin),
+                    Route("/sweeps", self.sweeps),
+                    Route("/sweeps/{sweep_id}", self.sweep),
                     Mount("/static", StaticFiles(directory=str(static)), name="static"),
                 ],
                 exception_handlers={HTTPException: self._error},
@@ -256,6 +262,23 @@ class Dashboard:
         session = await self._session(request)
         jobs = await asyncio.to_thread(self._views.jobs, self._tenant(session))
         return JSONResponse({"jobs": [j.as_json() for j in jobs]})
+
+    async def sweeps(self, request: Request) -> Response:
+        session = await self._session(request)
+        if self._sweeps is None:
+            raise HTTPException(404, "No sweeps here.")
+        found = await asyncio.to_thread(self._sweeps.list, self._tenant(session))
+        return self._page("sweeps.html", session=session, sweeps=found, state_name=sweep_state_name)
+
+    async def sweep(self, request: Request) -> Response:
+        session = await self._session(request)
+        if self._sweeps is None:
+            raise HTTPException(404, "No such sweep.")
+        try:
+            found = await asyncio.to_thread(self._sweeps.detail, request.path_params["sweep_id"], self._tenant(session))
+        except NotFound:
+            raise HTTPException(404, "No such sweep.") from None
+        return self._page("sweep.html", session=session, sweep=found, state_name=sweep_state_name)
 
     async def stream(self, request: Request) -> Response:
         session = await self._session(request)
