@@ -370,7 +370,7 @@ MUON_FIELDS: tuple[JobField, ...] = (
     ),
 )
 
-# Where a job's workers run (issue 18).
+# Where a job's workers run (issue 18) and how fast they train there (issue 35).
 PLACEMENT_FIELDS: tuple[JobField, ...] = (
     JobField(
         "gpus_per_worker",
@@ -379,6 +379,19 @@ PLACEMENT_FIELDS: tuple[JobField, ...] = (
         0,
         0,
         range=Range(1, MAX_GPUS_PER_WORKER),
+    ),
+    JobField(
+        "compile",
+        bool,
+        "torch.compile each transformer block (regional compilation): faster steps after a first step that compiles",
+        False,
+    ),
+    JobField(
+        "float8",
+        bool,
+        "float8 matmuls in training (torchao) on NVIDIA GPUs of compute capability 8.9 or newer "
+        "(H100, H200, L40S); refused for a job that would train on the CPU",
+        False,
     ),
 )
 

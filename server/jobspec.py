@@ -158,6 +158,7 @@ def parse_job_spec(
         )
     check_vocabulary(s)
     check_mesh(s)
+    check_float8(s)
     check_dataset(s.dataset, roots, data_dir=data_dir, own_folders=own_folders)
     if s.init_from:
         check_source_location(s.init_from, "init_from", roots, data_dir=data_dir, own_folders=own_folders)
@@ -216,6 +217,24 @@ def check_mesh(s: common_pb2.JobSpec) -> None:
         s.optimizer != Optimizer.MUON or s.algorithm not in DECENTRALIZED,
         "optimizer",
         "muon on a sharded worker group is not supported yet (Canzona runs on allreduce meshes): use adamw",
+    )
+
+
+def check_float8(s: common_pb2.JobSpec) -> None:
+    """float8 matmuls run on GPUs only: a job whose workers would train on the CPU is refused."""
+    if not s.float8:
+        return
+    _require(s.gpus_per_worker > 0, "float8", "float8 trains on GPUs, and gpus_per_worker 0 trains on the CPU")
+    _require(
+        s.algorithm not in DECENTRALIZED,
+        "float8",
+        f"{s.algorithm} workers train on the CPU (their gossip and outer step run there): float8 needs a GPU",
+    )
+    _require(
+        s.dp_replicate * s.dp_shard * s.tp == 1,
+        "float8",
+        "a mesh job (dp_shard, tp, dp_replicate) trains on the CPU for now: float8 needs a single-GPU or "
+        "data-parallel job",
     )
 
 

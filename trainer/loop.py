@@ -37,10 +37,12 @@ from cantata.trainer.config import WorkerConfig
 from cantata.trainer.data import DataEvent, Feed, Utf8Policy, Vocabulary, open_feed
 from cantata.trainer.decoder import Decoder
 from cantata.trainer.device import Device, pick_device
+from cantata.trainer.float8 import check_float8_device, convert_to_float8
 from cantata.trainer.model import LanguageModel, build_model
 from cantata.trainer.optim import build_optimizer, spec_settings
 from cantata.trainer.parallel import MeshState, Parallelism, build_sharded, data_rank
 from cantata.trainer.recovery import Recovery, RecoveryPolicy, Trip
+from cantata.trainer.regional_compile import compile_blocks
 from cantata.trainer.reporter import Reporter
 from cantata.trainer.weights import load_weights, open_weights
 
@@ -373,11 +375,20 @@ class Trainer:
         self.device = strategy.device
         note("device", f"training on {self.device.kind} ({visible_devices()}), collectives over {self.device.backend}")
         self.model: LanguageModel
+        if spec.float8:  # before anything is built: a worker without float8 tensor cores fails at once
+            check_float8_device(self.device.torch)
         if strategy.mesh is None:
             self.model = build_model(spec.model, spec.seed).to(self.device.torch)
+            if spec.float8:
+                swapped = convert_to_float8(self.model, self.device.torch)
+                note("float8", f"{swapped} linear layers train in float8", layers=swapped)
+            if spec.compile:
+                compile_blocks(self.model)
         else:  # built on the meta device: each rank allocates and initialises only its shards
             precision = MixedPrecision(spec.mixed_precision or MixedPrecision.FP32)
-            self.model = build_sharded(spec.model, spec.seed, strategy.mesh, precision, spec.activation_checkpointing)
+            self.model = build_sharded(
+                spec.model, spec.seed, strategy.mesh, precision, spec.activation_checkpointing, spec.compile
+            )
         self.seq_len = min(spec.seq_len, self.model.cfg.block_size)
         if isinstance(self.model, Decoder):
             self.model.checkpoint_layers = spec.activation_checkpointing

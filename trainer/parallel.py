@@ -5,7 +5,8 @@ builds a ``DeviceMesh`` of shape ``(dp_replicate, dp_shard, tp)``. A decoder
 is parallelized the torchtitan way: each layer's attention and MLP projections
 get column/row tensor-parallel plans over ``tp`` (query and key norms act on a
 rank's own heads, as sequence-parallel modules whose weight gradients are
-summed), then every layer and the root are sharded with ``fully_shard`` over
+summed), each layer is compiled if the job asks (:mod:`cantata.trainer.regional_compile`),
+then every layer and the root are sharded with ``fully_shard`` over
 the data-parallel dimensions (HSDP when ``dp_replicate`` > 1). Ranks of one
 tensor-parallel group read the same batches: the data is split over the
 data-parallel ranks only.
@@ -37,6 +38,7 @@ from cantata.trainer.checkpoint import CheckpointFormatError
 from cantata.trainer.decoder import Decoder
 from cantata.trainer.deferred_init import allocate, materialize
 from cantata.trainer.model import build_meta_model
+from cantata.trainer.regional_compile import compile_blocks
 
 DIMS = ("dp_replicate", "dp_shard", "tp")
 PRECISIONS = {MixedPrecision.FP32: torch.float32, MixedPrecision.BF16: torch.bfloat16}
@@ -92,8 +94,10 @@ def tensor_parallel(model: Decoder, mesh: DeviceMesh) -> None:
         parallelize_module(layer, mesh, plan)
 
 
-def parallelize(model: Decoder, mesh: DeviceMesh, precision: MixedPrecision, checkpointing: bool) -> None:
-    """Shard ``model`` in place over ``mesh`` (see the module docstring)."""
+def parallelize(
+    model: Decoder, mesh: DeviceMesh, precision: MixedPrecision, checkpointing: bool, compile: bool = False
+) -> None:
+    """Shard ``model`` in place over ``mesh``, compiling each layer first with ``compile`` (see the module docstring)."""
     if mesh["tp"].size() > 1:
         if model.cfg.n_kv_heads % mesh["tp"].size():
             raise ValueError(
@@ -101,6 +105,8 @@ def parallelize(model: Decoder, mesh: DeviceMesh, precision: MixedPrecision, che
             )
         tensor_parallel(model, mesh["tp"])
     model.checkpoint_layers = checkpointing
+    if compile:
+        compile_blocks(model)
     dp = mesh["dp_replicate", "dp_shard"]
     policy = MixedPrecisionPolicy(param_dtype=PRECISIONS[precision], reduce_dtype=torch.float32)
     for layer in model.layers:
@@ -108,7 +114,9 @@ def parallelize(model: Decoder, mesh: DeviceMesh, precision: MixedPrecision, che
     fully_shard(model, mesh=dp, mp_policy=policy)
 
 
-def build_sharded(name: str, seed: int, mesh: DeviceMesh, precision: MixedPrecision, checkpointing: bool) -> Decoder:
+def build_sharded(
+    name: str, seed: int, mesh: DeviceMesh, precision: MixedPrecision, checkpointing: bool, compile: bool = False
+) -> Decoder:
     """The named decoder, sharded over ``mesh``, with ``build_model(name, seed)``'s values in this rank's shards.
 
     Built on the meta device and parallelized there, so no rank ever holds the
@@ -118,7 +126,7 @@ def build_sharded(name: str, seed: int, mesh: DeviceMesh, precision: MixedPrecis
     model, plan = build_meta_model(name)
     if not isinstance(model, Decoder):
         raise ValueError(f"model {name} cannot be sharded: use a decoder (llama-*, qwen3-*)")
-    parallelize(model, mesh, precision, checkpointing)
+    parallelize(model, mesh, precision, checkpointing, compile)
     allocate(model)
     materialize(model, plan, seed)
     return model

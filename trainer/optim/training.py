@@ -14,6 +14,9 @@ FSDP2 has already averaged the gradients: "muon" runs Canzona on DTensor
 
 A parameter that received no gradient on any rank is not stepped: no momentum,
 no weight decay (as torch's AdamW and Muon skip a ``None`` gradient).
+
+AdamW steps all its tensors at once: with the fused kernel on GPUs, with the
+foreach (multi-tensor) one on the CPU.
 """
 
 from __future__ import annotations
@@ -87,7 +90,8 @@ class TrainingOptimizer:
         elementwise = list(routing.adamw) if name == "muon" else list(routing.muon + routing.adamw)
         self._synced_params = [param for _, param in elementwise]
         self._all_params = [param for _, param in routing.muon + routing.adamw]
-        self.adamw = torch.optim.AdamW(_adamw_groups(elementwise, weight_decay), lr=lr)
+        fused = _fused(elementwise)
+        self.adamw = torch.optim.AdamW(_adamw_groups(elementwise, weight_decay), lr=lr, fused=fused, foreach=not fused)
         if name == "muon" and mesh is not None:
             self.muon = ShardedMuon(
                 routing.muon,
@@ -299,6 +303,11 @@ def clip_global_norm(params: Sequence[Tensor], max_norm: float) -> float:
 def _flat_group(mesh: DeviceMesh) -> dist.ProcessGroup:
     """The process group of every rank of `mesh`."""
     return mesh.get_group() if mesh.ndim == 1 else mesh._flatten().get_group()
+
+
+def _fused(named_params: Sequence[tuple[str, Tensor]]) -> bool:
+    """Whether AdamW takes its fused kernel (parameters on GPUs); else its foreach form, alike to 1e-6 on the CPU."""
+    return bool(named_params) and all(p.device.type == "cuda" for _, p in named_params)
 
 
 def _adamw_groups(named_params: Sequence[tuple[str, Tensor]], weight_decay: float) -> list[dict]:
