@@ -380,19 +380,6 @@ PLACEMENT_FIELDS: tuple[JobField, ...] = (
         0,
         range=Range(1, MAX_GPUS_PER_WORKER),
     ),
-    JobField(
-        "compile",
-        bool,
-        "torch.compile each transformer block (regional compilation): faster steps after a first step that compiles",
-        False,
-    ),
-    JobField(
-        "float8",
-        bool,
-        "float8 matmuls in training (torchao) on NVIDIA GPUs of compute capability 8.9 or newer "
-        "(H100, H200, L40S); refused for a job that would train on the CPU",
-        False,
-    ),
 )
 
 MAX_ROLLBACKS = 100
@@ -452,6 +439,23 @@ RECOVERY_FIELDS: tuple[JobField, ...] = (
         range=Range(0, 1, low_open=True),
         algorithms=_MESH,
         optional=True,
+    ),
+)
+
+# Training speed on GPUs (issue 35): cantata.trainer.regional_compile and cantata.trainer.float8.
+SPEED_FIELDS: tuple[JobField, ...] = (
+    JobField(
+        "compile",
+        bool,
+        "torch.compile each transformer block (regional compilation): faster steps after a first step that compiles",
+        False,
+    ),
+    JobField(
+        "float8",
+        bool,
+        "float8 matmuls in training (torchao) on NVIDIA GPUs of compute capability 8.9 or newer "
+        "(H100, H200, L40S); refused for a job that would train on the CPU",
+        False,
     ),
 )
 
@@ -647,6 +651,7 @@ FIELDS: tuple[JobField, ...] = (
     *MUON_FIELDS,
     *PLACEMENT_FIELDS,
     *RECOVERY_FIELDS,
+    *SPEED_FIELDS,
 )
 FIELD = {f.name: f for f in FIELDS}
 

@@ -304,13 +304,15 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
 
 # A line gRPC's C core writes to a worker's stderr through absl logging (``E0000 00:00:1733.. 123 file.cc:42] ..``),
 # and absl's notice before its logging is set up: the platform's plumbing, for the operator, not the tenant.
-GRPC_LOG_LINE = re.compile(r"[DIWEF]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ [\w./-]+:\d+\] ")
+GRPC_LOG_LINE = re.compile(
+    r"[DIWEF][0-9]{4} [0-9]{2}:[0-9]{2}:[0-9]+\.[0-9]+ +[0-9]+ [A-Za-z0-9_./-]+:[0-9]+\] .*", re.DOTALL
+)
 ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 
 
 def grpc_internal(line: str) -> bool:
     """Whether a worker's log line is gRPC's own (kept in the worker's log file, left out of ``ReadLogs``)."""
-    return line.startswith(ABSL_NOTICE) or GRPC_LOG_LINE.match(line) is not None
+    return line.startswith(ABSL_NOTICE) or GRPC_LOG_LINE.fullmatch(line) is not None
 
 
 def _not_terminal(event: jobs_pb2.JobEvent) -> jobs_pb2.JobEvent:
