@@ -253,7 +253,7 @@ class Launcher:
     def live_workers(self) -> list[tuple[str, int, float]]:
         return []
 
-    def launch(self, job: JobRecord, *, attack: dict | None = None) -> dict[int, int]:
+    def launch(self, job: JobRecord, *, attack: dict | None = None, fault: dict | None = None) -> dict[int, int]:
         self.launched.append(job.id)
         return {0: 100, 1: 101}
 

@@ -50,7 +50,7 @@ class Launcher:
     def live_workers(self) -> list[tuple[str, int, float]]:
         return []
 
-    def launch(self, job: JobRecord, *, attack: dict | None = None) -> dict[int, int]:
+    def launch(self, job: JobRecord, *, attack: dict | None = None, fault: dict | None = None) -> dict[int, int]:
         self.launched.append(job.id)
         return {0: 100 + len(self.launched)}
 
@@ -212,7 +212,7 @@ def test_a_launch_whose_room_was_taken_meanwhile_queues_the_job_again_instead_of
     scheduler, launcher = _scheduler(store, slots=2)
     taken = NotPlaceable("the resources free at placement were taken", retry=True)
 
-    def launch_once_taken(job: JobRecord, *, attack: dict | None = None) -> dict[int, int]:
+    def launch_once_taken(job: JobRecord, *, attack: dict | None = None, fault: dict | None = None) -> dict[int, int]:
         launcher.launch = Launcher.launch.__get__(launcher)  # type: ignore[method-assign]
         raise taken
 
