@@ -97,6 +97,8 @@ def test_another_tenant_cannot_see_or_cancel_a_sweep(platform, tenant):
     cancelled = tenant.sweeps.cancel(sweep.id)
     assert cancelled.state == "CANCELLED" and cancelled.reason == "cancelled by tenant"
     wait_for(lambda: all(tenant.get(t.job_id).terminal for t in tenant.sweeps.get(sweep.id).trials if t.job_id))
+    # the runner's next pass (every 0.25 s) records the cancelled trial's end: no trial is left running
+    wait_for(lambda: all(t.state != "RUNNING" for t in tenant.sweeps.get(sweep.id).trials))
     assert [t.state for t in tenant.sweeps.get(sweep.id).trials] in ([], ["FAIL"])
     actions = [e.action for e in tenant.audit_events() if e.resource == sweep.id]
     assert actions[0] == "sweep_submitted" and "sweep_cancel_requested" in actions
