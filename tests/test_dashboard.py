@@ -15,28 +15,21 @@ errors.
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
-import hashlib
 import json
-import os
-from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
 from cantata.sdk import Job
+from tests.browser import chromium, screenshot, signed_in
 from tests.platform import Platform, cli, free_port
 from tests.waiting import wait_for
 
-CHROMIUM = "/usr/bin/chromium"  # Debian's package (make test installs it); Playwright downloads nothing
 LINK_SECONDS = 20  # the test server's login links; the expired-link test waits this long at most
 XSS_NAME = 'tiny-gpt <img src=x onerror="window.__xss=1"><script>window.__xss=2</script>&amp;'
 # The docs' screenshots: CANTATA_DASHBOARD_SCREENSHOTS=docs/images pytest tests/test_dashboard.py writes
-# dashboard-{job,jobs,logs,compare}.png there; otherwise the test saves them under its temp dir.
-SCREENSHOT_ENV = "CANTATA_DASHBOARD_SCREENSHOTS"
+# dashboard-{job,jobs,logs,compare}.png there (tests.browser).
 JOB = dict(model="gpt-tiny", steps=40, eval_every=20, checkpoint_every=20, batch_size=8, seq_len=32)
 SECOND = dict(JOB, steps=20, eval_every=10, checkpoint_every=10, lr=1e-3)  # submitted while the list is open
 
@@ -77,56 +70,16 @@ def job(acme, expired_link):
     return acme.submit(Job(name=XSS_NAME, tags=["nightly"], **JOB))
 
 
-def _spki_pin(certificate_pem: bytes) -> str:
-    spki = (
-        x509.load_pem_x509_certificate(certificate_pem)
-        .public_key()
-        .public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    )
-    return base64.b64encode(hashlib.sha256(spki).digest()).decode()
-
-
 @pytest.fixture(scope="module")
-def browser(server, tmp_path_factory):
-    pin = _spki_pin((server.data_dir / "server.pem").read_bytes())
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=[
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                f"--ignore-certificate-errors-spki-list={pin}",
-            ],
-        )
-        yield chromium
-        chromium.close()
-
-
-def _screenshot(page, name: str, tmp_path: Path) -> None:
-    path = Path(os.environ.get(SCREENSHOT_ENV) or tmp_path) / f"dashboard-{name}.png"
-    page.screenshot(path=str(path), full_page=True)
-    assert path.stat().st_size > 0
-
-
-def _signed_in(browser, url: str):
-    """A fresh browser context (its own cookies) that redeemed ``url``; returns (context, page)."""
-    context = browser.new_context(viewport={"width": 1200, "height": 1000})
-    page = context.new_page()
-    response = page.goto(url)
-    assert response is not None and response.ok, response and response.status
-    return context, page
+def browser(server):
+    with chromium(server.data_dir / "server.pem") as browser:
+        yield browser
 
 
 def test_login_link_then_live_chart_and_escaped_name(server, acme, job, browser, tmp_path):
     reply = json.loads(cli("dashboard", "--profile", "acme", "--json", env=server.env).stdout)
     assert reply["url"].startswith("https://127.0.0.1:") and "/login/" in reply["url"]
-    context, page = _signed_in(browser, reply["url"])
+    context, page = signed_in(browser, reply["url"])
     console: list[str] = []
     page.on("console", lambda message: console.append(message.text))
     assert page.url.endswith("/")  # redirected from the login link to the job list
@@ -186,12 +139,12 @@ def test_login_link_then_live_chart_and_escaped_name(server, acme, job, browser,
     for name in names:
         drawn = page.locator(f"#metric-{name}").get_attribute("data-points")
         assert drawn == str(sum(r.name == name and r.value == r.value for r in history)), name  # NaN: a gap
-    _screenshot(page, "job", tmp_path)
+    screenshot(page, "job", tmp_path)
     context.close()
 
 
 def test_the_list_refreshes_filters_and_compares_and_logs_follow_a_new_job(server, acme, job, browser, tmp_path):
-    context, page = _signed_in(browser, acme.dashboard_login().url)
+    context, page = signed_in(browser, acme.dashboard_login().url)
     base = page.url.rstrip("/")
     table = page.locator("#jobs")
     page.locator("#jobs[data-refreshed]").wait_for(timeout=0)  # read from /jobs.json once
@@ -213,7 +166,7 @@ def test_the_list_refreshes_filters_and_compares_and_logs_follow_a_new_job(serve
     assert log.text_content().splitlines() == shown[:total]  # every line, once, in order
     assert "step 20/20" in log.text_content()
     assert logs.locator("#state").text_content() == "SUCCEEDED"  # the end says how it ended
-    _screenshot(logs, "logs", tmp_path)
+    screenshot(logs, "logs", tmp_path)
 
     page.fill("#filter", "sweep-a")  # search matches a tag
     expect(table).to_have_attribute("data-rows", "1", timeout=0)
@@ -227,7 +180,7 @@ def test_the_list_refreshes_filters_and_compares_and_logs_follow_a_new_job(serve
     page.select_option("#state-filter", "")
     page.click("th[data-sort='step']")  # ascending: the 20-step job first
     assert page.locator("#jobs tbody tr").first.get_attribute("data-job") == second.id
-    _screenshot(page, "jobs", tmp_path)
+    screenshot(page, "jobs", tmp_path)
 
     for job_id in (job.id, second.id):
         page.check(f"#jobs tr[data-job='{job_id}'] input.pick")
@@ -241,14 +194,14 @@ def test_the_list_refreshes_filters_and_compares_and_logs_follow_a_new_job(serve
     assert overlaid.count() == 2  # one line per job
     lengths = sorted(len(line.split()) for line in overlaid.evaluate_all("ls => ls.map(l => l.getAttribute('points'))"))
     assert lengths == sorted([JOB["steps"], SECOND["steps"]])
-    _screenshot(page, "compare", tmp_path)
+    screenshot(page, "compare", tmp_path)
     response = page.goto(f"{base}/compare?jobs={job.id},job-that-never-was")
     assert response is not None and response.status == 404
     context.close()
 
 
 def test_another_tenants_job_answers_404_and_a_suspension_signs_out(server, rival, job, browser):
-    context, page = _signed_in(browser, rival.dashboard_login().url)
+    context, page = signed_in(browser, rival.dashboard_login().url)
     base = page.url.rstrip("/")
     assert page.locator("#jobs tbody tr").count() == 0  # rival has no jobs; acme's is not listed
     listed = page.goto(base + "/jobs.json")
@@ -278,7 +231,7 @@ def test_another_tenants_job_answers_404_and_a_suspension_signs_out(server, riva
 
 def test_admin_sees_tenants_queue_and_audit_verdict(server, acme, rival, browser):
     with server.admin() as admin:
-        context, page = _signed_in(browser, admin.dashboard_login().url)
+        context, page = signed_in(browser, admin.dashboard_login().url)
     assert page.url.endswith("/admin")
     names = page.locator("#tenants tbody tr td:first-child").all_text_contents()
     assert {"acme", "rival"} <= set(names)
@@ -288,7 +241,7 @@ def test_admin_sees_tenants_queue_and_audit_verdict(server, acme, rival, browser
 
 def test_used_and_expired_links_are_refused_and_audited(server, acme, expired_link, browser):
     login = acme.dashboard_login()
-    context, _ = _signed_in(browser, login.url)
+    context, _ = signed_in(browser, login.url)
     context.close()
     again = browser.new_context()
     response = again.new_page().goto(login.url)

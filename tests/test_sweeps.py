@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import http.client
 import ssl
+import time
 from urllib.parse import urlsplit
 
 import pytest
+from playwright.sync_api import expect
 
 from cantata.sdk import errors
 from cantata.sdk.job import Job
 from cantata.sdk.sweeps import Sweep, progress_line
+from tests.browser import chromium, screenshot, signed_in
 from tests.platform import Platform, cli, free_port
 from tests.waiting import wait_for
 
@@ -101,8 +104,6 @@ def test_another_tenant_cannot_see_or_cancel_a_sweep(platform, tenant):
 
 def test_asha_prunes_a_third_of_twelve_trials_and_reports_the_best(platform, tenant, tmp_path):
     submitted = tenant.sweeps.submit(_sweep(name="asha"))
-    import time
-
     t0 = time.monotonic()
     status = tenant.sweeps.wait(
         submitted.id, on_change=lambda s: print(round(time.monotonic() - t0, 1), progress_line(s))
@@ -135,6 +136,15 @@ def test_asha_prunes_a_third_of_twelve_trials_and_reports_the_best(platform, ten
     code, detail = _dashboard_get(platform, tenant, f"/sweeps/{status.id}")
     assert code == 200 and detail.count("<td>PRUNED</td>") == len(pruned)
     assert f'href="/jobs/{status.best.job_id}"' in detail and f"{status.best.number} (best)" in detail
+    with chromium(platform.data_dir / "server.pem") as browser:  # as a person sees them (and the docs' images)
+        context, page = signed_in(browser, tenant.dashboard_login().url)
+        page.click("nav >> text=Sweeps")
+        expect(page.locator(f'a[href="/sweeps/{status.id}"]')).to_be_visible()
+        screenshot(page, "sweeps", tmp_path)
+        page.click(f'a[href="/sweeps/{status.id}"]')
+        expect(page.get_by_role("cell", name="PRUNED", exact=True)).to_have_count(len(pruned))
+        screenshot(page, "sweep", tmp_path)
+        context.close()
 
 
 def test_a_suspended_tenants_sweep_is_cancelled_and_starts_no_trial(platform):
