@@ -92,6 +92,7 @@ from cantata.server.services.webhooks import WebhooksService
 from cantata.server.services.worker import WorkerService
 from cantata.server.serving import ServingLoop
 from cantata.server.store import Store
+from cantata.server.stragglers import StragglerDetector
 from cantata.server.streams import StreamCounter
 from cantata.server.submissions import SubmitWriter
 from cantata.server.sweeper import OrphanSweeper
@@ -383,7 +384,8 @@ class ControlPlane:
         )
         self.store.on_queue_change = self.scheduler.wake
         self.scheduler.on_placed = self.telemetry.placed
-        self.telemetry.watch(self.store, self.metrics, heartbeats.alive)
+        self.stragglers = StragglerDetector(self.settings.straggler_factor, self.settings.straggler_reports)
+        self.telemetry.watch(self.store, self.metrics, heartbeats.alive, self.stragglers)
         default_store = self.paths.checkpoints.resolve().as_uri()
         self.sweeper = OrphanSweeper(
             self.store,
@@ -484,6 +486,7 @@ class ControlPlane:
                 self.recorder,
                 heartbeats,
                 self.metrics,
+                self.stragglers,
                 revoke_quarantined=self.settings.revoke_quarantined_workers,
                 checkpoint_written=self.telemetry.checkpoint,
                 store_outage=self.telemetry.store_outage,

@@ -58,6 +58,8 @@ class ServerSettings:
     worker_cert_hours: float = 72.0
     tenant_cert_days: int = 30
     revoke_quarantined_workers: bool = False  # policy when a worker is quarantined for gradient anomalies
+    straggler_factor: float = 2.0  # a worker slower than this x the median of its peers' step times ...
+    straggler_reports: int = 3  # ... for this many progress reports in a row is reported as a straggler
     max_worker_restarts: int = 10  # upper bound on every job's max_failures (decentralized: restarts per worker)
     restart_backoff_seconds: float = 1.0  # wait before a job's first restart after a failure; doubles each time
     restart_backoff_max_seconds: float = 30.0  # the longest wait between restarts

@@ -21,7 +21,8 @@ training on (a counter: ``rate()`` of it is the throughput), its latest
 training values as ``cantata_job_<metric>`` gauges from the metrics history
 (:mod:`cantata.server.metrics_store`), in base units (``_seconds``), and
 ``cantata_job_store_unreachable``: how many of its workers last reported
-their checkpoint store unreachable (0 once it answers again). No series has
+their checkpoint store unreachable (0 once it answers again), and
+``cantata_job_stragglers`` (:mod:`cantata.server.stragglers`). No series has
 a ``_created`` sample.
 """
 
@@ -46,6 +47,7 @@ from cantata.proto.vocabulary import STATE_NAMES
 from cantata.security.audit import Action
 from cantata.server.metrics_store import MetricsStore
 from cantata.server.store import ACTIVE, JobRecord, Store
+from cantata.server.stragglers import StragglerDetector
 
 # Per-job gauges: the metrics of the history that describe a job's training now -> ``cantata_job_<name>``.
 JOB_GAUGES = {
@@ -160,8 +162,11 @@ class Telemetry:
         """A job leaves the queue: it entered it when it last changed state (``updated_at``)."""
         self.queue_wait.observe(max(0.0, _age(job.updated_at)))
 
-    def watch(self, store: Store, metrics: MetricsStore, workers_alive: Callable[[], int]) -> None:
-        self.registry.register(StateCollector(store, metrics, workers_alive, self.unreachable, self.tokens))
+    def watch(
+        self, store: Store, metrics: MetricsStore, workers_alive: Callable[[], int], stragglers: StragglerDetector
+    ) -> None:
+        collector = StateCollector(store, metrics, workers_alive, self.unreachable, self.tokens, stragglers)
+        self.registry.register(collector)
 
 
 def build_info() -> dict[str, str]:
@@ -222,8 +227,10 @@ class StateCollector(Collector):
         workers_alive: Callable[[], int],
         unreachable: UnreachableStores,
         tokens: JobTokens,
+        stragglers: StragglerDetector,
     ):
         self._store = store
+        self._stragglers = stragglers
         self._metrics = metrics
         self._workers_alive = workers_alive
         self._unreachable = unreachable
@@ -263,18 +270,24 @@ class StateCollector(Collector):
             "the job's workers whose checkpoint store does not answer now (its calls being retried)",
             labels=JOB_LABELS,
         )
+        slow = GaugeMetricFamily(
+            "cantata_job_stragglers", "the job's workers repeatedly far slower than their peers now", labels=JOB_LABELS
+        )
         outages = self._unreachable.counts(active)
+        stragglers = self._stragglers.counts(active)
         trained = self._tokens.totals(active)
         for job_id, job in active.items():
             step.add_metric([job.tenant, job_id], job.step)
             tokens.add_metric([job.tenant, job_id], trained[job_id])
             unreachable.add_metric([job.tenant, job_id], outages[job_id])
+            slow.add_metric([job.tenant, job_id], stragglers[job_id])
             for name, value in latest.get(job_id, {}).items():
                 if name in families:
                     families[name].add_metric([job.tenant, job_id], value)
         yield step
         yield tokens
         yield unreachable
+        yield slow
         yield from families.values()
 
 

@@ -17,6 +17,7 @@ from cantata.sdk import cli
 from cantata.server.database import Database
 from cantata.server.metrics_store import MetricsStore
 from cantata.server.store import Store
+from cantata.server.stragglers import StragglerDetector
 from cantata.server.telemetry import Telemetry
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -236,7 +237,7 @@ def test_every_metric_in_monitoring_md_is_in_a_real_servers_exposition(tmp_path:
     path = tmp_path / "state.db"
     database = Database(path)
     try:
-        telemetry.watch(Store(path), MetricsStore(database), lambda: 0)
+        telemetry.watch(Store(path), MetricsStore(database), lambda: 0, StragglerDetector(2.0, 3))
         exposed = set(re.findall(r"^# TYPE (\w+)", generate_latest(telemetry.registry).decode(), re.MULTILINE))
     finally:
         database.close()

@@ -583,6 +583,7 @@ class Decentralized:
         self.diloco = spec.algorithm == Algorithm.DILOCO
         self.node: GossipNode | None = None
         self.device = CPU  # gossip and its outer step run on the CPU
+        self._round_ended: float | None = None  # when the last round's exchange ended: the next one's pace starts
 
     def params(self) -> list[torch.Tensor]:
         """What this process's outer step works on: its shards of the parameters, or the whole of them."""
@@ -671,12 +672,20 @@ class Decentralized:
                 inner_steps=steps_done,
                 bytes_sent=self.node.bytes_sent,
                 deadline_s=self.deadline.seconds,
+                step_time_s=self._pace(exchanged, steps_done),
                 traffic=self.exchange.take_traffic(),
             )
+            self._round_ended = time.perf_counter()
             if not stats.skipped:
                 self.deadline.record(seconds)
         if not cfg.sharded:
             sync_parameters(self.model, self.group)
+
+    def _pace(self, exchanged: float, steps_done: int) -> float:
+        """Mean seconds per inner step since the previous round's exchange ended (0: no previous round)."""
+        if self._round_ended is None or steps_done == 0:
+            return 0.0
+        return (exchanged - self._round_ended) / steps_done
 
     def finish(self, evaluate: Callable[[], float]) -> float:
         """Average the workers' models with one all-reduce; returns the consensus's validation loss.

@@ -287,6 +287,7 @@ class Reporter:
         inner_steps: int = 0,
         bytes_sent: int = 0,
         deadline_s: float = 0.0,
+        step_time_s: float = 0.0,
         traffic: dict[int, tuple[int, int]] | None = None,
     ) -> None:
         """One round as this worker saw it; ``traffic``: peer -> (payload bytes sent, received) in the round."""
@@ -299,6 +300,7 @@ class Reporter:
                 inner_steps=inner_steps,
                 bytes_sent=bytes_sent,
                 deadline_s=deadline_s,
+                step_time_s=step_time_s,
                 traffic=[
                     worker_pb2.PeerTraffic(peer=p, bytes_sent=sent, bytes_received=received)
                     for p, (sent, received) in sorted((traffic or {}).items())

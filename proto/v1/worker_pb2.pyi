@@ -109,7 +109,7 @@ class GossipEndpoint(_message.Message):
     def __init__(self, address: _Optional[str] = ..., first_round: _Optional[int] = ...) -> None: ...
 
 class Round(_message.Message):
-    __slots__ = ("round", "peers", "skipped", "seconds", "inner_steps", "bytes_sent", "deadline_s", "traffic")
+    __slots__ = ("round", "peers", "skipped", "seconds", "inner_steps", "bytes_sent", "deadline_s", "step_time_s", "traffic")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     PEERS_FIELD_NUMBER: _ClassVar[int]
     SKIPPED_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +117,7 @@ class Round(_message.Message):
     INNER_STEPS_FIELD_NUMBER: _ClassVar[int]
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
     TRAFFIC_FIELD_NUMBER: _ClassVar[int]
     round: int
     peers: _containers.RepeatedScalarFieldContainer[int]
@@ -125,8 +126,9 @@ class Round(_message.Message):
     inner_steps: int
     bytes_sent: int
     deadline_s: float
+    step_time_s: float
     traffic: _containers.RepeatedCompositeFieldContainer[PeerTraffic]
-    def __init__(self, round: _Optional[int] = ..., peers: _Optional[_Iterable[int]] = ..., skipped: _Optional[_Iterable[int]] = ..., seconds: _Optional[float] = ..., inner_steps: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., deadline_s: _Optional[float] = ..., traffic: _Optional[_Iterable[_Union[PeerTraffic, _Mapping]]] = ...) -> None: ...
+    def __init__(self, round: _Optional[int] = ..., peers: _Optional[_Iterable[int]] = ..., skipped: _Optional[_Iterable[int]] = ..., seconds: _Optional[float] = ..., inner_steps: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., deadline_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., traffic: _Optional[_Iterable[_Union[PeerTraffic, _Mapping]]] = ...) -> None: ...
 
 class PeerTraffic(_message.Message):
     __slots__ = ("peer", "bytes_sent", "bytes_received")

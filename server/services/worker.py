@@ -16,6 +16,7 @@ from cantata.server.lifecycle import JobLifecycle
 from cantata.server.metrics_store import METRICS, SYSTEM_METRICS, MetricsStore
 from cantata.server.ports import AuditSink
 from cantata.server.store import AnomalyRecord, JobRecord, Store, utcnow
+from cantata.server.stragglers import StragglerDetector
 
 
 class WorkerService(worker_pb2_grpc.WorkerServicer):
@@ -26,6 +27,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         audit: AuditSink,
         heartbeats: Heartbeats,
         metrics: MetricsStore,
+        stragglers: StragglerDetector,
         *,
         revoke_quarantined: bool,
         checkpoint_written: Callable[[str, int, float], None] = lambda uri, size, seconds: None,
@@ -34,6 +36,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     ):
         self._store = store
         self._metrics = metrics
+        self._stragglers = stragglers
         self._checkpoint_written = checkpoint_written  # (store URI, bytes, seconds): the Prometheus counters
         self._store_outage = store_outage  # (job, worker, reachable): the Prometheus outage counter and gauge
         self._trained = trained  # (job, tokens of a report window): the Prometheus tokens counter
@@ -75,7 +78,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         job = self._store.job(me.name)
         kind = request.WhichOneof("payload")
         _check_ranges(request, processes(job.spec))
-        event = None
+        event = extra = None
         if kind == "heartbeat":
             beat = request.heartbeat  # the process's use of its machine: kept in the history at the job's step
             measured = {name: getattr(beat, name) for name in SYSTEM_METRICS if beat.HasField(name)}
@@ -137,16 +140,22 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             r = request.round
             self._record_round(job, request.worker, r)
             event = jobs_pb2.JobEvent(kind=jobs_pb2.ROUND, step=r.round, message=round_text(r))
+            straggler = self._stragglers.observe(job.id, request.worker, r.step_time_s)
+            if straggler is not None:  # an episode begins or ends: its own event, after the round's
+                extra = jobs_pb2.JobEvent(
+                    kind=jobs_pb2.MESSAGE, step=round_step(job.spec, r.round), message=straggler.text()
+                )
         elif kind == "anomaly":
             event = self._anomaly(me, job, request.worker, request.anomaly)
         elif kind == "refused":
             event = self._gossip_refused(me, job, request.refused, context.peer())
         else:
             raise InvalidRequest("empty report", field="payload")
-        if event is not None:
-            event.worker = request.worker
-            event.total_steps = job.spec.steps
-            self._store.append_event(job.id, event)
+        for e in (event, extra):
+            if e is not None:
+                e.worker = request.worker
+                e.total_steps = job.spec.steps
+                self._store.append_event(job.id, e)
         return self._reply(job.id)
 
     def _rolled_back(self, me, job, r: worker_pb2.Rollback) -> jobs_pb2.JobEvent:
@@ -346,8 +355,10 @@ def _check_ranges(report: worker_pb2.WorkerReport, processes: int) -> None:
         raise InvalidRequest(f"{kind}: a worker index is outside 0..{processes - 1}", field=kind)
     if kind == "anomaly" and math.isnan(report.anomaly.score):
         raise InvalidRequest("anomaly.score must be a number", field="anomaly.score")
-    if kind == "round" and not (math.isfinite(report.round.seconds) and report.round.seconds >= 0):
-        raise InvalidRequest("round.seconds must be a finite duration", field="round.seconds")
+    for name in ("seconds", "step_time_s") if kind == "round" else ():
+        value = getattr(report.round, name)
+        if not (math.isfinite(value) and value >= 0):
+            raise InvalidRequest(f"round.{name} must be a finite duration", field=f"round.{name}")
     for name in ("retry_for_s", "seconds") if kind == "store_outage" else ():
         value = getattr(report.store_outage, name)
         if not (math.isfinite(value) and value >= 0):
