@@ -111,7 +111,7 @@ def test_a_group_that_loses_a_rank_restarts_together_and_rejoins(tenant):
         watched=2,
     )
     assert any("worker 3 exited with code -9" in m and "restarting it" in m for m in messages)
-    assert any(m.startswith("worker 2 rejoins at round") for m in messages)  # the group's gossiping rank
+    assert any(m.startswith("worker 2 rejoins at round") for m in messages), messages  # the group's gossiping rank
 
 
 def test_sign_flipping_worker_is_quarantined_and_the_job_still_learns(platform, tenant):
