@@ -136,7 +136,8 @@ class _Running:
     kill_at: float | None = None
     exited: dict[int, int] = field(default_factory=dict)
     spawned: dict[int, float] = field(default_factory=dict)  # process index -> time.monotonic() at its start
-    killed: set[int] = field(default_factory=set)  # killed one by one (hung), not yet reaped
+    killed: set[int] = field(default_factory=set)  # killed one by one (hung, or a group restarting), not yet reaped
+    rejoining: dict[int, set[int]] = field(default_factory=dict)  # group -> ranks stopped for its restart, not back
 
 
 def process_alive(pid: int, job_id: str) -> bool:
@@ -301,9 +302,17 @@ class WorkerLauncher:
         Returns its pid; raises ``DataSourceError`` if the job's data source is gone.
         """
         running = self._running[job.id]
-        size, first = group_size(job.spec), worker - worker % group_size(job.spec)
-        if not any(running.procs[j].poll() is None for j in range(first, first + size) if j != worker):
-            running.rendezvous[worker // size] = file_rendezvous(self.workspace(job.id), worker // size)
+        size = group_size(job.spec)
+        group, ranks = worker // size, range(worker - worker % size, worker - worker % size + size)
+        rejoining = running.rejoining.setdefault(group, set())
+        if worker in rejoining:  # a rank of the group's old incarnation, stopped when another rank died
+            rejoining.discard(worker)
+        else:  # the first death of this incarnation: the whole group starts over, at a fresh rendezvous
+            running.rendezvous[group] = file_rendezvous(self.workspace(job.id), group)
+            rejoining.clear()
+            rejoining.update(j for j in ranks if j != worker)  # dead already, or stopped now
+            for j in rejoining - running.exited.keys():
+                self.kill(job.id, j)
         proc = self._spawn(job, worker, self._secrets.worker_secrets(job))
         running.procs[worker] = proc
         running.exited.pop(worker, None)

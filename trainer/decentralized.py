@@ -264,6 +264,21 @@ class GossipExchange:
         group = self._cfg.gossip_process(peer // self._cfg.ranks_per_worker)  # quarantine is per group
         return peer in self.addresses and not self._quarantine.is_quarantined(group)
 
+    def wait_for_quorum(self, round_: int, timeout: float = PEER_WAIT_S) -> None:
+        """Wait (bounded) until ``min_workers`` worker groups, this one included, are in ``round_``.
+
+        The final average must reach ``min_workers`` groups; a group the control plane is restarting
+        has withdrawn its endpoint and rejoins at the job's round, so the others wait for it here
+        instead of summing without it.
+        """
+        others = [self._cfg.shard_peer(g) for g in range(self._cfg.workers) if g != self._cfg.group]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._refresh(round_)
+            if 1 + sum(self._trusted(p) and self._in_round(p, round_) for p in others) >= self._cfg.spec.min_workers:
+                return
+            time.sleep(0.2)
+
     def _wait_for_laggards(self, round_: int, peers: list[int]) -> None:
         """Wait (bounded) until every live, trusted peer has finished the previous round.
 
@@ -516,6 +531,7 @@ def consensus(
     failed (the parameters stay this worker's).
     """
     own = flatten(params)
+    exchange.wait_for_quorum(round_)
     vector = torch.cat([own, torch.tensor([own_val_loss, own_val_loss**2, 1.0])])
     # once per job, and workers arrive from their evaluations at different times: at least the first round's deadline
     total = exchange.sum(round_, vector, max(exchange.deadline.seconds, FIRST_DEADLINE_S))
