@@ -1,7 +1,9 @@
-"""Generate ``cantata.proto.v1`` from ``proto/cantata/v1/*.proto``.
+"""Generate ``cantata.proto.v1`` from ``proto/cantata/v1/*.proto``, and the SDK's typed job fields from the table.
 
 protoc emits imports rooted at the proto package (``from cantata.v1 import``);
 they are rewritten to the installed package (``from cantata.proto.v1 import``).
+``sdk/job_fields.py`` is written from :mod:`cantata.proto.jobfields`, so that
+mypy and IDEs know each field of ``Job`` (``Job(wokers=2)`` is a type error).
 
     python -m cantata.proto.codegen          # regenerate in place
     python -m cantata.proto.codegen --check  # exit 1 if the committed code is stale
@@ -11,13 +13,17 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import json
 import sys
 import tempfile
 from pathlib import Path
 
+from cantata.proto import jobfields
+
 PROTO_ROOT = Path(__file__).resolve().parent
 SOURCES = PROTO_ROOT / "cantata" / "v1"
 GENERATED = PROTO_ROOT / "v1"
+JOB_FIELDS = PROTO_ROOT.parent / "sdk" / "job_fields.py"
 
 
 def generate(out_dir: Path) -> list[Path]:
@@ -49,6 +55,52 @@ def generate(out_dir: Path) -> list[Path]:
         return written + [out_dir / "__init__.py"]
 
 
+def _annotation(f: jobfields.JobField) -> str:
+    kind = "tuple[str, ...] | list[str]" if f.kind is tuple else f.kind.__name__
+    return f"{kind} | None" if f.optional else kind
+
+
+def _literal(value: object) -> str:
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
+def job_fields_source() -> str:
+    """The text of ``sdk/job_fields.py``: a dataclass of every job field, typed, with the SDK's defaults."""
+    lines = [
+        '"""Every job field, typed, with the SDK\'s default: the fields of ``cantata.sdk.Job``.',
+        "",
+        "Generated from :mod:`cantata.proto.jobfields` by ``python -m cantata.proto.codegen``; do not edit.",
+        '"""',
+        "",
+        "from __future__ import annotations",
+        "",
+        "import dataclasses",
+        "import uuid",
+        "",
+        "",
+        "def _request_id() -> str:",
+        "    return uuid.uuid4().hex",
+        "",
+        "",
+        "@dataclasses.dataclass",
+        "class JobFields:",
+        '    """The fields of ``docs/job-fields.md``, then ``request_id`` (makes ``submit`` idempotent)."""',
+        "",
+    ]
+    defaulted = False
+    for f in jobfields.FIELDS:
+        if f.sdk_default is jobfields.REQUIRED:
+            if defaulted:
+                raise ValueError(f"{f.name}: a required field must come before every field with a default")
+            lines.append(f"    {f.name}: {_annotation(f)}")
+        else:
+            defaulted = True
+            lines.append(f"    {f.name}: {_annotation(f)} = {_literal(f.sdk_default)}")
+        lines.append(f"    {json.dumps(f.help)}")
+    lines.append("    request_id: str = dataclasses.field(default_factory=_request_id)")
+    return "\n".join(lines) + "\n"
+
+
 def stale_files() -> list[str]:
     """Names of generated files that differ from a fresh generation."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -60,6 +112,8 @@ def stale_files() -> list[str]:
         ]
         known = {f.name for f in fresh}
         stale += [f.name for f in GENERATED.glob("*.py*") if f.name not in known]
+        if not JOB_FIELDS.is_file() or JOB_FIELDS.read_text() != job_fields_source():
+            stale.append(JOB_FIELDS.name)
         return sorted(stale)
 
 
@@ -74,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     generate(GENERATED)
+    JOB_FIELDS.write_text(job_fields_source())
     return 0
 
 

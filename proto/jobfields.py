@@ -28,6 +28,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 
+from cantata.proto.v1 import common_pb2
 from cantata.proto.vocabulary import (
     DECENTRALIZED,
     REQUEST_ID,
@@ -747,6 +748,19 @@ def fill_defaults(spec: Any) -> None:
     for f in FIELDS:
         if spec.algorithm in f.algorithms:
             _fill(spec, f)
+
+
+def server_default(name: str, **context: Any) -> Any:
+    """The value the server fills field ``name`` in with, in a spec of ``context`` (``optimizer="muon"``, ...).
+
+    What code that reads a spec falls back on where a field is unset, so that no default is written twice.
+    """
+    default = FIELD[name].server_default
+    if isinstance(default, Rule):
+        if default.compute is None:
+            raise ValueError(f"{name}: the server fills it in from its settings")
+        default = default.compute(common_pb2.JobSpec(**context))
+    return default
 
 
 def _fill(spec: Any, f: JobField) -> None:

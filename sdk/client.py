@@ -18,6 +18,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import grpc
 
+from cantata.proto.datasource_rules import credentials_problem, dataset_key_problem
 from cantata.proto.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -36,7 +37,6 @@ from cantata.proto.v1 import (
 )
 from cantata.proto.vocabulary import (
     BYTE_GPTS,
-    DATA_SOURCE_SECRETS,
     MODEL_SHAPES,
     STATE_NAMES,
     Model,
@@ -73,7 +73,6 @@ CHANNEL_OPTIONS = [
 MAX_REQUEST_BYTES = 4 << 20
 DATA_SOURCE_KINDS = {"s3": datasources_pb2.S3, "az": datasources_pb2.AZURE_BLOB}
 DATA_SOURCE_KIND_NAMES = {value: name for name, value in DATA_SOURCE_KINDS.items()}
-DATASET_KEY_SIZE = 32
 CHECKPOINT_FORMATS = ("torch", "safetensors", "hf")
 CHECKPOINT_FORMAT_GROUP = "cantata.checkpoint_formats"  # entry points: format name -> converter(state, out, config)
 
@@ -312,23 +311,9 @@ def data_source_request(
     name: str, kind: str, endpoint: str, credentials: dict[str, str], dataset_key: bytes | None, replace: bool
 ) -> datasources_pb2.RegisterDataSourceRequest:
     """A registration request, refusing what is wrong before it is sent (the server checks it all again)."""
-    if kind not in DATA_SOURCE_KINDS:
-        raise InvalidArgument(f"kind: must be one of {', '.join(DATA_SOURCE_KINDS)}, not {kind!r}")
-    unknown = sorted(set(credentials) - set(DATA_SOURCE_SECRETS[kind]))
-    if unknown:
-        raise InvalidArgument(f"credentials: unknown fields {unknown} for {kind}")
-    not_text = sorted(field for field, value in credentials.items() if not isinstance(value, str))
-    if not_text:
-        raise InvalidArgument(f"credentials: {not_text} must be strings")
-    given = {field for field, value in credentials.items() if value}
-    if kind == "s3" and not {"access_key_id", "secret_access_key"} <= given:
-        raise InvalidArgument("credentials: S3 needs access_key_id and secret_access_key")
-    if kind == "az" and not given & {"connection_string", "account_key", "sas_token"}:
-        raise InvalidArgument("credentials: Azure needs connection_string, account_key or sas_token")
-    if "account_key" in given and "account_name" not in given:
-        raise InvalidArgument("credentials: account_key needs account_name")
-    if dataset_key is not None and len(dataset_key) != DATASET_KEY_SIZE:
-        raise InvalidArgument(f"dataset_key: must be {DATASET_KEY_SIZE} bytes, not {len(dataset_key)}")
+    refused = credentials_problem(kind, credentials) or dataset_key_problem(dataset_key)
+    if refused:
+        raise InvalidArgument(refused)
     field, message = (
         ("s3", datasources_pb2.S3Credentials) if kind == "s3" else ("azure", datasources_pb2.AzureCredentials)
     )

@@ -31,14 +31,12 @@ from urllib.parse import urlsplit
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from cantata.proto.vocabulary import DATA_SOURCE_SECRETS
+from cantata.proto.datasource_rules import credentials_problem, dataset_key_problem
 from cantata.security.keys import ENVELOPE_SIZE, KeyProvider, envelope_key_version
 from cantata.security.stream_aead import DATA_KEY_SIZE, IntegrityError
 from cantata.server.database import Database
 
-KINDS = tuple(DATA_SOURCE_SECRETS)
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
-DATASET_KEY_SIZE = 32
 NONCE_SIZE = 12
 
 
@@ -64,7 +62,11 @@ class SealedSecretsError(DataSourceError):
 
 @dataclass(frozen=True)
 class DataSourceSpec:
-    """A validated registration: what the tenant sent, secrets included."""
+    """A validated registration: what the tenant sent, secrets included.
+
+    The credentials and the dataset key are checked by :mod:`cantata.proto.datasource_rules`, as the SDK
+    checks them; the name and the endpoint here.
+    """
 
     name: str
     kind: str
@@ -75,27 +77,18 @@ class DataSourceSpec:
     def __post_init__(self) -> None:
         if not NAME.fullmatch(self.name):
             raise InvalidDataSource("name: 1-63 of a-z, 0-9, '.', '_', '-', starting with a letter or digit")
-        if self.kind not in KINDS:
-            raise InvalidDataSource(f"kind: must be one of {', '.join(KINDS)}")
-        unknown = set(self.secrets) - set(DATA_SOURCE_SECRETS[self.kind])
-        if unknown:
-            raise InvalidDataSource(f"credentials: unknown fields {sorted(unknown)} for {self.kind}")
+        refused = credentials_problem(self.kind, self.secrets)
+        if refused:
+            raise InvalidDataSource(refused)
         if self.endpoint:
             parts = urlsplit(self.endpoint)
             if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.query:
                 raise InvalidDataSource("endpoint: an http(s) URL without user part or query")
-        s = self.secrets
-        if self.kind == "s3" and not (s.get("access_key_id") and s.get("secret_access_key")):
-            raise InvalidDataSource("credentials: S3 needs access_key_id and secret_access_key")
-        if self.kind == "az":
-            if not (s.get("connection_string") or s.get("account_key") or s.get("sas_token")):
-                raise InvalidDataSource("credentials: Azure needs connection_string, account_key or sas_token")
-            if not s.get("connection_string") and not self.endpoint:
-                raise InvalidDataSource("endpoint: the account URL is required without a connection string")
-            if s.get("account_key") and not s.get("account_name"):
-                raise InvalidDataSource("credentials: account_key needs account_name")
-        if self.dataset_key is not None and len(self.dataset_key) != DATASET_KEY_SIZE:
-            raise InvalidDataSource(f"dataset_key: must be {DATASET_KEY_SIZE} bytes")
+        if self.kind == "az" and not self.secrets.get("connection_string") and not self.endpoint:
+            raise InvalidDataSource("endpoint: the account URL is required without a connection string")
+        refused = dataset_key_problem(self.dataset_key)
+        if refused:
+            raise InvalidDataSource(refused)
 
 
 @dataclass(frozen=True)

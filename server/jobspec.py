@@ -2,8 +2,9 @@
 
 The SDK validates too, but only this check is authoritative. A bad field is an
 ``InvalidField`` naming it. Defaults, ranges, choices and which algorithms a
-field applies to come from the job-field table (:mod:`cantata.proto.jobfields`);
-the rules that tie fields together are written out here. ``file://``
+field applies to come from the job-field table (:mod:`cantata.proto.jobfields`),
+the rules that tie fields together from :mod:`cantata.proto.jobrules`, which the
+SDK runs too; what only the server knows is checked here. ``file://``
 locations must lie under one of the tenant's roots (:mod:`cantata.server.local_roots`),
 never in the platform's data directory, with no ``..`` and no symbolic link on
 the way; a location outside them is refused with one message whether it exists
@@ -16,40 +17,28 @@ would fit.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from cantata.proto import jobfields
-from cantata.proto.jobfields import MAX_WORKERS
+from cantata.proto.jobrules import BUCKET, InvalidField, check_mesh, check_source, checked, dataset_source, processes
+from cantata.proto.jobrules import require as _require
 from cantata.proto.v1 import common_pb2
-from cantata.proto.vocabulary import (
-    BYTE_GPTS,
-    DECENTRALIZED,
-    MODEL_SHAPES,
-    Algorithm,
-    Compression,
-    Model,
-    Optimizer,
-    Topology,
-)
+from cantata.proto.vocabulary import DECENTRALIZED, Algorithm
 from cantata.server import memory
 from cantata.server.local_roots import within
 from cantata.storage.base import StoreConfigError, store_prefix
 
-BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
-
-
-class InvalidField(ValueError):
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
-
-
-def _require(ok: bool, field: str, message: str) -> None:
-    if not ok:
-        raise InvalidField(field, message)
+__all__ = [
+    "BUCKET",
+    "DECENTRALIZED",
+    "InvalidField",
+    "check_mesh",
+    "dataset_source",
+    "parse_job_spec",
+    "processes",
+    "resumed_spec",
+]
 
 
 def local_path(
@@ -99,11 +88,6 @@ def local_path(
     return path
 
 
-def processes(spec: common_pb2.JobSpec) -> int:
-    """Worker processes a parsed job runs: ``workers`` groups of ``ranks_per_worker`` ranks."""
-    return spec.workers * spec.ranks_per_worker
-
-
 def parse_job_spec(
     spec: common_pb2.JobSpec,
     *,
@@ -125,40 +109,8 @@ def parse_job_spec(
     a job of more than one worker process may span nodes, so its ``file://`` store must lie under one.
     ``own_folders`` are the tenant's folders of the ``allowed_roots`` (see :func:`local_path`).
     """
-    s = common_pb2.JobSpec()
-    s.CopyFrom(spec)
-    for field, message in jobfields.problems(s, lambda f: not f.required):
-        raise InvalidField(field, message)
-    if s.algorithm == Algorithm.DILOCO:  # before the defaults: diloco's graph and mixing step are fixed
-        _require(s.topology in ("", Topology.COMPLETE), "topology", "diloco always averages over the complete graph")
-        _require(not s.HasField("gossip_step"), "gossip_step", "diloco mixes with alpha = 1/workers")
-        _require(
-            s.compression != Compression.INT8,
-            "compression",
-            "diloco's ring all-reduce adds partial sums on the way, which int8 codes cannot carry (use bf16)",
-        )
-    if s.optimizer != Optimizer.MUON:  # before the defaults, which fill these in for muon only
-        for f in jobfields.MUON_FIELDS:
-            _require(not jobfields.is_set(f, jobfields.value_of(s, f)), f.name, "only with optimizer 'muon'")
-    if not s.HasField("spike_zscore"):  # before the defaults, which fill spike_window in with it
-        _require(not s.HasField("spike_window"), "spike_window", "only with spike_zscore")
-    jobfields.fill_defaults(s)
+    s = checked(spec)
     s.checkpoint_store = s.checkpoint_store or default_store
-    _require(s.algorithm != Algorithm.SINGLE or s.workers == 1, "workers", "algorithm 'single' runs one worker")
-    _require(s.warmup_steps <= s.steps, "warmup_steps", f"must be at most steps ({s.steps})")
-    _require(processes(s) <= MAX_WORKERS, "ranks_per_worker", f"workers x ranks_per_worker must be <= {MAX_WORKERS}")
-    if s.algorithm in DECENTRALIZED:
-        _require(s.workers >= 2, "workers", f"{s.algorithm} needs at least 2 workers")
-        _require(s.min_workers <= s.workers, "min_workers", f"must be 1..{s.workers} (0: a majority)")
-    else:
-        _require(
-            s.ranks_per_worker == 1,
-            "ranks_per_worker",
-            "worker groups are for gasloc or diloco (allreduce already spreads one model over its workers)",
-        )
-    check_vocabulary(s)
-    check_mesh(s)
-    check_float8(s)
     check_dataset(s.dataset, roots, data_dir=data_dir, own_folders=own_folders)
     if s.init_from:
         check_source_location(s.init_from, "init_from", roots, data_dir=data_dir, own_folders=own_folders)
@@ -186,56 +138,6 @@ def parse_job_spec(
         if refused is not None:
             raise InvalidField(*refused)
     return s
-
-
-def check_mesh(s: common_pb2.JobSpec) -> None:
-    """A mesh covers the job's workers (a decentralized job's worker group) exactly, shards a decoder,
-    and splits its key/value heads evenly."""
-    if s.algorithm in DECENTRALIZED:
-        if s.dp_shard == 1:
-            return
-        _require(
-            s.dp_shard == s.ranks_per_worker,
-            "dp_shard",
-            f"a {s.algorithm} job shards each worker group over its ranks: dp_shard must equal ranks_per_worker "
-            f"({s.ranks_per_worker}), not {s.dp_shard}",
-        )
-    else:
-        mesh = s.dp_replicate * s.dp_shard * s.tp
-        if mesh == 1:
-            return
-        _require(
-            mesh == s.workers,
-            "workers",
-            f"dp_replicate x dp_shard x tp = {mesh} ranks, so the job needs workers = {mesh}, not {s.workers}",
-        )
-    shape = MODEL_SHAPES[Model(s.model)]
-    _require(Model(s.model) not in BYTE_GPTS, "model", f"{s.model} is not sharded: use a decoder (llama-*, qwen3-*)")
-    tp = s.tp or 1  # a decentralized job has no tensor parallelism
-    _require(int(shape["n_kv_heads"]) % tp == 0, "tp", f"must divide {s.model}'s {shape['n_kv_heads']} key/value heads")
-    _require(
-        s.optimizer != Optimizer.MUON or s.algorithm not in DECENTRALIZED,
-        "optimizer",
-        "muon on a sharded worker group is not supported yet (Canzona runs on allreduce meshes): use adamw",
-    )
-
-
-def check_float8(s: common_pb2.JobSpec) -> None:
-    """float8 matmuls run on GPUs only: a job whose workers would train on the CPU is refused."""
-    if not s.float8:
-        return
-    _require(s.gpus_per_worker > 0, "float8", "float8 trains on GPUs, and gpus_per_worker 0 trains on the CPU")
-    _require(
-        s.algorithm not in DECENTRALIZED,
-        "float8",
-        f"{s.algorithm} workers train on the CPU (their gossip and outer step run there): float8 needs a GPU",
-    )
-    _require(
-        s.dp_replicate * s.dp_shard * s.tp == 1,
-        "float8",
-        "a mesh job (dp_shard, tp, dp_replicate) trains on the CPU for now: float8 needs a single-GPU or "
-        "data-parallel job",
-    )
 
 
 MESH_FIELDS = ("dp_replicate", "dp_shard", "tp")
@@ -270,32 +172,6 @@ def resumed_spec(s: common_pb2.JobSpec, changes: dict[str, int]) -> common_pb2.J
     return resumed
 
 
-def check_vocabulary(s: common_pb2.JobSpec) -> None:
-    """A named tokenizer comes with its vocabulary size, which must fit the model's (a builtin dataset is bytes)."""
-    vocab = int(MODEL_SHAPES[Model(s.model)]["vocab_size"])
-    if s.tokenizer:
-        _require(
-            re.fullmatch(r"sha256:[0-9a-f]{64}", s.tokenizer) is not None,
-            "tokenizer",
-            "must be sha256: and 64 lower-case hex digits, as cantata data prepare --tokenizer prints it",
-        )
-        _require(s.tokenizer_vocab > 0, "tokenizer_vocab", "give the tokenizer's vocabulary size with tokenizer")
-        _require(not s.dataset.startswith("builtin:"), "tokenizer", f"{s.dataset} is byte-level text, not tokenized")
-    _require(
-        s.tokenizer_vocab <= vocab,
-        "tokenizer_vocab",
-        f"{s.tokenizer_vocab} tokens do not fit model {s.model}, whose vocabulary is {vocab}",
-    )
-
-
-def dataset_source(dataset: str) -> str:
-    """The data source an ``s3://SOURCE@bucket/prefix`` or ``az://SOURCE@container/prefix`` location names ("" if none)."""
-    scheme, _, rest = dataset.partition("://")
-    if scheme not in ("s3", "az"):
-        return ""
-    return unquote(rest.partition("/")[0].rpartition("@")[0])
-
-
 def job_sources(spec: common_pb2.JobSpec) -> dict[str, str]:
     """The data sources a job reads through, by field (``dataset``, ``init_from``), for those that name one."""
     named = {"dataset": dataset_source(spec.dataset), "init_from": dataset_source(spec.init_from)}
@@ -315,25 +191,12 @@ def check_source_location(
 ) -> None:
     """A ``file://`` path under the roots, or a store prefix read through a data source (``dataset``, ``init_from``).
 
-    A store location must name one of the tenant's data sources: the server's
-    own credentials (those of its checkpoint stores) never read tenant data.
+    A store location must name one of the tenant's data sources (:func:`cantata.proto.jobrules.check_source`).
     """
     if uri.startswith("file://"):
         local_path(uri, field, roots, data_dir=data_dir, own_folders=own_folders)
         return
-    scheme, _, rest = uri.partition("://")
-    _require(
-        scheme in ("s3", "az"),
-        field,
-        f"unknown {field} {uri!r} (use {'builtin:pystdlib, ' if field == 'dataset' else ''}file://, "
-        "s3://SOURCE@bucket/prefix or az://SOURCE@container/prefix)",
-    )
-    _require(
-        bool(dataset_source(uri)),
-        field,
-        f"{uri!r} names no data source: register one and write {scheme}://SOURCE@{rest}",
-    )
-    check_store(f"{scheme}://{rest.partition('@')[2]}", field, roots)
+    check_store(check_source(uri, field), field, roots)
 
 
 def check_store(

@@ -138,7 +138,7 @@ GOOD = [
     "name: x\nalgorithm: diloco\nworkers: 2\nlocal_steps: 10000\ncompression: bf16\nmin_workers: 2\nround_time_s: 1.5",
     "name: x\nlr: 0.1\noptimizer: muon\non_bad_utf8: fail\ntrace_samples: true\nseed: 7",
     "name: x\ndataset: s3://src@bucket/data\ncheckpoint_store: az://c/p\nrequest_id: retry-0001",
-    "name: x\nbatch_size: 4096\nseq_len: 0\ncheckpoint_every: 0\nranks_per_worker: 64",
+    "name: x\nbatch_size: 4096\nseq_len: 0\ncheckpoint_every: 0\nalgorithm: gasloc\nworkers: 2\nranks_per_worker: 64",
     "name: x\ntags: [nightly, team=nlp, sweep:lr/3, v1.2_rc-1]",
     "name: x\ntags: []",
 ]

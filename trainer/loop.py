@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from cantata.proto.faults import Fault
+from cantata.proto.jobfields import server_default
 from cantata.proto.vocabulary import DECENTRALIZED, LrSchedule, MixedPrecision
 from cantata.security.sealed_checkpoint import SHARDED_PART
 from cantata.trainer.checkpoint import JobCheckpoints, Scope, TrainingState, share_from_rank0
@@ -59,6 +60,9 @@ class LossTripped(Exception):
         self.step, self.trip = step, trip
 
 
+DEFAULT_SCHEDULE, DEFAULT_MIN_RATIO = LrSchedule(server_default("lr_schedule")), server_default("min_lr_ratio")
+
+
 @dataclass(frozen=True)
 class Schedule:
     """Linear warm-up from 0 to ``peak``, then cosine or linear decay (or none) to ``min_ratio`` x ``peak``."""
@@ -66,8 +70,8 @@ class Schedule:
     peak: float
     steps: int
     warmup: int
-    kind: LrSchedule = LrSchedule.COSINE
-    min_ratio: float = 0.1
+    kind: LrSchedule = DEFAULT_SCHEDULE
+    min_ratio: float = DEFAULT_MIN_RATIO
 
     @classmethod
     def of(cls, spec) -> Schedule:
@@ -159,7 +163,7 @@ def job_feed(cfg: WorkerConfig, reporter: Reporter, seq_len: int, vocab_size: in
         rank=rank,
         world=world,
         access=cfg.dataset_access,
-        utf8_policy=Utf8Policy(spec.on_bad_utf8 or "skip"),
+        utf8_policy=Utf8Policy(spec.on_bad_utf8 or server_default("on_bad_utf8")),
         on_event=relay,
         vocabulary=Vocabulary(vocab_size, spec.tokenizer),
     )
@@ -385,7 +389,7 @@ class Trainer:
             if spec.compile:
                 compile_blocks(self.model)
         else:  # built on the meta device: each rank allocates and initialises only its shards
-            precision = MixedPrecision(spec.mixed_precision or MixedPrecision.FP32)
+            precision = MixedPrecision(spec.mixed_precision or server_default("mixed_precision"))
             self.model = build_sharded(
                 spec.model, spec.seed, strategy.mesh, precision, spec.activation_checkpointing, spec.compile
             )

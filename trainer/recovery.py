@@ -21,6 +21,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from cantata.proto.jobfields import server_default
+
 MIN_STDEV = 1e-6  # a window of equal losses: any rise above it by more than this x z is a spike
 MAX_ZSCORE = 1e9  # what a report says of a spike over a flat window (the log and the wire hold finite numbers)
 
@@ -86,11 +88,13 @@ class RecoveryPolicy:
     def of(cls, spec) -> RecoveryPolicy:
         """The policy of a ``JobSpec`` whose defaults the server filled in."""
         return cls(
-            on_nonfinite=spec.on_nonfinite or "warn",
+            on_nonfinite=spec.on_nonfinite or server_default("on_nonfinite"),
             spike_zscore=spec.spike_zscore if spec.HasField("spike_zscore") else None,
             spike_window=spec.spike_window,
             max_rollbacks=spec.max_rollbacks,
-            lr_scale=spec.rollback_lr_scale if spec.HasField("rollback_lr_scale") else 1.0,
+            lr_scale=spec.rollback_lr_scale
+            if spec.HasField("rollback_lr_scale")
+            else server_default("rollback_lr_scale"),
         )
 
     @property

@@ -34,6 +34,7 @@ from urllib.parse import unquote, urlsplit
 
 import numpy as np
 
+from cantata.proto.datasource_rules import credentials_problem
 from cantata.storage import (
     BlobNotFoundError,
     BlobStore,
@@ -115,7 +116,8 @@ class SourceCredentials:
     JSON: ``{"name": ..., "kind": "s3"|"az", "endpoint": ..., "secrets": {...}}``;
     S3 secrets: ``access_key_id``, ``secret_access_key``, optional
     ``session_token`` and ``region``; Azure secrets: ``connection_string``, or
-    ``account_name`` with ``account_key``, or ``sas_token``.
+    ``account_name`` with ``account_key``, or ``sas_token``
+    (:func:`cantata.proto.datasource_rules.credentials_problem`).
     """
 
     name: str
@@ -138,8 +140,9 @@ class SourceCredentials:
             credentials = cls(str(document["name"]), str(document["kind"]), str(document.get("endpoint", "")), secrets)
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise DataError(f"invalid data source credentials document: {error}") from None
-        if credentials.kind not in ("s3", "az"):
-            raise DataError(f"data source {credentials.name!r} has unknown kind {credentials.kind!r}")
+        refused = credentials_problem(credentials.kind, credentials.secrets)
+        if refused:
+            raise DataError(f"data source {credentials.name!r}: {refused}")
         return credentials
 
     def to_json(self) -> str:

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from .buckets import build_buckets
 from .cost import update_cost
-from .muon import MuonConfig, check_splits, muon_update_
+from .muon import MUON_DEFAULTS, MuonConfig, check_splits, muon_update_
 from .partition import ShardingPlan, alpha_balanced_plan
 from .profiling import StepStats
 
@@ -83,8 +83,8 @@ class DataParallelMuon:
         *,
         process_group: dist.ProcessGroup | None = None,
         alpha: float = 1.0,
-        bucket_elements: int = 40_000_000,
-        cost_unit: str = "flops",
+        bucket_elements: int = MUON_DEFAULTS["canzona_bucket_elements"],
+        cost_unit: str = MUON_DEFAULTS["canzona_cost_unit"],
         config: MuonConfig = MuonConfig(),
         splits: Mapping[str, tuple[int, ...]] | None = None,
         plan: ShardingPlan | None = None,

@@ -14,6 +14,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from cantata.proto.jobfields import MUON_FIELDS, server_default
+from cantata.proto.vocabulary import NsDtype, Optimizer
+
+# The job-field table's defaults of the Muon and Canzona fields, which an unset field of a spec takes.
+MUON_DEFAULTS = {f.name: server_default(f.name, optimizer=Optimizer.MUON) for f in MUON_FIELDS}
+NS_DTYPES = {NsDtype.FLOAT32: torch.float32, NsDtype.BFLOAT16: torch.bfloat16}
+
 
 @dataclass(frozen=True)
 class MuonConfig:
@@ -23,12 +30,12 @@ class MuonConfig:
     torch.optim.Muon and most GPU recipes) or float32 (exact reproducibility).
     """
 
-    momentum: float = 0.95
+    momentum: float = MUON_DEFAULTS["muon_momentum"]
     nesterov: bool = True
-    ns_steps: int = 5
+    ns_steps: int = MUON_DEFAULTS["muon_ns_steps"]
     ns_coefficients: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
     eps: float = 1e-7
-    ns_dtype: torch.dtype = torch.float32
+    ns_dtype: torch.dtype = NS_DTYPES[MUON_DEFAULTS["muon_ns_dtype"]]
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.momentum < 1.0:

@@ -35,7 +35,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 
 from .buckets import build_buckets
 from .cost import update_cost
-from .muon import MuonConfig, apply_direction, check_splits, muon_direction
+from .muon import MUON_DEFAULTS, MuonConfig, apply_direction, check_splits, muon_direction
 from .partition import ShardingPlan, alpha_balanced_plan
 from .profiling import StepStats
 from .tp import greedy_rollback_groups
@@ -99,8 +99,8 @@ class ShardedMuon:
         mesh: DeviceMesh | None,
         tp_dim: str | None = None,
         alpha: float = 1.0,
-        bucket_elements: int = 40_000_000,
-        cost_unit: str = "flops",
+        bucket_elements: int = MUON_DEFAULTS["canzona_bucket_elements"],
+        cost_unit: str = MUON_DEFAULTS["canzona_cost_unit"],
         config: MuonConfig = MuonConfig(),
         splits: Mapping[str, tuple[int, ...]] | None = None,
         capacity: float | None = None,

@@ -30,11 +30,12 @@ from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from cantata.proto.vocabulary import NsDtype, Optimizer
+from cantata.proto.jobfields import server_default
+from cantata.proto.vocabulary import Optimizer
 
 from .cost import COST_UNITS
 from .dp import DataParallelMuon, received_gradients
-from .muon import MuonConfig
+from .muon import MUON_DEFAULTS, NS_DTYPES, MuonConfig
 from .partition import max_over_mean
 from .profiling import StepStats, ring_bytes
 from .routing import DEFAULT_ADAMW_PATTERNS, ParameterRouting, route_parameters
@@ -42,7 +43,6 @@ from .sharded import ShardedMuon
 
 STATE_FORMAT = "cantata.training-optimizer/1"
 OPTIMIZERS = tuple(name.value for name in Optimizer)
-NS_DTYPES = {NsDtype.FLOAT32: torch.float32, NsDtype.BFLOAT16: torch.bfloat16}
 
 
 class TrainingOptimizer:
@@ -243,11 +243,11 @@ def build_optimizer(
     name: str,
     *,
     lr: float,
-    weight_decay: float = 0.1,
+    weight_decay: float = server_default("weight_decay"),
     process_group: dist.ProcessGroup | None = None,
-    alpha: float = 1.0,
-    bucket_elements: int = 40_000_000,
-    cost_unit: str = "flops",
+    alpha: float = MUON_DEFAULTS["canzona_alpha"],
+    bucket_elements: int = MUON_DEFAULTS["canzona_bucket_elements"],
+    cost_unit: str = MUON_DEFAULTS["canzona_cost_unit"],
     muon_config: MuonConfig = MuonConfig(),
     grad_clip: float = 0.0,
     muon_patterns: tuple[str, ...] = (),
@@ -333,12 +333,12 @@ def spec_settings(spec) -> dict:
     """`build_optimizer`'s Muon and Canzona keywords from a parsed `JobSpec` (an unset field: the default)."""
     momentum = spec.muon_momentum if spec.HasField("muon_momentum") else MuonConfig.momentum
     return {
-        "alpha": spec.canzona_alpha if spec.HasField("canzona_alpha") else 1.0,
-        "bucket_elements": spec.canzona_bucket_elements or 40_000_000,
-        "cost_unit": spec.canzona_cost_unit or "flops",
+        "alpha": spec.canzona_alpha if spec.HasField("canzona_alpha") else MUON_DEFAULTS["canzona_alpha"],
+        "bucket_elements": spec.canzona_bucket_elements or MUON_DEFAULTS["canzona_bucket_elements"],
+        "cost_unit": spec.canzona_cost_unit or MUON_DEFAULTS["canzona_cost_unit"],
         "muon_config": MuonConfig(
             momentum=momentum,
             ns_steps=spec.muon_ns_steps or MuonConfig.ns_steps,
-            ns_dtype=NS_DTYPES[spec.muon_ns_dtype or NsDtype.FLOAT32],
+            ns_dtype=NS_DTYPES[spec.muon_ns_dtype or MUON_DEFAULTS["muon_ns_dtype"]],
         ),
     }
