@@ -74,7 +74,6 @@ from cantata.server.lifecycle import JobLifecycle
 from cantata.server.local_roots import LocalRoots
 from cantata.server.memory import node_capacity, runtime_budget
 from cantata.server.metrics_endpoint import MetricsEndpoint
-from cantata.server.metrics_store import MetricsStore
 from cantata.server.request_audit import RequestAudit
 from cantata.server.restarts import RestartPolicy
 from cantata.server.sandbox import Identities, Lease, check_passable, lock_data_dir
@@ -92,6 +91,7 @@ from cantata.server.services.webhooks import WebhooksService
 from cantata.server.services.worker import WorkerService
 from cantata.server.serving import ServingLoop
 from cantata.server.store import Store
+from cantata.server.store.metrics import MetricsStore
 from cantata.server.stragglers import StragglerDetector
 from cantata.server.streams import StreamCounter
 from cantata.server.submissions import SubmitWriter

@@ -21,8 +21,8 @@ from google.protobuf import json_format
 from cantata.proto.v1 import common_pb2, jobs_pb2
 from cantata.security.audit import build_report
 from cantata.server.groups import decentralized, processes
-from cantata.server.metrics_store import METRICS, SYSTEM_METRICS, MetricsStore
 from cantata.server.store import JobRecord, Store
+from cantata.server.store.metrics import METRICS, SYSTEM_METRICS, MetricsStore
 
 EVENTS_SHOWN = 200  # the job page lists this many latest events (training progress is in the charts instead)
 LOG_LINES_SHOWN = 1000  # the logs tab starts at each worker's last this many lines
