@@ -91,7 +91,6 @@ from cantata.server.services.webhooks import WebhooksService
 from cantata.server.services.worker import WorkerService
 from cantata.server.serving import ServingLoop
 from cantata.server.store import Store
-from cantata.server.store.metrics import MetricsStore
 from cantata.server.stragglers import StragglerDetector
 from cantata.server.streams import StreamCounter
 from cantata.server.submissions import SubmitWriter
@@ -146,7 +145,7 @@ class ControlPlane:
         self.database = Database(self.paths.database)
         self.broadcast = EventBroadcast()
         self.store = Store(self.database, self.broadcast)
-        self.metrics = MetricsStore(self.database)
+        self.metrics = self.store.metrics
         self.telemetry = Telemetry()
         self.keyring = self.paths.open_keyring()
         self.data_sources = DataSourceStore(self.database, self.keyring)

@@ -15,9 +15,12 @@ from collections import defaultdict
 from cantata.proto.v1 import common_pb2, jobs_pb2
 from cantata.security.audit import Unsigned
 from cantata.server.database import Database
+from cantata.server.datasource_store import DataSourceStore
 from cantata.server.store import AnomalyRecord, Store, utcnow
 from cantata.server.store.base import Repository
 from cantata.server.store.workers import Workers
+from cantata.server.sweeps.store import SweepStore
+from cantata.server.webhook_store import WebhookStore
 
 # Tables of the stores that are not the Store's repositories (and SQLite's own).
 OTHER_STORES = {
@@ -36,7 +39,7 @@ class Tracer:
 
     def __init__(self, database: Database):
         self._scratch = sqlite3.connect(database.path)
-        self._schema = {r[0] for r in self._scratch.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        self.schema = {r[0] for r in self._scratch.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         self._tables: dict[str, tuple[set[str], set[str]]] = {}
         self.reads: dict[type[Repository], set[str]] = defaultdict(set)
         self.writes: dict[type[Repository], set[str]] = defaultdict(set)
@@ -67,7 +70,7 @@ class Tracer:
             read, written = set(), set()
 
             def authorize(action: int, table: str | None, column: str | None, db: str | None, inner: str | None) -> int:
-                if inner is None and table in self._schema:
+                if inner is None and table in self.schema:
                     (written if action in WRITES else read if action == sqlite3.SQLITE_READ else set()).add(table)
                 return sqlite3.SQLITE_OK
 
@@ -170,7 +173,26 @@ def test_each_repository_touches_only_its_tables(tmp_path):
     assert set(tracer.reads) == repositories, "a repository went unused: the trace would not cover it"
     assert tracer.trespasses() == []
     owned = set().union(*(r.tables for r in repositories))
-    assert owned == tracer._schema - OTHER_STORES, "every table of the store has a repository that owns it"
+    assert owned == tracer.schema - OTHER_STORES, "every table of the store has a repository that owns it"
+
+
+def test_every_table_has_one_owner(tmp_path):
+    store = Store(tmp_path / "state.db")
+    with store.database.read() as db:
+        schema = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")} - {"sqlite_sequence"}
+    owners = defaultdict(list)
+    for repository in (
+        *{type(r) for r in vars(store).values() if isinstance(r, Repository)},
+        DataSourceStore,
+        SweepStore,
+        WebhookStore,
+    ):
+        for table in repository.tables:
+            owners[table].append(repository.__name__)
+        assert repository.reads <= schema
+    assert set(owners) == schema
+    # The queue is the queued rows of the jobs table: it writes their parked flag and reason.
+    assert {table: sorted(names) for table, names in owners.items() if len(names) > 1} == {"jobs": ["Jobs", "Queue"]}
 
 
 class Leaky(Workers):
