@@ -22,16 +22,7 @@ from cantata.server.store.workers import Workers
 from cantata.server.sweeps.store import SweepStore
 from cantata.server.webhook_store import WebhookStore
 
-# Tables of the stores that are not the Store's repositories (and SQLite's own).
-OTHER_STORES = {
-    "data_sources",
-    "sweeps",
-    "webhook_attempts",
-    "webhook_deliveries",
-    "webhook_endpoints",
-    "sqlite_sequence",
-}
-WRITES = {sqlite3.SQLITE_INSERT: "insert", sqlite3.SQLITE_UPDATE: "update", sqlite3.SQLITE_DELETE: "delete"}
+WRITES = {sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE}
 
 
 class Tracer:
@@ -70,8 +61,10 @@ class Tracer:
             read, written = set(), set()
 
             def authorize(action: int, table: str | None, column: str | None, db: str | None, inner: str | None) -> int:
-                if inner is None and table in self.schema:
-                    (written if action in WRITES else read if action == sqlite3.SQLITE_READ else set()).add(table)
+                if inner is None and table in self.schema and action in WRITES:
+                    written.add(table)
+                elif inner is None and table in self.schema and action == sqlite3.SQLITE_READ:
+                    read.add(table)
                 return sqlite3.SQLITE_OK
 
             self._scratch.set_authorizer(authorize)
@@ -172,8 +165,6 @@ def test_each_repository_touches_only_its_tables(tmp_path):
     repositories = {type(r) for r in vars(store).values() if isinstance(r, Repository)}
     assert set(tracer.reads) == repositories, "a repository went unused: the trace would not cover it"
     assert tracer.trespasses() == []
-    owned = set().union(*(r.tables for r in repositories))
-    assert owned == tracer.schema - OTHER_STORES, "every table of the store has a repository that owns it"
 
 
 def test_every_table_has_one_owner(tmp_path):
@@ -196,7 +187,7 @@ def test_every_table_has_one_owner(tmp_path):
 
 
 class Leaky(Workers):
-    """A repository that reads another's table, as a change that broke the boundary would."""
+    """A repository that reads and writes another's table, as a change that broke the boundary would."""
 
     def tenant_of(self, job_id: str) -> str:
         with self.database.read() as db:
