@@ -74,7 +74,6 @@ from cantata.server.lifecycle import JobLifecycle
 from cantata.server.local_roots import LocalRoots
 from cantata.server.memory import node_capacity, runtime_budget
 from cantata.server.metrics_endpoint import MetricsEndpoint
-from cantata.server.metrics_store import MetricsStore
 from cantata.server.request_audit import RequestAudit
 from cantata.server.restarts import RestartPolicy
 from cantata.server.sandbox import Identities, Lease, check_passable, lock_data_dir
@@ -146,7 +145,7 @@ class ControlPlane:
         self.database = Database(self.paths.database)
         self.broadcast = EventBroadcast()
         self.store = Store(self.database, self.broadcast)
-        self.metrics = MetricsStore(self.database)
+        self.metrics = self.store.metrics
         self.telemetry = Telemetry()
         self.keyring = self.paths.open_keyring()
         self.data_sources = DataSourceStore(self.database, self.keyring)

@@ -35,6 +35,7 @@ from cantata.proto.datasource_rules import credentials_problem, dataset_key_prob
 from cantata.security.keys import ENVELOPE_SIZE, KeyProvider, envelope_key_version
 from cantata.security.stream_aead import DATA_KEY_SIZE, IntegrityError
 from cantata.server.database import Database
+from cantata.server.store.base import Repository
 
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 NONCE_SIZE = 12
@@ -103,15 +104,17 @@ class DataSourceRecord:
     created_at: str
 
 
-class DataSourceStore:
+class DataSourceStore(Repository):
     """Data sources on the server's database, secrets sealed under each tenant's key in ``keyring``.
 
     Given a path rather than the server's :class:`Database`, it opens a database of its own.
     """
 
+    tables = frozenset({"data_sources"})
+
     def __init__(self, database: Database | Path, keyring: KeyProvider) -> None:
         self._keyring = keyring
-        self.database = database if isinstance(database, Database) else Database(database)
+        super().__init__(database if isinstance(database, Database) else Database(database))
         self._db = self.database.connection
         self._lock = self.database.lock
 

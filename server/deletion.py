@@ -61,7 +61,7 @@ class JobDeletion:
                 peer=peer,
             )
 
-        self._store.delete_job(job.id, before=record)
+        self._store.jobs.delete(job.id, before=record)
         shutil.rmtree(self._workspace(job.id), ignore_errors=True)
         return objects
 
@@ -80,7 +80,7 @@ class RetentionSweeper(PeriodicTask):
     def sweep(self, now: dt.datetime | None = None) -> list[str]:
         """Delete every job past its retention at ``now`` (default: the current time); returns their ids."""
         deleted = []
-        for job in self._store.expired_jobs(now or dt.datetime.now(dt.UTC)):
+        for job in self._store.jobs.expired(now or dt.datetime.now(dt.UTC)):
             try:
                 self._deletion.delete(job, actor=RETENTION_ACTOR, reason="retention")
             except Exception:  # one job's store being down delays only that job; the next sweep retries it

@@ -19,7 +19,7 @@ Read at each scrape (:class:`StateCollector`): ``cantata_jobs`` by state,
 job): ``cantata_job_tokens_total``, the tokens its workers reported
 training on (a counter: ``rate()`` of it is the throughput), its latest
 training values as ``cantata_job_<metric>`` gauges from the metrics history
-(:mod:`cantata.server.metrics_store`), in base units (``_seconds``), and
+(:mod:`cantata.server.store.metrics`), in base units (``_seconds``), and
 ``cantata_job_store_unreachable``: how many of its workers last reported
 their checkpoint store unreachable (0 once it answers again), and
 ``cantata_job_stragglers`` (:mod:`cantata.server.stragglers`). No series has
@@ -45,8 +45,8 @@ import cantata
 from cantata.proto.v1 import common_pb2
 from cantata.proto.vocabulary import STATE_NAMES
 from cantata.security.audit import Action
-from cantata.server.metrics_store import MetricsStore
 from cantata.server.store import ACTIVE, JobRecord, Store
+from cantata.server.store.metrics import MetricsStore
 from cantata.server.stragglers import StragglerDetector
 
 # Per-job gauges: the metrics of the history that describe a job's training now -> ``cantata_job_<name>``.

@@ -33,6 +33,7 @@ from cantata.security.keys import ENVELOPE_SIZE, KeyProvider, envelope_key_versi
 from cantata.security.stream_aead import DATA_KEY_SIZE, IntegrityError
 from cantata.server.database import Database
 from cantata.server.store import NotFound, QuotaExceeded
+from cantata.server.store.base import Repository
 from cantata.server.webhook_events import EVENT_TYPES, body, event_id, event_type
 from cantata.server.webhook_targets import InvalidWebhook, parse_url
 
@@ -99,13 +100,16 @@ def check_event_types(types: Iterable[str]) -> tuple[str, ...]:
     return chosen
 
 
-class WebhookStore:
+class WebhookStore(Repository):
     """Endpoints (secrets sealed under each tenant's key in ``keyring``) and their deliveries."""
+
+    tables = frozenset({"webhook_endpoints", "webhook_deliveries", "webhook_attempts"})
+    reads = frozenset({"jobs"})  # an event's job's tenant
 
     def __init__(
         self, database: Database, keyring: KeyProvider, *, max_endpoints: int = 10, max_pending: int = 1000
     ) -> None:
-        self.database = database
+        super().__init__(database)
         self._keyring = keyring
         self._max_endpoints = max_endpoints
         self._max_pending = max_pending

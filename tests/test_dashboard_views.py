@@ -10,9 +10,9 @@ from cantata.proto.v1 import common_pb2, jobs_pb2, worker_pb2
 from cantata.server.broadcast import EventBroadcast
 from cantata.server.dashboard.series import EventSeries
 from cantata.server.dashboard.views import Views
-from cantata.server.metrics_store import MetricsStore
 from cantata.server.services.worker import round_text
 from cantata.server.store import AnomalyRecord, NotFound, Store, utcnow
+from cantata.server.store.metrics import MetricsStore
 
 
 @pytest.fixture

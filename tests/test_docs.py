@@ -15,8 +15,8 @@ from benchmarks import tables
 from cantata.proto import jobfields
 from cantata.sdk import cli
 from cantata.server.database import Database
-from cantata.server.metrics_store import MetricsStore
 from cantata.server.store import Store
+from cantata.server.store.metrics import MetricsStore
 from cantata.server.stragglers import StragglerDetector
 from cantata.server.telemetry import Telemetry
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cantata.server.database import Database
-from cantata.server.metrics_store import MetricsStore, UnknownMetric
+from cantata.server.store.metrics import MetricsStore, UnknownMetric
 
 
 @pytest.fixture

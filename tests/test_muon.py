@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from cantata.proto.v1 import worker_pb2
-from cantata.server.metrics_store import METRICS
 from cantata.server.services.worker import optimizer_metrics
+from cantata.server.store.metrics import METRICS
 from cantata.trainer.optim import Muon, MuonConfig, ShardedMuon, build_optimizer
 from cantata.trainer.optim.cost import newton_schulz_flops, update_cost
 from cantata.trainer.optim.dp import DataParallelMuon

@@ -74,7 +74,7 @@ class EventSeries:
         self._broadcast = broadcast
 
     def _has_ended(self, job_id: str) -> bool:
-        return is_terminal(self._store.job(job_id).state)
+        return is_terminal(self._store.jobs.get(job_id).state)
 
     async def follow(self, job_id: str, cursor: int) -> AsyncGenerator[list[SeriesUpdate]]:
         """Batches of updates after ``cursor``; the last batch holds the job's (latest) end."""

@@ -21,8 +21,8 @@ from google.protobuf import json_format
 from cantata.proto.v1 import common_pb2, jobs_pb2
 from cantata.security.audit import build_report
 from cantata.server.groups import decentralized, processes
-from cantata.server.metrics_store import METRICS, SYSTEM_METRICS, MetricsStore
 from cantata.server.store import JobRecord, Store
+from cantata.server.store.metrics import METRICS, SYSTEM_METRICS, MetricsStore
 
 EVENTS_SHOWN = 200  # the job page lists this many latest events (training progress is in the charts instead)
 LOG_LINES_SHOWN = 1000  # the logs tab starts at each worker's last this many lines
@@ -255,14 +255,14 @@ class Views:
 
     def job(self, job_id: str, tenant: str) -> JobRow:
         """The job, if ``tenant`` may see it (``NotFound`` otherwise)."""
-        return self._rows([self._store.job(job_id, tenant=tenant)])[0]
+        return self._rows([self._store.jobs.get(job_id, tenant=tenant)])[0]
 
     def compared(self, job_ids: list[str], tenant: str) -> list[JobRow]:
         """The jobs to overlay, each the tenant's (``NotFound`` otherwise); ``ValueError`` unless there are 1 to
         :data:`MAX_COMPARED`."""
         if not job_ids or len(job_ids) > MAX_COMPARED:
             raise ValueError(f"Compare 1 to {MAX_COMPARED} jobs: /compare?jobs=ID,ID")
-        return self._rows([self._store.job(job_id, tenant=tenant) for job_id in dict.fromkeys(job_ids)])
+        return self._rows([self._store.jobs.get(job_id, tenant=tenant) for job_id in dict.fromkeys(job_ids)])
 
     def metrics(self, job_id: str, after: int) -> dict:
         """The job's history after the cursor ``after`` (not per-peer series): ``points`` as
@@ -293,8 +293,8 @@ class Views:
         return counts, new
 
     def job_page(self, job_id: str, tenant: str) -> JobPage:
-        job = self._shown(self._store.job(job_id, tenant=tenant))
-        events = self._store.events_after(job.id, 0)
+        job = self._shown(self._store.jobs.get(job_id, tenant=tenant))
+        events = self._store.events.after(job.id, 0)
         gossip = decentralized(job.spec)
         edges = _edges(job.id, events, self._store) if gossip else []
         usage: dict[int, dict[str, float]] = {}

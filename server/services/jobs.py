@@ -23,10 +23,10 @@ from cantata.server.deletion import JobDeletion
 from cantata.server.errors import InvalidRequest
 from cantata.server.jobspec import InvalidField, job_sources, parse_job_spec, processes
 from cantata.server.lifecycle import JobLifecycle
-from cantata.server.metrics_store import MetricsStore, UnknownMetric
 from cantata.server.ports import DataSourceDirectory
 from cantata.server.request_audit import RequestAudit
 from cantata.server.store import JobRecord, NotFound, QuotaExceeded, RequestIdReused, Store
+from cantata.server.store.metrics import MetricsStore, UnknownMetric
 from cantata.server.submissions import SubmitWriter
 
 LOG_POLL = 0.5  # seconds between looks at a followed job's log files

@@ -13,9 +13,9 @@ from cantata.server.errors import InvalidRequest, Refused, Unavailable
 from cantata.server.groups import processes
 from cantata.server.heartbeats import Heartbeats
 from cantata.server.lifecycle import JobLifecycle
-from cantata.server.metrics_store import METRICS, SYSTEM_METRICS, MetricsStore
 from cantata.server.ports import AuditSink
 from cantata.server.store import AnomalyRecord, JobRecord, Store, utcnow
+from cantata.server.store.metrics import METRICS, SYSTEM_METRICS, MetricsStore
 from cantata.server.stragglers import StragglerDetector
 
 

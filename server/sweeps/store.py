@@ -7,8 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cantata.proto.v1 import sweeps_pb2
-from cantata.server.database import Database
 from cantata.server.store import NotFound, RequestIdReused, utcnow
+from cantata.server.store.base import Repository
 
 TERMINAL = frozenset({sweeps_pb2.SWEEP_SUCCEEDED, sweeps_pb2.SWEEP_FAILED, sweeps_pb2.SWEEP_CANCELLED})
 
@@ -30,9 +30,10 @@ class SweepRecord:
         return self.state in TERMINAL
 
 
-class SweepStore:
-    def __init__(self, database: Database):
-        self.database = database
+class SweepStore(Repository):
+    """The tenants' sweeps, scoped to the tenant."""
+
+    tables = frozenset({"sweeps"})
 
     def submit(
         self, tenant: str, request_id: str, spec: sweeps_pb2.SweepSpec, *, record: Callable[[str], object]

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from cantata.server.database import Database
+from cantata.server.store.base import Repository
 
 SERIES_POINTS = 1000  # the most points one series keeps; past it, every second older point is dropped
 NO_PEER = -1  # the stored peer of a metric that is not per peer
@@ -87,11 +88,13 @@ def check_names(names: Iterable[str]) -> tuple[str, ...]:
     return names
 
 
-class MetricsStore:
+class MetricsStore(Repository):
     """Record a job's metrics and read them back: :meth:`record`, :meth:`rows`, :meth:`latest`."""
 
+    tables = frozenset({"metrics"})
+
     def __init__(self, database: Database, series_points: int = SERIES_POINTS):
-        self.database = database
+        super().__init__(database)
         self._cap = series_points
 
     def record(
