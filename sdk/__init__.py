@@ -10,7 +10,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from cantata.sdk.client import Checkpoint, Client, DataSource, Event, JobHandle, JobStatus, MetricRow, Tenant
+    from cantata.sdk.checkpoints import Checkpoint
+    from cantata.sdk.client import Client
+    from cantata.sdk.datasources import DataSource
     from cantata.sdk.errors import (
         CantataError,
         Conflict,
@@ -28,12 +30,16 @@ if TYPE_CHECKING:
         WaitTimedOut,
     )
     from cantata.sdk.job import Job
+    from cantata.sdk.jobs import Event, JobHandle, JobStatus, MetricRow
+    from cantata.sdk.tenants import Tenant
     from cantata.sdk.webhooks import InvalidSignature, Webhook, WebhookDelivery, verify_signature
 
 _HOMES = {
-    **dict.fromkeys(
-        ("Checkpoint", "Client", "DataSource", "Event", "JobHandle", "JobStatus", "MetricRow", "Tenant"), "client"
-    ),
+    "Checkpoint": "checkpoints",
+    "Client": "client",
+    "DataSource": "datasources",
+    **dict.fromkeys(("Event", "JobHandle", "JobStatus", "MetricRow"), "jobs"),
+    "Tenant": "tenants",
     **dict.fromkeys(
         (
             "CantataError",

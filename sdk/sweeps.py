@@ -15,12 +15,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
 from google.protobuf.descriptor import FieldDescriptor
 
-from cantata.proto.v1 import common_pb2, sweeps_pb2, sweeps_pb2_grpc
-from cantata.sdk.errors import InvalidArgument, WaitTimedOut, from_rpc_error
+from cantata.proto.v1 import common_pb2, sweeps_pb2
+from cantata.sdk.errors import InvalidArgument, WaitTimedOut
 from cantata.sdk.job import Job
+from cantata.sdk.resource import Resource
 
 STATES = {v: k.removeprefix("SWEEP_") for k, v in sweeps_pb2.SweepState.items()}
 SWEEP_KEYS = frozenset(
@@ -161,36 +161,28 @@ class SweepStatus:
         )
 
 
-class Sweeps:
+class Sweeps(Resource):
     """``client.sweeps``: submit, get, list, cancel and wait for sweeps."""
-
-    def __init__(self, channel: grpc.Channel, timeout: float):
-        self._stub = sweeps_pb2_grpc.SweepsStub(channel)
-        self._timeout = timeout
-
-    def _call(self, method, request):
-        try:
-            return method(request, timeout=self._timeout)
-        except grpc.RpcError as err:
-            raise from_rpc_error(err) from None
 
     def submit(self, sweep: Sweep) -> SweepStatus:
         """Submit ``sweep``; the same ``request_id`` submits it once (a retry returns the first)."""
         request = sweeps_pb2.SubmitSweepRequest(spec=sweep.to_proto(), request_id=sweep.request_id)
-        return SweepStatus.from_proto(self._call(self._stub.SubmitSweep, request))
+        return SweepStatus.from_proto(self._call(self._client._sweeps.SubmitSweep, request))
 
     def get(self, sweep_id: str) -> SweepStatus:
-        return SweepStatus.from_proto(self._call(self._stub.GetSweep, sweeps_pb2.GetSweepRequest(sweep_id=sweep_id)))
+        return SweepStatus.from_proto(
+            self._call(self._client._sweeps.GetSweep, sweeps_pb2.GetSweepRequest(sweep_id=sweep_id))
+        )
 
     def list(self) -> list[SweepStatus]:
         """Your sweeps, newest first (without their trials: ``get`` one for them)."""
-        reply = self._call(self._stub.ListSweeps, sweeps_pb2.ListSweepsRequest())
+        reply = self._call(self._client._sweeps.ListSweeps, sweeps_pb2.ListSweepsRequest())
         return [SweepStatus.from_proto(s) for s in reply.sweeps]
 
     def cancel(self, sweep_id: str) -> SweepStatus:
         """End the sweep: its running trials' jobs are cancelled, no new trial starts."""
         return SweepStatus.from_proto(
-            self._call(self._stub.CancelSweep, sweeps_pb2.CancelSweepRequest(sweep_id=sweep_id))
+            self._call(self._client._sweeps.CancelSweep, sweeps_pb2.CancelSweepRequest(sweep_id=sweep_id))
         )
 
     def wait(

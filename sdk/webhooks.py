@@ -15,10 +15,11 @@ import builtins
 import hashlib
 import hmac
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from cantata.proto.v1 import webhooks_pb2, webhooks_pb2_grpc
+from cantata.proto.v1 import webhooks_pb2
+from cantata.sdk.resource import Resource
 
 SIGNATURE_HEADER = "Cantata-Signature"
 DEFAULT_TOLERANCE_S = 300.0
@@ -102,30 +103,26 @@ class WebhookDelivery:
         )
 
 
-class Webhooks:
+class Webhooks(Resource):
     """``client.webhooks``: the tenant's endpoints and their deliveries."""
-
-    def __init__(self, stub: webhooks_pb2_grpc.WebhooksStub, call: Callable):
-        self._stub = stub
-        self._call = call
 
     def add(self, url: str, event_types: Iterable[str] = (), description: str = "") -> Webhook:
         """Register ``url`` (https) for ``event_types`` (default: all); the result holds the signing secret,
         which no later call shows again."""
         request = webhooks_pb2.AddWebhookRequest(url=url, event_types=list(event_types), description=description)
-        reply = self._call(self._stub.AddWebhook, request)
+        reply = self._call(self._client._webhooks.AddWebhook, request)
         return Webhook.from_proto(reply.webhook, reply.secret)
 
     def list(self) -> builtins.list[Webhook]:
-        reply = self._call(self._stub.ListWebhooks, webhooks_pb2.ListWebhooksRequest())
+        reply = self._call(self._client._webhooks.ListWebhooks, webhooks_pb2.ListWebhooksRequest())
         return [Webhook.from_proto(w) for w in reply.webhooks]
 
     def remove(self, webhook_id: str) -> None:
         """Remove the endpoint; its pending deliveries are dropped."""
-        self._call(self._stub.RemoveWebhook, webhooks_pb2.RemoveWebhookRequest(id=webhook_id))
+        self._call(self._client._webhooks.RemoveWebhook, webhooks_pb2.RemoveWebhookRequest(id=webhook_id))
 
     def deliveries(self, webhook_id: str = "", *, state: str = "", limit: int = 100) -> builtins.list[WebhookDelivery]:
         """The newest deliveries (of one endpoint; in one state: pending, delivered or dead)."""
         request = webhooks_pb2.ListWebhookDeliveriesRequest(webhook_id=webhook_id, state=state, limit=limit)
-        reply = self._call(self._stub.ListWebhookDeliveries, request)
+        reply = self._call(self._client._webhooks.ListWebhookDeliveries, request)
         return [WebhookDelivery.from_proto(d) for d in reply.deliveries]
