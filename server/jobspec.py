@@ -36,6 +36,7 @@ from cantata.proto.vocabulary import (
 )
 from cantata.server import memory
 from cantata.server.local_roots import within
+from cantata.storage import uri as stores
 from cantata.storage.base import StoreConfigError, store_prefix
 
 BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
@@ -71,7 +72,7 @@ def local_path(
     gets the same answer whether or not it exists.
     """
     parsed = urlparse(uri)
-    _require(parsed.scheme == "file" and parsed.netloc in ("", "localhost"), field, f"not a file:// URI: {uri!r}")
+    _require(parsed.scheme == stores.LOCAL and parsed.netloc in ("", "localhost"), field, f"not a file:// URI: {uri!r}")
     raw = unquote(parsed.path)
     _require(raw.startswith("/"), field, "file:// paths must be absolute")
     _require(".." not in Path(raw).parts, field, "'..' is not allowed in paths")
@@ -163,7 +164,7 @@ def parse_job_spec(
     if s.init_from:
         check_source_location(s.init_from, "init_from", roots, data_dir=data_dir, own_folders=own_folders)
     if s.checkpoint_store != default_store:
-        default_dir = Path(unquote(urlparse(default_store).path)) if default_store.startswith("file://") else None
+        default_dir = stores.local_directory(default_store)
         check_store(
             s.checkpoint_store,
             "checkpoint_store",
@@ -172,7 +173,7 @@ def parse_job_spec(
             store_dir=default_dir,
             own_folders=own_folders,
         )
-    if shared_roots is not None and processes(s) > 1 and s.checkpoint_store.startswith("file://"):
+    if shared_roots is not None and processes(s) > 1 and stores.is_local(s.checkpoint_store):
         path = Path(os.path.abspath(unquote(urlparse(s.checkpoint_store).path)))
         _require(
             any(within(path, root) for root in shared_roots),
@@ -291,7 +292,7 @@ def check_vocabulary(s: common_pb2.JobSpec) -> None:
 def dataset_source(dataset: str) -> str:
     """The data source an ``s3://SOURCE@bucket/prefix`` or ``az://SOURCE@container/prefix`` location names ("" if none)."""
     scheme, _, rest = dataset.partition("://")
-    if scheme not in ("s3", "az"):
+    if not stores.is_remote(scheme):
         return ""
     return unquote(rest.partition("/")[0].rpartition("@")[0])
 
@@ -318,12 +319,12 @@ def check_source_location(
     A store location must name one of the tenant's data sources: the server's
     own credentials (those of its checkpoint stores) never read tenant data.
     """
-    if uri.startswith("file://"):
+    if stores.is_local(uri):
         local_path(uri, field, roots, data_dir=data_dir, own_folders=own_folders)
         return
     scheme, _, rest = uri.partition("://")
     _require(
-        scheme in ("s3", "az"),
+        stores.is_remote(scheme),
         field,
         f"unknown {field} {uri!r} (use {'builtin:pystdlib, ' if field == 'dataset' else ''}file://, "
         "s3://SOURCE@bucket/prefix or az://SOURCE@container/prefix)",
@@ -347,10 +348,10 @@ def check_store(
 ) -> None:
     """A blob store URI the platform can use: file:// under the roots, s3://bucket/prefix, az://container/prefix."""
     scheme, _, rest = uri.partition("://")
-    if scheme == "file":
+    if scheme == stores.LOCAL:
         local_path(uri, field, roots, data_dir=data_dir, store_dir=store_dir, own_folders=own_folders)
         return
-    _require(scheme in ("s3", "az"), field, f"unsupported store {uri!r} (use file://, s3:// or az://)")
+    _require(stores.is_remote(scheme), field, f"unsupported store {uri!r} (use file://, s3:// or az://)")
     bucket, _, prefix = rest.partition("/")
     _require(BUCKET.fullmatch(bucket) is not None, field, f"invalid bucket or container name {bucket!r}")
     _require(len(prefix) <= 512 and _valid_prefix(prefix), field, f"invalid prefix {prefix!r}")

@@ -32,6 +32,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from cantata.proto.faults import Fault
 from cantata.proto.vocabulary import DECENTRALIZED, LrSchedule, MixedPrecision
 from cantata.security.sealed_checkpoint import SHARDED_PART
+from cantata.storage import uri as stores
 from cantata.trainer.checkpoint import JobCheckpoints, Scope, TrainingState, share_from_rank0
 from cantata.trainer.config import WorkerConfig
 from cantata.trainer.data import DataEvent, Feed, Utf8Policy, Vocabulary, open_feed
@@ -89,7 +90,8 @@ class Schedule:
 
 log = logging.getLogger("cantata.worker")
 CPU = Device("cpu")
-LOCAL_DATASETS = ("builtin:", "file://")  # datasets whose validation split is read when the job starts
+# datasets whose validation split is read when the job starts
+LOCAL_DATASETS = ("builtin:", stores.SCHEMES[stores.LOCAL].prefix)
 
 
 def visible_devices() -> str:

@@ -43,6 +43,7 @@ from cantata.storage import (
     StoreUnavailableError,
     open_store,
 )
+from cantata.storage import uri as stores
 from cantata.trainer.data.errors import (
     DataError,
     DatasetAccessError,
@@ -80,7 +81,7 @@ class ObjectKind(enum.Enum):
 class DatasetURI:
     """A parsed ``Job.dataset`` value."""
 
-    scheme: str  # "builtin", "file", "s3" or "az"
+    scheme: str  # "builtin" or a store scheme (cantata.storage.uri)
     location: str  # bucket, container or absolute directory
     prefix: str
     source: str  # the registered data source named in the URI ("" if none)
@@ -92,11 +93,11 @@ class DatasetURI:
         parts = urlsplit(text)
         if parts.query or parts.fragment:
             raise DatasetURIError(f"dataset {text!r} must not have a query or fragment")
-        if parts.scheme == "file":
+        if parts.scheme == stores.LOCAL:
             if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
                 raise DatasetURIError(f"dataset {text!r} must be file:///absolute/path")
-            return cls("file", unquote(parts.path), "", "")
-        if parts.scheme in ("s3", "az"):
+            return cls(stores.LOCAL, unquote(parts.path), "", "")
+        if stores.is_remote(parts.scheme):
             source, _, location = parts.netloc.rpartition("@")
             if not location:
                 raise DatasetURIError(f"dataset {text!r} names no bucket or container")
@@ -105,7 +106,7 @@ class DatasetURI:
 
     @property
     def store_uri(self) -> str:
-        return f"{self.scheme}://{self.location}/{self.prefix}"
+        return stores.store_uri(self.scheme, self.location, self.prefix)
 
 
 @dataclass(frozen=True)
@@ -438,7 +439,7 @@ def open_dataset(
             utf8_policy=utf8_policy,
             vocabulary=vocabulary,
         )
-    if parsed.scheme == "file":
+    if parsed.scheme == stores.LOCAL:
         path = Path(os.path.abspath(parsed.location))
         if ".." in Path(parsed.location).parts or not _within(path, [Path(r) for r in allowed_roots]):
             raise DatasetPathError(f"dataset {uri}: {path} is outside the allowed roots")
