@@ -21,7 +21,7 @@ from urllib.parse import SplitResult, unquote, urlparse, urlsplit
 from cantata.storage.base import BlobStore, StoreConfigError
 from cantata.storage.outage import OutageListener
 
-Opener = Callable[[SplitResult, "OutageListener | None", dict[str, Any]], BlobStore]
+Opener = Callable[[SplitResult, OutageListener | None, dict[str, Any]], BlobStore]
 
 
 @dataclass(frozen=True)
