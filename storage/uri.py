@@ -35,6 +35,8 @@ class StoreScheme:
     env_prefixes: tuple[str, ...] = ()  # the environment variables its SDK reads on the server's behalf
     # (endpoint, environment) -> the constructor keywords that reach it at an endpoint (None: it has none)
     endpoint: Callable[[str, Mapping[str, str]], dict[str, Any]] | None = None
+    # (endpoint, a data source's secrets) -> the constructor keywords that reach it with them (None: local)
+    credentials: Callable[[str, Mapping[str, str]], dict[str, Any]] | None = None
 
     @property
     def prefix(self) -> str:
@@ -121,6 +123,29 @@ def _backend(module: str, cls: str) -> Opener:
     return open_remote
 
 
+def _s3_credentials(endpoint: str, secrets: Mapping[str, str]) -> dict[str, Any]:
+    """``access_key_id``, ``secret_access_key``, optional ``session_token`` and ``region``."""
+    return {
+        "endpoint_url": endpoint or None,
+        "region_name": secrets.get("region") or "us-east-1",
+        "aws_access_key_id": secrets.get("access_key_id"),
+        "aws_secret_access_key": secrets.get("secret_access_key"),
+        "aws_session_token": secrets.get("session_token") or None,
+    }
+
+
+def _azure_credentials(endpoint: str, secrets: Mapping[str, str]) -> dict[str, Any]:
+    """``connection_string``, or ``account_name`` with ``account_key``, or ``sas_token``."""
+    if secrets.get("connection_string"):
+        return {"connection_string": secrets["connection_string"]}
+    if secrets.get("account_key"):
+        return {
+            "account_url": endpoint,
+            "credential": {"account_name": secrets.get("account_name", ""), "account_key": secrets["account_key"]},
+        }
+    return {"account_url": endpoint, "credential": secrets.get("sas_token")}
+
+
 def _open_local(parts: SplitResult, outages: OutageListener | None, overrides: dict[str, Any]) -> BlobStore:
     if parts.netloc not in ("", "localhost") or not parts.path:
         raise StoreConfigError(f"file store URI {parts.geturl()!r} must be file:///absolute/path")
@@ -145,7 +170,25 @@ def _azure_endpoint(endpoint: str, environ: Mapping[str, str]) -> dict[str, Any]
 
 
 register(StoreScheme(LOCAL, _open_local, remote=False, label="file"))
-register(StoreScheme("s3", _backend("cantata.storage.s3", "S3Store"), True, "s3", ("AWS_",), _s3_endpoint))
 register(
-    StoreScheme("az", _backend("cantata.storage.azure", "AzureBlobStore"), True, "azure", ("AZURE_",), _azure_endpoint)
+    StoreScheme(
+        "s3",
+        _backend("cantata.storage.s3", "S3Store"),
+        remote=True,
+        label="s3",
+        env_prefixes=("AWS_",),
+        endpoint=_s3_endpoint,
+        credentials=_s3_credentials,
+    )
+)
+register(
+    StoreScheme(
+        "az",
+        _backend("cantata.storage.azure", "AzureBlobStore"),
+        remote=True,
+        label="azure",
+        env_prefixes=("AZURE_",),
+        endpoint=_azure_endpoint,
+        credentials=_azure_credentials,
+    )
 )

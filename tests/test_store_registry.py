@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 import io
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import SplitResult
@@ -19,6 +19,8 @@ from cantata.storage import uri as stores
 from cantata.storage.base import BlobNotFoundError, BlobReader, BlobStore, BlobUpload, ChunkReader, StoreConfigError
 from cantata.storage.outage import OutageListener
 from cantata.trainer.checkpoint import JobCheckpoints
+from cantata.trainer.data.errors import DataError
+from cantata.trainer.data.sources import SourceCredentials
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("cantata", "proto", "sdk", "server", "trainer", "security")  # storage/ is the registry's folder
@@ -79,7 +81,15 @@ def toy(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, bytes]]:
         return MemoryStore(parts.netloc, parts.path, objects)
 
     monkeypatch.setattr(stores, "SCHEMES", dict(stores.SCHEMES))
-    stores.register(stores.StoreScheme("toy", open_toy, remote=True, label="toy", env_prefixes=("TOY_",)))
+
+    def toy_credentials(endpoint: str, secrets: Mapping[str, str]) -> dict[str, Any]:
+        return {"endpoint": endpoint, "token": secrets["token"]}
+
+    stores.register(
+        stores.StoreScheme(
+            "toy", open_toy, remote=True, label="toy", env_prefixes=("TOY_",), credentials=toy_credentials
+        )
+    )
     yield objects
 
 
@@ -103,6 +113,15 @@ def test_the_server_checks_and_describes_a_registered_store(toy: dict[str, bytes
     assert sandbox.store_environment("toy://bucket/prefix") == {"TOY_TOKEN": "t"}
     with pytest.raises(StoreConfigError, match="toy://"):
         stores.open_store("nope://bucket/prefix")
+
+
+def test_a_data_source_of_a_registered_kind_reaches_its_store(toy: dict[str, bytes]) -> None:
+    credentials = SourceCredentials.from_dict(
+        {"name": "src", "kind": "toy", "endpoint": "e", "secrets": {"token": "t"}}
+    )
+    assert credentials.store_options() == {"endpoint": "e", "token": "t"}
+    with pytest.raises(DataError, match="unknown kind 'file'"):
+        SourceCredentials.from_dict({"name": "src", "kind": stores.LOCAL, "secrets": {}})
 
 
 def test_a_scheme_registers_once() -> None:

@@ -113,10 +113,8 @@ class DatasetURI:
 class SourceCredentials:
     """A data source's connection, as the server hands it to a job's workers.
 
-    JSON: ``{"name": ..., "kind": "s3"|"az", "endpoint": ..., "secrets": {...}}``;
-    S3 secrets: ``access_key_id``, ``secret_access_key``, optional
-    ``session_token`` and ``region``; Azure secrets: ``connection_string``, or
-    ``account_name`` with ``account_key``, or ``sas_token``.
+    JSON: ``{"name": ..., "kind": "s3"|"az", "endpoint": ..., "secrets": {...}}``; the store
+    registry (:mod:`cantata.storage.uri`) turns a kind's secrets into its store's keywords.
     """
 
     name: str
@@ -139,7 +137,8 @@ class SourceCredentials:
             credentials = cls(str(document["name"]), str(document["kind"]), str(document.get("endpoint", "")), secrets)
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise DataError(f"invalid data source credentials document: {error}") from None
-        if credentials.kind not in ("s3", "az"):
+        scheme = stores.SCHEMES.get(credentials.kind)
+        if scheme is None or scheme.credentials is None:
             raise DataError(f"data source {credentials.name!r} has unknown kind {credentials.kind!r}")
         return credentials
 
@@ -148,23 +147,9 @@ class SourceCredentials:
 
     def store_options(self) -> dict[str, Any]:
         """Keyword overrides for :func:`cantata.storage.open_store`."""
-        s = self.secrets
-        if self.kind == "s3":
-            return {
-                "endpoint_url": self.endpoint or None,
-                "region_name": s.get("region") or "us-east-1",
-                "aws_access_key_id": s.get("access_key_id"),
-                "aws_secret_access_key": s.get("secret_access_key"),
-                "aws_session_token": s.get("session_token") or None,
-            }
-        if s.get("connection_string"):
-            return {"connection_string": s["connection_string"]}
-        if s.get("account_key"):
-            return {
-                "account_url": self.endpoint,
-                "credential": {"account_name": s.get("account_name", ""), "account_key": s["account_key"]},
-            }
-        return {"account_url": self.endpoint, "credential": s.get("sas_token")}
+        credentials = stores.SCHEMES[self.kind].credentials
+        assert credentials is not None  # from_dict admits kinds with credentials only
+        return credentials(self.endpoint, self.secrets)
 
 
 @dataclass(frozen=True)
