@@ -44,6 +44,7 @@ from cantata.proto.vocabulary import (
     Topology,
     Utf8Policy,
 )
+from cantata.storage import uri as stores
 
 MAX_STEPS = 10_000_000
 MAX_WORKERS = 256  # worker processes of one job, all groups together
@@ -314,7 +315,7 @@ MODEL_FIELDS: tuple[JobField, ...] = (
         "file:///PATH under an allowed root, s3://SOURCE@bucket/prefix or az://SOURCE@container/prefix through "
         "one of your data sources; loaded one at a time, each rank keeping its shard",
         "",
-        prefixes=("file://", "s3://", "az://"),
+        prefixes=stores.prefixes(),
     ),
 )
 
@@ -469,7 +470,7 @@ FIELDS: tuple[JobField, ...] = (
         "builtin:pystdlib, file:///DIR under an allowed root, s3://SOURCE@bucket/prefix or az://SOURCE@container/prefix",
         "builtin:pystdlib",
         "builtin:pystdlib",
-        prefixes=("builtin:", "file://", "s3://", "az://"),
+        prefixes=("builtin:", *stores.prefixes()),
     ),
     JobField(
         "algorithm",
@@ -521,7 +522,7 @@ FIELDS: tuple[JobField, ...] = (
         "file:///DIR under an allowed root, s3://bucket/prefix or az://container/prefix",
         "",
         Rule("the server's default store"),
-        prefixes=("file://", "s3://", "az://"),
+        prefixes=stores.prefixes(),
     ),
     JobField(
         "eval_every",

@@ -29,6 +29,7 @@ from cantata.proto.vocabulary import (
     Optimizer,
     Topology,
 )
+from cantata.storage import uri as stores
 
 TOKENIZER = re.compile(r"sha256:[0-9a-f]{64}")
 BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
@@ -166,7 +167,7 @@ def check_vocabulary(s: common_pb2.JobSpec) -> None:
 def dataset_source(uri: str) -> str:
     """The data source an ``s3://SOURCE@bucket/prefix`` or ``az://SOURCE@container/prefix`` location names ("" if none)."""
     scheme, _, rest = uri.partition("://")
-    if scheme not in ("s3", "az"):
+    if not stores.is_remote(scheme):
         return ""
     return unquote(rest.partition("/")[0].rpartition("@")[0])
 
@@ -179,7 +180,7 @@ def check_source(uri: str, field: str) -> str:
     """
     scheme, _, rest = uri.partition("://")
     require(
-        scheme in ("s3", "az"),
+        stores.is_remote(scheme),
         field,
         f"unknown {field} {uri!r} (use {'builtin:pystdlib, ' if field == 'dataset' else ''}file://, "
         "s3://SOURCE@bucket/prefix or az://SOURCE@container/prefix)",
@@ -198,5 +199,5 @@ def check_source(uri: str, field: str) -> str:
 def check_sources(s: common_pb2.JobSpec) -> None:
     """Each location of ``s`` that is neither builtin nor ``file://`` names a data source and a valid bucket."""
     for field, uri in (("dataset", s.dataset), ("init_from", s.init_from)):
-        if uri and uri != "builtin:pystdlib" and not uri.startswith("file://"):
+        if uri and uri != "builtin:pystdlib" and not stores.is_local(uri):
             check_source(uri, field)

@@ -27,6 +27,7 @@ from cantata.proto.v1 import common_pb2
 from cantata.proto.vocabulary import DECENTRALIZED, Algorithm
 from cantata.server import memory
 from cantata.server.local_roots import within
+from cantata.storage import uri as stores
 from cantata.storage.base import StoreConfigError, store_prefix
 
 __all__ = [
@@ -60,7 +61,7 @@ def local_path(
     gets the same answer whether or not it exists.
     """
     parsed = urlparse(uri)
-    _require(parsed.scheme == "file" and parsed.netloc in ("", "localhost"), field, f"not a file:// URI: {uri!r}")
+    _require(parsed.scheme == stores.LOCAL and parsed.netloc in ("", "localhost"), field, f"not a file:// URI: {uri!r}")
     raw = unquote(parsed.path)
     _require(raw.startswith("/"), field, "file:// paths must be absolute")
     _require(".." not in Path(raw).parts, field, "'..' is not allowed in paths")
@@ -115,7 +116,7 @@ def parse_job_spec(
     if s.init_from:
         check_source_location(s.init_from, "init_from", roots, data_dir=data_dir, own_folders=own_folders)
     if s.checkpoint_store != default_store:
-        default_dir = Path(unquote(urlparse(default_store).path)) if default_store.startswith("file://") else None
+        default_dir = stores.local_directory(default_store)
         check_store(
             s.checkpoint_store,
             "checkpoint_store",
@@ -124,7 +125,7 @@ def parse_job_spec(
             store_dir=default_dir,
             own_folders=own_folders,
         )
-    if shared_roots is not None and processes(s) > 1 and s.checkpoint_store.startswith("file://"):
+    if shared_roots is not None and processes(s) > 1 and stores.is_local(s.checkpoint_store):
         path = Path(os.path.abspath(unquote(urlparse(s.checkpoint_store).path)))
         _require(
             any(within(path, root) for root in shared_roots),
@@ -193,7 +194,7 @@ def check_source_location(
 
     A store location must name one of the tenant's data sources (:func:`cantata.proto.jobrules.check_source`).
     """
-    if uri.startswith("file://"):
+    if stores.is_local(uri):
         local_path(uri, field, roots, data_dir=data_dir, own_folders=own_folders)
         return
     check_store(check_source(uri, field), field, roots)
@@ -210,10 +211,10 @@ def check_store(
 ) -> None:
     """A blob store URI the platform can use: file:// under the roots, s3://bucket/prefix, az://container/prefix."""
     scheme, _, rest = uri.partition("://")
-    if scheme == "file":
+    if scheme == stores.LOCAL:
         local_path(uri, field, roots, data_dir=data_dir, store_dir=store_dir, own_folders=own_folders)
         return
-    _require(scheme in ("s3", "az"), field, f"unsupported store {uri!r} (use file://, s3:// or az://)")
+    _require(stores.is_remote(scheme), field, f"unsupported store {uri!r} (use file://, s3:// or az://)")
     bucket, _, prefix = rest.partition("/")
     _require(BUCKET.fullmatch(bucket) is not None, field, f"invalid bucket or container name {bucket!r}")
     _require(len(prefix) <= 512 and _valid_prefix(prefix), field, f"invalid prefix {prefix!r}")

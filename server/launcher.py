@@ -38,7 +38,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 from google.protobuf import json_format
 
@@ -63,6 +62,7 @@ from cantata.server.sandbox import (
 from cantata.server.store import JobRecord, WorkerRecord
 from cantata.server.uid_reclaim import reclaim
 from cantata.server.zygote import ZYGOTE_GONE, ZYGOTE_MODULE, Zygote
+from cantata.storage import uri as stores
 
 log = logging.getLogger(__name__)
 _adopted_exits = itertools.count(1 << 32)  # after every exit the zygote numbered: adopted ones are seen late
@@ -280,7 +280,7 @@ class WorkerLauncher:
         (ws / "ca.pem").write_bytes(self._ca.cert_pem)
         rendezvous = [file_rendezvous(ws, g) for g in range(processes(job.spec) // group_size(job.spec))]
         store = job.spec.checkpoint_store
-        store_root = Path(unquote(urlparse(store).path)) if store.startswith("file://") else None
+        store_root = stores.local_directory(store)
         folders = (ws, *([store_root / job.tenant / job.id] if store_root else []))
         running = self._running[job.id] = _Running({}, None, rendezvous, attack, fault)
         try:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from cantata.server.config import write_private
 from cantata.server.tenant_groups import TenantGroups
+from cantata.storage import uri as stores
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,6 @@ ALLOWED_ENV = (
     "CANTATA_LOG_FORMAT",  # text or json worker logs (cantata.logformat)
 )
 # Cloud SDK settings a worker needs for the job's checkpoint store, by URI scheme (delivered in its config file).
-STORE_ENV_PREFIXES = {"s3": ("AWS_",), "az": ("AZURE_",)}
 PUBLIC_FILE_SUFFIX = ".pem"  # certificates in the data directory: readable by anyone
 TRAVERSE_ONLY = 0o711  # a directory others may pass through but not list
 TENANT_ONLY = 0o710  # a tenant's folder of a checkpoint store: its workers' group passes, nobody else
@@ -227,7 +227,8 @@ def base_environment() -> dict[str, str]:
 
 def store_environment(store_uri: str) -> dict[str, str]:
     """The server's cloud SDK settings that reach ``store_uri`` (none for ``file://``)."""
-    prefixes = STORE_ENV_PREFIXES.get(store_uri.partition("://")[0], ())
+    scheme = stores.SCHEMES.get(stores.scheme_of(store_uri))
+    prefixes = scheme.env_prefixes if scheme else ()
     return {name: value for name, value in os.environ.items() if name.startswith(prefixes)} if prefixes else {}
 
 

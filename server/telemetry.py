@@ -48,6 +48,7 @@ from cantata.security.audit import Action
 from cantata.server.store import ACTIVE, JobRecord, Store
 from cantata.server.store.metrics import MetricsStore
 from cantata.server.stragglers import StragglerDetector
+from cantata.storage import uri as stores
 
 # Per-job gauges: the metrics of the history that describe a job's training now -> ``cantata_job_<name>``.
 JOB_GAUGES = {
@@ -63,12 +64,12 @@ JOB_GAUGES = {
     "optim_ns_flops_imbalance": "optim_ns_flops_imbalance",
 }
 JOB_LABELS = ["tenant", "job_id"]
-STORE_KINDS = {"file": "file", "s3": "s3", "az": "azure"}
 
 
 def store_kind(uri: str) -> str:
     """The label of a checkpoint store: file, s3, azure (other for anything else)."""
-    return STORE_KINDS.get(urlsplit(uri).scheme, "other")
+    scheme = stores.SCHEMES.get(urlsplit(uri).scheme)
+    return scheme.label if scheme else "other"
 
 
 class Telemetry:

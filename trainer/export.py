@@ -46,13 +46,12 @@ def write_hf(state_path: Path, out_dir: str | os.PathLike, config: dict[str, obj
     """
     from cantata.proto.vocabulary import MODEL_SHAPES, Model
     from cantata.trainer import hf
-    from cantata.trainer.decoder import DecoderConfig
-    from cantata.trainer.model import MODELS
+    from cantata.trainer.models import family_of, model_config
 
     model = Model(str(config["model"]))
-    cfg = MODELS[model]
-    if not isinstance(cfg, DecoderConfig):
-        raise ExportError(f"format hf: {model} is a byte GPT; Hugging Face folders are for the Llama/Qwen3 decoders")
+    family, cfg = family_of(model), model_config(model)
+    if family.hf_names is None:
+        raise ExportError(f"format hf: {model} is {family.title}, which has no Hugging Face form")
     tensors = {
         hf.hf_name(name): tensor
         for name, tensor in _full_tensors(state_path).items()

@@ -19,12 +19,12 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from cantata.trainer.decoder import DecoderConfig
+from cantata.trainer.models import family_of_config
 
 PREFIX = "model."  # Hugging Face's prefix of every tensor but the output head's
 HEAD = "lm_head.weight"
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
-FAMILIES = {False: ("llama", "LlamaForCausalLM"), True: ("qwen3", "Qwen3ForCausalLM")}  # by qk_norm
 # DecoderConfig field -> config.json key, for the fields a checkpoint's tensors or numerics depend on
 FIELDS = {
     "dim": "hidden_size",
@@ -108,9 +108,10 @@ def check_config(config: Mapping[str, Any], cfg: object, where: str) -> None:
     model_type = config.get("model_type")
     if model_type is None:
         return
-    if not isinstance(cfg, DecoderConfig):
-        raise HFConfigError(f"{where}: model_type is {model_type!r}, the job's model is a byte GPT")
-    expected_type = FAMILIES[cfg.qk_norm][0]
+    family = family_of_config(cfg)
+    if family.hf_names is None:
+        raise HFConfigError(f"{where}: model_type is {model_type!r}, the job's model is {family.title}")
+    expected_type = family.hf_names(cfg)[0]
     if model_type != expected_type:
         raise HFConfigError(f"{where}: model_type is {model_type!r}, the job's model is {expected_type!r}")
     settings = hf_settings(config, where)
@@ -154,7 +155,9 @@ def hf_config(cfg: DecoderConfig, dtype: str, provenance: Mapping[str, Any]) -> 
     Rotary settings are written both ways (transformers 5's ``rope_parameters`` and the older
     ``rope_theta``); token ids are left null: the tenant's tokenizer, not the model, knows them.
     """
-    model_type, architecture = FAMILIES[cfg.qk_norm]
+    hf_names = family_of_config(cfg).hf_names
+    assert hf_names is not None
+    model_type, architecture = hf_names(cfg)
     config: dict[str, Any] = {
         "architectures": [architecture],
         "model_type": model_type,

@@ -33,13 +33,14 @@ from cantata.proto.faults import Fault
 from cantata.proto.jobfields import server_default
 from cantata.proto.vocabulary import DECENTRALIZED, LrSchedule, MixedPrecision
 from cantata.security.sealed_checkpoint import SHARDED_PART
+from cantata.storage import uri as stores
 from cantata.trainer.checkpoint import JobCheckpoints, Scope, TrainingState, share_from_rank0
 from cantata.trainer.config import WorkerConfig
 from cantata.trainer.data import DataEvent, Feed, Utf8Policy, Vocabulary, open_feed
-from cantata.trainer.decoder import Decoder
 from cantata.trainer.device import Device, pick_device
 from cantata.trainer.float8 import check_float8_device, convert_to_float8
 from cantata.trainer.model import LanguageModel, build_model
+from cantata.trainer.models import family_of_module
 from cantata.trainer.optim import build_optimizer, spec_settings
 from cantata.trainer.parallel import MeshState, Parallelism, build_sharded, data_rank
 from cantata.trainer.recovery import Recovery, RecoveryPolicy, Trip
@@ -93,7 +94,8 @@ class Schedule:
 
 log = logging.getLogger("cantata.worker")
 CPU = Device("cpu")
-LOCAL_DATASETS = ("builtin:", "file://")  # datasets whose validation split is read when the job starts
+# datasets whose validation split is read when the job starts
+LOCAL_DATASETS = ("builtin:", stores.SCHEMES[stores.LOCAL].prefix)
 
 
 def visible_devices() -> str:
@@ -394,8 +396,9 @@ class Trainer:
                 spec.model, spec.seed, strategy.mesh, precision, spec.activation_checkpointing, spec.compile
             )
         self.seq_len = min(spec.seq_len, self.model.cfg.block_size)
-        if isinstance(self.model, Decoder):
-            self.model.checkpoint_layers = spec.activation_checkpointing
+        checkpointing = family_of_module(self.model).checkpointing
+        if checkpointing is not None:
+            checkpointing(self.model, spec.activation_checkpointing)
         self.optimizer = build_optimizer(  # where the optimizer is built: on the sharded model, if any
             self.model,
             spec.optimizer,

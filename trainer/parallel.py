@@ -26,18 +26,13 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    RowwiseParallel,
-    SequenceParallel,
-    parallelize_module,
-)
+from torch.distributed.tensor.parallel import parallelize_module
 
 from cantata.proto.vocabulary import MixedPrecision
 from cantata.trainer.checkpoint import CheckpointFormatError
-from cantata.trainer.decoder import Decoder
 from cantata.trainer.deferred_init import allocate, materialize
-from cantata.trainer.model import build_meta_model
+from cantata.trainer.model import LanguageModel, build_meta_model
+from cantata.trainer.models import family_of, family_of_module
 from cantata.trainer.regional_compile import compile_blocks
 
 DIMS = ("dp_replicate", "dp_shard", "tp")
@@ -74,58 +69,45 @@ def data_rank(mesh: DeviceMesh) -> tuple[int, int]:
     return replicate.get_local_rank() * shard.size() + shard.get_local_rank(), replicate.size() * shard.size()
 
 
-def tensor_parallel(model: Decoder, mesh: DeviceMesh) -> None:
-    """Column-parallel q/k/v and gate/up, row-parallel o and down: one all-reduce per attention and per MLP."""
-    for layer in model.layers:
-        plan = {
-            "self_attn.q_proj": ColwiseParallel(),
-            "self_attn.k_proj": ColwiseParallel(),
-            "self_attn.v_proj": ColwiseParallel(),
-            "self_attn.o_proj": RowwiseParallel(),
-            "mlp.gate_proj": ColwiseParallel(),
-            "mlp.up_proj": ColwiseParallel(),
-            "mlp.down_proj": RowwiseParallel(),
-        }
-        if model.cfg.qk_norm:  # (b, t, heads, head_dim): each rank normalises its own heads
-            plan |= {
-                name: SequenceParallel(sequence_dim=2, use_local_output=True)
-                for name in ("self_attn.q_norm", "self_attn.k_norm")
-            }
-        parallelize_module(layer, mesh, plan)
+def tensor_parallel(model: LanguageModel, mesh: DeviceMesh) -> None:
+    """Each block's plan from the model's family (a decoder's: one all-reduce per attention and per MLP)."""
+    family = family_of_module(model)
+    assert family.tp_plan is not None
+    for block in family.blocks(model):
+        parallelize_module(block, mesh, family.tp_plan(model.cfg, mesh.size()))
 
 
 def parallelize(
-    model: Decoder, mesh: DeviceMesh, precision: MixedPrecision, checkpointing: bool, compile: bool = False
+    model: LanguageModel, mesh: DeviceMesh, precision: MixedPrecision, checkpointing: bool, compile: bool = False
 ) -> None:
     """Shard ``model`` in place over ``mesh``, compiling each layer first with ``compile`` (see the module docstring)."""
+    family = family_of_module(model)
     if mesh["tp"].size() > 1:
-        if model.cfg.n_kv_heads % mesh["tp"].size():
-            raise ValueError(
-                f"tp {mesh['tp'].size()} does not divide the model's {model.cfg.n_kv_heads} key/value heads"
-            )
         tensor_parallel(model, mesh["tp"])
-    model.checkpoint_layers = checkpointing
+    if family.checkpointing is not None:
+        family.checkpointing(model, checkpointing)
     if compile:
         compile_blocks(model)
     dp = mesh["dp_replicate", "dp_shard"]
     policy = MixedPrecisionPolicy(param_dtype=PRECISIONS[precision], reduce_dtype=torch.float32)
-    for layer in model.layers:
-        fully_shard(layer, mesh=dp, mp_policy=policy)
+    for block in family.blocks(model):
+        fully_shard(block, mesh=dp, mp_policy=policy)
     fully_shard(model, mesh=dp, mp_policy=policy)
 
 
 def build_sharded(
     name: str, seed: int, mesh: DeviceMesh, precision: MixedPrecision, checkpointing: bool, compile: bool = False
-) -> Decoder:
+) -> LanguageModel:
     """The named decoder, sharded over ``mesh``, with ``build_model(name, seed)``'s values in this rank's shards.
 
     Built on the meta device and parallelized there, so no rank ever holds the
     whole model: each allocates its own shards and draws their initial values
     (:mod:`cantata.trainer.deferred_init`).
     """
+    family = family_of(name)
+    if family.tp_plan is None:
+        raise ValueError(f"model {name} is {family.title}, which cannot be sharded")
     model, plan = build_meta_model(name)
-    if not isinstance(model, Decoder):
-        raise ValueError(f"model {name} cannot be sharded: use a decoder (llama-*, qwen3-*)")
     parallelize(model, mesh, precision, checkpointing, compile)
     allocate(model)
     materialize(model, plan, seed)

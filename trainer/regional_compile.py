@@ -14,15 +14,12 @@ from __future__ import annotations
 
 from torch import nn
 
-from cantata.trainer.decoder import Decoder
+from cantata.trainer.models import family_of_module
 
 
 def blocks(model: nn.Module) -> nn.ModuleList:
-    """The repeated transformer blocks: a decoder's ``layers``, a byte GPT's ``blocks``."""
-    found = model.layers if isinstance(model, Decoder) else getattr(model, "blocks", None)
-    if not isinstance(found, nn.ModuleList):
-        raise TypeError(f"{type(model).__name__} has no transformer blocks to compile")
-    return found
+    """The repeated transformer blocks, as the model's family names them."""
+    return family_of_module(model).blocks(model)
 
 
 def compile_blocks(model: nn.Module) -> None:

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from cantata.storage import open_store
+from cantata.storage import uri as stores
 from cantata.trainer import hf
 from cantata.trainer.data.errors import DatasetPathError
 from cantata.trainer.data.sources import (
@@ -95,18 +96,18 @@ def open_weights(
 ) -> WeightObjects:
     """The objects at ``uri``: a ``file://`` path inside ``roots``, or a store prefix read with ``credentials``."""
     parsed = DatasetURI.parse(uri)
-    if parsed.scheme == "file":
+    if parsed.scheme == stores.LOCAL:
         path = Path(os.path.abspath(parsed.location))
         if ".." in Path(parsed.location).parts or not any(path == r or r in path.parents for r in roots):
             raise DatasetPathError(f"init_from {path} is outside the allowed roots")
         return local_weights(path, uri)
-    if parsed.scheme not in ("s3", "az"):
+    if not stores.is_remote(parsed.scheme):
         raise WeightsError(f"init_from {uri}: use file://, s3://SOURCE@bucket/prefix or az://SOURCE@container/prefix")
     options = source_store_options(parsed, credentials, f"init_from {uri}")
     single = parsed.prefix.endswith(SUFFIX)  # one object: list its folder, keep its name
     folder, _, name = parsed.prefix.rpartition("/") if single else (parsed.prefix, "", "")
     with translated_store_errors(f"opening init_from {uri}"):
-        store = open_store(f"{parsed.scheme}://{parsed.location}/{folder}", **options)
+        store = open_store(stores.store_uri(parsed.scheme, parsed.location, folder), **options)
     objects = StoreObjects(store)
     listing = frozenset(k for k in objects.sizes() if "/" not in k and k == (name or k))
     keys = sorted(k for k in listing if k.endswith(SUFFIX))

@@ -56,7 +56,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from google.protobuf import json_format
 
@@ -69,6 +68,7 @@ from cantata.server.ports import CertificateRegistry, SecretsBroker
 from cantata.server.sandbox import Identities, Identity, Lease, base_environment, prepare_job_folder, store_environment
 from cantata.server.store import JobRecord, WorkerRecord
 from cantata.server.uid_reclaim import ReclaimError, reclaim
+from cantata.storage import uri as stores
 
 log = logging.getLogger(__name__)
 NAMESPACE = "cantata"
@@ -314,7 +314,7 @@ class RayExecutor:
         nodes: dict[int, dict] = {}
         try:
             store = job.spec.checkpoint_store
-            store_root = Path(unquote(urlparse(store).path)) if store.startswith("file://") else None
+            store_root = stores.local_directory(store)
             folders = (store_root / job.tenant / job.id,) if store_root else ()
             identity = self._identities.acquire(job.id, job.tenant, folders)
             if store_root is not None:  # under a root every node mounts (parse_job_spec saw to it)

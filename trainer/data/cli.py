@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cantata.proto.vocabulary import Utf8Policy
+from cantata.storage import uri as stores
 
 TOKEN_DTYPES = ("uint16", "uint32")  # the names of shards.DTYPES (tests/test_cli_startup.py checks they agree)
 DEFAULT_SHARD_TOKENS = 1 << 22  # prepare.DEFAULT_SHARD_TOKENS (checked likewise)
@@ -67,16 +68,9 @@ def store_options(uri: str, endpoint: str, environ: Mapping[str, str]) -> dict[s
     """
     if not endpoint:
         return {}
-    scheme = uri.partition("://")[0]
-    if scheme == "s3":
-        return {"endpoint_url": endpoint}
-    if scheme == "az":
-        credential: object = None
-        if environ.get("AZURE_STORAGE_ACCOUNT") and environ.get("AZURE_STORAGE_KEY"):
-            credential = {"account_name": environ["AZURE_STORAGE_ACCOUNT"], "account_key": environ["AZURE_STORAGE_KEY"]}
-        elif environ.get("AZURE_STORAGE_SAS_TOKEN"):
-            credential = environ["AZURE_STORAGE_SAS_TOKEN"]
-        return {"account_url": endpoint, "credential": credential}
+    scheme = stores.SCHEMES.get(stores.scheme_of(uri))
+    if scheme is not None and scheme.endpoint is not None:
+        return scheme.endpoint(endpoint, environ)
     raise ValueError(f"--endpoint is for s3:// and az:// stores, not {uri!r}")
 
 

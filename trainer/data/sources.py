@@ -44,6 +44,7 @@ from cantata.storage import (
     StoreUnavailableError,
     open_store,
 )
+from cantata.storage import uri as stores
 from cantata.trainer.data.errors import (
     DataError,
     DatasetAccessError,
@@ -81,7 +82,7 @@ class ObjectKind(enum.Enum):
 class DatasetURI:
     """A parsed ``Job.dataset`` value."""
 
-    scheme: str  # "builtin", "file", "s3" or "az"
+    scheme: str  # "builtin" or a store scheme (cantata.storage.uri)
     location: str  # bucket, container or absolute directory
     prefix: str
     source: str  # the registered data source named in the URI ("" if none)
@@ -93,11 +94,11 @@ class DatasetURI:
         parts = urlsplit(text)
         if parts.query or parts.fragment:
             raise DatasetURIError(f"dataset {text!r} must not have a query or fragment")
-        if parts.scheme == "file":
+        if parts.scheme == stores.LOCAL:
             if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
                 raise DatasetURIError(f"dataset {text!r} must be file:///absolute/path")
-            return cls("file", unquote(parts.path), "", "")
-        if parts.scheme in ("s3", "az"):
+            return cls(stores.LOCAL, unquote(parts.path), "", "")
+        if stores.is_remote(parts.scheme):
             source, _, location = parts.netloc.rpartition("@")
             if not location:
                 raise DatasetURIError(f"dataset {text!r} names no bucket or container")
@@ -106,18 +107,16 @@ class DatasetURI:
 
     @property
     def store_uri(self) -> str:
-        return f"{self.scheme}://{self.location}/{self.prefix}"
+        return stores.store_uri(self.scheme, self.location, self.prefix)
 
 
 @dataclass(frozen=True)
 class SourceCredentials:
     """A data source's connection, as the server hands it to a job's workers.
 
-    JSON: ``{"name": ..., "kind": "s3"|"az", "endpoint": ..., "secrets": {...}}``;
-    S3 secrets: ``access_key_id``, ``secret_access_key``, optional
-    ``session_token`` and ``region``; Azure secrets: ``connection_string``, or
-    ``account_name`` with ``account_key``, or ``sas_token``
-    (:func:`cantata.proto.datasource_rules.credentials_problem`).
+    JSON: ``{"name": ..., "kind": "s3"|"az", "endpoint": ..., "secrets": {...}}``, checked by
+    :func:`cantata.proto.datasource_rules.credentials_problem`; the store registry
+    (:mod:`cantata.storage.uri`) turns a kind's secrets into its store's keywords.
     """
 
     name: str
@@ -150,23 +149,9 @@ class SourceCredentials:
 
     def store_options(self) -> dict[str, Any]:
         """Keyword overrides for :func:`cantata.storage.open_store`."""
-        s = self.secrets
-        if self.kind == "s3":
-            return {
-                "endpoint_url": self.endpoint or None,
-                "region_name": s.get("region") or "us-east-1",
-                "aws_access_key_id": s.get("access_key_id"),
-                "aws_secret_access_key": s.get("secret_access_key"),
-                "aws_session_token": s.get("session_token") or None,
-            }
-        if s.get("connection_string"):
-            return {"connection_string": s["connection_string"]}
-        if s.get("account_key"):
-            return {
-                "account_url": self.endpoint,
-                "credential": {"account_name": s.get("account_name", ""), "account_key": s["account_key"]},
-            }
-        return {"account_url": self.endpoint, "credential": s.get("sas_token")}
+        credentials = stores.SCHEMES[self.kind].credentials
+        assert credentials is not None  # from_dict admits kinds with credentials only
+        return credentials(self.endpoint, self.secrets)
 
 
 @dataclass(frozen=True)
@@ -441,7 +426,7 @@ def open_dataset(
             utf8_policy=utf8_policy,
             vocabulary=vocabulary,
         )
-    if parsed.scheme == "file":
+    if parsed.scheme == stores.LOCAL:
         path = Path(os.path.abspath(parsed.location))
         if ".." in Path(parsed.location).parts or not _within(path, [Path(r) for r in allowed_roots]):
             raise DatasetPathError(f"dataset {uri}: {path} is outside the allowed roots")

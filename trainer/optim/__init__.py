@@ -7,17 +7,21 @@ checkpoint to a different data-parallel world size.
 
 from .checkpoint import ShardSetError, merge_optimizer_shards
 from .muon import Muon, MuonConfig
+from .registry import OPTIMIZERS, OptimizerKind, kind_of, register
 from .sharded import ShardedMuon
-from .training import OPTIMIZERS, TrainingOptimizer, build_optimizer, spec_settings
+from .training import TrainingOptimizer, build_optimizer, spec_settings
 
 __all__ = [
     "OPTIMIZERS",
     "Muon",
     "MuonConfig",
+    "OptimizerKind",
     "ShardSetError",
     "ShardedMuon",
     "TrainingOptimizer",
     "build_optimizer",
+    "kind_of",
     "merge_optimizer_shards",
+    "register",
     "spec_settings",
 ]

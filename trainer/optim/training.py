@@ -1,4 +1,4 @@
-"""The optimizer object the training loop drives: AdamW or Muon, single process, data parallel or on a mesh.
+"""The optimizer object the training loop drives: AdamW or Muon (:mod:`.registry`), single process, data parallel or on a mesh.
 
 With a process group (replicated model) the optimizer owns gradient
 synchronisation: "adamw" all-reduces (averages) every gradient like DDP; "muon"
@@ -31,18 +31,16 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from cantata.proto.jobfields import server_default
-from cantata.proto.vocabulary import Optimizer
 
 from .cost import COST_UNITS
-from .dp import DataParallelMuon, received_gradients
+from .dp import received_gradients
 from .muon import MUON_DEFAULTS, NS_DTYPES, MuonConfig
 from .partition import max_over_mean
 from .profiling import StepStats, ring_bytes
+from .registry import MatrixSettings, MatrixStep, kind_of
 from .routing import DEFAULT_ADAMW_PATTERNS, ParameterRouting, route_parameters
-from .sharded import ShardedMuon
 
 STATE_FORMAT = "cantata.training-optimizer/1"
-OPTIMIZERS = tuple(name.value for name in Optimizer)
 
 
 class TrainingOptimizer:
@@ -64,8 +62,7 @@ class TrainingOptimizer:
         mesh: DeviceMesh | None = None,
         tp_dim: str | None = None,
     ) -> None:
-        if name not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {name!r}; choose one of {OPTIMIZERS}")
+        kind = kind_of(name)
         if cost_unit not in COST_UNITS:
             raise ValueError(f"cost unit must be one of {COST_UNITS}, got {cost_unit!r}")
         if mesh is not None and process_group is not None:
@@ -73,7 +70,7 @@ class TrainingOptimizer:
         self.name = name
         self.mesh = mesh
         self.group = process_group
-        self.muon: DataParallelMuon | ShardedMuon | None = None
+        self.muon: MatrixStep | None = None
         if mesh is not None:
             self.world_size, self.rank = mesh.size(), mesh.get_rank()
         else:
@@ -87,32 +84,16 @@ class TrainingOptimizer:
         self.last_stats = StepStats()
         self._window, self._window_steps, self._window_seconds = StepStats(), 0, 0.0  # since window_metrics()
         self._stats_group = process_group if mesh is None else _flat_group(mesh)
-        elementwise = list(routing.adamw) if name == "muon" else list(routing.muon + routing.adamw)
+        elementwise = list(routing.adamw) if kind.matrices else list(routing.muon + routing.adamw)
         self._synced_params = [param for _, param in elementwise]
         self._all_params = [param for _, param in routing.muon + routing.adamw]
         fused = _fused(elementwise)
         self.adamw = torch.optim.AdamW(_adamw_groups(elementwise, weight_decay), lr=lr, fused=fused, foreach=not fused)
-        if name == "muon" and mesh is not None:
-            self.muon = ShardedMuon(
-                routing.muon,
-                mesh=mesh,
-                tp_dim=tp_dim,
-                alpha=alpha,
-                bucket_elements=bucket_elements,
-                cost_unit=cost_unit,
-                config=muon_config,
-                splits=routing.splits,
+        if kind.matrices is not None:
+            settings = MatrixSettings(
+                routing, process_group, mesh, tp_dim, alpha, bucket_elements, cost_unit, muon_config
             )
-        elif name == "muon":
-            self.muon = DataParallelMuon(
-                routing.muon,
-                process_group=process_group,
-                alpha=alpha,
-                bucket_elements=bucket_elements,
-                cost_unit=cost_unit,
-                config=muon_config,
-                splits=routing.splits,
-            )
+            self.muon = kind.matrices(settings)  # the matrix step (Muon's; the name stays in checkpoints)
 
     @torch.no_grad()
     def step(self) -> StepStats:
