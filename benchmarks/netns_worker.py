@@ -2,7 +2,7 @@
 
 It trains the platform's ``gpt-tiny`` with the platform's pieces: its mutual-TLS
 ``GossipNode``, its ``GASLoCOuter`` (gossip rounds, or DiLoCo rounds over
-``ring_allreduce``), its ``RoundDeadline`` (fixed or adaptive) and the time-budget rule of
+``GossipNode.allreduce``), its ``RoundDeadline`` (fixed or adaptive) and the time-budget rule of
 ``cantata.trainer.decentralized.inner_steps``. The benchmark sends one JSON
 command a line on stdin (a run: method, seed, rounds, compute slowdown,
 budget); the worker answers one ``RESULT {json}`` line on stdout per run with
@@ -22,11 +22,10 @@ from pathlib import Path
 import torch
 
 from cantata.security.pki import Bundle
-from cantata.trainer.decentralized import SUBROUNDS
 from cantata.trainer.gasloc import GASLoCOuter, flatten, make_topology
 from cantata.trainer.gasloc.deadline import FIRST_DEADLINE_S, RoundDeadline
 from cantata.trainer.gossip import GossipNode
-from cantata.trainer.gossip.allreduce import AllReduceFailed, ring_allreduce
+from cantata.trainer.gossip.allreduce import AllReduceFailed
 from cantata.trainer.model import build_model
 
 JOB = "bench-netns"
@@ -69,28 +68,18 @@ class Worker:
         g = torch.Generator().manual_seed(1000 * c["seed"] + me)
         outer = GASLoCOuter(model.parameters(), make_topology(TOPOLOGY[c["method"]], n, c["seed"]), me, *OUTER)
         deadline = RoundDeadline(c["deadline_s"])
-        base, self.base = self.base, self.base + (c["rounds"] + 1) * SUBROUNDS
+        base, self.base = self.base, self.base + c["rounds"] + 1
         others = {p: a for p, a in self.addresses.items() if p != me}
         sent0 = self.node.bytes_sent
 
-        def swap_at(round_: int, end: float):
-            def swap(step, payloads):
-                left = max(0.0, end - time.monotonic())
-                return self.node.exchange(
-                    base + round_ * SUBROUNDS + step, {p: others[p] for p in payloads}, payloads, deadline_s=left
-                )
-
-            return swap
-
         def allreduce(round_: int, vector: torch.Tensor, seconds: float | None = None) -> torch.Tensor | None:
-            end = time.monotonic() + (seconds or deadline.seconds)
             try:
-                return ring_allreduce(vector, sorted(self.addresses), me, swap_at(round_, end))
+                return self.node.allreduce(base + round_, others, vector, seconds or deadline.seconds).total
             except AllReduceFailed:
                 return None
 
         def exchange(round_: int, peers: list[int], wire: torch.Tensor):
-            got = self.node.exchange(base + round_ * SUBROUNDS, {p: others[p] for p in peers}, wire, deadline.seconds)
+            got = self.node.exchange(base + round_, {p: others[p] for p in peers}, wire, deadline.seconds)
             return {p: t.clone() for p, t in got.items()}
 
         rounds, clock, evals = [], 0.0, []
