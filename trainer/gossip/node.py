@@ -203,9 +203,10 @@ class GossipNode:
             call = self._link(peer, address)[0].stream_stream(
                 REDUCE, request_serializer=self.wire.encode, response_deserializer=decode
             )
-            responses = call(
+            responses = call(  # a connection still being set up (TLS on a loaded host) is waited for, to the deadline
                 reduction.outgoing(peer, self._buckets.get(peer)),
                 timeout=max(0.0, reduction.deadline - time.monotonic()),
+                wait_for_ready=True,
             )
             reduction.on_fail(responses.cancel)
             for chunk in responses:
