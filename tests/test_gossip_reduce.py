@@ -8,6 +8,7 @@ import threading
 import time
 from datetime import timedelta
 
+import grpc
 import pytest
 import torch
 
@@ -15,6 +16,7 @@ from cantata.security.pki import CertificateAuthority, Principal
 from cantata.trainer.gossip import GossipNode, gossip_server_name
 from cantata.trainer.gossip.allreduce import AllReduceFailed
 from cantata.trainer.gossip.reduce import GATHER_BYTES
+from cantata.trainer.gossip.wire import REDUCE, Chunk, decode, encode
 
 torch.set_num_threads(1)
 
@@ -150,3 +152,26 @@ def test_a_worker_of_another_job_is_refused_and_no_member_gets_a_sum(cluster):
             node.stop()
     assert all(isinstance(results[i], AllReduceFailed) for i in everyone), results
     assert refused and all("job-other" in principal for principal in refused), refused
+
+
+def test_a_corrupt_chunk_fails_the_all_reduce_closed(cluster):
+    _, nodes, addresses = cluster
+    round_ = next(ROUNDS)
+    forged = Chunk(round_, 0, 0, 1, 4_000, "float32", checksum=12345, data=bytes(4_000), step=0)
+    call = (
+        nodes[0]
+        ._link(1, addresses[1])[0]
+        .stream_stream(REDUCE, request_serializer=encode, response_deserializer=decode)
+    )
+    start = time.monotonic()
+    outcome = _on_all(
+        lambda i: (
+            nodes[1].allreduce(round_, {0: addresses[0]}, torch.ones(1_000), deadline_s=20.0)
+            if i
+            else list(call(iter([forged]), timeout=20.0))
+        ),
+        [0, 1],
+    )
+    assert isinstance(outcome[1], AllReduceFailed) and "checksum" in str(outcome[1]), outcome
+    assert isinstance(outcome[0], grpc.RpcError)  # the forger's stream is aborted too
+    assert time.monotonic() - start < 15.0  # at once, not at the deadline
