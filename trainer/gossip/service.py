@@ -133,7 +133,8 @@ class GossipService:
         receiver = threading.Thread(target=_take_all, args=(reduction, peer, first, request_iterator), daemon=True)
         receiver.start()
         yield from reduction.outgoing(peer, self.link_bucket(peer))
-        receiver.join(timeout=max(0.0, reduction.deadline - time.monotonic()))
+        if not reduction.failure:  # the caller ends its stream once it holds all this worker sent it
+            receiver.join(timeout=max(0.0, reduction.deadline - time.monotonic()))
         if reduction.failure or receiver.is_alive():
             context.abort(grpc.StatusCode.ABORTED, reduction.failure or "the caller did not end its stream in time")
 
