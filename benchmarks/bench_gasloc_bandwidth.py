@@ -1,38 +1,44 @@
-"""Decentralized training on a real shaped network: DiLoCo (ring all-reduce) against GASLoC, in wall-clock.
+"""Decentralized training on a real shaped network: DiLoCo against GASLoC, in wall-clock, consensus included.
 
 Needs root (as CI has): it creates its own network, and always removes it.
 Every worker is a real process (``netns_worker.py``) in its own network
 namespace (``ip netns``), joined to the others by a veth pair on one bridge.
-Each namespace's egress is shaped by the kernel: ``tc htb`` with one class per
-destination (``u32 match ip dst``), under one parent class for the uplink.
-The workers run the platform's own mutual-TLS gossip transport, outer step,
-ring all-reduce, adaptive round deadline and time-budget rule (see
+A worker's NIC is its veth: shaped egress on its namespace side and ingress on
+the bridge side (``tc htb`` for the rate, ``netem`` for delay), so a shaped
+NIC limits what the worker sends and what it receives, whoever the peer. The
+workers run the platform's own mutual-TLS gossip transport, outer step,
+streamed all-reduce (``GossipNode.allreduce``) and round deadline (see
 ``netns_worker.py``); nothing about time is modelled.
 
-Scenarios (links at ``--fast-mbit``, 160 mbit = 20 MB/s, unless said):
-  uniform        every link fast
-  slow-link      the ring link (0, n-1) at ``--slow-mbit`` (16 mbit = 2 MB/s) both ways
-  slow-uplink    worker 0's whole egress shares ``--slow-mbit``
-  slow-compute   worker 0 computes 3x slower (each step sleeps twice its own time)
-  slow-compute-budget   the same, with time-budgeted rounds: every worker gets the
-                 time a fast worker's median H steps took in the slow-compute run
+Scenarios:
+  control     no qdisc at all: what the methods cost with no link limit
+  slow-nic    worker 0's NIC at ``--slow-mbit`` both ways, the others' at ``--fast-mbit``
+  wan         every NIC at ``--fast-mbit`` with ``--delay-ms`` each way (RTT twice that, WAN-like)
+  slow-all    every NIC at ``--slow-mbit``: links slow enough that bandwidth dominates
 
-Methods: diloco (ring all-reduce, in worker order, so the slow link is on the
-ring), gasloc-ring, gasloc-one-peer, gasloc-two-peer; all with (eta, gamma) =
-(1.0, 0.5), H = ``--local-steps``, ``--rounds`` rounds, a fixed round
-deadline (``--deadline-s``), then the final consensus all-reduce. Reported per (scenario, method), mean over seeds: the
-wall-clock of the rounds (the slowest worker's), of the consensus, the
-consensus's validation loss, the mean of the workers' own, bytes each worker
-sent (serialized gRPC messages), inner steps per round of the slow worker and
-of the others; and loss against wall-clock plots.
+Methods: diloco (the streamed all-reduce: the fastest DiLoCo the platform
+runs), gasloc-ring, gasloc-one-peer, gasloc-two-peer; all with (eta, gamma) =
+(1.0, 0.5), H = ``--local-steps``, ``--rounds`` rounds, a fixed round deadline;
+in each (seed, scenario) the methods run one after another in an order that
+rotates with the seed, so load on the shared machine hits them alike. Every
+``--eval-every`` rounds, off the clock, the workers average their parameters
+with the platform's consensus all-reduce and evaluate that average: the
+model a job ending there gives its user. A run's wall-clock is its rounds' plus
+its final consensus's (the slowest worker's). Per (scenario, method) over the
+seeds: mean, min and max of that wall-clock and of the consensus's loss at
+equal rounds (the last) and at equal wall-clock (each seed's shortest run's
+wall-clock in that scenario, interpolated on each method's consensus curve);
+against DiLoCo, a difference counts only when the two methods' ranges over
+seeds do not overlap (``SIGNIFICANCE``).
 
-    sudo nice .venv/bin/python benchmarks/bench_gasloc_bandwidth.py [--quick] [--seeds 3] [--rounds 20]
+    sudo nice .venv/bin/python benchmarks/bench_gasloc_bandwidth.py [--quick] [--seeds 3] [--rounds 10]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -51,8 +57,8 @@ from cantata.security.pki import CertificateAuthority, Principal
 from cantata.trainer.gossip import gossip_server_name
 
 METHODS = ("diloco", "gasloc-ring", "gasloc-one-peer", "gasloc-two-peer")
-SCENARIOS = ("uniform", "slow-link", "slow-uplink", "slow-compute", "slow-compute-budget")
-SLOWDOWN = 3.0
+SCENARIOS = ("control", "slow-nic", "wan", "slow-all")
+SIGNIFICANCE = "a difference counts only when the two methods' ranges (min to max) over seeds do not overlap"
 JOB = "bench-netns"
 PORT = 7100
 HERE = Path(__file__).resolve().parent
@@ -63,10 +69,10 @@ def sh(*args: str) -> None:
 
 
 class ShapedNetwork:
-    """``n`` namespaces on one bridge, each with its own shaped egress; removed on ``close``."""
+    """``n`` namespaces on one bridge, each worker's NIC shaped both ways; removed on ``close``."""
 
-    def __init__(self, n: int, fast_mbit: int, slow_mbit: int):
-        self.n, self.fast, self.slow = n, fast_mbit, slow_mbit
+    def __init__(self, n: int, fast_mbit: int, slow_mbit: int, delay_ms: float):
+        self.n, self.fast, self.slow, self.delay = n, fast_mbit, slow_mbit, delay_ms
         tag = f"cg{os.getpid() % 10000}"
         self.bridge, self.ns = f"{tag}br", [f"{tag}n{i}" for i in range(n)]
         self.ifs = [f"{tag}p{i}" for i in range(n)]
@@ -89,26 +95,39 @@ class ShapedNetwork:
             sh("ip", "-n", ns, "link", "set", "lo", "up")
         return self
 
+    def nic(self, scenario: str, worker: int) -> tuple[int | None, float]:
+        """(rate in mbit or None for no limit, one-way delay in ms) of ``worker``'s NIC."""
+        if scenario == "control":
+            return None, 0.0
+        if scenario == "wan":
+            return self.fast, self.delay
+        if scenario == "slow-all" or worker == 0:
+            return self.slow, 0.0
+        return self.fast, 0.0
+
     def shape(self, scenario: str) -> None:
-        """Per namespace: htb root, one uplink class, one class per destination under it."""
-        n = self.n
-        for i in range(n):
-            tc = ("ip", "netns", "exec", self.ns[i], "tc")
-            dev = self.ifs[i]
-            subprocess.run((*tc, "qdisc", "del", "dev", dev, "root"), capture_output=True)
-            sh(*tc, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "999")
-            uplink = self.slow if scenario == "slow-uplink" and i == 0 else 10 * self.fast
-            sh(*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", f"{uplink}mbit")
-            sh(*tc, "class", "add", "dev", dev, "parent", "1:1", "classid", "1:999", "htb", "rate", f"{uplink}mbit")
-            for j in range(n):
-                if j == i:
+        """Each NIC: egress on the namespace's side of its veth, ingress on the bridge's side."""
+        for i in range(self.n):
+            rate, delay = self.nic(scenario, i)
+            egress = ("ip", "netns", "exec", self.ns[i], "tc")
+            for tc, dev in ((egress, self.ifs[i]), (("tc",), f"{self.ifs[i]}h")):
+                subprocess.run((*tc, "qdisc", "del", "dev", dev, "root"), capture_output=True)
+                if rate is None and not delay:
                     continue
-                slow = scenario == "slow-link" and {i, j} == {0, n - 1}
-                rate = min(self.slow if slow else self.fast, uplink)
-                sh(*tc, "class", "add", "dev", dev, "parent", "1:1", "classid", f"1:{10 + j}", "htb", "rate",
-                   f"{rate}mbit", "ceil", f"{rate}mbit")  # fmt: skip
-                sh(*tc, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32", "match",
-                   "ip", "dst", f"{self.ips[j]}/32", "flowid", f"1:{10 + j}")  # fmt: skip
+                sh(*tc, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "1")
+                limit = f"{rate}mbit" if rate is not None else "10gbit"
+                sh(*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", limit,
+                   "ceil", limit)  # fmt: skip
+                if delay and tc == egress:  # one-way delay once per path: on the sender's egress
+                    sh(*tc, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "netem", "delay",
+                       f"{delay}ms", "limit", "100000")  # fmt: skip
+
+    def can_delay(self) -> bool:
+        """Whether this kernel has ``netem`` (the wan scenario needs it)."""
+        tc = ("ip", "netns", "exec", self.ns[0], "tc")
+        added = subprocess.run((*tc, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"), capture_output=True)
+        subprocess.run((*tc, "qdisc", "del", "dev", "lo", "root"), capture_output=True)
+        return added.returncode == 0
 
     def close(self) -> None:
         for undo in reversed(self._made):
@@ -196,89 +215,99 @@ def write_certs(folder: Path, n: int) -> None:
         (folder / "ca.crt").write_bytes(bundle.ca_pem)
 
 
+def interpolate(curve: list[dict], at: float) -> float | None:
+    """The consensus loss of ``curve`` (points of ``clock_s``, ``loss``) at wall-clock ``at``; None before its
+    first point."""
+    for before, after in itertools.pairwise(curve):
+        if before["clock_s"] <= at <= after["clock_s"]:
+            span = after["clock_s"] - before["clock_s"]
+            w = (at - before["clock_s"]) / span if span else 1.0
+            return before["loss"] + w * (after["loss"] - before["loss"])
+    if curve and curve[-1]["clock_s"] <= at:
+        return curve[-1]["loss"]
+    return None
+
+
+def spread(values: list[float]) -> dict:
+    return {"mean": statistics.mean(values), "min": min(values), "max": max(values)} if values else {}
+
+
+def apart(a: dict, b: dict) -> bool:
+    """``SIGNIFICANCE``: the two ranges over seeds do not overlap."""
+    return bool(a and b) and (a["max"] < b["min"] or b["max"] < a["min"])
+
+
 def summarize(runs: list[dict]) -> list[dict]:
+    for run in runs:  # equal wall-clock: the shortest run of its seed and scenario
+        peers = [r for r in runs if r["scenario"] == run["scenario"] and r["seed"] == run["seed"]]
+        run["equal_time_s"] = min(r["seconds"] for r in peers)
+        run["loss_at_equal_time"] = interpolate(run["curve"], run["equal_time_s"])
     rows = []
     for scenario in SCENARIOS:
         for method in METHODS:
             mine = [r for r in runs if r["scenario"] == scenario and r["method"] == method]
-            if not mine:
-                continue
-
-            def mean(key: str, mine=mine) -> float:
-                return statistics.mean(r[key] for r in mine)
-
-            def std(key: str, mine=mine) -> float:
-                return statistics.stdev(r[key] for r in mine) if len(mine) > 1 else 0.0
-
-            rows.append(
-                {
-                    "scenario": scenario,
-                    "method": method,
-                    "seeds": len(mine),
-                    "seconds_mean": mean("seconds"),
-                    "seconds_std": std("seconds"),
-                    "consensus_seconds": mean("consensus_seconds"),
-                    "consensus_val_loss_mean": mean("consensus_val_loss"),
-                    "consensus_val_loss_std": std("consensus_val_loss"),
-                    "own_val_loss_mean": mean("own_val_loss"),
-                    "mb_sent_per_worker": mean("mb_sent_per_worker"),
-                    "steps_per_round_slow_worker": mean("steps_slow"),
-                    "steps_per_round_others": mean("steps_others"),
-                    "skipped_edges": mean("skipped_edges"),
-                }
-            )
+            if mine:
+                rows.append(
+                    {
+                        "scenario": scenario,
+                        "method": method,
+                        "seeds": len(mine),
+                        "seconds": spread([r["seconds"] for r in mine]),
+                        "consensus_seconds": spread([r["consensus_seconds"] for r in mine]),
+                        "loss_at_equal_rounds": spread([r["consensus_val_loss"] for r in mine]),
+                        "loss_at_equal_time": spread(
+                            [r["loss_at_equal_time"] for r in mine if r["loss_at_equal_time"] is not None]
+                        ),
+                        "own_val_loss": statistics.mean(r["own_val_loss"] for r in mine),
+                        "mb_sent_per_worker": statistics.mean(r["mb_sent_per_worker"] for r in mine),
+                        "skipped_edges": statistics.mean(r["skipped_edges"] for r in mine),
+                        "load_average_1m": spread([r["load_average_1m"] for r in mine]),
+                    }
+                )
     for r in rows:
         base = next(b for b in rows if b["scenario"] == r["scenario"] and b["method"] == "diloco")
-        r["diloco_over_method"] = base["seconds_mean"] / r["seconds_mean"]
+        r["speedup_over_diloco"] = base["seconds"]["mean"] / r["seconds"]["mean"]
+        r["time_differs"] = apart(r["seconds"], base["seconds"])
+        r["loss_at_equal_time_differs"] = apart(r["loss_at_equal_time"], base["loss_at_equal_time"])
+        r["loss_at_equal_rounds_differs"] = apart(r["loss_at_equal_rounds"], base["loss_at_equal_rounds"])
     return rows
 
 
-def one_run(workers: Workers, n: int, scenario: str, method: str, seed: int, args, budget: float | None) -> dict:
-    slow = scenario.startswith("slow-compute")
-    commands = [
-        {
-            "method": method,
-            "seed": seed,
-            "rounds": args.rounds,
-            "local_steps": args.local_steps,
-            "eval_every": args.eval_every,
-            "slowdown": SLOWDOWN if slow and i == 0 else 1.0,
-            "budget_s": budget if scenario == "slow-compute-budget" else None,
-            "deadline_s": args.deadline_s,
-        }
-        for i in range(n)
-    ]
-    results = workers.run(commands)
-    seconds = max(r["rounds"][-1]["clock_s"] for r in results)
+def one_run(workers: Workers, n: int, scenario: str, method: str, seed: int, args) -> dict:
+    load = os.getloadavg()[0]
+    command = {
+        "method": method,
+        "seed": seed,
+        "rounds": args.rounds,
+        "local_steps": args.local_steps,
+        "eval_every": args.eval_every,
+        "deadline_s": args.deadline_s,
+    }
+    results = workers.run([command] * n)
+    evals = len(results[0]["evals"])
     curve = [
         {
-            "clock_s": max(r["evals"][k]["clock_s"] for r in results),
-            "val_loss": statistics.mean(r["evals"][k]["val_loss"] for r in results),
+            "clock_s": max(r["evals"][k]["clock_s"] + r["evals"][k]["consensus_s"] for r in results),
+            "loss": results[0]["evals"][k]["consensus_val_loss"],
         }
-        for k in range(len(results[0]["evals"]))
+        for k in range(evals)
     ]
-    steps = [statistics.mean(x["steps"] for x in r["rounds"]) for r in results]
-    fast_round_steps = [x for r in results[1:] for x in r["rounds"]]
+    rounds_s = max(r["rounds"][-1]["clock_s"] for r in results)
+    consensus_s = max(r["evals"][-1]["consensus_s"] for r in results)
     return {
         "scenario": scenario,
         "method": method,
         "seed": seed,
-        "seconds": seconds,
-        "consensus_seconds": max(r["consensus_s"] for r in results),
-        "consensus_val_loss": results[0]["consensus_val_loss"],
+        "load_average_1m": load,
+        "seconds": rounds_s + consensus_s,
+        "rounds_seconds": rounds_s,
+        "consensus_seconds": consensus_s,
+        "consensus_val_loss": curve[-1]["loss"],
         "own_val_loss": statistics.mean(r["own_val_loss"] for r in results),
         "mb_sent_per_worker": statistics.mean(r["bytes_sent"] for r in results) / 1e6,
-        "steps_slow": steps[0],
-        "steps_others": statistics.mean(steps[1:]),
         "skipped_edges": sum(x["skipped"] for r in results for x in r["rounds"]),
         "curve": curve,
         "parameters": results[0]["parameters"],
-        "fast_round_s": [
-            r["rounds"][k]["clock_s"] - (r["rounds"][k - 1]["clock_s"] if k else 0.0)
-            for r in results[1:]
-            for k in range(len(r["rounds"]))
-        ],
-        "fast_exchange_s": [x["exchange_s"] for x in fast_round_steps],
     }
 
 
@@ -296,11 +325,11 @@ def plot(runs: list[dict], path: Path) -> None:
                 continue
             points = len(mine[0]["curve"])
             xs = [statistics.mean(r["curve"][k]["clock_s"] for r in mine) for k in range(points)]
-            ys = [statistics.mean(r["curve"][k]["val_loss"] for r in mine) for k in range(points)]
+            ys = [statistics.mean(r["curve"][k]["loss"] for r in mine) for k in range(points)]
             ax.plot(xs, ys, marker="o", markersize=3, label=method)
         ax.set_title(scenario)
-        ax.set_xlabel("wall-clock (s)")
-    axes[0].set_ylabel("validation loss (workers' mean)")
+        ax.set_xlabel("wall-clock with consensus (s)")
+    axes[0].set_ylabel("validation loss of the workers' average")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -308,12 +337,12 @@ def plot(runs: list[dict], path: Path) -> None:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="1 seed, 6 rounds, two scenarios")
-    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--quick", action="store_true", help="1 seed, 4 rounds, two scenarios")
+    parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--local-steps", type=int, default=5)
-    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--eval-every", type=int, default=2)
     parser.add_argument(
         "--deadline-s",
         type=float,
@@ -322,76 +351,50 @@ def main(argv=None) -> None:
         "workers reach a round up to seconds apart, which an adaptive deadline can mistake for a dead peer",
     )
     parser.add_argument("--fast-mbit", type=int, default=160)
-    parser.add_argument("--slow-mbit", type=int, default=16)
+    parser.add_argument("--slow-mbit", type=int, default=4)
+    parser.add_argument("--delay-ms", type=float, default=25.0, help="one-way delay of the wan scenario")
     parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
-    parser.add_argument(
-        "--keep-from",
-        type=Path,
-        help="an earlier report of the same setup: its runs of the scenarios not run now are kept in the new one",
-    )
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     harness.add_output_argument(parser)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))  # so the network is removed on kill too
     if os.geteuid() != 0:
         sys.exit("bench_gasloc_bandwidth needs root: it creates network namespaces, veth pairs and tc qdiscs")
     if args.quick:
-        args.seeds, args.rounds, args.eval_every = 1, 6, 3
-        args.scenarios = [s for s in args.scenarios if s in ("uniform", "slow-link")]
+        args.seeds, args.rounds, args.eval_every = 1, 4, 2
+        args.scenarios = [s for s in args.scenarios if s in ("control", "slow-all")]
     out = harness.output_dir(args.out, args.quick)
     runs: list[dict] = []
+    not_run: dict[str, str] = {}  # scenario -> why
     began = time.perf_counter()
-    net = ShapedNetwork(args.workers, args.fast_mbit, args.slow_mbit)
+    net = ShapedNetwork(args.workers, args.fast_mbit, args.slow_mbit, args.delay_ms)
     workers = None
     try:
         with tempfile.TemporaryDirectory() as certs:
             write_certs(Path(certs), args.workers)
             net.open()
+            if "wan" in args.scenarios and not net.can_delay():
+                args.scenarios.remove("wan")
+                not_run["wan"] = "this kernel has no netem qdisc to delay packets with"
             workers = Workers(net, Path(certs))
             for seed in range(1, args.seeds + 1):
-                budget = None
                 for scenario in args.scenarios:
                     net.shape(scenario)
-                    for method in METHODS:
-                        if scenario == "slow-compute-budget" and budget is None:
-                            continue  # needs the slow-compute run's fast-worker time
-                        run = one_run(workers, args.workers, scenario, method, seed, args, budget)
+                    turn = (seed - 1) % len(args.methods)
+                    for method in args.methods[turn:] + args.methods[:turn]:
+                        run = one_run(workers, args.workers, scenario, method, seed, args)
                         runs.append(run)
-                        if scenario == "slow-compute" and method == "diloco":
-                            # the budget: a fast worker's median round compute (round minus exchange)
-                            budget = statistics.median(
-                                max(0.0, r - e)
-                                for r, e in zip(run["fast_round_s"], run["fast_exchange_s"], strict=True)
-                            )
                         print(
-                            f"seed {seed} {scenario:20s} {method:16s} {run['seconds']:7.2f} s  "
-                            f"consensus loss {run['consensus_val_loss']:.3f}  {run['mb_sent_per_worker']:.2f} MB/worker  "
-                            f"steps slow/others {run['steps_slow']:.1f}/{run['steps_others']:.1f}",
+                            f"seed {seed} {scenario:9s} {method:16s} {run['seconds']:7.2f} s "
+                            f"(consensus {run['consensus_seconds']:.2f} s)  loss {run['consensus_val_loss']:.3f}  "
+                            f"{run['mb_sent_per_worker']:.2f} MB/worker  load {run['load_average_1m']:.1f}",
                             flush=True,
                         )
     finally:
         if workers is not None:
             workers.close()
         net.close()
-    for run in runs:
-        del run["fast_round_s"], run["fast_exchange_s"]
-    reruns = []
-    if args.keep_from:
-        earlier = json.loads(args.keep_from.read_text())
-        if earlier["setup"]["rounds"] != args.rounds or earlier["setup"]["local_steps"] != args.local_steps:
-            sys.exit(f"{args.keep_from} has another setup: its runs cannot be kept beside these")
-        kept = [r for r in earlier["runs"] if r["scenario"] not in args.scenarios]
-        runs = sorted(kept + runs, key=lambda r: (SCENARIOS.index(r["scenario"]), r["seed"]))
-        reruns = [
-            *earlier.get(
-                "reruns", [{"scenarios": "all", "machine": earlier["machine"], "minutes": earlier["minutes"]}]
-            ),
-            {
-                "scenarios": args.scenarios,
-                "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "machine": harness.machine(),
-                "minutes": (time.perf_counter() - began) / 60,
-            },
-        ]
+    rows = summarize(runs)
     report = {
         "quick": args.quick,
         "setup": {
@@ -399,20 +402,21 @@ def main(argv=None) -> None:
             "rounds": args.rounds,
             "local_steps": args.local_steps,
             "eval_every": args.eval_every,
-            "seeds": max(r["seed"] for r in runs) if runs else args.seeds,
+            "seeds": args.seeds,
             "fast_mbit": args.fast_mbit,
             "slow_mbit": args.slow_mbit,
-            "slow_edge": [0, args.workers - 1],
-            "slowdown": SLOWDOWN,
+            "delay_ms": args.delay_ms,
+            "methods": args.methods,
             "model": "gpt-tiny",
             "parameters": runs[0]["parameters"] if runs else 0,
             "outer": [1.0, 0.5],
             "round_deadline_s": args.deadline_s,
-            "run_with": "nice, as root, on the 2 shared cores of the development machine",
+            "significance": SIGNIFICANCE,
+            "run_with": "nice, as root, on the 2 cores of the development machine, shared with other work",
         },
         "minutes": (time.perf_counter() - began) / 60,
-        "reruns": reruns,
-        "rows": summarize(runs),
+        "not_run": not_run,
+        "rows": rows,
         "runs": runs,
     }
     path = harness.write_results("gasloc_bandwidth", report, out)

@@ -2,12 +2,12 @@
 
 It trains the platform's ``gpt-tiny`` with the platform's pieces: its mutual-TLS
 ``GossipNode``, its ``GASLoCOuter`` (gossip rounds, or DiLoCo rounds over
-``ring_allreduce``), its ``RoundDeadline`` (fixed or adaptive) and the time-budget rule of
-``cantata.trainer.decentralized.inner_steps``. The benchmark sends one JSON
-command a line on stdin (a run: method, seed, rounds, compute slowdown,
-budget); the worker answers one ``RESULT {json}`` line on stdout per run with
-its wall-clock per round, inner steps, bytes sent, validation losses and the
-consensus's loss. The process lives for all runs, so torch is imported once.
+``GossipNode.allreduce``) and its ``RoundDeadline``. The benchmark sends one
+JSON command a line on stdin (a run: method, seed, rounds, local steps); the worker answers one ``RESULT {json}`` line on stdout per run with
+its wall-clock per round, bytes sent, its own validation loss and, at every
+evaluation, the loss of the workers' average (the consensus the platform ends
+a job with) and that all-reduce's time. The process lives for all runs, so
+torch is imported once.
 """
 
 from __future__ import annotations
@@ -22,11 +22,10 @@ from pathlib import Path
 import torch
 
 from cantata.security.pki import Bundle
-from cantata.trainer.decentralized import SUBROUNDS
 from cantata.trainer.gasloc import GASLoCOuter, flatten, make_topology
 from cantata.trainer.gasloc.deadline import FIRST_DEADLINE_S, RoundDeadline
 from cantata.trainer.gossip import GossipNode
-from cantata.trainer.gossip.allreduce import AllReduceFailed, ring_allreduce
+from cantata.trainer.gossip.allreduce import AllReduceFailed
 from cantata.trainer.model import build_model
 
 JOB = "bench-netns"
@@ -69,79 +68,63 @@ class Worker:
         g = torch.Generator().manual_seed(1000 * c["seed"] + me)
         outer = GASLoCOuter(model.parameters(), make_topology(TOPOLOGY[c["method"]], n, c["seed"]), me, *OUTER)
         deadline = RoundDeadline(c["deadline_s"])
-        base, self.base = self.base, self.base + (c["rounds"] + 1) * SUBROUNDS
+        base, self.base = self.base, self.base + 2 * (c["rounds"] + 1)  # rounds only grow over the process's runs
         others = {p: a for p, a in self.addresses.items() if p != me}
         sent0 = self.node.bytes_sent
 
-        def swap_at(round_: int, end: float):
-            def swap(step, payloads):
-                left = max(0.0, end - time.monotonic())
-                return self.node.exchange(
-                    base + round_ * SUBROUNDS + step, {p: others[p] for p in payloads}, payloads, deadline_s=left
-                )
-
-            return swap
-
         def allreduce(round_: int, vector: torch.Tensor, seconds: float | None = None) -> torch.Tensor | None:
-            end = time.monotonic() + (seconds or deadline.seconds)
             try:
-                return ring_allreduce(vector, sorted(self.addresses), me, swap_at(round_, end))
+                return self.node.allreduce(base + round_, others, vector, seconds or deadline.seconds).total
             except AllReduceFailed:
                 return None
 
         def exchange(round_: int, peers: list[int], wire: torch.Tensor):
-            got = self.node.exchange(base + round_ * SUBROUNDS, {p: others[p] for p in peers}, wire, deadline.seconds)
+            got = self.node.exchange(base + 2 * round_, {p: others[p] for p in peers}, wire, deadline.seconds)
             return {p: t.clone() for p, t in got.items()}
+
+        def consensus(round_: int) -> tuple[float, float]:
+            """The loss of the workers' average (the model a job ending now would give) and the all-reduce's time."""
+            tick = time.perf_counter()
+            vector = torch.cat([flatten(model.parameters()), torch.ones(1)])
+            total = allreduce(round_, vector, max(deadline.seconds, FIRST_DEADLINE_S))  # as the platform's consensus
+            seconds = time.perf_counter() - tick
+            if total is None:
+                return math.nan, seconds
+            mean = total[:-1] / total[-1]
+            average = build_model("gpt-tiny", c["seed"])
+            offset = 0
+            with torch.no_grad():
+                for p in average.parameters():
+                    p.copy_(mean[offset : offset + p.numel()].view_as(p))
+                    offset += p.numel()
+            return validation(average, self.val), seconds
 
         rounds, clock, evals = [], 0.0, []
         for t in range(c["rounds"]):
             began = time.perf_counter()
-            steps = 0
-            while True:
-                tick = time.perf_counter()
+            for _ in range(c["local_steps"]):
                 _, loss = model(*batch(self.train, g))
                 loss.backward()
                 opt.step()
                 opt.zero_grad()
-                if c["slowdown"] > 1:  # a slower device: the same step takes slowdown times as long
-                    time.sleep((c["slowdown"] - 1) * (time.perf_counter() - tick))
-                steps += 1
-                if c["budget_s"] is None:
-                    if steps >= c["local_steps"]:
-                        break
-                elif (time.perf_counter() - began) * (steps + 1) / steps > c["budget_s"]:
-                    break  # the platform's rule: one more step at the mean pace so far would overrun
             exchanged = time.perf_counter()
             if c["method"] == "diloco":
-                stats = outer.round_mean(t, allreduce, weight=float(steps))
+                stats = outer.round_mean(t, lambda r, v: allreduce(2 * r, v), weight=float(c["local_steps"]))
             else:
-                stats = outer.round(t, exchange, weight=float(steps))  # as the platform: mixing weighted by steps
+                stats = outer.round(t, exchange, weight=float(c["local_steps"]))
             seconds = time.perf_counter() - exchanged
             if not stats.skipped:
                 deadline.record(seconds)
             clock += time.perf_counter() - began
-            rounds.append({"clock_s": clock, "steps": steps, "exchange_s": seconds, "skipped": len(stats.skipped)})
-            if (t + 1) % c["eval_every"] == 0:
-                evals.append({"round": t, "clock_s": clock, "val_loss": validation(model, self.val)})
-        own = validation(model, self.val)
-        tick = time.perf_counter()
-        vector = torch.cat([flatten(model.parameters()), torch.ones(1)])
-        total = allreduce(c["rounds"], vector, max(deadline.seconds, FIRST_DEADLINE_S))  # as the platform's consensus
-        consensus_s = time.perf_counter() - tick
-        if total is not None:
-            mean = total[:-1] / total[-1]
-            offset = 0
-            with torch.no_grad():
-                for p in model.parameters():
-                    p.copy_(mean[offset : offset + p.numel()].view_as(p))
-                    offset += p.numel()
+            rounds.append({"clock_s": clock, "exchange_s": seconds, "skipped": len(stats.skipped)})
+            if (t + 1) % c["eval_every"] == 0 or t + 1 == c["rounds"]:  # measured off the clock
+                loss, consensus_s = consensus(2 * t + 1)
+                evals.append({"round": t, "clock_s": clock, "consensus_s": consensus_s, "consensus_val_loss": loss})
         return {
             "worker": me,
             "rounds": rounds,
             "evals": evals,
-            "own_val_loss": own,
-            "consensus_val_loss": validation(model, self.val) if total is not None else math.nan,
-            "consensus_s": consensus_s,
+            "own_val_loss": validation(model, self.val),
             "bytes_sent": self.node.bytes_sent - sent0,
             "parameters": sum(p.numel() for p in model.parameters()),
         }

@@ -5,8 +5,10 @@ docs/benchmarks.md marks each table's place with ``<!-- bench:NAME -->`` and
 table ends with the command that reproduces it, and says which targets were
 missed. Targets that the JSON does not record are the benchmark issues' own.
 
-    .venv/bin/python benchmarks/tables.py            # rewrite docs/benchmarks.md
-    .venv/bin/python benchmarks/tables.py --check    # exit 1 if docs/benchmarks.md is stale, or prose quotes a number
+    .venv/bin/python benchmarks/tables.py            # rewrite docs/benchmarks.md and README.md's regions
+    .venv/bin/python benchmarks/tables.py --check    # exit 1 if either is stale, or prose quotes a number
+
+README.md's regions (``readme_table``) summarize tables of the page from the same JSON.
 
 ``--check`` also reads README.md and every docs/*.md page: a measured number
 (a decimal with a unit, a ratio or a share) may stand only inside a
@@ -37,6 +39,18 @@ TABLES: dict[str, Table] = {}
 def table(name: str) -> Callable[[Table], Table]:
     def register(function: Table) -> Table:
         TABLES[name] = function
+        return function
+
+    return register
+
+
+README = ROOT / "README.md"
+README_TABLES: dict[str, Table] = {}  # regions of README.md: summaries of tables on the benchmarks page
+
+
+def readme_table(name: str) -> Callable[[Table], Table]:
+    def register(function: Table) -> Table:
+        README_TABLES[name] = function
         return function
 
     return register
@@ -420,18 +434,47 @@ def gasloc(load: Callable[[str], dict]) -> list[str]:
 
 
 BANDWIDTH_METHODS = {
-    "diloco": "DiLoCo (ring all-reduce)",
+    "diloco": "DiLoCo (streamed all-reduce)",
     "gasloc-ring": "GASLoC ring",
     "gasloc-one-peer": "GASLoC one-peer",
     "gasloc-two-peer": "GASLoC two-peer",
 }
 BANDWIDTH_SCENARIOS = {
-    "uniform": "uniform links",
-    "slow-link": "one slow link",
-    "slow-uplink": "one slow uplink",
-    "slow-compute": "one worker 3× slower",
-    "slow-compute-budget": "one worker 3× slower, time budget",
+    "control": "control (no shaping)",
+    "slow-nic": "one slow NIC",
+    "wan": "WAN latency",
+    "slow-all": "every NIC slow",
 }
+
+
+def spread(stat: dict, digits: int, unit: str = "") -> str:
+    """A mean over seeds with its range, as ``mean [min–max]``."""
+    if not stat:
+        return "–"
+    return f"{stat['mean']:.{digits}f}{unit} [{stat['min']:.{digits}f}–{stat['max']:.{digits}f}]"
+
+
+def bandwidth_setup(result: dict) -> str:
+    setup = result["setup"]
+    loads = [r["load_average_1m"] for r in result["runs"]]
+    return (
+        f"{setup['workers']} worker processes, each in its own network namespace with one veth NIC; the platform's "
+        f"mutual-TLS gossip transport, `{setup['model']}` ({setup['parameters'] / 1e3:.0f}k parameters), "
+        f"{setup['rounds']} rounds of H={setup['local_steps']}, {setup['seeds']} seeds. Shaping (`tc htb`, egress "
+        f"and ingress of the NIC): control none; one slow NIC: worker 0 at {setup['slow_mbit'] / 8:g} MB/s, the "
+        f"others at {setup['fast_mbit'] / 8:g} MB/s; WAN latency: every NIC at {setup['fast_mbit'] / 8:g} MB/s "
+        f"with `netem` {setup['delay_ms']:g} ms each way; every NIC slow: all at {setup['slow_mbit'] / 8:g} MB/s. "
+        "Wall-clock is the slowest worker's rounds plus the final consensus all-reduce (the model the user gets); "
+        "loss is that consensus's validation loss after the last round (equal rounds) and at the wall-clock of the "
+        f"seed's fastest method (equal wall-clock). Each cell: mean [min–max] over seeds; {setup['significance']} "
+        f"(marked ≠, else ≈ DiLoCo). Load average over the runs {min(loads):.1f}–{max(loads):.1f} on the "
+        "development machine's 2 shared cores."
+        + "".join(f" Not run: {BANDWIDTH_SCENARIOS[k]} ({why})." for k, why in result.get("not_run", {}).items())
+    )
+
+
+def versus(r: dict, key: str) -> str:
+    return "≠" if r[key] else "≈"
 
 
 @table("gasloc_bandwidth")
@@ -439,60 +482,121 @@ def gasloc_bandwidth(load: Callable[[str], dict]) -> list[str]:
     result = load("gasloc_bandwidth")
     setup = result["setup"]
     lines = header(
-        "scenario", "method", "wall-clock", "DiLoCo's over it", "consensus val loss", "MB sent per worker",
-        "inner steps per round (slow worker / others)",
+        "scenario", "method", "wall-clock with consensus", "of it consensus", "DiLoCo's over it",
+        "loss at equal wall-clock", "loss at equal rounds", "MB sent per worker",
     )  # fmt: skip
-    ran = {r["scenario"] for r in result["rows"]}
     for scenario, label in BANDWIDTH_SCENARIOS.items():
         for method, name in BANDWIDTH_METHODS.items():
             r = next((r for r in result["rows"] if r["scenario"] == scenario and r["method"] == method), None)
             if r is None:
                 continue
+            diloco = method == "diloco"
             lines.append(
                 row(
                     label,
                     name,
-                    f"{r['seconds_mean']:.2f} ± {r['seconds_std']:.2f} s",
-                    f"{r['diloco_over_method']:.2f}×",
-                    f"{r['consensus_val_loss_mean']:.3f} ± {r['consensus_val_loss_std']:.3f}",
+                    spread(r["seconds"], 2, " s"),
+                    f"{r['consensus_seconds']['mean']:.2f} s",
+                    "1.00×" if diloco else f"{r['speedup_over_diloco']:.2f}× {versus(r, 'time_differs')}",
+                    spread(r["loss_at_equal_time"], 3)
+                    + ("" if diloco else f" {versus(r, 'loss_at_equal_time_differs')}"),
+                    spread(r["loss_at_equal_rounds"], 3)
+                    + ("" if diloco else f" {versus(r, 'loss_at_equal_rounds_differs')}"),
                     f"{r['mb_sent_per_worker']:.2f}",
-                    f"{r['steps_per_round_slow_worker']:.1f} / {r['steps_per_round_others']:.1f}",
                 )
             )
-    skipped = [label for scenario, label in BANDWIDTH_SCENARIOS.items() if scenario not in ran]
-    not_run = f" Not run: {', '.join(skipped)}." if skipped else ""
-    reruns = result.get("reruns") or []
-    for k, rerun in enumerate(reruns[1:], start=1):
-        if any(set(rerun["scenarios"]) <= set(later["scenarios"]) for later in reruns[k + 1 :]):
-            continue  # its rows were run again since
-        labels = ", ".join(BANDWIDTH_SCENARIOS[s] for s in rerun["scenarios"])
-        seeds = {r["seeds"] for r in result["rows"] if r["scenario"] in rerun["scenarios"]}
-        not_run += (
-            f" The rows of {labels} were re-run ({', '.join(map(str, sorted(seeds)))} seeds) on {rerun['at']} "
-            "with the gossip mix weighted by steps done (load average "
-            f"{rerun['machine']['load_average_1m']:g}), the others are from the first run (load average "
-            f"{reruns[0]['machine']['load_average_1m']:g})."
-        )
-    minutes = reruns[0]["minutes"] if reruns else result["minutes"]
     return [
-        f"{setup['workers']} worker processes, each in its own network namespace, links shaped by `tc htb` at "
-        f"{setup['fast_mbit'] / 8:.0f} MB/s (the slow link or uplink at {setup['slow_mbit'] / 8:.0f} MB/s), the "
-        f"platform's mutual-TLS gossip transport; `{setup['model']}` ({setup['parameters'] / 1e3:.0f}k parameters), "
-        f"{setup['rounds']} rounds of H={setup['local_steps']} and the final consensus all-reduce, "
-        f"{setup['seeds']} seeds (mean ± std). Wall-clock is measured: the slowest worker's rounds, on the "
-        f"development machine's 2 shared cores, so compute of the {setup['workers']} workers contends. Bytes are "
-        f"counted from the serialized gRPC messages. The time budget is a fast worker's median compute per round in "
-        f"the same seed's slow-compute DiLoCo run; round deadline fixed at {setup['round_deadline_s']:g} s.{not_run}",
+        bandwidth_setup(result),
         "",
         *lines,
         "",
-        "Loss against wall-clock: `benchmarks/results/bench_gasloc_bandwidth.png`.",
+        "Consensus loss against wall-clock: `benchmarks/results/bench_gasloc_bandwidth.png`.",
         reproduce(
             f"bench_gasloc_bandwidth.py --workers {setup['workers']} --seeds {setup['seeds']} --rounds "
-            f"{setup['rounds']} --local-steps {setup['local_steps']} --eval-every {setup['eval_every']}",
-            f" as root (about {minutes:.0f} min)",
+            f"{setup['rounds']} --local-steps {setup['local_steps']} --eval-every {setup['eval_every']} "
+            f"--methods {' '.join(setup['methods'])} --fast-mbit {setup['fast_mbit']} --slow-mbit "
+            f"{setup['slow_mbit']} --delay-ms {setup['delay_ms']:g}",
+            f" as root (about {result['minutes']:.0f} min)",
             quick=result.get("quick", False),
         ),
+    ]
+
+
+def gasloc_verdict(r: dict, base: dict) -> str:
+    """One GASLoC variant against DiLoCo in one scenario, by the significance rule: wall-clock, then loss."""
+    speed = r["speedup_over_diloco"]
+    if r["time_differs"]:
+        time = f"{'faster' if speed > 1 else 'slower'} ({speed:.2f}× DiLoCo's speed)"
+    else:
+        time = f"no faster or slower ({speed:.2f}×, within noise)"
+    loss, ref = r["loss_at_equal_time"], base["loss_at_equal_time"]
+    if not loss or not ref:
+        return time
+    if r["loss_at_equal_time_differs"]:
+        better = "better" if loss["mean"] < ref["mean"] else "worse"
+        return f"{time}, {better} loss at equal wall-clock ({loss['mean']:.3f} vs {ref['mean']:.3f})"
+    return f"{time}, equal loss at equal wall-clock within noise"
+
+
+@readme_table("gasloc_summary")
+def gasloc_summary(load: Callable[[str], dict]) -> list[str]:
+    """One paragraph: what each GASLoC topology gains or loses against DiLoCo, per scenario."""
+    result = load("gasloc_bandwidth")
+    rows, setup = result["rows"], result["setup"]
+    scenarios = []
+    for scenario, label in BANDWIDTH_SCENARIOS.items():
+        base = next((r for r in rows if r["scenario"] == scenario and r["method"] == "diloco"), None)
+        mine = [r for r in rows if r["scenario"] == scenario and r["method"] != "diloco"]
+        if base is not None and mine:
+            verdicts = "; ".join(
+                f"{BANDWIDTH_METHODS[r['method']].removeprefix('GASLoC ')} {gasloc_verdict(r, base)}" for r in mine
+            )
+            scenarios.append(f"{label}: {verdicts}")
+    not_run = "".join(f" Not run: {BANDWIDTH_SCENARIOS[k]} ({why})." for k, why in result.get("not_run", {}).items())
+    return [
+        f"**GASLoC against DiLoCo** on a real shaped network ({setup['workers']} workers, `{setup['model']}`, "
+        f"{setup['seeds']} seeds; DiLoCo on the platform's streamed all-reduce; wall-clock includes the final "
+        "consensus, loss is the consensus model's; a difference counts only when the seeds' ranges do not overlap; "
+        "[table](docs/benchmarks.md#gasloc-and-diloco)). "
+        + ". ".join(s[0].upper() + s[1:] for s in scenarios)
+        + "."
+        + not_run
+    ]
+
+
+@table("allreduce")
+def allreduce(load: Callable[[str], dict]) -> list[str]:
+    result = load("allreduce")
+    lines = header("workers", "vector", "streamed (platform)", "swap ring (before)", "ring over streamed",
+                   "streamed per-worker goodput")  # fmt: skip
+    rows = result["rows"]
+    for streamed in (r for r in rows if r["method"] == "streamed"):
+        ring = next(
+            r
+            for r in rows
+            if r["method"] == "ring" and (r["workers"], r["size_mib"]) == (streamed["workers"], streamed["size_mib"])
+        )
+        lines.append(
+            row(
+                streamed["workers"],
+                size(streamed["size_mib"]),
+                f"{streamed['median_s'] * 1e3:.0f} ms [{streamed['min_s'] * 1e3:.0f}–{streamed['max_s'] * 1e3:.0f}]",
+                f"{ring['median_s'] * 1e3:.0f} ms [{ring['min_s'] * 1e3:.0f}–{ring['max_s'] * 1e3:.0f}]",
+                f"{streamed['ring_over_streamed']:.2f}×",
+                f"{streamed['goodput_mb_per_s']:.0f} MB/s",
+            )
+        )
+    trials = rows[0]["trials"]
+    return [
+        "n worker processes on loopback, each with its own mutual-TLS `GossipNode`, sum a float32 vector; the time "
+        "is the slowest worker's from a common barrier, median [min–max] over "
+        f"{trials} interleaved trials, on the development machine's {result['machine']['cpus']} shared cores (load "
+        f"average {result['machine']['load_average_1m']:g} at the end). Both send 2(n−1)/n of the vector per worker; "
+        f"goodput is that over the median. Failed all-reduces: {sum(r.get('failed', 0) for r in rows)}.",
+        "",
+        *lines,
+        "",
+        reproduce("bench_allreduce.py", quick=result.get("quick", False)),
     ]
 
 
@@ -1226,24 +1330,24 @@ def executor(load: Callable[[str], dict]) -> list[str]:
     ]
 
 
-def render(name: str, results: Path = RESULTS) -> str:
+def render(name: str, results: Path = RESULTS, tables: dict[str, Table] = TABLES) -> str:
     """The body of one region of the page, from the results JSON."""
 
     def load(benchmark: str) -> dict:
         return json.loads((results / f"bench_{benchmark}.json").read_text())
 
-    return "\n".join(TABLES[name](load)) + "\n"
+    return "\n".join(tables[name](load)) + "\n"
 
 
-def rewrite(text: str, results: Path = RESULTS) -> str:
-    """``text`` with every marked region regenerated; every table must have exactly one region."""
+def rewrite(text: str, results: Path = RESULTS, tables: dict[str, Table] = TABLES) -> str:
+    """``text`` with every marked region regenerated; every one of ``tables`` must have exactly one region."""
     found = [m.group("name") for m in REGION.finditer(text)]
-    unknown = sorted(set(found) - TABLES.keys())
-    absent = sorted(TABLES.keys() - set(found))
+    unknown = sorted(set(found) - tables.keys())
+    absent = sorted(tables.keys() - set(found))
     repeated = sorted({n for n in found if found.count(n) > 1})
     if unknown or absent or repeated:
         raise ValueError(f"benchmark regions: unknown {unknown}, missing {absent}, repeated {repeated}")
-    return REGION.sub(lambda m: m.group(1) + render(m.group("name"), results) + m.group(4), text)
+    return REGION.sub(lambda m: m.group(1) + render(m.group("name"), results, tables) + m.group(4), text)
 
 
 # A measured number: a decimal or a ratio or share, with its unit (a range counts as one).
@@ -1300,23 +1404,28 @@ def unsourced(paths: list[Path] | None = None) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="fail if the page is not what the JSON gives")
+    parser.add_argument("--check", action="store_true", help="fail if a page is not what the JSON gives")
     parser.add_argument("--page", type=Path, default=PAGE)
+    parser.add_argument("--readme", type=Path, default=README)
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    text = args.page.read_text()
-    fresh = rewrite(text, args.results)
+    stale = []
+    for page, tables in ((args.page, TABLES), (args.readme, README_TABLES)):
+        text = page.read_text()
+        fresh = rewrite(text, args.results, tables)
+        if fresh == text:
+            continue
+        if args.check:
+            print(f"{page} is stale: run {RUN}tables.py", file=sys.stderr)
+            stale.append(page)
+        else:
+            page.write_text(fresh)
+            print(f"rewrote {page}")
     if args.check:
-        if fresh != text:
-            print(f"{args.page} is stale: run {RUN}tables.py", file=sys.stderr)
-            return 1
         quotes = unsourced()
         for quote in quotes:
             print(f"{quote}: a measured number outside a generated table (generate it, or drop it)", file=sys.stderr)
-        return 1 if quotes else 0
-    if fresh != text:
-        args.page.write_text(fresh)
-        print(f"rewrote {args.page}")
+        return 1 if quotes or stale else 0
     return 0
 
 

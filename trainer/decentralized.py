@@ -1,10 +1,10 @@
-"""Decentralized training of one worker: GASLoC gossip, and DiLoCo over a ring all-reduce.
+"""Decentralized training of one worker: GASLoC gossip, and DiLoCo over an all-reduce.
 
 Each worker trains its own copy of the model for H local steps (or, with
 ``round_time_s``, as many as fit in that time), then runs one outer round: it
 proposes y = theta_t + eta * g and either swaps y with this round's peers over
 its mutual-TLS gossip endpoint, screens what it received and mixes it (gasloc),
-or averages y with every worker by a ring all-reduce over the same endpoints
+or averages y with every worker by an all-reduce over the same endpoints
 (diloco), either way weighted by inner steps done; then it applies the accelerated
 outer step. Peers are found through the control plane; a dead or slow peer is
 skipped for the round (its weight goes back to self) once the round deadline
@@ -49,7 +49,6 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from cantata.proto.jobfields import MAX_WORKERS
 from cantata.proto.vocabulary import Algorithm, Compression
 from cantata.security.anomaly.attack_policy import SpecOrigin, parse_attack_config
 from cantata.security.anomaly.clipping import clip
@@ -74,14 +73,13 @@ from cantata.trainer.gasloc.deadline import FIRST_DEADLINE_S, RoundDeadline
 from cantata.trainer.gasloc.outer import GASLoCOuter, Proposal, flatten, split_weight, with_weight
 from cantata.trainer.gasloc.topology import make_topology
 from cantata.trainer.gossip import GossipNode
-from cantata.trainer.gossip.allreduce import AllReduceFailed, ring_allreduce
+from cantata.trainer.gossip.allreduce import AllReduceFailed
 from cantata.trainer.group_agreement import GroupAgreement, local_shards, shard_layout
 from cantata.trainer.loop import CPU, join_group
 from cantata.trainer.parallel import Parallelism
 from cantata.trainer.reporter import Reporter
 
 PEER_WAIT_S = 60.0
-SUBROUNDS = 2 * MAX_WORKERS  # wire rounds per outer round: room for every swap of a ring all-reduce
 log = logging.getLogger(__name__)
 # Real jobs mix few, short rounds: a layer's share of the distance varies more
 # than in the benchmark's simulation, so its spread is floored higher (honest
@@ -89,17 +87,12 @@ log = logging.getLogger(__name__)
 WORKER_SCREENING = ScreeningConfig(layer_min_spread=0.3)  # at start, for the other workers' gossip endpoints
 
 
-def wire_round(round_: int, step: int = 0) -> int:
-    """The transport's round number of swap ``step`` of outer round ``round_`` (it must only grow)."""
-    return round_ * SUBROUNDS + step
-
-
 class GossipExchange:
     """The round's exchanges as ``GASLoCOuter`` calls them: wait for laggards, then swap over gossip.
 
     ``__call__`` swaps wires with the round's peers (gasloc); ``allreduce`` sums
-    a vector over every live worker by a ring all-reduce (diloco, and the
-    final consensus). Peers are worker groups; on the wire a group is the
+    a vector over every live worker by the transport's all-reduce (diloco, and
+    the final consensus). Peers are worker groups; on the wire a group is the
     process of this one's rank in it (rank 0 unless the groups are sharded).
     Quarantined groups are not dialled. With sharded groups the group's ranks
     keep only the edges every shard used, and an all-reduce's sum only if
@@ -164,7 +157,7 @@ class GossipExchange:
         trusted = [p for p in peers if self._trusted(p)]
         wanted = {p: self.addresses[p] for p in trusted if not self._done(p, round_)}
         received = self._node.exchange(
-            wire_round(round_), wanted, sent, deadline_s=self.deadline.seconds, gone=self._gone(round_, wanted)
+            round_, wanted, sent, deadline_s=self.deadline.seconds, gone=self._gone(round_, wanted)
         )
         self._count(dict.fromkeys(wanted, sent), received)
         for late in set(trusted) - set(received):  # late, on its side or this worker's: no evidence that it lies
@@ -178,11 +171,11 @@ class GossipExchange:
         return self.sum(round_, self._maybe_attack_mean(round_, vector))
 
     def sum(self, round_: int, vector: torch.Tensor, deadline_s: float | None = None) -> torch.Tensor | None:
-        """The sum of ``vector`` over every live, trusted worker by a ring all-reduce; None if it failed.
+        """The sum of ``vector`` over every live, trusted worker (``GossipNode.allreduce``); None if it failed.
 
-        The ring is every trusted worker in this round (after the bounded wait
-        for laggards), so a dead worker drops out of it once the others have
-        moved on; a swap gives up on a member as soon as it is gone or done
+        The members are every trusted worker in this round (after the bounded
+        wait for laggards), so a dead worker drops out once the others have
+        moved on; the all-reduce gives up as soon as a member is gone or done
         with the round. One deadline (the round's, unless ``deadline_s`` says
         otherwise) covers the whole all-reduce.
         """
@@ -191,24 +184,27 @@ class GossipExchange:
         self._wait_for_laggards(round_, others)
         live = [p // self._cfg.ranks_per_worker for p in others if self._trusted(p) and self._in_round(p, round_)]
         groups = self._agreement.first(live)  # a sharded group's rank 0 names the ring for all its shards
-        members = sorted([me] + [self._cfg.shard_peer(g) for g in groups])
-        end = time.monotonic() + (self.deadline.seconds if deadline_s is None else deadline_s)
-
-        def swap(step: int, payloads):
-            addresses = {p: self.addresses[p] for p in payloads if p in self.addresses}
-            left = max(0.0, end - time.monotonic())
-            received = self._node.exchange(
-                wire_round(round_, step), addresses, payloads, deadline_s=left, gone=self._gone(round_, addresses)
-            )
-            self._count(payloads, received)
-            return received
-
+        members = [self._cfg.shard_peer(g) for g in groups]
+        addresses = {p: self.addresses[p] for p in members if p in self.addresses}
         self.failure = ""
+        total: torch.Tensor | None = None
         try:
-            total: torch.Tensor | None = ring_allreduce(vector, members, me, swap, self._wire_dtype)
+            if len(addresses) < len(members):
+                raise AllReduceFailed(f"no endpoint for workers {sorted(set(members) - addresses.keys())}")
+            total, traffic = self._node.allreduce(
+                round_,
+                addresses,
+                vector,
+                deadline_s=self.deadline.seconds if deadline_s is None else deadline_s,
+                gone=self._gone(round_, addresses),
+                wire_dtype=self._wire_dtype,
+            )
+            for peer, (sent, received) in traffic.items():
+                counts = self._traffic.setdefault(peer, [0, 0])
+                counts[0], counts[1] = counts[0] + sent, counts[1] + received
         except AllReduceFailed as failure:
             log.warning("round %d: worker %d's all-reduce failed: %s", round_, me, failure)
-            total, self.failure = None, f"the ring {members} failed at {failure}"
+            self.failure = f"the all-reduce over {sorted([me, *members])} failed: {failure}"
         if not self._agreement.all(total is not None):  # one shard's failure: the whole group keeps its own
             total, self.failure = None, self.failure or "another shard of this worker group failed its ring"
         self.ring = tuple(groups) if total is not None else ()
@@ -282,7 +278,7 @@ class GossipExchange:
     def _wait_for_laggards(self, round_: int, peers: list[int]) -> None:
         """Wait (bounded) until every live, trusted peer has finished the previous round.
 
-        A ring all-reduce needs every member to name the same ring: the
+        An all-reduce needs every member to name the same members: the
         workers in the round, which this wait lets a laggard join.
         """
         deadline = time.monotonic() + self.deadline.seconds

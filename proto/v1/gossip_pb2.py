@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x63\x61ntata/v1/gossip.proto\x12\ncantata.v1\"-\n\x0cGossipCommit\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0e\n\x06sender\x18\x02 \x01(\r\"\x1f\n\x0fGossipCommitted\x12\x0c\n\x04kept\x18\x01 \x01(\x08\"\xbc\x01\n\x0bGossipChunk\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0e\n\x06sender\x18\x02 \x01(\r\x12\r\n\x05index\x18\x03 \x01(\r\x12\r\n\x05\x63ount\x18\x04 \x01(\r\x12\x13\n\x0btotal_bytes\x18\x05 \x01(\x04\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\x12\x0e\n\x06stripe\x18\t \x01(\r\x12\x0f\n\x07stripes\x18\n \x01(\r\x12\x10\n\x08\x63hecksum\x18\x0b \x01(\x06J\x04\x08\x07\x10\x08R\x05\x63rc322\x8b\x01\n\x06Gossip\x12@\n\x08\x45xchange\x12\x17.cantata.v1.GossipChunk\x1a\x17.cantata.v1.GossipChunk(\x01\x30\x01\x12?\n\x06\x43ommit\x12\x18.cantata.v1.GossipCommit\x1a\x1b.cantata.v1.GossipCommittedb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x63\x61ntata/v1/gossip.proto\x12\ncantata.v1\"-\n\x0cGossipCommit\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0e\n\x06sender\x18\x02 \x01(\r\"\x1f\n\x0fGossipCommitted\x12\x0c\n\x04kept\x18\x01 \x01(\x08\"\xca\x01\n\x0bGossipChunk\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0e\n\x06sender\x18\x02 \x01(\r\x12\r\n\x05index\x18\x03 \x01(\r\x12\r\n\x05\x63ount\x18\x04 \x01(\r\x12\x13\n\x0btotal_bytes\x18\x05 \x01(\x04\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\x12\x0e\n\x06stripe\x18\t \x01(\r\x12\x0f\n\x07stripes\x18\n \x01(\r\x12\x10\n\x08\x63hecksum\x18\x0b \x01(\x06\x12\x0c\n\x04step\x18\x0c \x01(\rJ\x04\x08\x07\x10\x08R\x05\x63rc322\xcb\x01\n\x06Gossip\x12@\n\x08\x45xchange\x12\x17.cantata.v1.GossipChunk\x1a\x17.cantata.v1.GossipChunk(\x01\x30\x01\x12?\n\x06\x43ommit\x12\x18.cantata.v1.GossipCommit\x1a\x1b.cantata.v1.GossipCommitted\x12>\n\x06Reduce\x12\x17.cantata.v1.GossipChunk\x1a\x17.cantata.v1.GossipChunk(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,7 +36,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GOSSIPCOMMITTED']._serialized_start=86
   _globals['_GOSSIPCOMMITTED']._serialized_end=117
   _globals['_GOSSIPCHUNK']._serialized_start=120
-  _globals['_GOSSIPCHUNK']._serialized_end=308
-  _globals['_GOSSIP']._serialized_start=311
-  _globals['_GOSSIP']._serialized_end=450
+  _globals['_GOSSIPCHUNK']._serialized_end=322
+  _globals['_GOSSIP']._serialized_start=325
+  _globals['_GOSSIP']._serialized_end=528
 # @@protoc_insertion_point(module_scope)

@@ -19,7 +19,7 @@ class GossipCommitted(_message.Message):
     def __init__(self, kept: _Optional[bool] = ...) -> None: ...
 
 class GossipChunk(_message.Message):
-    __slots__ = ("round", "sender", "index", "count", "total_bytes", "dtype", "data", "stripe", "stripes", "checksum")
+    __slots__ = ("round", "sender", "index", "count", "total_bytes", "dtype", "data", "stripe", "stripes", "checksum", "step")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,7 @@ class GossipChunk(_message.Message):
     STRIPE_FIELD_NUMBER: _ClassVar[int]
     STRIPES_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
     round: int
     sender: int
     index: int
@@ -40,4 +41,5 @@ class GossipChunk(_message.Message):
     stripe: int
     stripes: int
     checksum: int
-    def __init__(self, round: _Optional[int] = ..., sender: _Optional[int] = ..., index: _Optional[int] = ..., count: _Optional[int] = ..., total_bytes: _Optional[int] = ..., dtype: _Optional[str] = ..., data: _Optional[bytes] = ..., stripe: _Optional[int] = ..., stripes: _Optional[int] = ..., checksum: _Optional[int] = ...) -> None: ...
+    step: int
+    def __init__(self, round: _Optional[int] = ..., sender: _Optional[int] = ..., index: _Optional[int] = ..., count: _Optional[int] = ..., total_bytes: _Optional[int] = ..., dtype: _Optional[str] = ..., data: _Optional[bytes] = ..., stripe: _Optional[int] = ..., stripes: _Optional[int] = ..., checksum: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...

@@ -44,6 +44,11 @@ class GossipStub:
                 request_serializer=cantata_dot_v1_dot_gossip__pb2.GossipCommit.SerializeToString,
                 response_deserializer=cantata_dot_v1_dot_gossip__pb2.GossipCommitted.FromString,
                 _registered_method=True)
+        self.Reduce = channel.stream_stream(
+                '/cantata.v1.Gossip/Reduce',
+                request_serializer=cantata_dot_v1_dot_gossip__pb2.GossipChunk.SerializeToString,
+                response_deserializer=cantata_dot_v1_dot_gossip__pb2.GossipChunk.FromString,
+                _registered_method=True)
 
 
 class GossipServicer:
@@ -69,6 +74,16 @@ class GossipServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Reduce(self, request_iterator, context):
+        """One all-reduce (DiLoCo's round) between the caller and the callee: both
+        stream the chunks the other needs (each chunk's step says which), then an
+        empty chunk of step DONE once they hold everything the other sent. One
+        call per pair of workers per all-reduce, on the link's kept connection.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GossipServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -81,6 +96,11 @@ def add_GossipServicer_to_server(servicer, server):
                     servicer.Commit,
                     request_deserializer=cantata_dot_v1_dot_gossip__pb2.GossipCommit.FromString,
                     response_serializer=cantata_dot_v1_dot_gossip__pb2.GossipCommitted.SerializeToString,
+            ),
+            'Reduce': grpc.stream_stream_rpc_method_handler(
+                    servicer.Reduce,
+                    request_deserializer=cantata_dot_v1_dot_gossip__pb2.GossipChunk.FromString,
+                    response_serializer=cantata_dot_v1_dot_gossip__pb2.GossipChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -137,6 +157,33 @@ class Gossip:
             '/cantata.v1.Gossip/Commit',
             cantata_dot_v1_dot_gossip__pb2.GossipCommit.SerializeToString,
             cantata_dot_v1_dot_gossip__pb2.GossipCommitted.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reduce(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/cantata.v1.Gossip/Reduce',
+            cantata_dot_v1_dot_gossip__pb2.GossipChunk.SerializeToString,
+            cantata_dot_v1_dot_gossip__pb2.GossipChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,5 +1,9 @@
 """Bandwidth-optimal ring all-reduce over pairwise swaps: reduce-scatter, then all-gather.
 
+DiLoCo runs the streamed all-reduce of :mod:`.reduce` (two hops instead of
+``2 (n - 1)`` swaps); this one works over any ``swap`` and is the baseline
+``benchmarks/bench_allreduce.py`` measures it against.
+
 The vector is cut into ``n`` chunks per ring. In each of the ``n - 1``
 reduce-scatter steps a worker sends one chunk to its ring successor and adds
 the chunk its predecessor sent into its own; then each worker holds one chunk
@@ -30,7 +34,7 @@ Swap = Callable[[int, Mapping[int, torch.Tensor]], Mapping[int, torch.Tensor]]
 
 
 class AllReduceFailed(RuntimeError):
-    """A swap of the all-reduce failed, so this worker cannot have the sum."""
+    """A link or member of the all-reduce failed, so this worker cannot have the sum."""
 
 
 def ring_steps(n: int) -> int:

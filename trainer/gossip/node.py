@@ -19,8 +19,9 @@ from .client import commit_with, exchange_with
 from .heap import reuse_message_memory
 from .identity import gossip_server_name
 from .mailbox import Mailbox
+from .reduce import Reduced, Reduction, Reductions
 from .service import GossipService, RefusalHook, add_gossip_service
-from .wire import WireCounter
+from .wire import REDUCE, WireCounter, decode
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ class GossipNode:
         node = GossipNode(i, job_id, bundle)          # bundle: this worker's per-job Bundle
         address = node.start()                        # "127.0.0.1:PORT", for the control plane
         got = node.exchange(round, {j: addr_j, ...}, payload)   # {j: peer payload}; missing = skipped
+        total, traffic = node.allreduce(round, {j: addr_j, ...}, vector)  # the sum (see :mod:`.reduce`)
         node.stop()
 
     For each edge the lower worker index dials and the higher one answers; both
@@ -73,6 +75,7 @@ class GossipNode:
         self.streams = streams
         self.commit_grace_s = commit_grace_s
         self.mailbox = Mailbox()
+        self.reductions = Reductions()
         self.wire = WireCounter()
         self._on_refused = on_refused or (lambda address, principal, reason: None)
         self._buckets: dict[int, TokenBucket] = {}
@@ -97,6 +100,7 @@ class GossipNode:
             self.chunk_bytes,
             self._buckets.get,
             self._on_refused,
+            self.reductions,
         )
         add_gossip_service(service, server, self.wire)
         credentials = grpc.ssl_server_credentials(
@@ -163,6 +167,61 @@ class GossipNode:
         if missing:
             log.warning("gossip round %d: worker %d skips peers %s", round, self.worker_index, missing)
         return received
+
+    def allreduce(
+        self,
+        round: int,
+        peers: Mapping[int, str],
+        vector: torch.Tensor,
+        deadline_s: float | None = None,
+        gone: Callable[[], Iterable[int]] | None = None,
+        wire_dtype: torch.dtype | None = None,
+    ) -> Reduced:
+        """The sum of the 1-D float ``vector`` over this worker and ``peers`` ``{index: address}``, each of which
+        calls it for the same ``round`` (rounds only grow) with a vector of the same size; chunks travel as
+        ``wire_dtype`` (default: the vector's). Raises ``AllReduceFailed`` unless every member took part in time.
+        """
+        if self._server is None:
+            raise RuntimeError("start() the node before an all-reduce")
+        deadline = time.monotonic() + (self.deadline_s if deadline_s is None else deadline_s)
+        members = sorted({self.worker_index, *peers})
+        reduction = Reduction(round, vector, members, self.worker_index, wire_dtype, self.chunk_bytes, deadline)
+        self.reductions.open(reduction)
+        try:
+            for peer, address in peers.items():
+                if peer > self.worker_index:
+                    self._dialer.submit(self._dial_reduce, reduction, peer, address)
+            total = reduction.wait(gone)
+        finally:
+            self.reductions.close(reduction)
+        return Reduced(total, reduction.traffic())
+
+    def _dial_reduce(self, reduction: Reduction, peer: int, address: str) -> None:
+        """The caller's side of the all-reduce's stream with ``peer``; any failure fails the all-reduce."""
+        error: BaseException | None = None
+        try:
+            call = self._link(peer, address)[0].stream_stream(
+                REDUCE, request_serializer=self.wire.encode, response_deserializer=decode
+            )
+            responses = call(  # a connection still being set up (TLS on a loaded host) is waited for, to the deadline
+                reduction.outgoing(peer, self._buckets.get(peer)),
+                timeout=max(0.0, reduction.deadline - time.monotonic()),
+                wait_for_ready=True,
+            )
+            reduction.on_fail(responses.cancel)
+            for chunk in responses:
+                reduction.take(peer, chunk)
+        except Exception as failure:  # refused, unreachable, cut, corrupt: the all-reduce fails closed
+            error = failure
+            if isinstance(failure, grpc.RpcError):
+                log.warning(
+                    "all-reduce round %d: worker %d -> %d failed: %s",
+                    reduction.round,
+                    self.worker_index,
+                    peer,
+                    failure.details(),
+                )
+        reduction.closed(peer, error)
 
     def _dial(self, round: int, peer: int, address: str, payload: torch.Tensor, deadline: float) -> None:
         assembly = self.mailbox.assembly(round, peer)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import NoReturn, Protocol
 
@@ -17,6 +18,7 @@ from .bandwidth import TokenBucket
 from .chunks import MAX_STRIPES, Assembly, to_chunks
 from .identity import PeerRefused, authorize_peer
 from .mailbox import Mailbox
+from .reduce import Reduction, Reductions
 from .wire import Chunk
 
 log = logging.getLogger(__name__)
@@ -37,7 +39,8 @@ class ServicerContext(Protocol):
 
 
 class GossipService:
-    """Answers a peer's ``Exchange`` (streams this worker's stripe while taking in the peer's) and ``Commit``."""
+    """Answers a peer's ``Exchange`` (streams this worker's stripe while taking in the peer's), ``Commit`` and
+    ``Reduce`` (streams this worker's side of the round's all-reduce while taking in the peer's)."""
 
     def __init__(
         self,
@@ -48,6 +51,7 @@ class GossipService:
         chunk_bytes: int,
         link_bucket: Callable[[int], TokenBucket | None],
         on_refused: RefusalHook,
+        reductions: Reductions | None = None,
     ):
         self.job_id = job_id
         self.worker_index = worker_index
@@ -56,6 +60,7 @@ class GossipService:
         self.chunk_bytes = chunk_bytes
         self.link_bucket = link_bucket
         self.on_refused = on_refused
+        self.reductions = reductions or Reductions()
 
     def identify(self, context: ServicerContext) -> int:
         """The caller's worker index, from its verified certificate; aborts anyone else."""
@@ -113,6 +118,26 @@ class GossipService:
             )
         return gossip_pb2.GossipCommitted(kept=self.mailbox.commit(request.round, peer))
 
+    def Reduce(self, request_iterator: Iterator[Chunk], context: ServicerContext) -> Iterator[Chunk]:
+        peer = self.identify(context)
+        first = next(request_iterator, None)
+        if first is None:
+            return
+        if first.sender != peer:
+            self._refuse(
+                context, Principal.worker(self.job_id, peer).uri, f"worker {peer} sent chunks as worker {first.sender}"
+            )
+        reduction = self.reductions.get(first.round, self.wait_s)
+        if reduction is None or peer not in reduction.peers:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"no all-reduce of round {first.round} with {peer}")
+        receiver = threading.Thread(target=_take_all, args=(reduction, peer, first, request_iterator), daemon=True)
+        receiver.start()
+        yield from reduction.outgoing(peer, self.link_bucket(peer))
+        if not reduction.failure:  # the caller ends its stream once it holds all this worker sent it
+            receiver.join(timeout=max(0.0, reduction.deadline - time.monotonic()))
+        if reduction.failure or receiver.is_alive():
+            context.abort(grpc.StatusCode.ABORTED, reduction.failure or "the caller did not end its stream in time")
+
     @staticmethod
     def _receive(first: Chunk, rest: Iterator[Chunk], assembly: Assembly, failure: list[BaseException]) -> None:
         try:
@@ -122,6 +147,18 @@ class GossipService:
         except Exception as error:  # a corrupt stream or a cancelled call: the peer is skipped
             log.warning("gossip round %d: payload from worker %d rejected: %s", first.round, first.sender, error)
             failure.append(error)
+
+
+def _take_all(reduction: Reduction, peer: int, first: Chunk, rest: Iterator[Chunk]) -> None:
+    """Feed ``peer``'s stream into ``reduction``; any error (corrupt chunk, cut stream) fails it."""
+    error: BaseException | None = None
+    try:
+        reduction.take(peer, first)
+        for chunk in rest:
+            reduction.take(peer, chunk)
+    except Exception as failure:  # the all-reduce fails closed on any broken stream
+        error = failure
+    reduction.closed(peer, error)
 
 
 def add_gossip_service(service: GossipService, server: grpc.Server, counter: wire.WireCounter | None = None) -> None:
@@ -135,5 +172,8 @@ def add_gossip_service(service: GossipService, server: grpc.Server, counter: wir
         request_deserializer=gossip_pb2.GossipCommit.FromString,
         response_serializer=counter.serializer(gossip_pb2.GossipCommitted.SerializeToString),
     )
-    handlers = {"Exchange": exchange, "Commit": commit}
+    reduce = grpc.stream_stream_rpc_method_handler(
+        service.Reduce, request_deserializer=wire.decode, response_serializer=counter.encode
+    )
+    handlers = {"Exchange": exchange, "Commit": commit, "Reduce": reduce}
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("cantata.v1.Gossip", handlers),))

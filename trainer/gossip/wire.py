@@ -19,8 +19,18 @@ from cantata.proto.v1 import gossip_pb2
 
 METHOD = "/cantata.v1.Gossip/Exchange"
 COMMIT = "/cantata.v1.Gossip/Commit"
+REDUCE = "/cantata.v1.Gossip/Reduce"
 _DATA_TAG = bytes([8 << 3 | 2])  # field 8, length-delimited
-_VARINT_FIELDS = {1: "round", 2: "sender", 3: "index", 4: "count", 5: "total_bytes", 9: "stripe", 10: "stripes"}
+_VARINT_FIELDS = {
+    1: "round",
+    2: "sender",
+    3: "index",
+    4: "count",
+    5: "total_bytes",
+    9: "stripe",
+    10: "stripes",
+    12: "step",
+}
 
 
 class MalformedChunk(ValueError):
@@ -39,6 +49,7 @@ class Chunk:
     data: memoryview | bytes
     stripe: int = 0
     stripes: int = 1
+    step: int = 0
 
 
 def _varint(value: int) -> bytes:
@@ -64,6 +75,7 @@ def encode(chunk: Chunk) -> bytes:
         checksum=chunk.checksum,
         stripe=chunk.stripe,
         stripes=chunk.stripes,
+        step=chunk.step,
     ).SerializeToString()
     return b"".join((header, _DATA_TAG, _varint(len(chunk.data)), chunk.data))
 
@@ -110,7 +122,9 @@ def _read_varint(view: memoryview, pos: int) -> tuple[int, int]:
 
 def decode(raw: bytes) -> Chunk:
     view = memoryview(raw)
-    numbers = dict.fromkeys(("round", "sender", "index", "count", "total_bytes", "checksum", "stripe", "stripes"), 0)
+    numbers = dict.fromkeys(
+        ("round", "sender", "index", "count", "total_bytes", "checksum", "stripe", "stripes", "step"), 0
+    )
     dtype, data = "", memoryview(b"")
     pos = 0
     while pos < len(view):
