@@ -1,155 +1,80 @@
-"""In-process simulation of N GASLoC workers, some Byzantine, for bench_anomaly.
+"""In-process GASLoC workers, some Byzantine, run through the product's own code, for bench_anomaly.
 
-All workers' parameters live in one ``[N, D]`` tensor and a small char-level
-GPT (2 layers, d=64) runs batched over the worker dimension, so a round of H
-inner AdamW steps for every worker costs one batched forward/backward per step.
-The outer round follows GASLoC: ``y = theta + eta * g``, a mix over the
-topology from ``cantata.trainer.gasloc.topology``, then
-``theta = z + gamma * (z - z_prev)``. Every message an honest worker receives
-goes through the chosen defence; Byzantine workers train honestly, mix only
-honest values, and send crafted vectors per receiver
-(``cantata.trainer.attacks.craft``).
+Every part a worker runs is the product's, with a job's server defaults
+(``cantata.proto.jobfields.fill_defaults`` on a gasloc ``JobSpec``): the model
+(``build_model``), the inner optimizer and learning-rate schedule
+(``build_optimizer``, ``Schedule``), the data (the built-in corpus and its
+``BatchSampler``), the outer step (``OuterStep``: propose, then finish on what
+arrived), the canaries (``Canaries``), the screening (``UpdateScreen`` with
+the workers' own ``WORKER_SCREENING``) and the quarantine. Only the scale is
+the benchmark's (``Scale``: fewer rounds and local steps, shorter sequences),
+so that a grid runs on two CPU cores. The gossip transport is left out: a
+worker's wire goes to its peers in memory.
 
-``cantata.trainer.gasloc.simulator.Simulator`` mixes inside
-``OuterStep.finish`` and offers no hook for per-receiver messages or for
-screening, hence this simulation of the same outer round.
+Byzantine workers train honestly, mix what their neighbours honestly send,
+and send crafted vectors per receiver (``cantata.trainer.attacks.craft``).
+``undefended`` mixes whatever arrives (``finish`` without a screen);
+``screened`` mixes through the workers' screen.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
-import pydoc_data.topics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from cantata.security.anomaly import (
-    AdaptiveRadius,
-    AnomalyKind,
-    AttackConfig,
-    CenteredClipping,
-    LayerLayout,
-    Quarantine,
-    QuarantinePolicy,
-    ScreeningConfig,
-    UpdateScreener,
-    Verdict,
-    WorkerMomentum,
-    clipped_gossip,
-    make_canary,
-    multi_krum,
-    opposition_from_gram,
-    trimmed_mean,
-)
-from cantata.security.anomaly.screening import CANARY_SCALE
+from cantata.proto.jobfields import FIELD, fill_defaults
+from cantata.proto.v1 import common_pb2
+from cantata.security.anomaly import AttackConfig, LayerLayout, Quarantine
 from cantata.trainer.attacks import OWN_FRAME_ATTACKS, AttackView, craft
-from cantata.trainer.gasloc.topology import make_topology
+from cantata.trainer.config import WorkerConfig
+from cantata.trainer.data.corpus import BatchSampler, load_builtin_corpus
+from cantata.trainer.decentralized import Canaries, UpdateScreen
+from cantata.trainer.gasloc.outer import OuterStep, Proposal, with_weight
+from cantata.trainer.gasloc.topology import Topology, make_topology
+from cantata.trainer.loop import Schedule
+from cantata.trainer.model import build_model
+from cantata.trainer.optim import build_optimizer, spec_settings
 
-AGGREGATOR_DEFENCES = ("trimmed_mean", "krum", "centered_clipping")
-
-
-def corpus() -> tuple[torch.Tensor, int]:
-    """CPython's pydoc topics as char ids, and the vocabulary size."""
-    text = "".join(pydoc_data.topics.topics[key] for key in sorted(pydoc_data.topics.topics))
-    vocab = sorted(set(text))
-    index = {c: i for i, c in enumerate(vocab)}
-    return torch.tensor([index[c] for c in text], dtype=torch.long), len(vocab)
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    vocab: int
-    context: int = 32
-    width: int = 64
-    layers: int = 2
-    heads: int = 4
-
-    def parameter_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
-        d = self.width
-        shapes = [("embed", (self.vocab, d)), ("position", (self.context, d))]
-        for k in range(self.layers):
-            shapes += [
-                (f"h{k}.ln1.w", (d,)),
-                (f"h{k}.ln1.b", (d,)),
-                (f"h{k}.qkv.w", (d, 3 * d)),
-                (f"h{k}.qkv.b", (3 * d,)),
-                (f"h{k}.proj.w", (d, d)),
-                (f"h{k}.proj.b", (d,)),
-                (f"h{k}.ln2.w", (d,)),
-                (f"h{k}.ln2.b", (d,)),
-                (f"h{k}.fc.w", (d, 4 * d)),
-                (f"h{k}.fc.b", (4 * d,)),
-                (f"h{k}.out.w", (4 * d, d)),
-                (f"h{k}.out.b", (d,)),
-            ]
-        return [*shapes, ("lnf.w", (d,)), ("lnf.b", (d,)), ("head.w", (d, self.vocab)), ("head.b", (self.vocab,))]
-
-
-class BatchedGPT:
-    """A GPT whose parameters are views into a flat ``[N, D]`` tensor, one row per worker."""
-
-    def __init__(self, shape: ModelShape):
-        self.shape = shape
-        self.layout = LayerLayout.from_shapes(shape.parameter_shapes())
-        self.shapes = dict(shape.parameter_shapes())
-
-    def init(self, workers: int, generator: torch.Generator) -> torch.Tensor:
-        """Every worker starts from the same initialization (as a job does), drawn on the CPU."""
-        flat = torch.zeros(self.layout.size)
-        for name, (start, stop) in zip(self.layout.names, itertools.pairwise(self.layout.bounds), strict=True):
-            if name.endswith(("ln1.w", "ln2.w", "lnf.w")):
-                flat[start:stop] = 1.0
-            elif name.endswith(".w") or name in ("embed", "position"):
-                residual = name.endswith(("proj.w", "out.w"))
-                std = 0.02 / math.sqrt(2 * self.shape.layers) if residual else 0.02
-                flat[start:stop] = torch.randn(stop - start, generator=generator) * std
-        return flat.repeat(workers, 1)
-
-    def _views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        """One ``split`` (its backward is one concatenation; per-slice views each add a zero-filled ``[N, D]``)."""
-        n = flat.shape[0]
-        parts = flat.split(self.layout.layer_sizes, dim=1)
-        return {name: part.view(n, *self.shapes[name]) for name, part in zip(self.layout.names, parts, strict=True)}
-
-    def loss(self, flat: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Per-worker mean next-char loss; ``tokens`` is ``[N, B, context + 1]``."""
-        p = self._views(flat)
-        n, b, _ = tokens.shape
-        t, d, heads = self.shape.context, self.shape.width, self.shape.heads
-        x, target = tokens[:, :, :-1], tokens[:, :, 1:]
-        worker = torch.arange(n, device=flat.device)[:, None, None]
-        h = p["embed"][worker, x] + p["position"][:, None, :t]
-        for k in range(self.shape.layers):
-            a = F.layer_norm(h, (d,)) * p[f"h{k}.ln1.w"][:, None, None] + p[f"h{k}.ln1.b"][:, None, None]
-            qkv = torch.einsum("nbtd,nde->nbte", a, p[f"h{k}.qkv.w"]) + p[f"h{k}.qkv.b"][:, None, None]
-            q, key, v = (z.reshape(n * b, t, heads, d // heads).transpose(1, 2) for z in qkv.split(d, dim=-1))
-            att = F.scaled_dot_product_attention(q, key, v, is_causal=True).transpose(1, 2).reshape(n, b, t, d)
-            h = h + torch.einsum("nbtd,nde->nbte", att, p[f"h{k}.proj.w"]) + p[f"h{k}.proj.b"][:, None, None]
-            a = F.layer_norm(h, (d,)) * p[f"h{k}.ln2.w"][:, None, None] + p[f"h{k}.ln2.b"][:, None, None]
-            a = F.gelu(torch.einsum("nbtd,nde->nbte", a, p[f"h{k}.fc.w"]) + p[f"h{k}.fc.b"][:, None, None])
-            h = h + torch.einsum("nbte,ned->nbtd", a, p[f"h{k}.out.w"]) + p[f"h{k}.out.b"][:, None, None]
-        h = F.layer_norm(h, (d,)) * p["lnf.w"][:, None, None] + p["lnf.b"][:, None, None]
-        logits = torch.einsum("nbtd,ndv->nbtv", h, p["head.w"]) + p["head.b"][:, None, None]
-        losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none")
-        return losses.view(n, -1).mean(dim=1)
+DEFENCES = ("undefended", "screened")
 
 
 @dataclass(frozen=True)
-class Setup:
-    """Training settings shared by every run of a benchmark."""
+class Scale:
+    """What the benchmark sets smaller than a job's defaults; every other setting is the server's default.
 
+    A run is the first ``rounds`` rounds of a job of the SDK's default length (``steps``), so that the
+    learning-rate schedule is the one such a job has over them.
+    """
+
+    model: str = "gpt-tiny"
     workers: int = 8
-    rounds: int = 10
-    inner_steps: int = 8
-    batch: int = 8
-    inner_lr: float = 3e-3
-    outer_lr: float = 1.0
-    outer_momentum: float = 0.5
-    cc_momentum: float = 0.5
-    val_windows: int = 64
+    rounds: int = 6
+    local_steps: int = 5
+    batch_size: int = 8
+    seq_len: int = 32
+    val_windows: int = 32
+
+
+def job_spec(scale: Scale, topology: str, seed: int) -> common_pb2.JobSpec:
+    """The gasloc job the simulation runs: ``scale``, ``topology`` and ``seed`` set, the rest the server's defaults."""
+    spec = common_pb2.JobSpec(
+        model=scale.model,
+        algorithm="gasloc",
+        workers=scale.workers,
+        topology=topology,
+        local_steps=scale.local_steps,
+        steps=FIELD["steps"].sdk_default,
+        batch_size=scale.batch_size,
+        seq_len=scale.seq_len,
+        seed=seed,
+    )
+    fill_defaults(spec)
+    return spec
 
 
 @dataclass(frozen=True)
@@ -166,229 +91,192 @@ class RunSpec:
 
 @dataclass
 class RunResult:
-    """One run's outcome; message counts cover what honest workers received."""
+    """One run's outcome; message counts cover what honest workers received (``screened`` only)."""
 
     val_loss: float
     byzantine_messages: int = 0
     byzantine_blocked: int = 0
-    byzantine_clipped: int = 0
     honest_messages: int = 0
     honest_blocked: int = 0
-    honest_clipped: int = 0
     screening_seconds: float = 0.0
     round_seconds: float = 0.0
-    # the same two in this thread's CPU time, which other processes' load does not inflate
-    screening_cpu_seconds: float = 0.0
-    round_cpu_seconds: float = 0.0
     quarantined: list[tuple[int, int, int]] = field(default_factory=list)  # (worker, peer, round)
 
 
-class Simulation:
-    """Runs one ``RunSpec`` of GASLoC with the benchmark's model and data.
+class Reports:
+    """Stands in for a worker's control-plane reporter: the screen's anomaly reports, as quarantine events."""
 
-    On ``device`` (``cpu`` or ``cuda``): the data, the parameters and every
-    vector exchanged live there. Random draws (initialization, batches,
-    canaries, attack noise) come from CPU generators and are moved, so a
-    run draws the same numbers on any device and the CPU path is unchanged.
-    """
+    def __init__(self, worker: int, result: RunResult):
+        self.worker, self.result = worker, result
 
-    def __init__(
-        self, setup: Setup, screening: ScreeningConfig, quarantine: QuarantinePolicy, device: str | torch.device = "cpu"
-    ):
-        self.setup = setup
-        self.screening = screening
-        self.quarantine_policy = quarantine
-        self.device = torch.device(device)
-        self.tokens, vocab = corpus()
-        self.tokens = self.tokens.to(self.device)
-        self.model = BatchedGPT(ModelShape(vocab))
-        split = int(0.9 * len(self.tokens))
-        self.train, self.val = self.tokens[:split], self.tokens[split:]
+    def anomaly(self, peer: int, round_: int, check: str, verdict: str, score: float, quarantined: bool) -> None:
+        if quarantined:
+            self.result.quarantined.append((self.worker, peer, round_))
 
-    def tolerated(self, topology: str) -> int:
-        """Byzantine neighbours each defence is set to tolerate: 1 on the ring, 2 otherwise."""
-        return 1 if topology == "ring" else 2
 
-    def _batch(self, generator: torch.Generator) -> torch.Tensor:
-        n, b, span = self.setup.workers, self.setup.batch, self.model.shape.context + 1
-        shard = (len(self.train) - span) // n
-        starts = torch.randint(0, shard, (n, b), generator=generator) + torch.arange(n)[:, None] * shard
-        return self.train[(starts[..., None] + torch.arange(span)).to(self.device)]
+class Worker:
+    """One worker's model, optimizer, data and outer step, built as a job's worker builds them."""
 
-    def _val_loss(self, theta: torch.Tensor, honest: list[int]) -> float:
-        span = self.model.shape.context + 1
-        starts = torch.linspace(0, len(self.val) - span - 1, self.setup.val_windows).long()
-        windows = self.val[(starts[:, None] + torch.arange(span)).to(self.device)]
+    def __init__(self, spec: common_pb2.JobSpec, index: int, topology: Topology, result: RunResult, screened: bool):
+        self.model = build_model(spec.model, spec.seed)
+        self.optimizer = build_optimizer(
+            self.model,
+            spec.optimizer,
+            lr=spec.lr,
+            weight_decay=spec.weight_decay,
+            grad_clip=spec.grad_clip,
+            **spec_settings(spec),
+        )
+        self.schedule = Schedule.of(spec)
+        self.sampler = BatchSampler(load_builtin_corpus().train, spec.batch_size, spec.seq_len, spec.seed, index)
+        self.outer = OuterStep(
+            topology,
+            index,
+            outer_lr=spec.outer_lr,
+            outer_momentum=spec.outer_momentum,
+            canary=Canaries(spec.seed + 7919 * index),
+        )
+        self.theta = parameters_to_vector(self.model.parameters()).detach().clone()
+        self.screen = None
+        if screened:
+            cfg = WorkerConfig(  # the fields UpdateScreen reads; no server, certificates or keys are used
+                job_id="sim",
+                tenant="sim",
+                worker=index,
+                workers=spec.workers,
+                attempt=0,
+                server="",
+                ca=Path(),
+                cert=Path(),
+                key=Path(),
+                rendezvous="",
+                threads=1,
+                spec=spec,
+                checkpoint_keys=None,  # type: ignore[arg-type]
+                dataset_access=None,  # type: ignore[arg-type]
+            )
+            layout = LayerLayout.from_module(self.model)
+            self.screen = UpdateScreen(cfg, Reports(index, result), layout, Quarantine(index))  # type: ignore[arg-type]
+
+    def inner_steps(self, round_: int, steps: int) -> None:
+        for k in range(steps):
+            step = round_ * steps + k + 1
+            self.optimizer.set_lr(self.schedule.lr(step))
+            self.optimizer.zero_grad()
+            batch = self.sampler.batch(step)
+            _, loss = self.model(batch.inputs, batch.targets)
+            loss.backward()
+            self.optimizer.step()
+
+    def propose(self, round_: int, weight: float) -> Proposal:
+        return self.outer.propose(round_, self.theta, parameters_to_vector(self.model.parameters()).detach(), weight)
+
+    def apply(self, theta_next: torch.Tensor) -> None:
+        self.theta = theta_next
+        vector_to_parameters(theta_next.clone(), self.model.parameters())  # the parameters become views of it
+
+    @torch.no_grad()
+    def val_loss(self, windows: torch.Tensor) -> float:
+        _, loss = self.model(windows[:, :-1], windows[:, 1:])
+        return float(loss)
+
+
+def run(scale: Scale, spec: RunSpec) -> RunResult:
+    """One run of ``spec`` at ``scale``: final validation loss of the honest workers' models (mean), and screening
+    counts; ``inf`` if an honest worker's parameters stopped being finite."""
+    job = job_spec(scale, spec.topology, spec.seed)
+    topology = make_topology(job.topology, scale.workers, job.seed)
+    result = RunResult(val_loss=math.inf)
+    screened = spec.defence == "screened"
+    workers = [Worker(job, i, topology, result, screened) for i in range(scale.workers)]
+    byzantine = spec.byzantine
+    honest = [i for i in range(scale.workers) if i not in byzantine]
+    noise = torch.Generator().manual_seed(spec.seed + 1)
+    weight = float(scale.local_steps)
+    for round_ in range(scale.rounds):
+        started = time.perf_counter()
+        for worker in workers:
+            worker.inner_steps(round_, scale.local_steps)
         with torch.no_grad():
-            losses = self.model.loss(theta[honest], windows.expand(len(honest), -1, -1))
-        return losses.mean().item() if torch.isfinite(losses).all() else math.inf
+            proposals = [worker.propose(round_, weight) for worker in workers]
+            crafting = 0.0
+            for i, worker in enumerate(workers):
+                crafted_at = time.perf_counter()
+                received = {
+                    j: _wire(spec, round_, i, j, proposals, topology, noise, weight) for j in proposals[i].peers
+                }
+                crafting += time.perf_counter() - crafted_at
+                screen = _counted(worker.screen, spec, round_, result) if i in honest else None
+                theta_next, _ = worker.outer.finish(proposals[i], received, screen)
+                worker.apply(theta_next)
+        result.round_seconds += time.perf_counter() - started - crafting
+        if not all(torch.isfinite(workers[i].theta).all() for i in honest):
+            return result
+    windows = BatchSampler(load_builtin_corpus().val, scale.val_windows, scale.seq_len, 0, 0).batch(0)
+    losses = [workers[i].val_loss(torch.cat([windows.inputs, windows.targets[:, -1:]], dim=1)) for i in honest]
+    result.val_loss = sum(losses) / len(losses) if all(map(math.isfinite, losses)) else math.inf
+    return result
 
-    def run(self, spec: RunSpec) -> RunResult:
-        setup, n = self.setup, self.setup.workers
-        generator = torch.Generator().manual_seed(spec.seed)
-        attack_noise = torch.Generator().manual_seed(spec.seed + 1)
-        canaries = torch.Generator().manual_seed(spec.seed + 2)
-        topology = make_topology(spec.topology, n, seed=spec.seed)
-        byzantine = spec.byzantine
-        honest = [i for i in range(n) if i not in byzantine]
-        tolerated = self.tolerated(spec.topology)
-        params = self.model.init(n, generator).to(self.device).requires_grad_()
-        optimizer = torch.optim.AdamW([params], lr=setup.inner_lr, weight_decay=0.0)
-        z_previous = params.detach().clone()
-        screeners = {i: UpdateScreener(self.model.layout, self.screening) for i in honest}
-        quarantines = {i: Quarantine(i, self.quarantine_policy) for i in honest}
-        centered = {i: CenteredClipping(radius=None) for i in honest}
-        momenta = {i: WorkerMomentum(setup.cc_momentum) for i in range(n)}
-        result = RunResult(val_loss=math.inf)
 
-        for round in range(setup.rounds):
-            started, started_cpu = time.perf_counter(), time.thread_time()
-            theta = params.detach().clone()
-            for _ in range(setup.inner_steps):
-                optimizer.zero_grad(set_to_none=True)
-                self.model.loss(params, self._batch(generator)).sum().backward()
-                optimizer.step()
-            with torch.no_grad():
-                y = theta + setup.outer_lr * (params.detach() - theta)
-                if spec.defence == "centered_clipping":
-                    sent = torch.stack([theta[j] + momenta[j].update(y[j] - theta[j]) for j in range(n)])
-                elif spec.defence == "screened":  # each worker sends its point plus a secret canary (echo check)
-                    canaried_at, canaried_cpu = time.perf_counter(), time.thread_time()
-                    sent = y + torch.stack([make_canary(y[j] - theta[j], CANARY_SCALE, canaries) for j in range(n)])
-                    result.screening_seconds += time.perf_counter() - canaried_at  # the canaries are the screening's
-                    result.screening_cpu_seconds += time.thread_time() - canaried_cpu
-                else:
-                    sent = y
-                mixing = topology.mixing_matrix(round).to(self.device, torch.float32)
-                z = torch.empty_like(y)
-                crafting = crafting_cpu = 0.0
-                for i in honest:
-                    neighbours = topology.neighbors(i, round)
-                    crafted_at, crafted_cpu = time.perf_counter(), time.thread_time()
-                    messages = {
-                        j: self._message(spec, round, i, j, neighbours, theta, sent, mixing, attack_noise)
-                        for j in neighbours
-                    }
-                    crafting += time.perf_counter() - crafted_at
-                    crafting_cpu += time.thread_time() - crafted_cpu
-                    z[i] = self._defend(
-                        spec,
-                        round,
-                        i,
-                        theta[i],
-                        y[i],
-                        sent[i],
-                        messages,
-                        mixing,
-                        tolerated,
-                        screeners,
-                        quarantines,
-                        centered,
-                        result,
-                    )
-                for b in byzantine:
-                    z[b] = y[b] + sum(mixing[b, j] * (y[j] - y[b]) for j in topology.neighbors(b, round))
-                theta_next = z + setup.outer_momentum * (z - z_previous)
-                z_previous = z
-                params.copy_(theta_next)
-            result.round_seconds += time.perf_counter() - started - crafting
-            result.round_cpu_seconds += time.thread_time() - started_cpu - crafting_cpu
-            if not torch.isfinite(theta_next[honest]).all():
-                return result
-        result.val_loss = self._val_loss(params.detach(), honest)
-        return result
+def _counted(screen: UpdateScreen | None, spec: RunSpec, round_: int, result: RunResult):
+    """``screen`` (None: undefended), counting what it blocked of Byzantine and of honest messages, and its time."""
+    if screen is None:
+        return None
 
-    def _message(self, spec, round, receiver, sender, neighbours, theta, sent, mixing, noise) -> torch.Tensor:
-        """What ``sender`` sends ``receiver``: its value, or a crafted one if it attacks.
-
-        Attacks on the sender's own update are crafted around its own
-        round-start parameters; the omniscient ones around the receiver's.
-        ALIE's n and f are those of the receiver's aggregation, which in
-        gossip is its closed neighbourhood: the receiver, its honest
-        neighbours and its Byzantine ones (the whole graph when complete).
-        """
-        if spec.attack is None or not spec.attack.attacks(sender, round):
-            return sent[sender]
-        n = len(sent)
-        attackers = [j for j in neighbours if j in spec.byzantine]
-        if spec.topology == "complete":
-            observed = [k for k in range(n) if k not in spec.byzantine]
-        else:
-            observed = [receiver] + [k for k in neighbours if k not in spec.byzantine]
-        anchor = theta[sender] if spec.attack.kind in OWN_FRAME_ATTACKS else theta[receiver]
-        view = AttackView(
-            own=sent[sender] - anchor,
-            honest=sent[observed] - anchor,
-            receiver=sent[receiver] - anchor,
-            honest_weights=mixing[receiver, observed],
-            byzantine_weight=sum(mixing[receiver, j].item() for j in neighbours if j in spec.byzantine),
-            workers=len(observed) + len(attackers),
-            byzantine=len(attackers),
-        )
-        return anchor + craft(spec.attack, view, noise)
-
-    def _defend(
-        self,
-        spec,
-        round,
-        i,
-        theta_i,
-        y_i,
-        sent_i,
-        messages,
-        mixing,
-        tolerated,
-        screeners,
-        quarantines,
-        centered,
-        result,
-    ) -> torch.Tensor:
-        """Worker i's mixed point z_i under the run's defence."""
-        defence = spec.defence
-        if defence == "undefended":
-            return y_i + sum(mixing[i, j] * (m - y_i) for j, m in messages.items())
-        if defence in AGGREGATOR_DEFENCES:
-            rows = torch.stack([sent_i - theta_i] + [m - theta_i for m in messages.values()])
-            if defence == "trimmed_mean":
-                return theta_i + trimmed_mean(rows, tolerated)
-            if defence == "krum":
-                return theta_i + multi_krum(rows, tolerated, selected=1)
-            return theta_i + centered[i](rows)
-        screened_at, screened_cpu = time.perf_counter(), time.thread_time()
-        open_peers = [j for j in messages if not quarantines[i].is_quarantined(j)]
-        screenings = screeners[i].screen_round(
-            {j: messages[j] for j in open_peers}, y_i - theta_i, anchor=theta_i, canary=sent_i - y_i
-        )
-        pulling = [j for j in open_peers if screenings[j].checks[0].check != "echo"]
-        opposition = opposition_from_gram(pulling, screenings.pull_gram(pulling))
-        accepted = set()
-        for j in open_peers:
-            events = quarantines[i].record(round, screenings[j])
-            result.quarantined += [(i, j, round) for e in events if e.kind is AnomalyKind.PEER_QUARANTINED]
-            if screenings[j].verdict is not Verdict.REJECT:
-                accepted.add(j)
-        accepted = opposition.whole_pairs(accepted)
-        kept, caps = [], []
-        for j, message in messages.items():
-            verdict = Verdict.REJECT
-            if j in accepted:
-                verdict = screenings[j].verdict
-                kept.append(message)
-                limits = [c for c in (screenings[j].clip_norm, opposition.caps.get(j)) if c is not None]
-                caps.append(min(limits) if limits else None)
-            if j in spec.byzantine and spec.attack.attacks(j, round):
+    def counting(proposal: Proposal, decoded: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        started = time.perf_counter()
+        kept = screen(proposal, decoded)
+        result.screening_seconds += time.perf_counter() - started
+        for peer in decoded:
+            if spec.attack is not None and spec.attack.attacks(peer, round_):
                 result.byzantine_messages += 1
-                result.byzantine_blocked += verdict is Verdict.REJECT
-                result.byzantine_clipped += verdict is Verdict.CLIP
+                result.byzantine_blocked += peer not in kept
             else:
                 result.honest_messages += 1
-                result.honest_blocked += verdict is Verdict.REJECT
-                result.honest_clipped += verdict is Verdict.CLIP
-        result.screening_seconds += time.perf_counter() - screened_at
-        result.screening_cpu_seconds += time.thread_time() - screened_cpu
-        step = mixing[i, next(iter(messages))].item()
-        # ClippedGossip's radius bounds b liars among at least 2b + 1 neighbours; among fewer (the ring's
-        # two) it would clip an honest neighbour every round, and the echo and opposition checks bound them
-        radius = AdaptiveRadius(tolerated if len(messages) > 2 * tolerated else 0)
-        # differences from the point it sent (canary included), so the workers' mean is kept
-        return y_i - sent_i + clipped_gossip(sent_i, kept, [1.0] * len(kept), step, radius, caps)
+                result.honest_blocked += peer not in kept
+        return kept
+
+    return counting
+
+
+def _wire(
+    spec: RunSpec,
+    round_: int,
+    receiver: int,
+    sender: int,
+    proposals: list[Proposal],
+    topology: Topology,
+    noise: torch.Generator,
+    weight: float,
+) -> torch.Tensor:
+    """What ``sender`` sends ``receiver``: its wire, or a crafted vector with its weight if it attacks.
+
+    Attacks on the sender's own update are crafted around its own round-start
+    parameters, the omniscient ones around the receiver's. A Byzantine
+    receiver gets honest wires. ALIE's n and f are those of the receiver's
+    aggregation, its closed neighbourhood (the whole graph when complete).
+    """
+    attack = spec.attack
+    if attack is None or receiver in spec.byzantine or not attack.attacks(sender, round_):
+        return proposals[sender].wire
+    n = len(proposals)
+    neighbours = topology.neighbors(receiver, round_)
+    attackers = [j for j in neighbours if j in spec.byzantine]
+    observed = (
+        [k for k in range(n) if k not in spec.byzantine]
+        if spec.topology == "complete"
+        else [receiver] + [k for k in neighbours if k not in spec.byzantine]
+    )
+    anchor = proposals[sender if attack.kind in OWN_FRAME_ATTACKS else receiver].theta
+    sent = torch.stack([p.sent for p in proposals])
+    mixing = topology.mixing_matrix(round_)
+    view = AttackView(
+        own=proposals[sender].sent - proposals[sender].theta,
+        honest=sent[observed] - anchor,
+        receiver=sent[receiver] - anchor,
+        honest_weights=mixing[receiver, observed],
+        byzantine_weight=sum(float(mixing[receiver, j]) for j in attackers),
+        workers=len(observed) + len(attackers),
+        byzantine=len(attackers),
+    )
+    return with_weight(anchor + craft(attack, view, noise), weight)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import sys
 from collections.abc import Callable
@@ -662,241 +661,105 @@ def sharded_gossip(load: Callable[[str], dict]) -> list[str]:
     ]
 
 
-ATTACKS = ("clean", "nan", "sign_flip", "scale", "gaussian", "alie", "alie_z0", "alie_stress", "ipm", "dissensus")
-DEFENCES = ("undefended", "screened", "trimmed_mean", "krum", "centered_clipping")
+PANEL_NAMES = {"ring": "ring, 1 Byzantine", "complete": "complete, 2 Byzantine"}
 
 
-def _loss(r: dict) -> str:
-    return "diverged" if r["relative_loss"] is None else f"{r['relative_loss']:.3f}"
+def _spread(summary: dict) -> str:
+    """``mean ± std`` of a cell's final validation losses, or how many seeds diverged."""
+    if summary["mean"] is None:
+        return f"diverged ({summary['diverged']} of {len(summary['val_loss'])} seeds)"
+    digits = ".3g" if summary["mean"] >= 1000 else ".3f"  # a run blown far off
+    return f"{summary['mean']:{digits}} ± {summary['std']:{digits}}"
 
 
-def _anomaly_table(report: str) -> Table:
-    def render(load: Callable[[str], dict]) -> list[str]:
-        return _anomaly(load(report))
-
-    return render
-
-
-# the whole grids (quick and full) and their --cells subsets: one renderer for the four reports
-for _report in ("anomaly", "anomaly_full", "anomaly_cells", "anomaly_full_cells"):
-    table(_report)(_anomaly_table(_report))
-
-
-def _anomaly(result: dict) -> list[str]:
-    rows = {(r["topology"], r["byzantine"], r["attack"], r["defence"]): r for r in result["rows"]}
-    if not any(defence == "screened" for *_, defence in rows):
-        return _undefended_only(result, rows)
-    panels = sorted({(t, b) for t, b, a, _ in rows if a != "clean"}, key=lambda p: (p[0] != "ring", p[1]))
-    lines = header("attack", *(f"{t}, {b} Byzantine" for t, b in panels))
-    for attack in (a for a in ATTACKS if any(key[2] == a for key in rows)):
-        cells = []
-        for topology, byzantine in panels:
-            r = rows.get((topology, 0 if attack == "clean" else byzantine, attack, "screened"))
-            undefended = rows.get((topology, 0 if attack == "clean" else byzantine, attack, "undefended"))
-            if r is None or undefended is None:
-                cells.append("")
-                continue
-            tpr = "–" if r["tpr"] is None else f"{r['tpr']:.2f}"
-            cells.append(f"{tpr} / {r['fpr']:.3f} / {_loss(r)} ({_loss(undefended)})")
-        lines.append(row(attack.replace("_", " "), *cells))
-    compared = header("attack", "Byzantine", *(d.replace("_", " ") for d in DEFENCES))
-    for byzantine in sorted({b for t, b, a, _ in rows if t == "complete" and a != "clean"}):
-        for attack in ATTACKS:
-            cells = [rows.get(("complete", 0 if attack == "clean" else byzantine, attack, d)) for d in DEFENCES]
-            if (attack == "clean" and byzantine != 1) or any(c is None for c in cells):
-                continue
-            compared.append(row(attack.replace("_", " "), 0 if attack == "clean" else byzantine, *map(_loss, cells)))
-    failed: dict[str, list[str]] = {}
-    for cell, checks in result["targets"].items():
-        for check, ok in checks.items():
-            if not ok:
-                failed.setdefault(check, []).append(cell)
-    misses = [f"`{check}` in {', '.join(cells)}" for check, cells in failed.items()]
-    setup = result["setup"]
-    mode = (
-        f"a `--quick` run ({setup['rounds']} rounds of {setup['inner_steps']} inner steps)"
-        if result["mode"] == "quick"
-        else f"the full setup ({setup['rounds']} rounds of {setup['inner_steps']} inner steps, batch {setup['batch']})"
-    )
-    on_gpu = result["device"].startswith("cuda")
-    where = (
-        f"on {result['device']}, with {result['machine']['cpus']} CPU cores and Python {result['machine']['python']}"
-    )
-    if result.get("cells"):
-        mode += (
-            f"; **a subset**: the cells `{result['cells']}` (topology/Byzantine/attack/defence), "
-            f"{result.get('runs_done')} of {result.get('runs_planned')} planned runs done, {where}"
-        )
-    elif on_gpu:
-        mode += f", {result['runs_done']} runs {where}"
-    elif not result["complete"]:
-        attacks = ", ".join(a.replace("_", " ") for a in result.get("attacks", ATTACKS[1:]))
-        mode += (
-            f"; **a subset of the grid**: the clean runs and {attacks} only, {result.get('runs_done')} of "
-            f"{result.get('runs_planned')} planned runs done"
-        )
-    overhead = result["full_round_overhead"] or {"fraction": math.nan}
-    fractions = [r["screening_overhead"] for r in result["rows"] if r["defence"] == "screened"]
-    grid_overhead = f"{100 * min(fractions):.1f}–{100 * max(fractions):.1f}%" if fractions else "not yet measured"
-    grid_runs = "in the grid's runs when they were made"
-    if on_gpu:
-        grid_runs = "in the grid's runs on the GPU, whose rounds are short while the screening's bookkeeping is not"
-    reused = []
-    if result.get("reused"):
-        reused = [
-            "",
-            f"Only the {', '.join(result['reused']['defences_run'])} runs were made in this run; the other "
-            f"defences' {result['reused']['runs_reused']} runs are read back from the previous report of the same "
-            "setup and seeds (their code path is unchanged and the runs are deterministic).",
-        ]
-    z = result["alie_z"]
-    if not math.isfinite(overhead["fraction"]):
-        misses.append("the screening overhead was not measured")
-    elif not result["overhead_target"]["fraction<=0.03"]:
-        misses.append(f"screening at {100 * overhead['fraction']:.1f}% of a round (target ≤ 3%)")
-    return [
-        f"{setup['workers']} GASLoC workers, {result['seeds']} seed{'s' if result['seeds'] != 1 else ''}, {mode}. ALIE runs at its paper's z for each "
-        f"receiver's neighbourhood ({z['ring']:.2f} on the ring, {z['complete_1byz']:.2f} and "
-        f"{z['complete_2byz']:.2f} on the complete graph"
-        + (f", {z['complete_3byz']:.2f} with 3 Byzantine" if any(k[1] == 3 for k in rows) else "")
-        + f") and at a stress z of {z['stress']:g} (`alie stress`, beyond the formula)"
-        + (
-            "; `alie z0` is the control at z = 0 (only the attackers' data missing)"
-            if any(k[2] == "alie_z0" for k in rows)
-            else ""
-        )
-        + f"; IPM at ε = {result['ipm_epsilon']:g}. Each cell: detection TPR / FPR / final "
-        "validation loss relative to the clean run, screened (undefended in brackets):",
-        "",
-        *lines,
-        "",
-        "On the complete graph, the screening beside the published robust aggregators over the same vectors "
-        "(final validation loss relative to the clean undefended run):",
-        "",
-        *compared,
-        "",
-        f"Screening takes {100 * overhead['fraction']:.1f}% of a round at the full setup's rounds "
-        f"(complete graph, 7 peers per worker; target ≤ 3%; load average "
-        f"{overhead.get('remeasured', result['machine'])['load_average_1m']:g} on "
-        f"{overhead.get('remeasured', result['machine'])['cpus']} cores), {grid_overhead} {grid_runs}.",
-        *reused,
-        missed(misses),
-        reproduce(
-            "bench_anomaly.py"
-            + (f" --device {result['device'].split()[0]} --processes 14" if on_gpu else "")
-            + (
-                _cells_flags(result)
-                if result.get("cells")
-                else ""
-                if result["complete"] or result["mode"] == "quick"
-                else f" --seeds {result['seeds']} --attacks " + ",".join(result["attacks"])
-            ),
-            f" ({'this run, with the runs it read back, took' if result.get('reused') else 'about'} "
-            f"{result['wall_seconds'] / 60:.0f} min at a load average of {result['machine']['load_average_1m']:g}"
-            f" on {result['machine']['cpus']} cores)",
-            quick=result["mode"] == "quick",
-        ),
-    ]
-
-
-STOPPED = ("nan", "sign_flip", "scale", "gaussian", "alie_stress", "ipm", "dissensus")
-
-
-def _span(values: list[float], digits: int = 3) -> str:
-    low, high = min(values), max(values)
+def _anomaly_setup(result: dict) -> str:
+    scale, job, machine = result["scale"], result["job"], result["machine"]
     return (
-        f"{low:.{digits}f}×" if f"{low:.{digits}f}" == f"{high:.{digits}f}" else f"{low:.{digits}f}–{high:.{digits}f}×"
+        f"{scale['workers']} GASLoC workers of the product's `{job['model']}` (`trainer/model.py`) on the built-in "
+        f"corpus: the first {scale['rounds']} rounds of {job['local_steps']} local steps (batch {job['batch_size']}, "
+        f"sequences of {job['seq_len']}) of a {job['steps']}-step job, every other setting the server's default "
+        f"({job['optimizer']} at lr {job['lr']:g}, weight decay {job['weight_decay']:g}, {job['lr_schedule']} "
+        f"schedule, outer lr {job['outer_lr']:g}, outer momentum {job['outer_momentum']:g}) and the workers' own "
+        f"screening settings (`layer_min_spread` {result['screening']['layer_min_spread']:g}, quarantine after "
+        f"{result['quarantine']['rejections']} rejections in {result['quarantine']['window']} rounds); seeds "
+        f"{', '.join(map(str, result['seeds']))}, on {result['device']} ({machine['cpus']} cores), torch "
+        f"{result['torch']}. Final validation loss of the honest workers' models, mean ± standard deviation over the seeds"
     )
 
 
-@table("anomaly_summary")
-def anomaly_summary(load: Callable[[str], dict]) -> list[str]:
-    """What the full grid says, in numbers read from it (the prose around the tables quotes none)."""
-    result = load("anomaly_full")
-    rows = result["rows"]
-
-    def cells(defence: str, topology: str | None = None, byzantine: int | None = None, attacks=STOPPED) -> list[dict]:
-        return [
-            r
-            for r in rows
-            if r["defence"] == defence
-            and r["attack"] in attacks
-            and (topology is None or r["topology"] == topology)
-            and (byzantine is None or r["byzantine"] == byzantine)
-        ]
-
-    screened = cells("screened")
-    undefended = cells("undefended")
-    diverged = sorted({r["attack"].replace("_", " ") for r in undefended if r["relative_loss"] is None})
-    hurt = [r["relative_loss"] for r in undefended if r["relative_loss"] is not None]
-    panels = [("ring", 1), ("ring", 2), ("complete", None)]
-    ends = ", ".join(
-        f"{_span([r['relative_loss'] for r in cells('screened', t, b)])} ({t}{f', {b} Byzantine' if b else ''})"
-        for t, b in panels
-    )
-    price = []
-    for defence in DEFENCES[1:]:
-        every = [r for r in rows if r["topology"] == "complete" and r["defence"] == defence]
-        clean = next(r for r in every if r["attack"] == "clean")
-        losses = [r["relative_loss"] for r in every if r["relative_loss"] is not None]
-        price.append(f"{defence.replace('_', ' ')} {_span(losses)} ({clean['relative_loss']:.3f}× clean)")
-    alie = {
-        (r["topology"], r["byzantine"]): r["relative_loss"]
-        for r in rows
-        if r["attack"] == "alie" and r["defence"] == "undefended"
-    }
+@table("anomaly_search")
+def anomaly_search(load: Callable[[str], dict]) -> list[str]:
+    """Phase 1 of bench_anomaly: every attack setting tried, undefended, against the clean runs."""
+    result = load("anomaly")
+    panels = list(result["panels"])
+    clean = {r["topology"]: r for r in result["rows"] if r["attack"] == "clean"}
+    lines = header("attack", "setting", *(PANEL_NAMES.get(p, p) for p in panels))
+    lines.append(row("clean", "", *(_spread(clean[p]["undefended"]) for p in panels)))
+    cells = {(r["attack"], r["setting"], r["topology"]): r for r in result["search"]}
+    for attack, setting in dict.fromkeys((r["attack"], r["setting"]) for r in result["search"]):
+        found = [cells.get((attack, setting, p)) for p in panels]
+        lines.append(
+            row(
+                attack.replace("_", " "),
+                setting,
+                *("" if r is None else _spread(r) + (" **hurts**" if r["hurts"] else "") for r in found),
+            )
+        )
     return [
-        f"From the full grid above ({result['runs_done']} runs, {result['seeds']} seeds; losses relative to the "
-        "clean undefended run of the same graph and seed):",
-        "",
-        f"- **The crude attacks, IPM, stress ALIE and dissensus** ({', '.join(a.replace('_', ' ') for a in STOPPED)}): "
-        f"the screening catches {min(r['tpr'] for r in screened):.2f}–{max(r['tpr'] for r in screened):.2f} of "
-        f"their messages at an FPR of at most {max(r['fpr'] for r in screened):.3f}. Undefended, "
-        f"{', '.join(diverged)} diverge in at least one cell, and the worst cell that does not ends at "
-        f"{max(hurt):.3f}×; screened, every one ends at {ends}.",
-        "- **ALIE at its paper's z**, undefended: "
-        + ", ".join(f"{alie[t, b]:.3f}× ({t}, {b} Byzantine)" for t, b in sorted(alie))
-        + ".",
-        "- **The defences' own price on the complete graph**, over every cell: " + "; ".join(price) + ".",
-        "",
-        reproduce("bench_anomaly.py --device cuda --processes 14", " (the full grid above)"),
-    ]
-
-
-def _undefended_only(result: dict, rows: dict) -> list[str]:
-    """A ``--cells`` subset of undefended runs: each attack's final loss relative to clean, per panel."""
-    setup, machine = result["setup"], result["machine"]
-    panels = sorted({(t, b) for t, b, a, _ in rows if a != "clean"}, key=lambda p: (p[0] != "ring", p[1]))
-    lines = header("attack", *(f"{t}, {b} Byzantine (ALIE's z {_alie_z(result, t, b):.2f})" for t, b in panels))
-    for attack in (a for a in ATTACKS if a != "clean" and any(key[2] == a for key in rows)):
-        cells = [rows.get((t, b, attack, "undefended")) for t, b in panels]
-        lines.append(row(attack.replace("_", " "), *("" if c is None else _loss(c) for c in cells)))
-    return [
-        f"{setup['workers']} GASLoC workers, {result['seeds']} seeds, {setup['rounds']} rounds of "
-        f"{setup['inner_steps']} inner steps (batch {setup['batch']}), undefended; the cells `{result['cells']}`, "
-        f"{result['runs_done']} of {result['runs_planned']} planned runs done, on {result['device']} "
-        f"({machine['cpus']} cores). Final validation loss relative to the clean run of the same graph and seed:",
+        _anomaly_setup(result) + ", undefended. A setting **hurts** when every seed ends above the highest clean "
+        "loss (a diverged run counts as above); each attack keeps its first setting that hurts, in the order "
+        "below, or its last if none does:",
         "",
         *lines,
         "",
         reproduce(
-            "bench_anomaly.py" + _cells_flags(result),
-            f" (about {result['wall_seconds'] / 60:.0f} min at a load average of {machine['load_average_1m']:g}"
-            f" on {machine['cpus']} cores)",
-            quick=result["mode"] == "quick",
+            "bench_anomaly.py",
+            f" (about {result['wall_seconds'] / 60:.0f} min with the table below, "
+            f"at a load average of {result['machine']['load_average_1m']:g} on {result['machine']['cpus']} cores)",
         ),
     ]
 
 
-def _cells_flags(result: dict) -> str:
-    """The flags that made a ``--cells`` subset of the anomaly grid."""
-    rounds = f" --rounds {result['rounds_override']}" if result.get("rounds_override") else ""
-    return f" --seeds {result['seeds']} --cells '{result['cells']}'{rounds}"
-
-
-def _alie_z(result: dict, topology: str, byzantine: int) -> float:
-    z = result["alie_z"]
-    return z["ring"] if topology == "ring" else z[f"complete_{byzantine}byz"]
+@table("anomaly")
+def anomaly(load: Callable[[str], dict]) -> list[str]:
+    """Phase 2 of bench_anomaly: each attack at its kept setting, undefended and screened, with TPR and FPR."""
+    result = load("anomaly")
+    lines = header("graph", "attack", "setting", "undefended", "screened", "TPR", "FPR")
+    harmless = []
+    for r in result["rows"]:
+        if r["hurts"] is False:
+            harmless.append(f"{r['attack'].replace('_', ' ')} ({r['topology']})")
+        tpr = "–" if r["tpr"] is None else f"{r['tpr']:.2f}"
+        fpr = "–" if r["fpr"] is None else f"{r['fpr']:.3f}"
+        setting = r["setting"] + (" (no harm found)" if r["hurts"] is False else "")
+        lines.append(
+            row(
+                PANEL_NAMES.get(r["topology"], r["topology"]),
+                r["attack"].replace("_", " "),
+                setting,
+                _spread(r["undefended"]),
+                _spread(r["screened"]),
+                tpr,
+                fpr,
+            )
+        )
+    found = (
+        f"No setting tried hurts undefended for: {', '.join(harmless)}; their rows run the strongest setting tried, "
+        "so their TPR is the detection of a change that does no measurable harm."
+        if harmless
+        else "Every attack has a setting that hurts undefended."
+    )
+    return [
+        _anomaly_setup(result) + ". Each attack at its kept setting, undefended and screened (the workers' "
+        "`UpdateScreen`); TPR: the share of Byzantine messages the screen kept out of the mix (rejected, or from a "
+        "quarantined peer), FPR: the same for honest messages:",
+        "",
+        *lines,
+        "",
+        found,
+        f"Screening took {100 * result['screening_overhead']:.1f}% of the screened runs' round time.",
+        reproduce("bench_anomaly.py", " (the search above and this table, one run)"),
+    ]
 
 
 CHECKPOINT_STORES = {"local": "local disk", "s3": "S3 (moto)", "azure": "Azure (Azurite)"}
