@@ -10,7 +10,6 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .aggregators import CenteredClipping, WorkerMomentum, coordinate_median, krum_scores, multi_krum, trimmed_mean
     from .attack_policy import (
         AttackConfig,
         AttackKind,
@@ -35,12 +34,6 @@ if TYPE_CHECKING:
     )
 
 _EXPORTS = {
-    "CenteredClipping": "aggregators",
-    "WorkerMomentum": "aggregators",
-    "coordinate_median": "aggregators",
-    "krum_scores": "aggregators",
-    "multi_krum": "aggregators",
-    "trimmed_mean": "aggregators",
     "AttackConfig": "attack_policy",
     "AttackKind": "attack_policy",
     "AttackNotPermitted": "attack_policy",
