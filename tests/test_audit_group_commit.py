@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cantata.security.audit import Action, AuditLog, AuditLogUnavailable, init_audit, read_records, verify
-from tests.waiting import wait_for
+from testkit.waiting import wait_for
 
 ADMIN = "spiffe://cantata/admin/root"
 THREADS = 16

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -16,30 +15,9 @@ from cantata.server.lifecycle import JobLifecycle
 from cantata.server.restarts import RestartPolicy
 from cantata.server.scheduler import Scheduler
 from cantata.server.store import JobRecord, Store
-from tests.test_lifecycle import FakeWorkers
+from testkit.fakes import FULL, FakeAudit, FakeWorkers
 
 TENANT = "acme"
-FULL = "the audit log cannot be written: No space left on device"
-
-
-@dataclass
-class FlakyAudit:
-    """An audit log that refuses every append while ``down`` (or appends of ``refused`` actions), as a full disk does."""
-
-    down: bool = False
-    refused: set[str] = field(default_factory=set)
-    records: list[dict[str, Any]] = field(default_factory=list)
-
-    def append(self, actor: str, action: str, **fields: Any) -> None:
-        if self.down or action in self.refused:
-            raise AuditLogUnavailable(FULL)
-        self.records.append({"actor": actor, "action": action, **fields})
-
-    def failure(self) -> str | None:
-        return FULL if self.down else None
-
-    def actions(self, job_id: str) -> list[str]:
-        return [r["action"] for r in self.records if r.get("resource") == job_id]
 
 
 @pytest.fixture
@@ -52,8 +30,8 @@ def store(tmp_path: Path):
 
 
 @pytest.fixture
-def audit() -> FlakyAudit:
-    return FlakyAudit()
+def audit() -> FakeAudit:
+    return FakeAudit()
 
 
 @pytest.fixture
@@ -62,7 +40,7 @@ def workers() -> FakeWorkers:
 
 
 @pytest.fixture
-def lifecycle(store: Store, audit: FlakyAudit, workers: FakeWorkers) -> JobLifecycle:
+def lifecycle(store: Store, audit: FakeAudit, workers: FakeWorkers) -> JobLifecycle:
     return JobLifecycle(store, audit, workers, restarts=RestartPolicy(0, 0.0, 0.0))  # the first failure ends a job
 
 

@@ -18,7 +18,7 @@ from cantata.proto.vocabulary import Model
 from cantata.sdk.job import Job
 from cantata.server import memory
 from cantata.server.jobspec import parse_job_spec
-from tests.platform import Platform
+from testkit.platform import Platform
 
 CAP_MIB = 6656  # each worker's address space past its loaded size
 MODEL = Model.QWEN3_0_6B

@@ -32,7 +32,7 @@ from cantata.server.serving import ServingLoop
 from cantata.server.store import Conflict, NotFound, QuotaExceeded, RequestIdReused, StoreError
 from cantata.server.webhook_targets import InvalidWebhook
 from cantata.storage import StoreFull, StoreNotFound, StorePermissionError, StoreUnavailableError
-from tests.platform import free_port
+from testkit.platform import free_port
 
 Code = grpc.StatusCode
 

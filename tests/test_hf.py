@@ -29,7 +29,7 @@ from cantata.trainer.export import write_hf
 from cantata.trainer.hf import HFConfigError, check_config, hf_config
 from cantata.trainer.model import MODELS, build_model
 from cantata.trainer.weights import load_weights, local_weights
-from tests.platform import cli, readable
+from testkit.platform import cli, readable
 
 # What a user's config.json says (transformers' own names), for Cantata's two tiny decoders.
 HF_CONFIGS = {

@@ -28,7 +28,7 @@ from cantata.sdk.job import Job
 from cantata.sdk.profiles import Profile
 from cantata.security.pki import CertificateAuthority, Principal, make_csr, new_key
 from cantata.server.auth import ADMIN, PUBLIC, RULES, TENANT, WORKER
-from tests.platform import Platform
+from testkit.platform import Platform
 from tests.test_auth import SERVICE_MODULES
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,7 @@ from cantata.server.lifecycle import JobLifecycle
 from cantata.server.restarts import RestartPolicy
 from cantata.server.scheduler import Scheduler
 from cantata.server.store import UNFINISHED_OF_TENANT, JobRecord, Store, queue_head_query
-from tests.test_resume_lifecycle import Audit, Workers
+from testkit.fakes import FakeAudit, FakeWorkers
 
 
 @dataclass
@@ -73,7 +73,7 @@ def _submit(store: Store, tenant: str, n: int, steps: int = 10) -> list[str]:
 
 def _scheduler(store: Store, slots: int) -> tuple[Scheduler, Launcher]:
     launcher = Launcher(slots)
-    lifecycle = JobLifecycle(store, Audit(), Workers(), restarts=RestartPolicy(0, 0.0, 0.0))  # type: ignore[arg-type]
+    lifecycle = JobLifecycle(store, FakeAudit(), FakeWorkers(), restarts=RestartPolicy(0, 0.0, 0.0))  # type: ignore[arg-type]
     scheduler = Scheduler(store, launcher, lifecycle, Heartbeats(60))  # type: ignore[arg-type]
     store.on_queue_change = scheduler.wake
     return scheduler, launcher

@@ -24,8 +24,8 @@ from cantata.trainer.model import build_model
 from cantata.trainer.optim import build_optimizer
 from cantata.trainer.parallel import parallelize
 from cantata.trainer.process_exit import exit_without_finalizing
-from tests.gossip_rig import Directory, Parts, credentials, worker_config
-from tests.platform import free_ports
+from testkit.gossip_rig import Directory, Parts, credentials, worker_config
+from testkit.platform import free_ports
 
 JOB = "job-sharded"
 MODEL = "llama-tiny"

@@ -41,9 +41,10 @@ from cantata.storage import (
 from cantata.storage.local import PARTIAL_DIR, LocalStore
 from cantata.storage.outage import OutageListener
 from cantata.storage.s3 import MIN_PART_SIZE, S3Store
+from testkit.platform import Platform
+from testkit.waiting import wait_for
 from tests.faultproxy import FaultProxy
 from tests.outages import HeardOutages
-from tests.platform import Platform
 from tests.services import (
     AZURITE_ACCOUNT,
     S3_TEST_CREDENTIALS,
@@ -51,7 +52,6 @@ from tests.services import (
     RunningService,
     azurite_connection_string,
 )
-from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.waiting import wait_for
+from testkit.waiting import wait_for
 
 RAY_PORT = 6379
 # this interpreter's Ray (a console script's #! may name another environment's Python, whose nodes import its Cantata)
