@@ -1,8 +1,10 @@
-"""The audit log and the worker processes as the lifecycle and the scheduler see them, for tests without processes.
+"""The audit log, the worker processes and the executor as the lifecycle and the scheduler see them, for tests
+without processes.
 
 Each fake is typed against the protocol the server code takes
 (:class:`~cantata.server.ports.AuditSink`,
-:class:`~cantata.server.ports.WorkerProcesses`), so mypy says when a protocol
+:class:`~cantata.server.ports.WorkerProcesses`,
+:class:`~cantata.server.executors.Executor`), so mypy says when a protocol
 grows and a fake falls behind.
 """
 
@@ -11,10 +13,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from cantata.security.audit import AuditEntry, AuditLogUnavailable
-from cantata.server.store import JobRecord
+from cantata.server.executors import NotPlaceable, WorkerExit
+from cantata.server.store import JobRecord, WorkerRecord
 
 FULL = "the audit log cannot be written: No space left on device"
 
@@ -103,3 +107,76 @@ class FakeWorkers:
 
     def log_tail(self, job_id: str, worker: int) -> str:
         return self.logs.get((job_id, worker), "")
+
+
+@dataclass
+class FakeExecutor(FakeWorkers):
+    """An executor that starts nothing: it places a job while one of ``slots`` is free (``None``: always) and its
+    steps are at most ``most_steps``, reports the ``exits`` and ``finished`` jobs it is given, and records the rest."""
+
+    slots: int | None = None
+    most_steps: int = 1_000_000
+    looked_at: list[str] = field(default_factory=list)
+    launched: list[str] = field(default_factory=list)
+    exits: list[WorkerExit] = field(default_factory=list)
+    polls: int = 0
+    finished: list[str] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+
+    def start(self) -> None:
+        pass
+
+    def placement(self, job: JobRecord) -> None:
+        self.looked_at.append(job.id)
+        if job.spec.steps > self.most_steps:
+            raise NotPlaceable(f"needs {job.spec.steps} steps; this node runs at most {self.most_steps}", never=True)
+        if self.slots is not None and len(self.launched) >= self.slots:
+            raise NotPlaceable("no free slot")
+
+    def launch(self, job: JobRecord, *, attack: dict | None = None, fault: dict | None = None) -> dict[int, int]:
+        self.launched.append(job.id)
+        return {worker: 100 * len(self.launched) + worker for worker in range(max(job.spec.workers, 1))}
+
+    def poll(self) -> list[WorkerExit]:
+        self.polls += 1
+        exits, self.exits = self.exits, []
+        return exits
+
+    def finished_jobs(self) -> list[str]:
+        return list(self.finished)
+
+    def release(self, job_id: str) -> None:
+        self.finished.remove(job_id)
+        self.released.append(job_id)
+
+    def running_workers(self) -> int:
+        return len(self.launched)
+
+    def live_workers(self) -> list[tuple[str, int, float]]:
+        return []  # none to check for heartbeats
+
+    def workspace(self, job_id: str) -> Path:
+        raise NotImplementedError("a fake executor has no workspaces")
+
+    def log_path(self, job_id: str, worker: int) -> Path:
+        raise NotImplementedError("a fake executor has no logs")
+
+    def adopt(
+        self, job: JobRecord, workers: list[WorkerRecord], *, attack: dict | None = None, fault: dict | None = None
+    ) -> int | None:
+        return None  # its workers do not outlive their server: the job is requeued
+
+    def kill_orphan(self, worker: WorkerRecord, job_id: str) -> None:
+        pass
+
+    def kill_strays(self) -> list[int]:
+        return []
+
+    def detach(self) -> None:
+        pass
+
+    def scrub_all(self) -> None:
+        pass
+
+    def stop_all(self) -> None:
+        pass

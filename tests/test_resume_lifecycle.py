@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from cantata.server.lifecycle import JobLifecycle
 from cantata.server.restarts import RestartPolicy
 from cantata.server.scheduler import Scheduler
 from cantata.server.store import JobRecord, NotResumable, QuotaExceeded, Store
-from testkit.fakes import FakeAudit, FakeWorkers
+from testkit.fakes import FakeAudit, FakeExecutor, FakeWorkers
 
 TENANT = "acme"
 ACTOR = "spiffe://cantata/tenant/acme"
@@ -184,50 +183,16 @@ def test_heartbeats_count_from_the_start_until_a_first_report_and_forget_ended_w
     assert beats.silent([]) == [] and beats.silent([("job-a", 1, 1008.0)]) == []  # ended workers were forgotten
 
 
-@dataclass
-class Launcher:
-    """The launcher as the scheduler sees it: one job's earlier workers may still be stopping."""
-
-    stopping: set[str] = field(default_factory=set)
-    launched: list[str] = field(default_factory=list)
-    killed: list[tuple[str, int]] = field(default_factory=list)
-
-    def poll(self) -> list:
-        return []
-
-    def finished_jobs(self) -> list[str]:
-        return []
-
-    def running_workers(self) -> int:
-        return 0
-
-    def placement(self, job: JobRecord) -> None:
-        pass  # room for every job
-
-    def is_running(self, job_id: str) -> bool:
-        return job_id in self.stopping
-
-    def live_workers(self) -> list[tuple[str, int, float]]:
-        return []
-
-    def launch(self, job: JobRecord, *, attack: dict | None = None, fault: dict | None = None) -> dict[int, int]:
-        self.launched.append(job.id)
-        return {0: 100, 1: 101}
-
-    def started_at(self, job_id: str, worker: int) -> int:
-        return 0
-
-
 def test_a_job_resumed_while_its_earlier_workers_stop_waits_for_them(lifecycle, store, workers):
     job = _running(lifecycle, store, workers)
     lifecycle.worker_exited(job.id, 1, 1)  # FAILED; its worker 0 is being terminated
     _resume(lifecycle, store, job)
-    launcher = Launcher(stopping={job.id})
+    launcher = FakeExecutor(running={job.id: 1})
     # As in the server, the launcher is both the scheduler's and the lifecycle's view of the processes.
-    placing = JobLifecycle(store, FakeAudit(), launcher, restarts=RestartPolicy(0, 0.0, 0.0))  # type: ignore[arg-type]
-    scheduler = Scheduler(store, launcher, placing, Heartbeats(60))  # type: ignore[arg-type]
+    placing = JobLifecycle(store, FakeAudit(), launcher, restarts=RestartPolicy(0, 0.0, 0.0))
+    scheduler = Scheduler(store, launcher, placing, Heartbeats(60))
     scheduler.tick()
     assert launcher.launched == [] and store.job(job.id).state == pb.QUEUED
-    launcher.stopping.clear()
+    launcher.running.clear()
     scheduler.tick()
     assert launcher.launched == [job.id] and store.job(job.id).state == pb.STARTING
