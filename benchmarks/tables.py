@@ -598,10 +598,16 @@ def _anomaly(result: dict) -> list[str]:
     compared = header("attack", "Byzantine", *(d.replace("_", " ") for d in DEFENCES))
     for byzantine in sorted({b for t, b, a, _ in rows if t == "complete" and a != "clean"}):
         for attack in ATTACKS:
-            cells = [rows.get(("complete", 0 if attack == "clean" else byzantine, attack, d)) for d in DEFENCES]
-            if (attack == "clean" and byzantine != 1) or any(c is None for c in cells):
+            found = [rows.get(("complete", 0 if attack == "clean" else byzantine, attack, d)) for d in DEFENCES]
+            if (attack == "clean" and byzantine != 1) or any(c is None for c in found):
                 continue
-            compared.append(row(attack.replace("_", " "), 0 if attack == "clean" else byzantine, *map(_loss, cells)))
+            compared.append(
+                row(
+                    attack.replace("_", " "),
+                    0 if attack == "clean" else byzantine,
+                    *(_loss(c) for c in found if c is not None),
+                )
+            )
     failed: dict[str, list[str]] = {}
     for cell, checks in result["targets"].items():
         for check, ok in checks.items():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 T = TypeVar("T")
 
@@ -24,7 +24,11 @@ class NeverHappened(AssertionError):
 
 
 def wait_for(
-    predicate: Callable[[], T], *, timeout: float = TIMEOUT_S, what: str | None = None, interval: float = 0.1
+    predicate: Callable[[], T | Literal[False] | None],
+    *,
+    timeout: float = TIMEOUT_S,
+    what: str | None = None,
+    interval: float = 0.1,
 ) -> T:
     """Call ``predicate`` every ``interval`` seconds until it returns something true; return that.
 

@@ -119,7 +119,7 @@ def test_the_scheduler_waits_while_the_log_is_down_and_then_settles_what_a_faile
 
     audit.down = False
     original = audit.append
-    audit.append = _fail_once(original)  # type: ignore[method-assign]
+    audit.append = _fail_once(original)
     scheduler.tick()  # the disk fills again mid-tick: the exit is kept for the next tick
     assert store.job(job.id).state == pb.RUNNING
     scheduler.tick()  # the exit reaped by the failed tick is handled now

@@ -64,6 +64,7 @@ class Browser:
 
     def get(self, url: str, headers: dict | None = None, *, read: bool = True) -> http.client.HTTPResponse:
         parts = urllib.parse.urlsplit(url)
+        assert parts.hostname, url
         connection = http.client.HTTPSConnection(parts.hostname, parts.port, context=self._context, timeout=60)
         cookie = {"Cookie": f"{COOKIE}={self.cookie}"} if self.cookie else {}
         connection.request("GET", parts.path, headers={**cookie, **(headers or {})})

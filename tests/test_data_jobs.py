@@ -24,6 +24,7 @@ import pytest
 from cantata.sdk import InvalidJob, NotFound
 from cantata.sdk.job import Job
 from cantata.storage import open_store
+from cantata.storage.s3 import S3Store
 from cantata.trainer.data import DataLoader, DatasetKey, SourceCredentials, open_dataset
 from cantata.trainer.data.prepare import prepare_shards
 from cantata.trainer.data.shards import dtype_for, encode_shard
@@ -84,6 +85,7 @@ def _s3_source(tenant, shards, moto_service, name: str) -> str:
         aws_access_key_id=MOTO_ACCESS_KEY,
         aws_secret_access_key=MOTO_SECRET,
     )
+    assert isinstance(store, S3Store)
     store.client.create_bucket(Bucket=bucket)
     upload_shards(shards, store)
     tenant.register_data_source(

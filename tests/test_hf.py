@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -42,7 +43,7 @@ HF_CONFIGS = {
         num_key_value_heads=2,
         head_dim=32,
         max_position_embeddings=512,
-        rope_theta=1_000_000.0,
+        rope_theta=1_000_000.0,  # type: ignore[call-arg]  # config.json's name: transformers takes it, unlisted
         rms_norm_eps=1e-6,
         tie_word_embeddings=True,
     ),
@@ -55,7 +56,7 @@ HF_CONFIGS = {
         num_key_value_heads=2,
         head_dim=16,
         max_position_embeddings=512,
-        rope_theta=500_000.0,
+        rope_theta=500_000.0,  # type: ignore[call-arg]  # config.json's name: transformers takes it, unlisted
         rms_norm_eps=1e-5,
         tie_word_embeddings=False,
     ),
@@ -77,7 +78,8 @@ def random_hf_model(name: str, seed: int) -> PreTrainedModel:
 
 def save_folder(model: PreTrainedModel, folder: Path, name: str) -> Path:
     shard = SHARDED[name]
-    model.save_pretrained(folder, **({"max_shard_size": shard} if shard else {}))
+    options: dict[str, Any] = {"max_shard_size": shard} if shard else {}
+    model.save_pretrained(folder, **options)
     return folder
 
 

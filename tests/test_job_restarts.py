@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Mapping
 
 import pytest
 
@@ -55,7 +56,7 @@ def _latest_checkpoint(tenant, job_id: str) -> int:
     return max((c.step for c in tenant.checkpoints(job_id)), default=0)
 
 
-def _restarts(platform: Platform, job_id: str) -> list[dict]:
+def _restarts(platform: Platform, job_id: str) -> list[Mapping[str, object]]:
     return [
         r.details
         for r in read_records(platform.data_dir / "audit")

@@ -255,7 +255,7 @@ def test_only_a_live_scraper_certificate_reads_metrics(platform, tenant, scraper
     assert value(found, "cantata_refused_calls_total", reason="handshake") == 1
 
 
-def selectors(node) -> set[str]:
+def selectors(node) -> set[str | None]:
     """The metric names a PromQL expression's selectors name."""
     if isinstance(node, promql_parser.VectorSelector):
         return {node.name}

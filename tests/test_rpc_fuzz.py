@@ -13,6 +13,7 @@ in CI; about a minute in all on two cores).
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import grpc
 import pytest
@@ -100,7 +101,7 @@ def messages(descriptor: Descriptor, known: dict, depth: int = 0) -> st.SearchSt
         values = field_values(field, known, depth)
         optional[field.name] = st.lists(values, max_size=4) if _repeated(field) else values
 
-    def build(chosen: dict) -> object:
+    def build(chosen: dict) -> Any:
         message = cls()
         for name, value in chosen.items():
             field = descriptor.fields_by_name[name]

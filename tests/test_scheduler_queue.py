@@ -68,7 +68,7 @@ def test_placement_runs_on_a_change_and_not_on_every_tick(store):
     assert launcher.launched == [first]
     queued_quietly = store.queue_head
     looks: list[int] = []
-    store.queue_head = lambda skip=(): looks.append(1) or queued_quietly(skip)  # type: ignore[method-assign]
+    store.queue_head = lambda skip=(): looks.append(1) or queued_quietly(skip)
     for _ in range(5):
         scheduler.tick()
     assert looks == []  # an idle tick does not look at the queue at all
@@ -176,10 +176,10 @@ def test_a_launch_whose_room_was_taken_meanwhile_queues_the_job_again_instead_of
     taken = NotPlaceable("the resources free at placement were taken", retry=True)
 
     def launch_once_taken(job: JobRecord, *, attack: dict | None = None, fault: dict | None = None) -> dict[int, int]:
-        launcher.launch = FakeExecutor.launch.__get__(launcher)  # type: ignore[method-assign]
+        launcher.launch = FakeExecutor.launch.__get__(launcher)
         raise taken
 
-    launcher.launch = launch_once_taken  # type: ignore[method-assign]
+    launcher.launch = launch_once_taken
     scheduler.tick()
     assert store.job(job).state == pb.QUEUED
     assert store.job(job).reason == "waiting: the resources free at placement were taken"

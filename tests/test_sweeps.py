@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client
 import ssl
 import time
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -21,7 +22,9 @@ from testkit.waiting import JOB_TIMEOUT_S, wait_for
 from tests.browser import chromium, screenshot, signed_in
 
 # Tiny trials, evaluated often: ASHA's first rung (3 steps) comes long before a trial's end (60 steps).
-TRIAL = dict(name="tiny", model="gpt-tiny", steps=60, eval_every=3, eval_batches=1, batch_size=4, seq_len=16)
+TRIAL: dict[str, Any] = dict(
+    name="tiny", model="gpt-tiny", steps=60, eval_every=3, eval_batches=1, batch_size=4, seq_len=16
+)
 SPACE = {"lr": {"low": 1e-5, "high": 3e-1, "log": True}, "warmup_steps": {"low": 0, "high": 20}}
 
 

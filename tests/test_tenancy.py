@@ -267,6 +267,7 @@ def _served_serial(platform) -> int:
     address = ("127.0.0.1", int(platform.enroll_address.rsplit(":", 1)[1]))
     with socket.create_connection(address) as sock, ctx.wrap_socket(sock) as tls:
         der = tls.getpeercert(binary_form=True)
+    assert der is not None
     return x509.load_der_x509_certificate(der).serial_number
 
 

@@ -161,7 +161,9 @@ def _max_processes(pid: int) -> int:
     return int(line.split()[2])
 
 
-def _probe(tmp_path: Path, modules: dict[str, str], entry: str, argv: list[str], seccomp: bool) -> tuple[int, str]:
+def _probe(
+    tmp_path: Path, modules: dict[str, str], entry: str, argv: list[str], seccomp: bool
+) -> tuple[int | None, str]:
     """Run ``entry`` (of ``modules``, written to an import folder) as a worker of a job of one process of one
     thread, through the zygote and the spawn request the server's policy gives; its exit code and its log."""
     probe_dir = passable(tmp_path) / "probe"
