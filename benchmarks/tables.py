@@ -601,13 +601,8 @@ def _anomaly(result: dict) -> list[str]:
             found = [rows.get(("complete", 0 if attack == "clean" else byzantine, attack, d)) for d in DEFENCES]
             if (attack == "clean" and byzantine != 1) or any(c is None for c in found):
                 continue
-            compared.append(
-                row(
-                    attack.replace("_", " "),
-                    0 if attack == "clean" else byzantine,
-                    *(_loss(c) for c in found if c is not None),
-                )
-            )
+            losses = map(_loss, filter(None, found))
+            compared.append(row(attack.replace("_", " "), 0 if attack == "clean" else byzantine, *losses))
     failed: dict[str, list[str]] = {}
     for cell, checks in result["targets"].items():
         for check, ok in checks.items():
