@@ -43,7 +43,7 @@ HF_CONFIGS = {
         num_key_value_heads=2,
         head_dim=32,
         max_position_embeddings=512,
-        rope_theta=1_000_000.0,  # type: ignore[call-arg]  # config.json's name: transformers takes it, unlisted
+        rope_theta=1_000_000.0,
         rms_norm_eps=1e-6,
         tie_word_embeddings=True,
     ),
@@ -56,7 +56,7 @@ HF_CONFIGS = {
         num_key_value_heads=2,
         head_dim=16,
         max_position_embeddings=512,
-        rope_theta=500_000.0,  # type: ignore[call-arg]  # config.json's name: transformers takes it, unlisted
+        rope_theta=500_000.0,
         rms_norm_eps=1e-5,
         tie_word_embeddings=False,
     ),
