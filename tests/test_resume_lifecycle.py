@@ -36,7 +36,7 @@ def audit() -> FakeAudit:
 
 @pytest.fixture
 def workers() -> FakeWorkers:
-    return FakeWorkers()
+    return FakeWorkers(refuse_restart=AssertionError("not restarted here"))
 
 
 @pytest.fixture

@@ -36,7 +36,12 @@ def _submit(store: Store, tenant: str, n: int, steps: int = 10) -> list[str]:
 
 def _scheduler(store: Store, slots: int) -> tuple[Scheduler, FakeExecutor]:
     launcher = FakeExecutor(slots=slots)
-    lifecycle = JobLifecycle(store, FakeAudit(), FakeWorkers(), restarts=RestartPolicy(0, 0.0, 0.0))
+    lifecycle = JobLifecycle(
+        store,
+        FakeAudit(),
+        FakeWorkers(refuse_restart=AssertionError("not restarted here")),
+        restarts=RestartPolicy(0, 0.0, 0.0),
+    )
     scheduler = Scheduler(store, launcher, lifecycle, Heartbeats(60))
     store.on_queue_change = scheduler.wake
     return scheduler, launcher
