@@ -25,9 +25,9 @@ from pathlib import Path
 import harness
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # tests.platform: the real server the tests use
+sys.path.insert(0, str(ROOT))  # testkit.platform: the test kit's real server
 
-from tests.platform import Platform  # noqa: E402
+from testkit.platform import Platform  # noqa: E402
 
 TARGET_S = 0.7
 TRIALS, QUICK_TRIALS = 15, 3

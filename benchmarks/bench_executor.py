@@ -17,7 +17,7 @@ it from its warm zygote, as the local executor's are forked from the
 server's: no actor process starts for a job. Each side's overhead is
 reported against the other's, per job and to the first step.
 
-The namespace's resolver fails lookups at once (see ``tests/raycluster.py``):
+The namespace's resolver fails lookups at once (see ``testkit/raycluster.py``):
 with the host's, out of reach there, torch's rendezvous waited out two 10 s
 reverse lookups of the node's address, which no real node pays.
 
@@ -34,12 +34,12 @@ from pathlib import Path
 
 import harness
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' real-server and Ray-cluster harness
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test kit's real-server and Ray-cluster harness
 
 from cantata.sdk.job import Job
 from cantata.server.executors.tokens import write_token
-from tests.platform import Platform, cli
-from tests.raycluster import RayCluster
+from testkit.platform import Platform, cli
+from testkit.raycluster import RayCluster
 
 FIRST = dict(algorithm="allreduce", workers=2, model="gpt-tiny", steps=50, eval_every=1000, batch_size=4, seq_len=32)
 ONE_STEP = dict(algorithm="single", workers=1, model="gpt-tiny", steps=1, eval_every=1, eval_batches=1, batch_size=4)

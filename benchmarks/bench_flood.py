@@ -30,11 +30,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from cantata.sdk.client import Client
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # tests.platform and tests.flooding: the real server and floods the tests use
+sys.path.insert(0, str(ROOT))  # testkit.platform and testkit.flooding: the test kit's real server and floods
 
-from tests.flooding import PARTIAL_CLIENT_HELLO, Flood, open_files, rss_mib, server_connections  # noqa: E402
-from tests.platform import Platform, free_port  # noqa: E402
-from tests.waiting import wait_for  # noqa: E402
+from testkit.flooding import PARTIAL_CLIENT_HELLO, Flood, open_files, rss_mib, server_connections  # noqa: E402
+from testkit.platform import Platform, free_port  # noqa: E402
+from testkit.waiting import wait_for  # noqa: E402
 
 TARGET_S = 1.0
 FLOOD, QUICK_FLOOD = 10_000, 2_000

@@ -9,7 +9,7 @@ Bytes are what each process's transport serialized (``GossipNode.bytes_sent``);
 the round time is the slowest process's ``after_round`` (the outer step with
 its exchange, screening, group agreement and, when replicated, the broadcast).
 Inner steps are replaced by a fixed perturbation of the parameters: only the
-outer round is measured. The control plane's peer directory is a shared table (``tests/gossip_rig.py``).
+outer round is measured. The control plane's peer directory is a shared table (``testkit/gossip_rig.py``).
 
     .venv/bin/python benchmarks/bench_sharded_gossip.py [--quick]
 """
@@ -28,10 +28,10 @@ import harness
 import torch
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' stand-in for the control plane
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test kit's stand-in for the control plane
 
-from tests.gossip_rig import Directory, Parts, credentials, worker_config
-from tests.platform import free_ports
+from testkit.gossip_rig import Directory, Parts, credentials, worker_config
+from testkit.platform import free_ports
 
 JOB = "job-bench-sharded"
 GROUPS, RANKS = 2, 2

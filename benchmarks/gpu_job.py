@@ -30,10 +30,10 @@ from pathlib import Path
 import harness
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' real-server harness
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test kit's real-server harness
 
 from cantata.sdk.job import Job
-from tests.platform import Platform
+from testkit.platform import Platform
 
 JOB = dict(model="gpt-small", dataset="builtin:pystdlib", algorithm="allreduce", batch_size=32, seq_len=256)
 

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import harness
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' real-server harness
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test kit's real-server harness
 
 from cantata.sdk.job import Job
-from tests.platform import Platform
+from testkit.platform import Platform
 
 COMMON = dict(workers=2, model="gpt-tiny", eval_every=20, checkpoint_every=20, batch_size=4, seq_len=32)
 JOBS = {

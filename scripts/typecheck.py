@@ -2,7 +2,8 @@
 
 ``pyproject.toml`` maps folders to import names (``cantata.sdk`` is ``sdk/``),
 which mypy cannot follow through the editable install's import hook. This
-lists each module of the mapping with its path and import name and hands that
+lists each module of the mapping with its path and import name, and those of
+the test kit and the tests (imported by their folders' names), and hands that
 list to mypy, configured by ``[tool.mypy]``; generated ``*_pb2`` modules are
 read from their ``.pyi`` stubs. Extra arguments go to mypy.
 
@@ -24,11 +25,15 @@ from mypy.modulefinder import BuildSource
 ROOT = Path(__file__).resolve().parent.parent
 
 
+ROOT_PACKAGES = ("testkit", "tests")  # imported from the repository root by their folders' names
+
+
 def sources(root: Path = ROOT) -> list[BuildSource]:
-    """One source per module of ``[tool.setuptools.package-dir]``, stubs preferred."""
+    """One source per module of ``[tool.setuptools.package-dir]`` and of ``ROOT_PACKAGES``, stubs preferred."""
     config = tomllib.loads((root / "pyproject.toml").read_text())
+    packages = {**config["tool"]["setuptools"]["package-dir"], **{name: name for name in ROOT_PACKAGES}}
     found = []
-    for package, folder in config["tool"]["setuptools"]["package-dir"].items():
+    for package, folder in packages.items():
         base = root / folder
         for path in sorted(base.rglob("*.py")):
             parts = path.relative_to(base).with_suffix("").parts

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.platform import Platform
+from testkit.platform import Platform
 
 pytest_plugins = ["tests.services"]
 
@@ -38,14 +38,14 @@ INTEGRATION_FIXTURES = frozenset(
 # Parameters of tests.services' ``blob_store`` that need moto or Azurite.
 REMOTE_BLOB_STORES = frozenset({"s3", "azure"})
 # Integration tests wait for real processes, perhaps on a loaded machine: their
-# ceiling (a hang detector, see tests/waiting.py) is above the default 300 s.
+# ceiling (a hang detector, see testkit/waiting.py) is above the default 300 s.
 INTEGRATION_TIMEOUT_S = 900
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """A temp root of this session's own: pytest keeps resetting its shared ``pytest-of-<user>`` to 0700,
     and as root the server's workers (other uids) must pass through to a test's data dir
-    (``tests.platform.passable``)."""
+    (``testkit.platform.passable``)."""
     if config.option.basetemp is None:
         config.option.basetemp = Path(tempfile.mkdtemp(prefix="cantata-tests-")) / "t"
         config.add_cleanup(lambda: shutil.rmtree(config.option.basetemp.parent, ignore_errors=True))

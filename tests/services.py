@@ -22,6 +22,8 @@ import boto3
 import pytest
 
 from cantata.storage import BlobStore, open_store
+from cantata.storage.azure import AzureBlobStore
+from cantata.storage.s3 import S3Store
 from emulators import (
     AZURITE_ACCOUNT,
     AZURITE_KEY,
@@ -102,7 +104,7 @@ def boto3_session() -> boto3.session.Session:
 
 
 @pytest.fixture
-def s3_store(moto_service: RunningService, boto3_session: boto3.session.Session) -> BlobStore:
+def s3_store(moto_service: RunningService, boto3_session: boto3.session.Session) -> S3Store:
     """An S3 store on a fresh moto bucket."""
     bucket = f"test-{uuid.uuid4().hex[:20]}"
     store = open_store(
@@ -112,17 +114,19 @@ def s3_store(moto_service: RunningService, boto3_session: boto3.session.Session)
         retries=1,
         **S3_TEST_CREDENTIALS,
     )
+    assert isinstance(store, S3Store)
     store.client.create_bucket(Bucket=bucket)
     return store
 
 
 @pytest.fixture
-def azure_store(azurite_service: RunningService) -> BlobStore:
+def azure_store(azurite_service: RunningService) -> AzureBlobStore:
     """An Azure Blob store on a fresh Azurite container."""
     container = f"test-{uuid.uuid4().hex[:20]}"
     store = open_store(
         f"az://{container}/ckpt", connection_string=azurite_connection_string(azurite_service.endpoint), retries=1
     )
+    assert isinstance(store, AzureBlobStore)
     store.container.create_container()
     return store
 

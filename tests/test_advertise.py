@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from cantata.server.bootstrap import parse_advertise, server_names
-from tests.platform import Platform, cli
+from testkit.platform import Platform, cli
 
 SUFFIX = os.getpid() % 100_000
 OCTET = os.getpid() % 200 + 20  # this run's own /30, so that parallel runs do not collide

@@ -1,4 +1,5 @@
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ HONEST = torch.tensor([[1.0, 0.0, 2.0], [3.0, 2.0, 2.0], [2.0, 1.0, 5.0]])
 
 
 def view(**overrides) -> AttackView:
-    fields = dict(
+    fields: dict[str, Any] = dict(
         own=OWN,
         honest=HONEST,
         receiver=HONEST[0],

@@ -9,8 +9,8 @@ import pytest
 
 from cantata.sdk import Job, enroll
 from cantata.sdk.errors import Unavailable
+from testkit.platform import Platform, cli
 from tests.fullfs import fill, small_tmpfs
-from tests.platform import Platform, cli
 
 pytestmark = pytest.mark.integration
 

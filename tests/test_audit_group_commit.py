@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cantata.security.audit import Action, AuditLog, AuditLogUnavailable, init_audit, read_records, verify
-from tests.waiting import wait_for
+from testkit.waiting import wait_for
 
 ADMIN = "spiffe://cantata/admin/root"
 THREADS = 16
@@ -61,7 +61,7 @@ def test_concurrent_appends_share_syncs_and_each_returns_synced(log, monkeypatch
     threads = _append_from_threads(log, THREADS, results)
     for thread in threads:
         thread.join()
-    seqs = sorted(results.values())  # type: ignore[type-var]
+    seqs = sorted(results.values())
     assert seqs == list(range(start + 1, start + THREADS + 1))
     assert len(synced) <= 2 < THREADS  # the writes waiting behind the first sync shared the second
     assert max(synced) == start + THREADS

@@ -2,44 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from cantata.proto.v1 import common_pb2 as pb
 from cantata.security.audit import Action, AuditLogUnavailable
-from cantata.server.executors import NotPlaceable, WorkerExit
+from cantata.server.executors import WorkerExit
 from cantata.server.heartbeats import Heartbeats
 from cantata.server.lifecycle import JobLifecycle
 from cantata.server.restarts import RestartPolicy
 from cantata.server.scheduler import Scheduler
 from cantata.server.store import JobRecord, Store
-from tests.test_lifecycle import FakeWorkers
+from testkit.fakes import FULL, FakeAudit, FakeExecutor, FakeWorkers
 
 TENANT = "acme"
-FULL = "the audit log cannot be written: No space left on device"
-
-
-@dataclass
-class FlakyAudit:
-    """An audit log that refuses every append while ``down`` (or appends of ``refused`` actions), as a full disk does."""
-
-    down: bool = False
-    refused: set[str] = field(default_factory=set)
-    records: list[dict[str, Any]] = field(default_factory=list)
-
-    def append(self, actor: str, action: str, **fields: Any) -> None:
-        if self.down or action in self.refused:
-            raise AuditLogUnavailable(FULL)
-        self.records.append({"actor": actor, "action": action, **fields})
-
-    def failure(self) -> str | None:
-        return FULL if self.down else None
-
-    def actions(self, job_id: str) -> list[str]:
-        return [r["action"] for r in self.records if r.get("resource") == job_id]
 
 
 @pytest.fixture
@@ -52,8 +29,8 @@ def store(tmp_path: Path):
 
 
 @pytest.fixture
-def audit() -> FlakyAudit:
-    return FlakyAudit()
+def audit() -> FakeAudit:
+    return FakeAudit()
 
 
 @pytest.fixture
@@ -62,7 +39,7 @@ def workers() -> FakeWorkers:
 
 
 @pytest.fixture
-def lifecycle(store: Store, audit: FlakyAudit, workers: FakeWorkers) -> JobLifecycle:
+def lifecycle(store: Store, audit: FakeAudit, workers: FakeWorkers) -> JobLifecycle:
     return JobLifecycle(store, audit, workers, restarts=RestartPolicy(0, 0.0, 0.0))  # the first failure ends a job
 
 
@@ -128,43 +105,12 @@ def test_a_dead_worker_does_not_fail_its_job_unrecorded(lifecycle, store, audit,
     assert store.job(job.id).state == pb.RUNNING and workers.terminated == []
 
 
-@dataclass
-class FakeLauncher:
-    """What the scheduler asks of the launcher: exits to reap, jobs whose workers are all gone, free slots."""
-
-    exits: list[WorkerExit] = field(default_factory=list)
-    finished: list[str] = field(default_factory=list)
-    polls: int = 0
-    released: list[str] = field(default_factory=list)
-
-    def poll(self) -> list[WorkerExit]:
-        self.polls += 1
-        exits, self.exits = self.exits, []
-        return exits
-
-    def finished_jobs(self) -> list[str]:
-        return list(self.finished)
-
-    def release(self, job_id: str) -> None:
-        self.finished.remove(job_id)
-        self.released.append(job_id)
-
-    def running_workers(self) -> int:
-        return 8
-
-    def placement(self, job) -> None:
-        raise NotPlaceable("no free slot")  # nothing is placed
-
-    def live_workers(self) -> list[tuple[str, int, float]]:
-        return []  # none to check for heartbeats
-
-
 def test_the_scheduler_waits_while_the_log_is_down_and_then_settles_what_a_failed_record_left(
     lifecycle, store, audit, workers
 ):
     job = _running(lifecycle, store, workers, _submit(store))
-    launcher = FakeLauncher(exits=[WorkerExit(job.id, 1, 9)])
-    scheduler = Scheduler(store, launcher, lifecycle, Heartbeats(60), audit_failure=audit.failure)  # type: ignore[arg-type]
+    launcher = FakeExecutor(slots=0, exits=[WorkerExit(job.id, 1, 9)])
+    scheduler = Scheduler(store, launcher, lifecycle, Heartbeats(60), audit_failure=audit.failure)
     audit.down = True
     scheduler.tick()
     assert launcher.polls == 1  # paused: the exit is reaped (the server's view follows it) but not judged
@@ -173,7 +119,7 @@ def test_the_scheduler_waits_while_the_log_is_down_and_then_settles_what_a_faile
 
     audit.down = False
     original = audit.append
-    audit.append = _fail_once(original)  # type: ignore[method-assign]
+    audit.append = _fail_once(original)
     scheduler.tick()  # the disk fills again mid-tick: the exit is kept for the next tick
     assert store.job(job.id).state == pb.RUNNING
     scheduler.tick()  # the exit reaped by the failed tick is handled now
@@ -199,8 +145,8 @@ def test_a_job_whose_workers_all_exited_unrecorded_is_shown_queued_saying_why_un
     job = _running(lifecycle, store, workers, _submit(store))
     for worker in (0, 1):
         lifecycle.worker_finished(store.job(job.id), worker, 1.5)
-    launcher = FakeLauncher(exits=[WorkerExit(job.id, 0, 0), WorkerExit(job.id, 1, 0)], finished=[job.id])
-    scheduler = Scheduler(store, launcher, lifecycle, Heartbeats(60), audit_failure=audit.failure)  # type: ignore[arg-type]
+    launcher = FakeExecutor(slots=0, exits=[WorkerExit(job.id, 0, 0), WorkerExit(job.id, 1, 0)], finished=[job.id])
+    scheduler = Scheduler(store, launcher, lifecycle, Heartbeats(60), audit_failure=audit.failure)
     audit.down = True
     scheduler.tick()
     assert store.job(job.id).state == pb.RUNNING  # nothing recorded

@@ -25,7 +25,7 @@ from cantata.security.audit import (
     read_records,
     verify,
 )
-from tests.waiting import wait_for
+from testkit.waiting import wait_for
 
 ADMIN = "spiffe://cantata/admin/root"
 

@@ -9,8 +9,8 @@ import pytest
 from cantata.sdk import enroll, errors
 from cantata.sdk.job import Job
 from cantata.security.audit import Action, read_records, verify
-from tests.platform import cli
-from tests.waiting import wait_for
+from testkit.platform import cli
+from testkit.waiting import wait_for
 
 QUICK = dict(steps=20, eval_every=10, checkpoint_every=10, batch_size=4, seq_len=16)
 

@@ -11,6 +11,8 @@ and trains the whole model, fails as out of memory.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from cantata.proto.v1 import common_pb2
@@ -18,14 +20,14 @@ from cantata.proto.vocabulary import Model
 from cantata.sdk.job import Job
 from cantata.server import memory
 from cantata.server.jobspec import parse_job_spec
-from tests.platform import Platform
+from testkit.platform import Platform
 
 CAP_MIB = 6656  # each worker's address space past its loaded size
 MODEL = Model.QWEN3_0_6B
-SMALL = dict(steps=3, batch_size=1, seq_len=16, eval_every=3, eval_batches=1, checkpoint_every=3)
+SMALL: dict[str, Any] = dict(steps=3, batch_size=1, seq_len=16, eval_every=3, eval_batches=1, checkpoint_every=3)
 
 
-def _parsed(**mesh: int) -> common_pb2.JobSpec:
+def _parsed(**mesh: Any) -> common_pb2.JobSpec:
     spec = common_pb2.JobSpec(name="x", model=MODEL.value, **SMALL, **mesh)
     return parse_job_spec(spec, default_store="file:///tmp/ckpt", roots=[])
 

@@ -11,7 +11,7 @@ from cantata.sdk import errors
 from cantata.sdk.job import Job
 from cantata.security.sealed_checkpoint import object_key
 from cantata.storage import open_store
-from tests.platform import Platform
+from testkit.platform import Platform
 from tests.services import S3_TEST_CREDENTIALS, azurite_connection_string
 
 QUICK = dict(steps=20, eval_every=10, checkpoint_every=10, batch_size=4, seq_len=16)

@@ -7,7 +7,7 @@ import shutil
 
 from cantata.sdk.job import Job
 from cantata.sdk.profiles import Profile
-from tests.platform import cli, complete, free_port
+from testkit.platform import cli, complete, free_port
 
 
 def test_enroll_approve_submit_watch_and_list_through_the_cli(platform):

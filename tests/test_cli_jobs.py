@@ -20,7 +20,7 @@ import yaml
 from cantata.logformat import LOG_FORMAT_ENV
 from cantata.proto.vocabulary import LrSchedule
 from cantata.trainer.loop import Schedule
-from tests.platform import Platform, cli, readable
+from testkit.platform import Platform, cli, readable
 
 ROOT = Path(__file__).resolve().parents[1]
 TENANT = "logs-co"

@@ -17,7 +17,7 @@ import pytest
 from cantata.sdk.client import Event
 from cantata.sdk.profiles import Profile
 from cantata.sdk.progress import ProgressLines, progress_display
-from tests.platform import cli, complete
+from testkit.platform import cli, complete
 
 HEAVY = ("grpc", "google.protobuf", "cryptography", "yaml", "tqdm", "numpy", "torch", "matplotlib", "boto3", "azure")
 _LOADED = """

@@ -21,7 +21,7 @@ import pytest
 from cantata.security.audit import Action, AuditEntry, AuditLog, AuditLogUnavailable, init_audit, verify
 from cantata.security.audit.record import canonical
 from cantata.server.database import Database
-from tests.waiting import wait_for
+from testkit.waiting import wait_for
 
 ADMIN = "spiffe://cantata/admin/root"
 WRITERS = 8

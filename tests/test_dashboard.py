@@ -22,9 +22,9 @@ import pytest
 from playwright.sync_api import expect
 
 from cantata.sdk import Job
+from testkit.platform import Platform, cli, free_port
+from testkit.waiting import JOB_TIMEOUT_S, wait_for
 from tests.browser import chromium, screenshot, signed_in
-from tests.platform import Platform, cli, free_port
-from tests.waiting import wait_for
 
 LINK_SECONDS = 20  # the test server's login links; the expired-link test waits this long at most
 XSS_NAME = 'tiny-gpt <img src=x onerror="window.__xss=1"><script>window.__xss=2</script>&amp;'
@@ -87,7 +87,7 @@ def test_login_link_then_live_chart_and_escaped_name(server, acme, job, browser,
     assert cookie["httpOnly"] and cookie["secure"] and cookie["sameSite"] == "Strict"
     assert page.locator("#jobs td.name").first.text_content() == XSS_NAME  # shown as text, not markup
 
-    wait_for(lambda: acme.get(job.id).state in ("RUNNING", "SUCCEEDED"))
+    wait_for(lambda: acme.get(job.id).state in ("RUNNING", "SUCCEEDED"), timeout=JOB_TIMEOUT_S)
     response = page.goto(f"{reply['url'].split('/login/')[0]}/jobs/{job.id}")
     assert response is not None and response.status == 200
     headers = response.headers

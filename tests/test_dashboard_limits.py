@@ -22,8 +22,8 @@ from cantata.proto.v1 import dashboard_pb2, dashboard_pb2_grpc
 from cantata.sdk import Job
 from cantata.sdk.errors import QuotaExceeded
 from cantata.sdk.profiles import Profile
-from tests.platform import Platform, free_port
-from tests.waiting import wait_for
+from testkit.platform import Platform, free_port
+from testkit.waiting import JOB_TIMEOUT_S, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -64,6 +64,7 @@ class Browser:
 
     def get(self, url: str, headers: dict | None = None, *, read: bool = True) -> http.client.HTTPResponse:
         parts = urllib.parse.urlsplit(url)
+        assert parts.hostname, url
         connection = http.client.HTTPSConnection(parts.hostname, parts.port, context=self._context, timeout=60)
         cookie = {"Cookie": f"{COOKIE}={self.cookie}"} if self.cookie else {}
         connection.request("GET", parts.path, headers={**cookie, **(headers or {})})
@@ -128,7 +129,9 @@ def test_a_link_flood_is_refused_per_principal_and_spares_another_tenant(server)
             records = admin.audit_events(tenant="flooder", action="dashboard_link_issued")
             return [r for r in records if r.outcome == "refused"]
 
-        counted = wait_for(lambda: [r for r in refusals() if r.details.get("repeated")] and refusals())
+        counted = wait_for(
+            lambda: [r for r in refusals() if r.details.get("repeated")] and refusals(), timeout=JOB_TIMEOUT_S
+        )
     # Per limit, one record for a burst's first refusal and one counting the rest: 39 refusals, at most 4 records.
     assert len(counted) <= 4
     assert sum(r.details["count"] for r in counted) == len(refused) + 2  # and the raw call's, and the rate's

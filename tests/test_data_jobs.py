@@ -24,15 +24,16 @@ import pytest
 from cantata.sdk import InvalidJob, NotFound
 from cantata.sdk.job import Job
 from cantata.storage import open_store
+from cantata.storage.s3 import S3Store
 from cantata.trainer.data import DataLoader, DatasetKey, SourceCredentials, open_dataset
 from cantata.trainer.data.prepare import prepare_shards
 from cantata.trainer.data.shards import dtype_for, encode_shard
 from cantata.trainer.data.upload import upload_shards
-from tests.platform import readable
+from testkit.platform import readable
+from testkit.waiting import JOB_TIMEOUT_S, wait_for
 from tests.services import AZURITE_ACCOUNT, AZURITE_KEY, azurite_connection_string
 from tests.test_decentralized_jobs import _events_so_far, _worker_of
 from tests.test_jobs import _pids_of
-from tests.waiting import wait_for
 
 SHARD_TOKENS = 40_000
 QUICK = dict(model="gpt-tiny", steps=30, eval_every=30, checkpoint_every=30, batch_size=4, seq_len=32)
@@ -84,6 +85,7 @@ def _s3_source(tenant, shards, moto_service, name: str) -> str:
         aws_access_key_id=MOTO_ACCESS_KEY,
         aws_secret_access_key=MOTO_SECRET,
     )
+    assert isinstance(store, S3Store)
     store.client.create_bucket(Bucket=bucket)
     upload_shards(shards, store)
     tenant.register_data_source(
@@ -132,7 +134,9 @@ def test_worker_secrets_are_on_disk_only_while_the_workers_run(platform, tenant,
     dataset = _s3_source(tenant, shards, moto_service, "scrubbed")
     handle = tenant.submit(Job(name="scrubbed", dataset=dataset, workers=2, algorithm="allreduce", **QUICK))
     workspace = platform.paths.jobs / handle.id
-    wait_for(lambda: MOTO_SECRET in _text(workspace / "worker-1.json"))  # the running workers' configs hold it
+    wait_for(
+        lambda: MOTO_SECRET in _text(workspace / "worker-1.json"), timeout=JOB_TIMEOUT_S
+    )  # the running workers' configs hold it
     assert handle.wait().state == "SUCCEEDED"
     assert _secret_files(workspace) == []  # configs and certificate keys gone with the job ...
     assert any("finished, validation loss" in line for _, line in handle.logs())  # ... its logs kept
@@ -160,7 +164,7 @@ def test_a_restarted_worker_gets_the_current_secrets_not_a_stale_copy(platform, 
             seq_len=16,
         )
     )
-    wait_for(lambda: handle.status().step >= 10)
+    wait_for(lambda: handle.status().step >= 10, timeout=JOB_TIMEOUT_S)
     tenant.delete_data_source("doomed")
     os.kill(next(pid for pid in _pids_of(handle.id) if _worker_of(pid) == 1), 9)
     status = handle.wait()
@@ -346,11 +350,11 @@ def test_a_job_killed_with_its_server_resumes_at_the_exact_next_batch(platform, 
     assert expected[0][1] != expected[1][1]  # the two ranks read different windows
 
     handle = tenant.submit(Job(name="interrupted", steps=1500, **spec))
-    wait_for(lambda: any(c.step >= 20 for c in tenant.checkpoints(handle.id)))
+    wait_for(lambda: any(c.step >= 20 for c in tenant.checkpoints(handle.id)), timeout=JOB_TIMEOUT_S)
     platform.kill()  # and the machine's workers with it: the restarted server finds them dead
     for pid in _pids_of(handle.id):
         os.killpg(pid, signal.SIGKILL)
-    wait_for(lambda: not _pids_of(handle.id))
+    wait_for(lambda: not _pids_of(handle.id), timeout=JOB_TIMEOUT_S)
     platform.start()
     wait_for(lambda: min(len(lines) for lines in _traced_samples(handle).values()) > 300)
     handle.cancel()
@@ -436,9 +440,9 @@ def test_a_gasloc_job_resumes_at_the_exact_next_batch_without_refetching_what_it
                 trace_samples=True,
             )
         )
-        wait_for(lambda: any(c.step >= 40 for c in tenant.checkpoints(handle.id)))
+        wait_for(lambda: any(c.step >= 40 for c in tenant.checkpoints(handle.id)), timeout=JOB_TIMEOUT_S)
         platform.stop()  # stopping its workers: the job resumes from its checkpoint
-        wait_for(lambda: not _pids_of(handle.id))
+        wait_for(lambda: not _pids_of(handle.id), timeout=JOB_TIMEOUT_S)
         resumes = _traced_so_far(platform, handle.id)  # where each worker's second attempt begins
         platform.start()
         wait_for(lambda: all(n > resumes[w] + 20 for w, n in _traced_so_far(platform, handle.id).items()))
@@ -450,12 +454,13 @@ def test_a_gasloc_job_resumes_at_the_exact_next_batch_without_refetching_what_it
     # A worker restarted later jumps to the job's round: it seeks to the first batch of that round.
     victim = next(pid for pid in _pids_of(handle.id) if _worker_of(pid) == 1)
     os.kill(victim, 9)
-    wait_for(lambda: victim not in _pids_of(handle.id))
+    wait_for(lambda: victim not in _pids_of(handle.id), timeout=JOB_TIMEOUT_S)
     rejoins = _traced_so_far(platform, handle.id)[1]
     rejoined = wait_for(
-        lambda: [m for m in (e.message for e in _events_so_far(handle)) if m.startswith("worker 1 rejoins at round")]
+        lambda: [m for m in (e.message for e in _events_so_far(handle)) if m.startswith("worker 1 rejoins at round")],
+        timeout=JOB_TIMEOUT_S,
     )
-    wait_for(lambda: _traced_so_far(platform, handle.id)[1] > rejoins)
+    wait_for(lambda: _traced_so_far(platform, handle.id)[1] > rejoins, timeout=JOB_TIMEOUT_S)
     handle.cancel()
     handle.wait()
     resumed = [m for m in _messages(handle) if m.startswith("resumed from checkpoint at step")]

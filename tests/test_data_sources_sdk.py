@@ -15,7 +15,7 @@ from cantata.server.datasource_store import DataSourceStore
 from cantata.trainer.data import DatasetKey, SourceCredentials
 from cantata.trainer.data.cli import cmd_prepare
 from cantata.trainer.data.sealing import KEY_FILE
-from tests.platform import cli, free_port
+from testkit.platform import cli, free_port
 
 ACCESS_KEY = "AKIASDKEXAMPLE"
 SECRET_KEY = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"

@@ -27,7 +27,7 @@ from cantata.storage import StoreError, open_store
 from cantata.trainer.data.prepare import prepare_shards
 from cantata.trainer.data.shards import dtype_for
 from cantata.trainer.data.upload import upload_shards
-from tests.platform import cli
+from testkit.platform import cli
 from tests.services import AZURITE_ACCOUNT, AZURITE_KEY, S3_TEST_CREDENTIALS, azurite_connection_string
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ import pytest
 from cantata.proto.v1 import common_pb2
 from cantata.server.database import Database
 from cantata.server.store import Store
-from tests.waiting import wait_for
+from testkit.waiting import wait_for
 
 WRITERS = 8
 

@@ -22,8 +22,8 @@ from cantata.trainer.gossip import gossip_server_name
 from cantata.trainer.gossip.chunks import Assembly
 from cantata.trainer.gossip.client import exchange_with
 from cantata.trainer.model import build_model
+from testkit.waiting import JOB_TIMEOUT_S, wait_for
 from tests.test_jobs import _pids_of
-from tests.waiting import wait_for
 
 SMALL = dict(workers=4, local_steps=5, steps=60, eval_every=30, checkpoint_every=20, batch_size=8, seq_len=32)
 
@@ -152,7 +152,7 @@ def test_sign_flipping_worker_is_quarantined_and_the_job_still_learns(platform, 
 
 def test_a_peer_of_another_job_is_refused_and_audited(platform, tenant):
     handle = tenant.submit(Job(name="guarded", algorithm="gasloc", **{**SMALL, "workers": 2, "steps": 100_000}))
-    wait_for(lambda: any(e.kind == "ROUND" for e in _events_so_far(handle)))
+    wait_for(lambda: any(e.kind == "ROUND" for e in _events_so_far(handle)), timeout=JOB_TIMEOUT_S)
     with sqlite3.connect(f"file:{platform.data_dir / 'state.db'}?mode=ro", uri=True) as db:
         ((address,),) = db.execute("SELECT gossip_address FROM workers WHERE job_id=? AND idx=0", (handle.id,))
     ca = CertificateAuthority.load(platform.paths.ca_cert.read_bytes(), platform.paths.ca_key.read_bytes())
@@ -175,7 +175,7 @@ def test_a_peer_of_another_job_is_refused_and_audited(platform, tenant):
             if r.action == Action.AUTHZ_DENIED and r.resource == handle.id
         ]
 
-    wait_for(refusals)
+    wait_for(refusals, timeout=JOB_TIMEOUT_S)
     (record,) = refusals()
     assert record.actor == Principal.worker(handle.id, 0).uri and record.tenant == "acme"  # the reporter, verified
     assert record.details["service"] == "gossip" and "not a worker of job" in record.details["reason"]

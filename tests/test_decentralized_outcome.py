@@ -11,7 +11,7 @@ import signal
 import pytest
 
 from cantata.sdk.job import Job
-from tests.platform import Platform
+from testkit.platform import Platform
 from tests.test_decentralized_jobs import SMALL, _worker_of
 from tests.test_jobs import _pids_of
 

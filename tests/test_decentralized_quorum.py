@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cantata.sdk.job import Job
-from tests.platform import Platform
+from testkit.platform import Platform
 from tests.test_decentralized_jobs import SMALL, kill_after_round_4
 
 

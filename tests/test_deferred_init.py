@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import cast
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
+from torch.distributed.tensor import DTensor
 
 from cantata.proto.vocabulary import MixedPrecision
 from cantata.trainer import deferred_init
@@ -98,8 +100,8 @@ def _ranks(rank: int, world: int, port: int, shape: tuple[int, int, int], out: s
     torch.set_num_threads(1)
     deferred_init.CHUNK_ELEMENTS = SMALL_CHUNK
     model = build_sharded("qwen3-tiny", 9, Parallelism(*shape).mesh(), MixedPrecision.FP32, checkpointing=False)
-    local = sum(p.to_local().numel() for p in model.parameters())
-    full = {name: p.full_tensor() for name, p in model.named_parameters()}
+    local = sum(cast(DTensor, p).to_local().numel() for p in model.parameters())
+    full = {name: cast(DTensor, p).full_tensor() for name, p in model.named_parameters()}
     locals_: list = [None] * world
     dist.all_gather_object(locals_, local)
     if rank == 0:

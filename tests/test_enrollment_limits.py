@@ -1,7 +1,7 @@
 """Anonymous enrollment is bounded, over a real server: pending caps, a rate per address, expiry, counted refusals.
 
 Every test client calls from 127.0.0.1, so each test starts a server with
-the limit it tests set small (``tests.platform.Platform`` gives other tests
+the limit it tests set small (``testkit.platform.Platform`` gives other tests
 room).
 """
 
@@ -16,8 +16,8 @@ from cantata.security import pki
 from cantata.security.audit import Action, read_records
 from cantata.server.config import ServerSettings
 from cantata.server.enrollment import source_address
-from tests.platform import Platform
-from tests.waiting import wait_for
+from testkit.platform import Platform
+from testkit.waiting import wait_for
 
 
 @pytest.fixture

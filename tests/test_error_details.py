@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import grpc
 import pytest
@@ -32,7 +33,7 @@ from cantata.server.serving import ServingLoop
 from cantata.server.store import Conflict, NotFound, QuotaExceeded, RequestIdReused, StoreError
 from cantata.server.webhook_targets import InvalidWebhook
 from cantata.storage import StoreFull, StoreNotFound, StorePermissionError, StoreUnavailableError
-from tests.platform import free_port
+from testkit.platform import free_port
 
 Code = grpc.StatusCode
 
@@ -108,7 +109,7 @@ def _rich(status_or_call) -> dict[type, object]:
     """The google.rpc details of a call, by type; asserts the RequestInfo matches the trailer."""
     rich = rpc_status.from_call(status_or_call)
     assert rich is not None, "no google.rpc status in the trailers"
-    found: dict[type, object] = {}
+    found: dict[type, Any] = {}
     for packed in rich.details:
         for kind in (
             error_details_pb2.ErrorInfo,

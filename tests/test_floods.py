@@ -15,7 +15,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cantata.server.fd_budget import DescriptorBudgetTooSmall, reserve_descriptors
-from tests.flooding import (
+from testkit.flooding import (
     HALF_SENT_HEAD,
     PARTIAL_CLIENT_HELLO,
     Flood,
@@ -24,8 +24,8 @@ from tests.flooding import (
     tls_client,
     wait_closed,
 )
-from tests.platform import Platform, free_port
-from tests.waiting import wait_for
+from testkit.platform import Platform, free_port
+from testkit.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -18,10 +18,10 @@ import pytest
 from cantata.sdk import Job
 from cantata.sdk.errors import Unavailable
 from cantata.security.audit import Action, read_records
+from testkit.platform import Platform
+from testkit.waiting import JOB_TIMEOUT_S, wait_for
 from tests.fullfs import fill, small_tmpfs
-from tests.platform import Platform
 from tests.test_jobs import _pids_of
-from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -74,7 +74,7 @@ def test_a_full_data_disk_refuses_calls_as_unavailable_and_the_job_goes_on_once_
     tenant = platform.enroll("acme", max_concurrent_jobs=1000)
     admin = platform.admin()
     handle = tenant.submit(_job(platform, "through-a-full-disk"))
-    wait_for(lambda: tenant.get(handle.id).step > 0)
+    wait_for(lambda: tenant.get(handle.id).step > 0, timeout=JOB_TIMEOUT_S)
     refused_before = len(_refused_reports(platform))
 
     filler = fill(platform.data_dir)
@@ -115,7 +115,7 @@ def test_a_full_data_disk_refuses_calls_as_unavailable_and_the_job_goes_on_once_
 def test_a_job_whose_workers_died_while_the_disk_was_full_is_not_shown_running(platform):
     tenant = platform.enroll("acme", max_concurrent_jobs=10)
     handle = tenant.submit(_job(platform, "dies-on-a-full-disk"))
-    wait_for(lambda: tenant.get(handle.id).step > 0)
+    wait_for(lambda: tenant.get(handle.id).step > 0, timeout=JOB_TIMEOUT_S)
     pids = _pids_of(handle.id)
     refused_before = len(_refused_reports(platform))
     filler = fill(platform.data_dir)
@@ -123,7 +123,7 @@ def test_a_job_whose_workers_died_while_the_disk_was_full_is_not_shown_running(p
     for pid in pids:
         os.killpg(pid, signal.SIGKILL)
 
-    shown = wait_for(lambda: (s := tenant.get(handle.id)).state != "RUNNING" and s)
+    shown = wait_for(lambda: (s := tenant.get(handle.id)).state != "RUNNING" and s, timeout=JOB_TIMEOUT_S)
     assert shown.state == "QUEUED", shown
     assert "its workers exited" in shown.reason and DISK_FULL.search(shown.reason), shown.reason
     assert [j.state for j in tenant.list() if j.id == handle.id] == ["QUEUED"]

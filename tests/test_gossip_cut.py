@@ -11,8 +11,8 @@ import torch
 
 from cantata.security.pki import CertificateAuthority, Principal
 from cantata.trainer.gossip import GossipNode, gossip_server_name
+from testkit.waiting import wait_for
 from tests.faultproxy import FaultProxy
-from tests.waiting import wait_for
 
 torch.set_num_threads(1)
 

@@ -14,7 +14,7 @@ from cantata.security.pki import CertificateAuthority, Principal
 from cantata.trainer.gossip import GossipNode, gossip_server_name, heap
 from cantata.trainer.gossip.chunks import Assembly
 from cantata.trainer.gossip.client import exchange_with
-from tests.waiting import wait_for
+from testkit.waiting import wait_for
 
 torch.set_num_threads(1)
 

@@ -51,11 +51,11 @@ def test_max_gpus_counts_every_unfinished_job_of_the_tenant(store):
 def _executor(tmp_path: Path, gpus: int, memory_bytes: int = 1 << 40) -> LocalExecutor:
     return LocalExecutor(
         tmp_path / "jobs",
-        None,  # type: ignore[arg-type]  # placement needs no CA, secrets or certificates
+        None,  # placement needs no CA, secrets or certificates
         "127.0.0.1:1",
         dt.timedelta(hours=1),
-        secrets=None,  # type: ignore[arg-type]
-        certificates=None,  # type: ignore[arg-type]
+        secrets=None,
+        certificates=None,
         grace=1.0,
         identities=Identities(61000, 10, root=False),
         memory_limit=lambda job: 0,
@@ -69,7 +69,7 @@ def test_the_local_executor_places_gpu_jobs_on_the_gpus_it_has(tmp_path, store):
     executor = _executor(tmp_path, gpus=2)
     executor.placement(_submit(store, 1, workers=2, gpus=1))  # fits
     with pytest.raises(NotPlaceable, match="needs 3 GPUs; this node has 2") as never:
-        executor.placement(_Queued(_spec(workers=3, gpus=1)))  # type: ignore[arg-type]
+        executor.placement(_Queued(_spec(workers=3, gpus=1)))
     assert never.value.never  # the others pass it, and it waits with its reason
     assert _executor(tmp_path, gpus=0).gpus == 0
 
@@ -97,5 +97,5 @@ def test_the_local_executor_reserves_each_running_jobs_memory_and_frees_it_when_
         pb.JobSpec(name="m", model="gpt-tiny", workers=3, ranks_per_worker=1, steps=10, batch_size=64, seq_len=256)
     )
     with pytest.raises(NotPlaceable, match="of memory; this node has") as never:
-        executor.placement(too_big)  # type: ignore[arg-type]
+        executor.placement(too_big)
     assert never.value.never

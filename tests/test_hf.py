@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -29,7 +30,7 @@ from cantata.trainer.export import write_hf
 from cantata.trainer.hf import HFConfigError, check_config, hf_config
 from cantata.trainer.model import MODELS, build_model
 from cantata.trainer.weights import load_weights, local_weights
-from tests.platform import cli, readable
+from testkit.platform import cli, readable
 
 # What a user's config.json says (transformers' own names), for Cantata's two tiny decoders.
 HF_CONFIGS = {
@@ -77,7 +78,8 @@ def random_hf_model(name: str, seed: int) -> PreTrainedModel:
 
 def save_folder(model: PreTrainedModel, folder: Path, name: str) -> Path:
     shard = SHARDED[name]
-    model.save_pretrained(folder, **({"max_shard_size": shard} if shard else {}))
+    options: dict[str, Any] = {"max_shard_size": shard} if shard else {}
+    model.save_pretrained(folder, **options)
     return folder
 
 

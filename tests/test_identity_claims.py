@@ -22,7 +22,7 @@ from cantata.sdk.profiles import Profile
 from cantata.security import pki
 from cantata.security.audit import Action, read_records
 from cantata.security.pki import CertificateAuthority, Principal
-from tests.platform import Platform
+from testkit.platform import Platform
 
 pytestmark = pytest.mark.integration
 

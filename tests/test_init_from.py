@@ -20,6 +20,7 @@ from safetensors.torch import save, save_file
 from cantata.sdk import InvalidJob, NotFound
 from cantata.sdk.job import Job
 from cantata.storage import open_store
+from cantata.storage.s3 import S3Store
 from cantata.trainer.data import SourceCredentials
 from cantata.trainer.data.errors import DataError, DatasetAccessError
 from cantata.trainer.hf import HFConfigError, hf_config
@@ -53,6 +54,7 @@ def _s3_weights(tenant, moto_service, source: str, objects: dict[str, bytes]) ->
         aws_access_key_id=MOTO_ACCESS_KEY,
         aws_secret_access_key=MOTO_SECRET,
     )
+    assert isinstance(store, S3Store)
     store.client.create_bucket(Bucket=bucket)
     for key, data in {**objects, "config.json": b"{}"}.items():
         store.put(key, data)

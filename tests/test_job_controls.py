@@ -17,7 +17,7 @@ from cantata.proto.vocabulary import REQUEST_ID_KEY
 from cantata.sdk.errors import Conflict, InvalidJob, NotFound, QuotaExceeded, from_rpc_error
 from cantata.sdk.job import Job
 from cantata.trainer.model import GPT, GPTConfig
-from tests.platform import cli
+from testkit.platform import cli
 
 QUICK = dict(model="gpt-tiny", steps=20, eval_every=10, checkpoint_every=10, batch_size=4, seq_len=16)
 

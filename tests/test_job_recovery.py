@@ -18,9 +18,9 @@ import pytest
 from cantata.sdk import errors
 from cantata.sdk.job import Job
 from cantata.security.audit import Action, read_records
-from tests.platform import Platform, cli
+from testkit.platform import Platform, cli
+from testkit.waiting import JOB_TIMEOUT_S, wait_for
 from tests.test_jobs import QUICK
-from tests.waiting import wait_for
 
 HEARTBEAT_TIMEOUT_S = 3.0
 LONG = dict(model="gpt-tiny", steps=100_000, eval_every=50_000, checkpoint_every=50_000, batch_size=4, seq_len=16)
@@ -54,7 +54,7 @@ def _resumed_records(platform: Platform, job_id: str) -> list:
 
 def test_a_cancelled_job_resumes_from_its_checkpoint_to_success_under_its_id(platform, tenant):
     handle = tenant.submit(Job(name="resumed", **RESUMABLE))
-    wait_for(lambda: any(c.step >= 25 for c in tenant.checkpoints(handle.id)))
+    wait_for(lambda: any(c.step >= 25 for c in tenant.checkpoints(handle.id)), timeout=JOB_TIMEOUT_S)
     handle.cancel()
     assert handle.wait().state == "CANCELLED"
     ended = list(handle.events())
@@ -114,7 +114,7 @@ def test_a_succeeded_or_running_job_is_not_resumed(platform, tenant):
         done.resume()
     assert refused.value.code.name == "FAILED_PRECONDITION"
     running = tenant.submit(Job(name="running", **LONG))
-    wait_for(lambda: running.status().state == "RUNNING")
+    wait_for(lambda: running.status().state == "RUNNING", timeout=JOB_TIMEOUT_S)
     with pytest.raises(errors.Conflict, match="RUNNING and cannot be resumed"):
         running.resume()
     running.cancel()

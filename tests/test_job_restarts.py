@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Mapping
 
 import pytest
 
@@ -18,10 +19,10 @@ from cantata.security.audit import Action, read_records
 from cantata.storage.base import StoreConfigError, StoreUnavailableError
 from cantata.trainer.data.errors import DatasetAccessError, DatasetUnavailableError, TextEncodingError
 from cantata.trainer.worker import permanent
-from tests.platform import Platform, readable
+from testkit.platform import Platform, readable
+from testkit.waiting import JOB_TIMEOUT_S, wait_for
 from tests.test_decentralized_jobs import _worker_of
 from tests.test_jobs import _pids_of
-from tests.waiting import wait_for
 
 SMALL = dict(model="gpt-tiny", batch_size=4, seq_len=16, checkpoint_every=10, eval_every=1000)
 ENDLESS = 100_000  # steps of a job that ends only by what the test does to it
@@ -55,7 +56,7 @@ def _latest_checkpoint(tenant, job_id: str) -> int:
     return max((c.step for c in tenant.checkpoints(job_id)), default=0)
 
 
-def _restarts(platform: Platform, job_id: str) -> list[dict]:
+def _restarts(platform: Platform, job_id: str) -> list[Mapping[str, object]]:
     return [
         r.details
         for r in read_records(platform.data_dir / "audit")
@@ -67,7 +68,7 @@ def test_a_killed_allreduce_worker_restarts_the_job_from_its_checkpoint(platform
     steps = 100
     handle = tenant.submit(Job(name="restarts", algorithm="allreduce", workers=2, steps=steps, **SMALL))
     workers = _running_workers(handle, 2)
-    killed_after = wait_for(lambda: _latest_checkpoint(tenant, handle.id))
+    killed_after = wait_for(lambda: _latest_checkpoint(tenant, handle.id), timeout=JOB_TIMEOUT_S)
     os.kill(workers[1], signal.SIGKILL)
     status = handle.wait()
     assert status.state == "SUCCEEDED", status.reason
@@ -137,10 +138,14 @@ def test_server_sigkills_and_restarts_are_no_job_failures(platform, tenant):
     (pid,) = _running_workers(handle, 1).values()
     reached = 0
     for _ in range(kills):
-        reached = wait_for(lambda r=reached: (s := _latest_checkpoint(tenant, handle.id)) > r and s)
+        reached = wait_for(
+            lambda r=reached: (s := _latest_checkpoint(tenant, handle.id)) > r and s, timeout=JOB_TIMEOUT_S
+        )
         platform.kill()
         platform.start()
-    wait_for(lambda r=reached: _latest_checkpoint(tenant, handle.id) > r)  # still training, still reporting
+    wait_for(
+        lambda r=reached: _latest_checkpoint(tenant, handle.id) > r, timeout=JOB_TIMEOUT_S
+    )  # still training, still reporting
     assert _running_workers(handle, 1) == {0: pid}  # one worker process, re-adopted each time
     handle.cancel()  # reaches the adopted worker like any other
     assert handle.wait().state == "CANCELLED"

@@ -13,8 +13,8 @@ import torch
 from cantata.sdk import errors
 from cantata.sdk.client import Client
 from cantata.sdk.job import Job
-from tests.platform import readable
-from tests.waiting import wait_for
+from testkit.platform import readable
+from testkit.waiting import JOB_TIMEOUT_S, wait_for
 
 QUICK = dict(model="gpt-tiny", steps=60, eval_every=30, checkpoint_every=30, batch_size=8, seq_len=32)
 
@@ -112,13 +112,13 @@ def test_cancel_stops_workers_and_ends_cancelled(tenant):
             seq_len=32,
         )
     )
-    wait_for(lambda: handle.status().state == "RUNNING")
+    wait_for(lambda: handle.status().state == "RUNNING", timeout=JOB_TIMEOUT_S)
     assert _pids_of(handle.id)
     assert handle.cancel().state in ("CANCELLING", "CANCELLED")
     status = handle.wait()
     assert status.state == "CANCELLED"
     assert [e.state for e in handle.events() if e.kind == "STATE"][-2:] == ["CANCELLING", "CANCELLED"]
-    wait_for(lambda: not _pids_of(handle.id))
+    wait_for(lambda: not _pids_of(handle.id), timeout=JOB_TIMEOUT_S)
 
 
 def test_cancel_reaches_a_queued_job(tenant, platform):
@@ -148,12 +148,12 @@ def test_cancel_reaches_a_queued_job(tenant, platform):
 
 def test_a_crashing_worker_fails_the_job_with_its_reason(tenant, platform):
     handle = tenant.submit(Job(name="crash", max_failures=0, **QUICK))  # no restart: the first crash ends it
-    pids = wait_for(lambda: handle.status().state == "RUNNING" and _pids_of(handle.id))
+    pids = wait_for(lambda: handle.status().state == "RUNNING" and _pids_of(handle.id), timeout=JOB_TIMEOUT_S)
     os.kill(pids[0], 9)
     status = handle.wait()
     assert status.state == "FAILED"
     assert "worker 0 exited with code -9" in status.reason
-    wait_for(lambda: not _pids_of(handle.id))
+    wait_for(lambda: not _pids_of(handle.id), timeout=JOB_TIMEOUT_S)
 
 
 def test_worker_error_is_reported_as_the_failure_reason(tenant, platform):

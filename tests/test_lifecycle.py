@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,59 +16,13 @@ from cantata.server.datasource_store import DataSourceNotFound
 from cantata.server.lifecycle import JobLifecycle
 from cantata.server.restarts import RestartPolicy
 from cantata.server.store import AnomalyRecord, JobRecord, Store, utcnow
+from testkit.fakes import FakeAudit, FakeWorkers
 from tests.fullfs import fill, small_tmpfs
 
 MAX_RESTARTS = 2  # the server's bound on max_failures
 BACKOFF, MAX_BACKOFF = 1.0, 3.0
 INTERRUPTIONS = 5  # server restarts a job lives through: more than any budget here
 TENANT = "acme"
-
-
-@dataclass
-class RecordingAudit:
-    records: list[dict[str, Any]] = field(default_factory=list)
-
-    def append(self, actor: str, action: str, **fields: Any) -> None:
-        self.records.append({"actor": actor, "action": action, **fields})
-
-    def of(self, job_id: str) -> list[tuple[str, dict]]:
-        return [(r["action"], r.get("details") or {}) for r in self.records if r.get("resource") == job_id]
-
-
-@dataclass
-class FakeWorkers:
-    """The launcher's side, as the lifecycle sees it: which jobs have processes, what was done to them."""
-
-    running: dict[str, int] = field(default_factory=dict)  # job id -> processes alive
-    logs: dict[tuple[str, int], str] = field(default_factory=dict)
-    refuse_restart: Exception | None = None
-    relaunched: list[tuple[str, int]] = field(default_factory=list)
-    terminated: list[str] = field(default_factory=list)
-    scrubbed: list[str] = field(default_factory=list)
-
-    def relaunch(self, job: JobRecord, worker: int) -> int:
-        if self.refuse_restart:
-            raise self.refuse_restart
-        self.relaunched.append((job.id, worker))
-        return 2000 + worker
-
-    def started_at(self, job_id: str, worker: int) -> int:
-        return 500 + worker
-
-    def alive_workers(self, job_id: str) -> int:
-        return self.running.get(job_id, 0)
-
-    def is_running(self, job_id: str) -> bool:
-        return job_id in self.running
-
-    def terminate(self, job_id: str) -> None:
-        self.terminated.append(job_id)
-
-    def scrub(self, job_id: str) -> None:
-        self.scrubbed.append(job_id)
-
-    def log_tail(self, job_id: str, worker: int) -> str:
-        return self.logs.get((job_id, worker), "")
 
 
 @pytest.fixture
@@ -81,8 +35,8 @@ def store(tmp_path: Path):
 
 
 @pytest.fixture
-def audit() -> RecordingAudit:
-    return RecordingAudit()
+def audit() -> FakeAudit:
+    return FakeAudit()
 
 
 @pytest.fixture
@@ -104,7 +58,7 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def lifecycle(store: Store, audit: RecordingAudit, workers: FakeWorkers, clock: Clock) -> JobLifecycle:
+def lifecycle(store: Store, audit: FakeAudit, workers: FakeWorkers, clock: Clock) -> JobLifecycle:
     return JobLifecycle(store, audit, workers, restarts=RestartPolicy(MAX_RESTARTS, BACKOFF, MAX_BACKOFF), clock=clock)
 
 

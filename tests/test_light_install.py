@@ -19,7 +19,6 @@ from importlib.metadata import Distribution, distribution
 from pathlib import Path
 
 import pytest
-from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -48,7 +47,7 @@ def base_requirements(wheel: Path) -> list[Requirement]:
         metadata = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
         lines = archive.read(metadata).decode().splitlines()
     requirements = [Requirement(line.split(":", 1)[1]) for line in lines if line.startswith("Requires-Dist:")]
-    return [r for r in requirements if r.marker is None or r.marker.evaluate({**default_environment(), "extra": ""})]
+    return [r for r in requirements if r.marker is None or r.marker.evaluate({"extra": ""})]
 
 
 def closure(requirements: list[Requirement]) -> dict[str, Distribution]:
@@ -64,7 +63,7 @@ def closure(requirements: list[Requirement]) -> dict[str, Distribution]:
         assert dist.version in requirement.specifier or not requirement.specifier, (requirement, dist.version)
         for text in dist.requires or []:
             needed = Requirement(text)
-            if needed.marker is None or needed.marker.evaluate({**default_environment(), "extra": ""}):
+            if needed.marker is None or needed.marker.evaluate({"extra": ""}):
                 todo.append(needed)
     return found
 
@@ -72,7 +71,7 @@ def closure(requirements: list[Requirement]) -> dict[str, Distribution]:
 def _link_into(dist: Distribution, site: Path) -> None:
     here = Path(sysconfig.get_paths()["purelib"])
     for file in dist.files or []:
-        target = Path(dist.locate_file(file)).resolve()
+        target = Path(str(dist.locate_file(file))).resolve()
         try:
             relative = target.relative_to(here.resolve())
         except ValueError:

@@ -17,8 +17,8 @@ from cantata.sdk.client import Client
 from cantata.sdk.job import Job
 from cantata.server import memory
 from cantata.server.jobspec import parse_job_spec
-from tests.platform import Platform
-from tests.waiting import wait_for
+from testkit.platform import Platform
+from testkit.waiting import JOB_TIMEOUT_S, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +41,9 @@ def test_a_job_that_does_not_fit_beside_the_running_ones_waits_until_one_ends(tm
     try:
         with p.enroll("acme") as client:
             handles = [client.submit(Job(name=f"big-{i}", **FIELDS)) for i in range(4)]
-            wait_for(lambda: all("this node runs at most 0" in h.status().reason for h in handles))
+            wait_for(
+                lambda: all("this node runs at most 0" in h.status().reason for h in handles), timeout=JOB_TIMEOUT_S
+            )
         p.stop()
         settings = p.paths.load_settings()
         settings.max_workers_on_node = 8

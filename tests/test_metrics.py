@@ -29,8 +29,8 @@ from cantata.sdk import errors
 from cantata.sdk.job import Job
 from cantata.sdk.profiles import Profile
 from cantata.security.pki import CertificateAuthority, Principal
-from tests.platform import Platform, cli, free_port
-from tests.waiting import wait_for
+from testkit.platform import Platform, cli, free_port
+from testkit.waiting import JOB_TIMEOUT_S, wait_for
 
 TENANT = "metrics-co"
 SHORT = dict(steps=20, batch_size=4, seq_len=32, eval_every=10, eval_batches=2, checkpoint_every=10, grad_clip=1.0)
@@ -165,7 +165,7 @@ def test_plot_overlays_a_finished_and_a_running_job_and_the_scraper_sees_the_run
     running = tenant.submit(
         Job(name="long", steps=3000, batch_size=2, seq_len=16, eval_every=3000, checkpoint_every=3000)
     )
-    wait_for(lambda: tenant.metrics(running.id, ["loss"]))
+    wait_for(lambda: tenant.metrics(running.id, ["loss"]), timeout=JOB_TIMEOUT_S)
     found = samples(platform, scraper)  # at once, while it runs
     job = dict(tenant=TENANT, job_id=running.id)
     losses = {r.value for r in tenant.metrics(running.id, ["loss"])}
@@ -255,7 +255,7 @@ def test_only_a_live_scraper_certificate_reads_metrics(platform, tenant, scraper
     assert value(found, "cantata_refused_calls_total", reason="handshake") == 1
 
 
-def selectors(node) -> set[str]:
+def selectors(node) -> set[str | None]:
     """The metric names a PromQL expression's selectors name."""
     if isinstance(node, promql_parser.VectorSelector):
         return {node.name}

@@ -23,7 +23,7 @@ PUBLISHED = {
 }
 
 
-def _count(model: torch.nn.Module) -> tuple[float, float]:
+def _count(model: Decoder) -> tuple[float, float]:
     total = sum(p.numel() for p in model.parameters())
     embedding = model.embed_tokens.weight.numel()
     head = 0 if model.cfg.tie_embeddings else model.lm_head.weight.numel()

@@ -10,6 +10,7 @@ comes from the 2 x 2 run's DTensors, resharded).
 from __future__ import annotations
 
 import os
+from typing import cast
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from cantata.proto.vocabulary import MixedPrecision
+from cantata.trainer.decoder import Decoder
 from cantata.trainer.model import build_model
 from cantata.trainer.optim import build_optimizer, spec_settings
 from cantata.trainer.parallel import Parallelism, data_rank, parallelize
@@ -46,7 +48,9 @@ def _muon_ranks(rank: int, world: int, port: int, out: str, store: str, keys: st
 
     def run(shape: tuple[int, int, int], part: slice, resume: bool = False):
         mesh = Parallelism(*shape).mesh()
-        model = build_model(MODEL, seed=3 if not resume else 7)  # a resumed run's weights come from the checkpoint
+        model = cast(
+            Decoder, build_model(MODEL, seed=3 if not resume else 7)
+        )  # a resumed run's weights come from the checkpoint
         parallelize(model, mesh, MixedPrecision.FP32, checkpointing=False)
         optimizer = build_optimizer(
             model, "muon", lr=2e-2, grad_clip=1.0, mesh=mesh, tp_dim="tp", weight_decay=0.1, **settings

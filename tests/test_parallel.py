@@ -12,6 +12,7 @@ import os
 import socket
 import uuid
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
@@ -28,6 +29,7 @@ from cantata.security.sealed_checkpoint import IntegrityError, MissingShardError
 from cantata.server.jobspec import InvalidField, parse_job_spec, resumed_spec
 from cantata.storage import open_store
 from cantata.trainer.checkpoint import JobCheckpoints, Scope, TrainingState
+from cantata.trainer.decoder import Decoder
 from cantata.trainer.model import build_model
 from cantata.trainer.optim import build_optimizer
 from cantata.trainer.parallel import MeshState, Parallelism, data_rank, parallelize
@@ -45,7 +47,7 @@ def _batches() -> list[torch.Tensor]:
     return [torch.randint(0, 512, (4, 17), generator=generator) for _ in range(STEPS)]
 
 
-def _train(model, optimizer, batches, part=lambda b: b) -> list[float]:
+def _train(model, optimizer, batches, part=lambda b: b) -> list[torch.Tensor]:
     losses = []
     for batch in batches:
         batch = part(batch)
@@ -74,7 +76,7 @@ def _ranks(rank: int, world: int, port: int, out: str, weights: str, store: str,
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
     mesh = Parallelism(1, 2, 2).mesh()
-    model = build_model(MODEL, seed=3)
+    model = cast(Decoder, build_model(MODEL, seed=3))
     parallelize(model, mesh, MixedPrecision.FP32, checkpointing=True)
     load_weights(model, local_weights(Path(weights)))  # the reference's initial weights, each rank keeping its shard
     optimizer = build_optimizer(model, "adamw", lr=1e-2, grad_clip=1.0)
@@ -83,7 +85,7 @@ def _ranks(rank: int, world: int, port: int, out: str, weights: str, store: str,
     dist.all_reduce(losses)  # the mean over the data-parallel ranks (tensor-parallel peers agree)
     _registry(store, keys, model, optimizer).save(STEPS)  # every rank seals its own shards
     other = Parallelism(1, 4, 1).mesh()  # the checkpoint loads on another mesh
-    reloaded = build_model(MODEL, seed=2)
+    reloaded = cast(Decoder, build_model(MODEL, seed=2))
     parallelize(reloaded, other, MixedPrecision.FP32, checkpointing=False)
     reopt = build_optimizer(reloaded, "adamw", lr=1e-3, grad_clip=1.0)
     _registry(store, keys, reloaded, reopt).restore(STEPS)
@@ -101,7 +103,7 @@ def _fewer_ranks(rank: int, world: int, port: int, out: str, store: str, keys: s
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
-    model = build_model(MODEL, seed=4)
+    model = cast(Decoder, build_model(MODEL, seed=4))
     parallelize(model, Parallelism(1, 2, 1).mesh(), MixedPrecision.FP32, checkpointing=False)
     optimizer = build_optimizer(model, "adamw", lr=1e-3, grad_clip=1.0)
     _registry(store, keys, model, optimizer).restore(STEPS)
@@ -110,7 +112,7 @@ def _fewer_ranks(rank: int, world: int, port: int, out: str, store: str, keys: s
     _train(model, optimizer, _batches()[:1], lambda b: b.chunk(2)[rank])  # the restored moments step on
     # a mesh checkpoint as written before sharded checkpoints: full tensors in "model" and "optim", sealed by rank 0
     full_options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    old = {
+    old: dict[str, dict] = {
         "model": get_model_state_dict(model, options=full_options),
         "optim": {
             "adamw": get_optimizer_state_dict(model, optimizer.adamw, options=full_options),
@@ -121,7 +123,7 @@ def _fewer_ranks(rank: int, world: int, port: int, out: str, store: str, keys: s
     checkpoints = _checkpoints(store, keys)
     checkpoints.begin(STEPS + 1, rank, dist.group.WORLD)
     checkpoints.commit(STEPS + 1, rank, old if rank == 0 else {}, dist.group.WORLD, [])
-    again = build_model(MODEL, seed=5)
+    again = cast(Decoder, build_model(MODEL, seed=5))
     parallelize(again, Parallelism(1, 2, 1).mesh(), MixedPrecision.FP32, checkpointing=False)
     reopt = build_optimizer(again, "adamw", lr=1e-3, grad_clip=1.0)
     _registry(store, keys, again, reopt).restore(STEPS + 1)  # the new registry still reads it

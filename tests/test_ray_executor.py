@@ -22,10 +22,10 @@ from cantata.sdk.job import Job
 from cantata.security.audit import Action, read_records
 from cantata.server.executors.ray import RayClusterError, check_locked
 from cantata.server.executors.ray_actor import node_root
-from tests.platform import Platform, cli
-from tests.raycluster import RayCluster
+from testkit.platform import Platform, cli
+from testkit.raycluster import RayCluster
+from testkit.waiting import JOB_TIMEOUT_S, wait_for
 from tests.test_jobs import _pids_of
-from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -186,7 +186,7 @@ def test_the_workers_train_on_through_a_killed_and_a_stopped_control_plane_which
             **{**TINY, "steps": steps, "eval_every": 100, "checkpoint_every": 50},
         )
     )
-    wait_for(lambda: _node_step(handle.id) >= 10)
+    wait_for(lambda: _node_step(handle.id) >= 10, timeout=JOB_TIMEOUT_S)
     pids = _pids_of(handle.id)
     assert len(pids) == 2, pids
     try:
@@ -202,7 +202,9 @@ def test_the_workers_train_on_through_a_killed_and_a_stopped_control_plane_which
                 else:
                     assert ray_platform.stop(leave_workers=True) == 0  # graceful, on_stop "leave": an upgrade
                 _signal(pids, signal.SIGCONT)
-                wait_for(lambda at=at: _node_step(handle.id) >= at + 10)  # trains on, no control plane
+                wait_for(
+                    lambda at=at: _node_step(handle.id) >= at + 10, timeout=JOB_TIMEOUT_S
+                )  # trains on, no control plane
                 _signal(pids, signal.SIGSTOP)
                 assert _node_step(handle.id) < steps
                 _start(ray_platform, cluster)
@@ -246,14 +248,14 @@ def test_a_node_host_that_dies_is_restarted_and_answers_for_the_workers_it_start
     # their exits (none of which is taken for a failure).
     long = {**TINY, "steps": 20_000, "eval_every": 20_000, "checkpoint_every": 20_000}  # a log line every 200 steps
     handle = ray_tenant.submit(Job(name="host-loss", algorithm="allreduce", workers=2, **long))
-    wait_for(lambda: _node_step(handle.id) >= 200)
+    wait_for(lambda: _node_step(handle.id) >= 200, timeout=JOB_TIMEOUT_S)
     node = next(n for n in cluster.nodes if n.ip in _placement(handle).values())
     pids, host = _pids_of(handle.id), _host_pid(node)
     assert len(pids) == 2 and host, (pids, host)
     os.kill(host, signal.SIGKILL)
     wait_for(lambda: _host_pid(node) not in (0, host))
     at = _node_step(handle.id)
-    wait_for(lambda: _node_step(handle.id) >= at + 200)
+    wait_for(lambda: _node_step(handle.id) >= at + 200, timeout=JOB_TIMEOUT_S)
     assert sorted(_pids_of(handle.id)) == sorted(pids)  # the same processes, training on
     handle.cancel()
     assert handle.wait().state == "CANCELLED"
@@ -275,7 +277,7 @@ def test_a_gasloc_job_outlives_a_lost_node_its_worker_placed_again_on_another(cl
         )
     )
     placed = _placement(handle)
-    wait_for(lambda: any(e.kind == "ROUND" and e.step >= 4 for e in _events_so_far(handle)))
+    wait_for(lambda: any(e.kind == "ROUND" and e.step >= 4 for e in _events_so_far(handle)), timeout=JOB_TIMEOUT_S)
     lost = cluster.nodes[2]
     victim = next(w for w, ip in placed.items() if ip == lost.ip)
     cluster.kill_node(lost)
@@ -346,7 +348,9 @@ def test_an_allreduce_job_restarts_its_group_on_another_node_when_its_node_is_lo
         lost = cluster.nodes[1]
         assert set(placed.values()) == {lost.ip}, placed
         # the server's record of a checkpoint (the restart resumes from it), not only its objects in the store
-        wait_for(lambda: any(e.kind == "CHECKPOINT" and e.step >= 20 for e in _events_so_far(handle)))
+        wait_for(
+            lambda: any(e.kind == "CHECKPOINT" and e.step >= 20 for e in _events_so_far(handle)), timeout=JOB_TIMEOUT_S
+        )
         cluster.kill_node(lost)
     finally:
         assert holder.stdin is not None

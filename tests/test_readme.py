@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.platform import free_port, passable
+from testkit.platform import free_port, passable
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

@@ -27,7 +27,7 @@ from cantata.storage import open_store
 from cantata.trainer.data import TextTokenizer
 from cantata.trainer.model import build_model
 from cantata.trainer.sealed_dcp import consolidate
-from tests.platform import cli, readable
+from testkit.platform import cli, readable
 
 OPTIMIZER = "muon"  # Canzona on DTensor over the 2 x 2 mesh, resumed on 4 x 1
 MODEL = "qwen3-tiny"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -82,7 +83,13 @@ def test_a_detector_refuses_meaningless_settings(zscore, window):
 
 
 def policy(**changes) -> RecoveryPolicy:
-    base = {"on_nonfinite": "rollback", "spike_zscore": 3.0, "spike_window": 3, "max_rollbacks": 2, "lr_scale": 0.5}
+    base: dict[str, Any] = {
+        "on_nonfinite": "rollback",
+        "spike_zscore": 3.0,
+        "spike_window": 3,
+        "max_rollbacks": 2,
+        "lr_scale": 0.5,
+    }
     return RecoveryPolicy(**(base | changes))
 
 

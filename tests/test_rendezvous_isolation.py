@@ -23,9 +23,9 @@ import pytest
 import torch.distributed as dist
 
 from cantata.sdk.job import Job
-from tests.platform import Platform, free_port
+from testkit.platform import Platform, free_port
+from testkit.waiting import JOB_TIMEOUT_S, wait_for
 from tests.test_jobs import _pids_of
-from tests.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="workers run as a uid of their own only under a root server")
 
@@ -139,8 +139,10 @@ def test_another_uid_without_a_certificate_cannot_set_get_or_add_rendezvous_keys
     with platform.enroll("acme") as client:
         handle = client.submit(Job(name="rendezvous", **LONG))
         try:
-            before = wait_for(lambda: client.get(handle.id).step)  # a step: the group met and trains
-            pids = wait_for(lambda: len(found := _pids_of(handle.id)) == 2 and found)
+            before = wait_for(
+                lambda: client.get(handle.id).step, timeout=JOB_TIMEOUT_S
+            )  # a step: the group met and trains
+            pids = wait_for(lambda: len(found := _pids_of(handle.id)) == 2 and found, timeout=JOB_TIMEOUT_S)
             workspace = platform.data_dir / "jobs" / handle.id
             rendezvous = json.loads((workspace / "worker-0.json").read_text())["rendezvous"]
             assert rendezvous.startswith(f"file://{workspace}/"), rendezvous
@@ -160,7 +162,7 @@ def test_another_uid_without_a_certificate_cannot_set_get_or_add_rendezvous_keys
             assert opened["rb"] == opened["ab"] == "refused: Permission denied", opened
             assert opened["FileStore"].startswith("refused"), opened
 
-            wait_for(lambda: client.get(handle.id).step > before)  # the job trains on
+            wait_for(lambda: client.get(handle.id).step > before, timeout=JOB_TIMEOUT_S)  # the job trains on
             assert client.get(handle.id).state == "RUNNING"
         finally:
             client.cancel(handle.id)

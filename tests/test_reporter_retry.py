@@ -108,7 +108,7 @@ def _tls_endpoint(tmp_path, port: int):
 
 def test_reports_made_while_the_server_is_down_arrive_in_order_once_it_is_back(tmp_path):
     from cantata.trainer.reporter import Reporter
-    from tests.platform import free_port
+    from testkit.platform import free_port
 
     port = free_port()
     endpoint, credentials = _tls_endpoint(tmp_path, port)
@@ -134,7 +134,7 @@ def test_reports_made_while_the_server_is_down_arrive_in_order_once_it_is_back(t
 
 def test_a_refused_report_fails_the_next_one(tmp_path):
     from cantata.trainer.reporter import Reporter, ReportsLost
-    from tests.platform import free_port
+    from testkit.platform import free_port
 
     port = free_port()
     endpoint, credentials = _tls_endpoint(tmp_path, port)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -16,52 +14,10 @@ from cantata.server.lifecycle import JobLifecycle
 from cantata.server.restarts import RestartPolicy
 from cantata.server.scheduler import Scheduler
 from cantata.server.store import JobRecord, NotResumable, QuotaExceeded, Store
+from testkit.fakes import FakeAudit, FakeExecutor, FakeWorkers
 
 TENANT = "acme"
 ACTOR = "spiffe://cantata/tenant/acme"
-
-
-@dataclass
-class Audit:
-    """Records what is appended; ``fail`` makes the next append raise, as a log that cannot be written."""
-
-    records: list[dict[str, Any]] = field(default_factory=list)
-    fail: Exception | None = None
-
-    def append(self, actor: str, action: str, **fields: Any) -> None:
-        if self.fail:
-            raise self.fail
-        self.records.append({"actor": actor, "action": action, **fields})
-
-
-@dataclass
-class Workers:
-    running: set[str] = field(default_factory=set)
-    killed: list[tuple[str, int]] = field(default_factory=list)
-
-    def relaunch(self, job: JobRecord, worker: int) -> int:
-        raise AssertionError("not restarted here")
-
-    def started_at(self, job_id: str, worker: int) -> int:
-        return 0  # unknown: never re-adopted
-
-    def alive_workers(self, job_id: str) -> int:
-        return 2 if job_id in self.running else 0
-
-    def is_running(self, job_id: str) -> bool:
-        return job_id in self.running
-
-    def terminate(self, job_id: str) -> None:
-        self.running.discard(job_id)
-
-    def scrub(self, job_id: str) -> None:
-        pass
-
-    def kill(self, job_id: str, worker: int) -> None:
-        self.killed.append((job_id, worker))
-
-    def log_tail(self, job_id: str, worker: int) -> str:
-        return ""
 
 
 @pytest.fixture
@@ -74,17 +30,17 @@ def store(tmp_path: Path):
 
 
 @pytest.fixture
-def audit() -> Audit:
-    return Audit()
+def audit() -> FakeAudit:
+    return FakeAudit()
 
 
 @pytest.fixture
-def workers() -> Workers:
-    return Workers()
+def workers() -> FakeWorkers:
+    return FakeWorkers(refuse_restart=AssertionError("not restarted here"))
 
 
 @pytest.fixture
-def lifecycle(store: Store, audit: Audit, workers: Workers) -> JobLifecycle:
+def lifecycle(store: Store, audit: FakeAudit, workers: FakeWorkers) -> JobLifecycle:
     return JobLifecycle(store, audit, workers, restarts=RestartPolicy(0, 0.0, 0.0))  # the first failure ends a job
 
 
@@ -97,16 +53,16 @@ def _submit(store: Store) -> JobRecord:
     return job
 
 
-def _running(lifecycle: JobLifecycle, store: Store, workers: Workers) -> JobRecord:
+def _running(lifecycle: JobLifecycle, store: Store, workers: FakeWorkers) -> JobRecord:
     job = _submit(store)
     assert lifecycle.placing(job)
     lifecycle.placed(job, {0: 100, 1: 101})
-    workers.running.add(job.id)
+    workers.running[job.id] = 2
     lifecycle.worker_started(store.job(job.id), 0)
     return store.job(job.id)
 
 
-def _cancelled(lifecycle: JobLifecycle, store: Store, workers: Workers) -> JobRecord:
+def _cancelled(lifecycle: JobLifecycle, store: Store, workers: FakeWorkers) -> JobRecord:
     job = _running(lifecycle, store, workers)
     lifecycle.cancel_requested(job, actor=ACTOR, peer="p")
     lifecycle.workers_exited(job.id)
@@ -227,50 +183,16 @@ def test_heartbeats_count_from_the_start_until_a_first_report_and_forget_ended_w
     assert beats.silent([]) == [] and beats.silent([("job-a", 1, 1008.0)]) == []  # ended workers were forgotten
 
 
-@dataclass
-class Launcher:
-    """The launcher as the scheduler sees it: one job's earlier workers may still be stopping."""
-
-    stopping: set[str] = field(default_factory=set)
-    launched: list[str] = field(default_factory=list)
-    killed: list[tuple[str, int]] = field(default_factory=list)
-
-    def poll(self) -> list:
-        return []
-
-    def finished_jobs(self) -> list[str]:
-        return []
-
-    def running_workers(self) -> int:
-        return 0
-
-    def placement(self, job: JobRecord) -> None:
-        pass  # room for every job
-
-    def is_running(self, job_id: str) -> bool:
-        return job_id in self.stopping
-
-    def live_workers(self) -> list[tuple[str, int, float]]:
-        return []
-
-    def launch(self, job: JobRecord, *, attack: dict | None = None, fault: dict | None = None) -> dict[int, int]:
-        self.launched.append(job.id)
-        return {0: 100, 1: 101}
-
-    def started_at(self, job_id: str, worker: int) -> int:
-        return 0
-
-
 def test_a_job_resumed_while_its_earlier_workers_stop_waits_for_them(lifecycle, store, workers):
     job = _running(lifecycle, store, workers)
     lifecycle.worker_exited(job.id, 1, 1)  # FAILED; its worker 0 is being terminated
     _resume(lifecycle, store, job)
-    launcher = Launcher(stopping={job.id})
+    launcher = FakeExecutor(running={job.id: 1})
     # As in the server, the launcher is both the scheduler's and the lifecycle's view of the processes.
-    placing = JobLifecycle(store, Audit(), launcher, restarts=RestartPolicy(0, 0.0, 0.0))  # type: ignore[arg-type]
-    scheduler = Scheduler(store, launcher, placing, Heartbeats(60))  # type: ignore[arg-type]
+    placing = JobLifecycle(store, FakeAudit(), launcher, restarts=RestartPolicy(0, 0.0, 0.0))
+    scheduler = Scheduler(store, launcher, placing, Heartbeats(60))
     scheduler.tick()
     assert launcher.launched == [] and store.job(job.id).state == pb.QUEUED
-    launcher.stopping.clear()
+    launcher.running.clear()
     scheduler.tick()
     assert launcher.launched == [job.id] and store.job(job.id).state == pb.STARTING

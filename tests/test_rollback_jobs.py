@@ -15,7 +15,7 @@ import pytest
 from cantata.sdk import errors
 from cantata.sdk.job import Job
 from cantata.security.audit import Action, read_records
-from tests.platform import Platform
+from testkit.platform import Platform
 
 SMALL = dict(model="gpt-tiny", steps=20, eval_every=20, checkpoint_every=5, batch_size=4, seq_len=16)
 SPIKE = dict(spike_zscore=10.0, spike_window=8)  # a natural z-score of 10 over 8 losses is not to be expected

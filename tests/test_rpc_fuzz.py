@@ -13,6 +13,7 @@ in CI; about a minute in all on two cores).
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import grpc
 import pytest
@@ -28,7 +29,7 @@ from cantata.sdk.job import Job
 from cantata.sdk.profiles import Profile
 from cantata.security.pki import CertificateAuthority, Principal, make_csr, new_key
 from cantata.server.auth import ADMIN, PUBLIC, RULES, TENANT, WORKER
-from tests.platform import Platform
+from testkit.platform import Platform
 from tests.test_auth import SERVICE_MODULES
 
 pytestmark = pytest.mark.integration
@@ -100,7 +101,7 @@ def messages(descriptor: Descriptor, known: dict, depth: int = 0) -> st.SearchSt
         values = field_values(field, known, depth)
         optional[field.name] = st.lists(values, max_size=4) if _repeated(field) else values
 
-    def build(chosen: dict) -> object:
+    def build(chosen: dict) -> Any:
         message = cls()
         for name, value in chosen.items():
             field = descriptor.fields_by_name[name]

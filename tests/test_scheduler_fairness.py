@@ -12,7 +12,7 @@ import pytest
 
 from cantata.sdk.job import Job
 from cantata.security.audit import Action, read_records
-from tests.platform import Platform
+from testkit.platform import Platform
 
 TINY = dict(model="gpt-tiny", steps=2, batch_size=4, seq_len=16)
 

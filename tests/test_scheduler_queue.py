@@ -4,7 +4,6 @@ fakes for the audit log and the processes (no workers start here)."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -16,43 +15,7 @@ from cantata.server.lifecycle import JobLifecycle
 from cantata.server.restarts import RestartPolicy
 from cantata.server.scheduler import Scheduler
 from cantata.server.store import UNFINISHED_OF_TENANT, JobRecord, Store, queue_head_query
-from tests.test_resume_lifecycle import Audit, Workers
-
-
-@dataclass
-class Launcher:
-    """The executor as the scheduler sees it: each launched job holds one of ``slots`` until ended here."""
-
-    slots: int
-    launched: list[str] = field(default_factory=list)
-    most_steps: int = 1_000_000  # a job with more steps can never run here
-    looked_at: list[str] = field(default_factory=list)
-
-    def placement(self, job: JobRecord) -> None:
-        self.looked_at.append(job.id)
-        if job.spec.steps > self.most_steps:
-            raise NotPlaceable(f"needs {job.spec.steps} steps; this node runs at most {self.most_steps}", never=True)
-        if len(self.launched) >= self.slots:
-            raise NotPlaceable("no free slot")
-
-    def poll(self) -> list:
-        return []
-
-    def finished_jobs(self) -> list[str]:
-        return []
-
-    def running_workers(self) -> int:
-        return len(self.launched)
-
-    def is_running(self, job_id: str) -> bool:
-        return False
-
-    def live_workers(self) -> list[tuple[str, int, float]]:
-        return []
-
-    def launch(self, job: JobRecord, *, attack: dict | None = None, fault: dict | None = None) -> dict[int, int]:
-        self.launched.append(job.id)
-        return {0: 100 + len(self.launched)}
+from testkit.fakes import FakeAudit, FakeExecutor, FakeWorkers
 
 
 @pytest.fixture
@@ -71,10 +34,15 @@ def _submit(store: Store, tenant: str, n: int, steps: int = 10) -> list[str]:
         return [store.submit_job(store.tenant(tenant), uuid.uuid4().hex, spec)[0].id for _ in range(n)]
 
 
-def _scheduler(store: Store, slots: int) -> tuple[Scheduler, Launcher]:
-    launcher = Launcher(slots)
-    lifecycle = JobLifecycle(store, Audit(), Workers(), restarts=RestartPolicy(0, 0.0, 0.0))  # type: ignore[arg-type]
-    scheduler = Scheduler(store, launcher, lifecycle, Heartbeats(60))  # type: ignore[arg-type]
+def _scheduler(store: Store, slots: int) -> tuple[Scheduler, FakeExecutor]:
+    launcher = FakeExecutor(slots=slots)
+    lifecycle = JobLifecycle(
+        store,
+        FakeAudit(),
+        FakeWorkers(refuse_restart=AssertionError("not restarted here")),
+        restarts=RestartPolicy(0, 0.0, 0.0),
+    )
+    scheduler = Scheduler(store, launcher, lifecycle, Heartbeats(60))
     store.on_queue_change = scheduler.wake
     return scheduler, launcher
 
@@ -105,7 +73,7 @@ def test_placement_runs_on_a_change_and_not_on_every_tick(store):
     assert launcher.launched == [first]
     queued_quietly = store.queue_head
     looks: list[int] = []
-    store.queue_head = lambda skip=(): looks.append(1) or queued_quietly(skip)  # type: ignore[method-assign]
+    store.queue_head = lambda skip=(): looks.append(1) or queued_quietly(skip)
     for _ in range(5):
         scheduler.tick()
     assert looks == []  # an idle tick does not look at the queue at all
@@ -213,10 +181,10 @@ def test_a_launch_whose_room_was_taken_meanwhile_queues_the_job_again_instead_of
     taken = NotPlaceable("the resources free at placement were taken", retry=True)
 
     def launch_once_taken(job: JobRecord, *, attack: dict | None = None, fault: dict | None = None) -> dict[int, int]:
-        launcher.launch = Launcher.launch.__get__(launcher)  # type: ignore[method-assign]
+        launcher.launch = FakeExecutor.launch.__get__(launcher)
         raise taken
 
-    launcher.launch = launch_once_taken  # type: ignore[method-assign]
+    launcher.launch = launch_once_taken
     scheduler.tick()
     assert store.job(job).state == pb.QUEUED
     assert store.job(job).reason == "waiting: the resources free at placement were taken"

@@ -21,9 +21,9 @@ from cantata.sdk.job import Job
 from cantata.server.config import DataDir
 from cantata.storage import open_store
 from cantata.storage.logs import LEVEL_ENV
-from tests.platform import Platform
+from testkit.platform import Platform
+from testkit.waiting import JOB_TIMEOUT_S, wait_for
 from tests.services import azurite_connection_string
-from tests.waiting import wait_for
 
 WAIT_S = 2.0
 SLACK_S = 8.0  # generous on a loaded machine, yet far below the minute a blocked read used to take
@@ -136,7 +136,9 @@ def test_events_resume_across_a_server_restart_without_gaps_or_duplicates(platfo
 
     follower = threading.Thread(target=follow, daemon=True)
     follower.start()
-    wait_for(lambda: any(e.step > 0 for e in seen))  # the kill drops the stream mid-job, its cursor moved
+    wait_for(
+        lambda: any(e.step > 0 for e in seen), timeout=JOB_TIMEOUT_S
+    )  # the kill drops the stream mid-job, its cursor moved
     platform.kill()  # the job trains on; the stream is what breaks
     down = time.monotonic()
     # The fault under test is an outage longer than the SDK's old resume budget: hold it that long.

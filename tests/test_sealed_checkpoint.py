@@ -13,6 +13,7 @@ import logging
 import pickle
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -48,6 +49,7 @@ from cantata.security.stream_aead import (
     TruncatedStreamError,
 )
 from cantata.storage import BlobStore, BlobUpload, StoreUnavailableError, open_store
+from cantata.storage.s3 import S3Store
 from tests.services import S3_TEST_CREDENTIALS, start_moto, stop_service
 
 SEGMENT = 4096
@@ -197,7 +199,7 @@ def test_ranks_write_their_own_shards_and_one_commits(local_store: BlobStore, ke
 
 
 def test_a_shard_beside_a_checkpoint_reads_back_only_in_its_place(local_store: BlobStore, keys: JobKeys) -> None:
-    where = {"tenant": "acme", "job_id": "job-1"}
+    where: dict[str, Any] = {"tenant": "acme", "job_id": "job-1"}
     write_shard(local_store, **where, step=100, name="data-3", state=b'{"object": 7}', kek=keys.current)
     assert read_unlisted_shard(local_store, **where, step=100, name="data-3", keys=keys) == b'{"object": 7}'
     assert read_unlisted_shard(local_store, **where, step=100, name="data-2", keys=keys) is None
@@ -457,6 +459,7 @@ def test_s3_going_down_mid_upload(tmp_path: Path, keys: JobKeys, boto3_session) 
         store = open_store(
             "s3://ckpt-bucket/p", endpoint_url=service.endpoint, session=boto3_session, retries=1, **S3_TEST_CREDENTIALS
         )
+        assert isinstance(store, S3Store)
         store.client.create_bucket(Bucket="ckpt-bucket")
         save(store, keys, 100)
         with pytest.raises(StoreUnavailableError):

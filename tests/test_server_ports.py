@@ -7,7 +7,7 @@ import json
 import pytest
 
 from cantata.server.config import PortCollision, check_ports
-from tests.platform import cli, free_port, passable
+from testkit.platform import cli, free_port, passable
 
 
 def test_init_refuses_the_dashboard_on_the_enrollment_port_and_writes_nothing(tmp_path):

@@ -22,9 +22,9 @@ from cantata.security.audit import Action, read_records, verify
 from cantata.server.launcher import AdoptedProcess
 from cantata.server.process_identity import running, start_time
 from cantata.server.zygote import ZYGOTE_GONE, ZYGOTE_MODULE
-from tests.platform import Platform
+from testkit.platform import Platform
+from testkit.waiting import JOB_TIMEOUT_S, wait_for
 from tests.test_jobs import _pids_of
-from tests.waiting import wait_for
 
 STEPS = 400  # long enough that a fast machine is still training when the test acts
 JOB = dict(model="gpt-tiny", steps=STEPS, eval_every=100, checkpoint_every=25, batch_size=4, seq_len=16)
@@ -78,7 +78,7 @@ def _assert_ran_once_through(handle, platform: Platform) -> None:
 @pytest.mark.parametrize("how", ["sigkill", "sigterm"])
 def test_a_job_trains_on_while_its_server_is_down_and_the_restarted_server_adopts_it(platform, tenant, how):
     handle = tenant.submit(Job(name=f"through-{how}", **JOB))
-    wait_for(lambda: _logged_step(platform, handle.id) >= STEPS // 10)
+    wait_for(lambda: _logged_step(platform, handle.id) >= STEPS // 10, timeout=JOB_TIMEOUT_S)
     (pid,) = _pids_of(handle.id)
     if how == "sigkill":
         platform.kill()
@@ -87,7 +87,9 @@ def test_a_job_trains_on_while_its_server_is_down_and_the_restarted_server_adopt
         stopped = [r for r in read_records(platform.data_dir / "audit") if r.action == Action.SERVER_STOPPED][-1]
         assert stopped.details == {"jobs": "leave"}
     down_at = _logged_step(platform, handle.id)
-    wait_for(lambda: _logged_step(platform, handle.id) > down_at + STEPS // 10)  # training, no server
+    wait_for(
+        lambda: _logged_step(platform, handle.id) > down_at + STEPS // 10, timeout=JOB_TIMEOUT_S
+    )  # training, no server
     assert _pids_of(handle.id) == [pid]
     platform.start()
     _assert_ran_once_through(handle, platform)
@@ -97,7 +99,7 @@ def test_on_stop_requeue_stops_the_jobs_which_resume_from_their_checkpoints(plat
     platform.stop()
     platform.start("--on-stop", "requeue")
     handle = tenant.submit(Job(name="requeued", **JOB))
-    wait_for(lambda: any(c.step >= 25 for c in tenant.checkpoints(handle.id)))
+    wait_for(lambda: any(c.step >= 25 for c in tenant.checkpoints(handle.id)), timeout=JOB_TIMEOUT_S)
     assert platform.stop() == 0
     assert not _pids_of(handle.id)
     records = list(read_records(platform.data_dir / "audit"))
@@ -113,11 +115,11 @@ def test_on_stop_requeue_stops_the_jobs_which_resume_from_their_checkpoints(plat
 
 def test_a_worker_that_died_while_the_server_was_down_takes_the_failure_path(platform, tenant):
     handle = tenant.submit(Job(name="died-meanwhile", max_failures=1, **JOB))
-    wait_for(lambda: any(c.step >= 25 for c in tenant.checkpoints(handle.id)))
+    wait_for(lambda: any(c.step >= 25 for c in tenant.checkpoints(handle.id)), timeout=JOB_TIMEOUT_S)
     platform.kill()
     (pid,) = _pids_of(handle.id)
     os.killpg(pid, signal.SIGKILL)
-    wait_for(lambda: not _pids_of(handle.id))
+    wait_for(lambda: not _pids_of(handle.id), timeout=JOB_TIMEOUT_S)
     platform.start()
     status = handle.wait()
     assert status.state == "SUCCEEDED", status.reason

@@ -13,6 +13,7 @@ directory and records what the workers would report (the platform test in
 from __future__ import annotations
 
 import os
+from typing import cast
 
 import torch
 import torch.multiprocessing as mp
@@ -20,12 +21,13 @@ import torch.multiprocessing as mp
 from cantata.proto import jobfields
 from cantata.proto.v1 import common_pb2
 from cantata.proto.vocabulary import MixedPrecision
+from cantata.trainer.decoder import Decoder
 from cantata.trainer.model import build_model
 from cantata.trainer.optim import build_optimizer
 from cantata.trainer.parallel import parallelize
 from cantata.trainer.process_exit import exit_without_finalizing
-from tests.gossip_rig import Directory, Parts, credentials, worker_config
-from tests.platform import free_ports
+from testkit.gossip_rig import Directory, Parts, credentials, worker_config
+from testkit.platform import free_ports
 
 JOB = "job-sharded"
 MODEL = "llama-tiny"
@@ -62,7 +64,7 @@ def _run(process: int, sharded: bool, algorithm: str, attack, port: int, table, 
     directory = Directory(table, process)
     strategy = Decentralized(cfg, directory)  # type: ignore[arg-type]
     try:
-        model = build_model(MODEL, 5)
+        model = cast(Decoder, build_model(MODEL, 5))
         if strategy.mesh is not None:
             parallelize(model, strategy.mesh, MixedPrecision.FP32, False)
         optimizer = build_optimizer(

@@ -12,12 +12,14 @@ import socket
 import uuid
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import save_file
+from torch.distributed.tensor import DTensor
 
 from cantata.proto.vocabulary import MixedPrecision
 from cantata.storage import open_store
@@ -55,8 +57,8 @@ def _ranks(rank: int, world: int, port: int, init_from: str, credentials: dict |
     source = SourceCredentials.from_dict(credentials) if credentials else None
     tally: list[int] = []
     load_weights(model, _counted(open_weights(init_from, roots=roots, credentials=source), tally))
-    shard_bytes = sum(p.to_local().numel() * 4 for p in model.parameters())
-    full = {name: p.full_tensor() for name, p in model.named_parameters()}
+    shard_bytes = sum(cast(DTensor, p).to_local().numel() * 4 for p in model.parameters())
+    full = {name: cast(DTensor, p).full_tensor() for name, p in model.named_parameters()}
     reads: list = [None] * world
     dist.all_gather_object(reads, (sum(tally), len(tally), shard_bytes))
     if rank == 0:

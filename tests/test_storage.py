@@ -7,6 +7,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from botocore.awsrequest import AWSResponse
@@ -167,7 +168,7 @@ def _check_listing_as_another_uid(local_store: LocalStore) -> None:
 
 @pytest.fixture
 def small_part_s3_store(s3_store: S3Store, moto_service: RunningService, boto3_session) -> S3Store:
-    return open_store(
+    store = open_store(
         s3_store.uri,
         endpoint_url=moto_service.endpoint,
         session=boto3_session,
@@ -175,6 +176,8 @@ def small_part_s3_store(s3_store: S3Store, moto_service: RunningService, boto3_s
         retries=1,
         **S3_TEST_CREDENTIALS,
     )
+    assert isinstance(store, S3Store)
+    return store
 
 
 def test_s3_large_objects_use_multipart(small_part_s3_store: S3Store) -> None:
@@ -240,6 +243,7 @@ def test_azure_uploads_stage_blocks_and_commit_once(
     with store.writer("big") as upload:
         upload.write(data)
         assert store.list() == []
+    assert isinstance(store, AzureBlobStore)
     committed, _ = store.container.get_blob_client(store.blob_name("big")).get_block_list("committed")
     assert len(committed) == 4
     assert store.get_bytes("big") == data
@@ -270,7 +274,8 @@ def test_open_store_parses_uris(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 @pytest.mark.parametrize("uri", ["gs://bucket/x", "file://host/x", "s3:///prefix", "file:///x?y=1", "s3://b/../x"])
 def test_open_store_refuses_bad_uris(uri: str) -> None:
     with pytest.raises(StoreConfigError):
-        open_store(uri, **({"endpoint_url": "http://127.0.0.1:1"} if uri.startswith("s3") else {}))
+        options: dict[str, Any] = {"endpoint_url": "http://127.0.0.1:1"} if uri.startswith("s3") else {}
+        open_store(uri, **options)
 
 
 def test_azure_needs_a_connection(monkeypatch: pytest.MonkeyPatch) -> None:

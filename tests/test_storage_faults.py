@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import boto3
@@ -38,12 +39,14 @@ from cantata.storage import (
     StoreUnavailableError,
     open_store,
 )
+from cantata.storage.azure import AzureBlobStore
 from cantata.storage.local import PARTIAL_DIR, LocalStore
 from cantata.storage.outage import OutageListener
 from cantata.storage.s3 import MIN_PART_SIZE, S3Store
+from testkit.platform import Platform
+from testkit.waiting import wait_for
 from tests.faultproxy import FaultProxy
 from tests.outages import HeardOutages
-from tests.platform import Platform
 from tests.services import (
     AZURITE_ACCOUNT,
     S3_TEST_CREDENTIALS,
@@ -51,7 +54,6 @@ from tests.services import (
     RunningService,
     azurite_connection_string,
 )
-from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -84,6 +86,7 @@ def s3_bucket(moto_service: RunningService) -> str:
 def azure_container(azurite_service: RunningService) -> str:
     container = f"faults-{uuid.uuid4().hex[:16]}"
     store = open_store(f"az://{container}", connection_string=azurite_connection_string(azurite_service.endpoint))
+    assert isinstance(store, AzureBlobStore)
     store.container.create_container()
     return container
 
@@ -211,7 +214,7 @@ def test_a_missing_bucket_or_container_is_permanent(moto_service: RunningService
 
 def test_wrong_credentials_are_permanent(moto_auth_service: AuthenticatingS3, azurite_service) -> None:
     bucket = f"auth-{uuid.uuid4().hex[:12]}"
-    good = {"aws_access_key_id": moto_auth_service.access_key_id}
+    good: dict[str, Any] = {"aws_access_key_id": moto_auth_service.access_key_id}
     owner = open_store(
         f"s3://{bucket}",
         endpoint_url=moto_auth_service.endpoint,

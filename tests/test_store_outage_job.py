@@ -17,8 +17,8 @@ import pytest
 
 from cantata.sdk.job import Job
 from cantata.sdk.profiles import Profile
+from testkit.platform import Platform, cli, free_port
 from tests.faultproxy import FaultProxy
-from tests.platform import Platform, cli, free_port
 from tests.services import S3_TEST_CREDENTIALS
 from tests.test_metrics import samples, value
 

@@ -18,7 +18,7 @@ import pytest
 
 from cantata.sdk.job import Job
 from cantata.sdk.profiles import Profile
-from tests.platform import Platform, cli, free_port
+from testkit.platform import Platform, cli, free_port
 from tests.test_decentralized_outcome import _pid_of
 from tests.test_metrics import samples, value
 

@@ -20,7 +20,7 @@ import pytest
 
 from cantata.proto.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
 from cantata.security.audit import Action, read_records, verify
-from tests.platform import Platform, cli
+from testkit.platform import Platform, cli
 
 _POWER_CUT = textwrap.dedent("""
     import os, runpy, sys, threading

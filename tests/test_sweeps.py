@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client
 import ssl
 import time
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -16,12 +17,14 @@ from playwright.sync_api import expect
 from cantata.sdk import errors
 from cantata.sdk.job import Job
 from cantata.sdk.sweeps import Sweep, progress_line
+from testkit.platform import Platform, cli, free_port
+from testkit.waiting import JOB_TIMEOUT_S, wait_for
 from tests.browser import chromium, screenshot, signed_in
-from tests.platform import Platform, cli, free_port
-from tests.waiting import wait_for
 
 # Tiny trials, evaluated often: ASHA's first rung (3 steps) comes long before a trial's end (60 steps).
-TRIAL = dict(name="tiny", model="gpt-tiny", steps=60, eval_every=3, eval_batches=1, batch_size=4, seq_len=16)
+TRIAL: dict[str, Any] = dict(
+    name="tiny", model="gpt-tiny", steps=60, eval_every=3, eval_batches=1, batch_size=4, seq_len=16
+)
 SPACE = {"lr": {"low": 1e-5, "high": 3e-1, "log": True}, "warmup_steps": {"low": 0, "high": 20}}
 
 
@@ -96,9 +99,12 @@ def test_another_tenant_cannot_see_or_cancel_a_sweep(platform, tenant):
         assert _dashboard_get(platform, rival, f"/sweeps/{sweep.id}")[0] == 404
     cancelled = tenant.sweeps.cancel(sweep.id)
     assert cancelled.state == "CANCELLED" and cancelled.reason == "cancelled by tenant"
-    wait_for(lambda: all(tenant.get(t.job_id).terminal for t in tenant.sweeps.get(sweep.id).trials if t.job_id))
+    wait_for(
+        lambda: all(tenant.get(t.job_id).terminal for t in tenant.sweeps.get(sweep.id).trials if t.job_id),
+        timeout=JOB_TIMEOUT_S,
+    )
     # the runner's next pass (every 0.25 s) records the cancelled trial's end: no trial is left running
-    wait_for(lambda: all(t.state != "RUNNING" for t in tenant.sweeps.get(sweep.id).trials))
+    wait_for(lambda: all(t.state != "RUNNING" for t in tenant.sweeps.get(sweep.id).trials), timeout=JOB_TIMEOUT_S)
     assert [t.state for t in tenant.sweeps.get(sweep.id).trials] in ([], ["FAIL"])
     actions = [e.action for e in tenant.audit_events() if e.resource == sweep.id]
     assert actions[0] == "sweep_submitted" and "sweep_cancel_requested" in actions
@@ -152,21 +158,28 @@ def test_asha_prunes_a_third_of_twelve_trials_and_reports_the_best(platform, ten
 def test_a_suspended_tenants_sweep_is_cancelled_and_starts_no_trial(platform):
     with platform.enroll("lapsed") as lapsed, platform.admin() as admin:
         sweep = lapsed.sweeps.submit(_sweep(name="lapsed", trials=3, concurrency=1))
-        wait_for(lambda: any(t.job_id for t in lapsed.sweeps.get(sweep.id).trials))
+        wait_for(lambda: any(t.job_id for t in lapsed.sweeps.get(sweep.id).trials), timeout=JOB_TIMEOUT_S)
         admin.suspend_tenant("lapsed", "unpaid")
-        wait_for(lambda: list(admin.audit_events(tenant="lapsed", action="sweep_finished")))
+        wait_for(lambda: list(admin.audit_events(tenant="lapsed", action="sweep_finished")), timeout=JOB_TIMEOUT_S)
         admin.resume_tenant("lapsed")  # to read what became of it
-        status = wait_for(lambda: (s := lapsed.sweeps.get(sweep.id)).trials[0].state == "FAIL" and s)
+        status = wait_for(
+            lambda: (s := lapsed.sweeps.get(sweep.id)).trials[0].state == "FAIL" and s, timeout=JOB_TIMEOUT_S
+        )
         assert (status.state, status.reason) == ("CANCELLED", "tenant suspended")
         assert len(status.trials) == 1
-        assert wait_for(lambda: (j := lapsed.get(status.trials[0].job_id)).terminal and j).state == "CANCELLED"
+        assert (
+            wait_for(lambda: (j := lapsed.get(status.trials[0].job_id)).terminal and j, timeout=JOB_TIMEOUT_S).state
+            == "CANCELLED"
+        )
 
 
 def test_a_sweep_goes_on_after_its_server_is_killed(platform, tenant):
     """SIGKILL mid-sweep: the next server finishes it, every trial once, none lost or run twice."""
     job = Job(**{**TRIAL, "steps": 30, "eval_every": 15})
     sweep = tenant.sweeps.submit(_sweep(name="restart", job=job, trials=4, concurrency=2, pruner="none"))
-    wait_for(lambda: sum(bool(t.job_id) for t in tenant.sweeps.get(sweep.id).trials) >= 2)  # two running
+    wait_for(
+        lambda: sum(bool(t.job_id) for t in tenant.sweeps.get(sweep.id).trials) >= 2, timeout=JOB_TIMEOUT_S
+    )  # two running
     platform.kill()
     platform.start()
     status = tenant.sweeps.wait(sweep.id)

@@ -22,9 +22,9 @@ from cantata.security import pki
 from cantata.security.pki import CertificateAuthority, PeerCertificate, Principal
 from cantata.server.auth import ADMIN, PUBLIC, RULES, TENANT, WORKER, Gatekeeper
 from cantata.server.tls import rotate_server_certificate
-from tests.platform import cli
+from testkit.platform import cli
+from testkit.waiting import JOB_TIMEOUT_S, wait_for
 from tests.test_auth import all_methods, call_raw
-from tests.waiting import wait_for
 
 LONG = dict(steps=100_000, batch_size=4, seq_len=16, eval_every=50_000, checkpoint_every=50_000)
 ROLES = {ADMIN: Principal.admin("root"), TENANT: Principal.tenant("acme"), WORKER: Principal.worker("job-1", 0)}
@@ -142,7 +142,7 @@ def test_renewal_supersedes_the_old_certificate_and_needs_good_standing(platform
 def test_suspension_stops_running_jobs_within_ten_seconds(platform):
     client = platform.enroll("paused-co")
     handle = client.submit(Job(name="busy", **LONG))
-    wait_for(lambda: handle.status().state == "RUNNING")
+    wait_for(lambda: handle.status().state == "RUNNING", timeout=JOB_TIMEOUT_S)
     with platform.admin() as admin:
         suspended_at = time.monotonic()
         admin.suspend_tenant("paused-co", "billing")
@@ -267,6 +267,7 @@ def _served_serial(platform) -> int:
     address = ("127.0.0.1", int(platform.enroll_address.rsplit(":", 1)[1]))
     with socket.create_connection(address) as sock, ctx.wrap_socket(sock) as tls:
         der = tls.getpeercert(binary_form=True)
+    assert der is not None
     return x509.load_der_x509_certificate(der).serial_number
 
 

@@ -20,7 +20,7 @@ from cantata.server.jobspec import InvalidField, parse_job_spec
 from cantata.trainer.data import ShardHeaderError, TextTokenizer, Vocabulary, VocabularyError, open_dataset
 from cantata.trainer.data.prepare import prepare_shards
 from cantata.trainer.data.shards import ShardHeader, decode_shard, dtype_for, encode_shard, open_shard
-from tests.platform import cli, readable
+from testkit.platform import cli, readable
 
 VOCAB = 400  # more than the byte GPTs' 256, within the tiny decoders' 512
 QUICK = dict(steps=20, eval_every=20, checkpoint_every=20, batch_size=4, seq_len=32, eval_batches=2)

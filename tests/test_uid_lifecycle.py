@@ -6,7 +6,7 @@ left in the job's workspace, its checkpoint folder and the scratch places; a
 process with exactly another tenant's worker's credentials (uid, gid, groups, read
 from that worker's ``/proc/<pid>/status``) listing, reading and renaming what an
 ended job left; another tenant reading a tenant's ``file://`` dataset. Each test's
-server has worker uids of its own (:func:`tests.platform.private_ids`): the kills
+server has worker uids of its own (:func:`testkit.platform.private_ids`): the kills
 never reach another server's workers.
 """
 
@@ -25,9 +25,9 @@ from cantata.server.id_ranges import IdRangeInUse, register, unregister
 from cantata.server.launcher import reclaim_locally
 from cantata.server.sandbox import Identities
 from cantata.server.uid_reclaim import processes_of
-from tests.platform import Platform, cli, passable
+from testkit.platform import Platform, cli, passable
+from testkit.waiting import JOB_TIMEOUT_S, wait_for
 from tests.test_jobs import _pids_of
-from tests.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="workers get uids of their own only when the server is root")
 
@@ -60,8 +60,8 @@ def _owned_by(uid: int, top: Path) -> list[str]:
 def _running_worker(client, **fields) -> tuple[str, int]:
     """Submit a job of one worker and wait until it trains; (job id, worker pid)."""
     handle = client.submit(Job(name="probe", **fields))
-    wait_for(lambda: client.get(handle.id).state == "RUNNING")
-    (pid,) = wait_for(lambda: _pids_of(handle.id))
+    wait_for(lambda: client.get(handle.id).state == "RUNNING", timeout=JOB_TIMEOUT_S)
+    (pid,) = wait_for(lambda: _pids_of(handle.id), timeout=JOB_TIMEOUT_S)
     return handle.id, pid
 
 
@@ -100,7 +100,7 @@ def ended(platform, acme):
     uid, gid, groups = _credentials(pid)
     workspace = platform.data_dir / "jobs" / job_id
     checkpoints = platform.data_dir / "checkpoints" / "acme" / job_id
-    wait_for(lambda: acme.checkpoints(job_id))
+    wait_for(lambda: acme.checkpoints(job_id), timeout=JOB_TIMEOUT_S)
     planted = [workspace / "planted", checkpoints / "planted", *(Path(s) / f"cantata-planted-{uid}" for s in SCRATCH)]
     escaped = _as(
         (uid, gid, groups),
@@ -110,7 +110,7 @@ def ended(platform, acme):
     assert all(p.exists() for p in planted)
     wait_for(lambda: len(processes_of(uid)) >= 2)  # the worker, and the escaped sleep in a session of its own
     acme.cancel(job_id)
-    wait_for(lambda: acme.get(job_id).state == "CANCELLED")
+    wait_for(lambda: acme.get(job_id).state == "CANCELLED", timeout=JOB_TIMEOUT_S)
     return job_id, uid, planted
 
 
@@ -127,7 +127,7 @@ def test_an_ended_jobs_uid_has_no_process_and_owns_nothing_and_the_next_job_gets
     second_id, second = _running_worker(acme, **LONG)
     assert _credentials(second)[0] == uid + 1  # round-robin: not the lowest free uid, which is the first's again
     acme.cancel(second_id)
-    wait_for(lambda: acme.get(second_id).state == "CANCELLED")
+    wait_for(lambda: acme.get(second_id).state == "CANCELLED", timeout=JOB_TIMEOUT_S)
     assert processes_of(uid + 1) == []
 
 
@@ -153,7 +153,7 @@ def test_another_tenants_worker_cannot_list_read_or_rename_what_an_ended_job_lef
         assert manifest.exists()
     finally:
         globex.cancel(probe_id)
-        wait_for(lambda: globex.get(probe_id).state == "CANCELLED")
+        wait_for(lambda: globex.get(probe_id).state == "CANCELLED", timeout=JOB_TIMEOUT_S)
 
 
 @pytest.mark.parametrize("clash", ["its uids on the first's uids", "its uids on the first's tenant gids"])

@@ -21,8 +21,8 @@ import pytest
 from cantata.proto.v1 import admin_pb2, admin_pb2_grpc, common_pb2, jobs_pb2, jobs_pb2_grpc, worker_pb2, worker_pb2_grpc
 from cantata.sdk import Job, errors
 from cantata.security.pki import CertificateAuthority, Principal
-from tests.platform import Platform
-from tests.waiting import wait_for
+from testkit.platform import Platform
+from testkit.waiting import wait_for
 
 WATCHERS = 1000
 ANSWERED_WITHIN_S = 1.0

@@ -32,8 +32,8 @@ from cantata.server.store import Store
 from cantata.server.webhook_delivery import signature
 from cantata.server.webhook_store import WebhookStore
 from cantata.server.webhook_targets import AddressPolicy, InvalidWebhook, parse_url
-from tests.platform import Platform, cli
-from tests.waiting import wait_for
+from testkit.platform import Platform, cli
+from testkit.waiting import JOB_TIMEOUT_S, wait_for
 
 QUICK = dict(model="gpt-tiny", steps=10, eval_every=10, checkpoint_every=10, batch_size=8, seq_len=32)
 MAX_ATTEMPTS = 3
@@ -172,7 +172,7 @@ def test_signed_events_of_a_job_reach_receivers_with_retries(platform, tenant, r
     [delivered] = tenant.webhooks.deliveries(flaky.id)
     assert (delivered.state, delivered.attempts, delivered.last_status) == ("delivered", 3, 200)
     assert delivered.event_type == "job.succeeded" and delivered.job_id == job.id
-    [dead] = wait_for(lambda: tenant.webhooks.deliveries(down.id, state="dead"))
+    [dead] = wait_for(lambda: tenant.webhooks.deliveries(down.id, state="dead"), timeout=JOB_TIMEOUT_S)
     assert (dead.attempts, dead.last_status, dead.last_error) == (MAX_ATTEMPTS, 500, "HTTP 500")
     assert receiver.calls["/down"] == MAX_ATTEMPTS
     assert {d.state for d in tenant.webhooks.deliveries(hook.id)} == {"delivered"}

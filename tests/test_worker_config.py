@@ -15,6 +15,7 @@ from cantata.server.secrets_broker import SecretsBroker
 from cantata.server.store import JobRecord
 from cantata.trainer.config import WorkerConfig
 from cantata.trainer.data import DataError, DatasetKey, SourceCredentials
+from testkit.fakes import FakeAudit
 
 SECRET = "s3cr3t-access-key-value"
 HUB_SECRET = "AccountKey=hub-secret-value"
@@ -23,26 +24,18 @@ CREDENTIALS = SourceCredentials(
 )
 
 
-class _Audit:
-    def __init__(self) -> None:
-        self.records: list[tuple[str, str, dict]] = []
-
-    def append(self, actor, action, *, resource="", tenant="", details=None, **kwargs) -> None:
-        self.records.append((str(action), resource, details or {}))
-
-
 def _job(dataset: str, init_from: str = "") -> JobRecord:
     spec = common_pb2.JobSpec(name="x", dataset=dataset, init_from=init_from)
     return JobRecord("job-1", "acme", "r" * 8, spec, common_pb2.STARTING, "", 0, 0.0, 0.0, 1, "", "")
 
 
 @pytest.fixture
-def audit() -> _Audit:
-    return _Audit()
+def audit() -> FakeAudit:
+    return FakeAudit()
 
 
 @pytest.fixture
-def broker(tmp_path: Path, audit: _Audit) -> SecretsBroker:
+def broker(tmp_path: Path, audit: FakeAudit) -> SecretsBroker:
     """The server's secrets broker over a real keyring and data-source store."""
     keyring = LocalKeyring(tmp_path / "keyring.sealed", MasterKey.create_file(tmp_path / "master.key"))
     keyring.ensure_tenant("acme")
@@ -119,15 +112,13 @@ def test_init_from_s_data_source_is_released_to_the_workers_typed_and_audited_on
         "hub", "az", "http://127.0.0.1:10", {"connection_string": HUB_SECRET}
     )
     assert HUB_SECRET not in repr(cfg)
-    released = [
-        (resource, details["for"], details["with_shard_decryption"]) for _, resource, details in audit.records[1:]
-    ]
+    released = [(r["resource"], r["details"]["for"], r["details"]["with_shard_decryption"]) for r in audit.records[1:]]
     assert released == [("corpus", ["dataset"], True), ("hub", ["init_from"], False)]
 
     audit.records.clear()
     cfg = WorkerConfig.load(_write(tmp_path, broker.worker_secrets(_job("s3://corpus@b/p", "s3://corpus@b/w"))))
     assert cfg.dataset_access.init_credentials == cfg.dataset_access.credentials == CREDENTIALS
-    assert [(r, d["for"]) for _, r, d in audit.records[1:]] == [("corpus", ["dataset", "init_from"])]
+    assert [(r["resource"], r["details"]["for"]) for r in audit.records[1:]] == [("corpus", ["dataset", "init_from"])]
 
     cfg = WorkerConfig.load(_write(tmp_path, broker.worker_secrets(_job("builtin:pystdlib", "az://hub@c/w"))))
     assert cfg.dataset_access.credentials is None and cfg.dataset_access.dataset_key is None

@@ -27,9 +27,9 @@ from cantata.security.process_sandbox import SpawnRequest
 from cantata.security.worker_confinement import ConfinementPolicy
 from cantata.server.sandbox import Identities, base_environment
 from cantata.server.zygote import Zygote
-from tests.platform import Platform, passable
+from testkit.platform import Platform, passable
+from testkit.waiting import JOB_TIMEOUT_S, wait_for
 from tests.test_jobs import _pids_of
-from tests.waiting import wait_for
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="the confinement needs a root server (docs/security.md)"),
@@ -144,7 +144,7 @@ def training(platform):
     with platform.enroll("acme") as client:
         handle = client.submit(Job(name="confined", algorithm="allreduce", workers=2, **LONG))
         try:
-            wait_for(lambda: client.get(handle.id).step)  # it trains under its confinement
+            wait_for(lambda: client.get(handle.id).step, timeout=JOB_TIMEOUT_S)  # it trains under its confinement
             yield client, handle.id
         finally:
             client.cancel(handle.id)
@@ -161,7 +161,9 @@ def _max_processes(pid: int) -> int:
     return int(line.split()[2])
 
 
-def _probe(tmp_path: Path, modules: dict[str, str], entry: str, argv: list[str], seccomp: bool) -> tuple[int, str]:
+def _probe(
+    tmp_path: Path, modules: dict[str, str], entry: str, argv: list[str], seccomp: bool
+) -> tuple[int | None, str]:
     """Run ``entry`` (of ``modules``, written to an import folder) as a worker of a job of one process of one
     thread, through the zygote and the spawn request the server's policy gives; its exit code and its log."""
     probe_dir = passable(tmp_path) / "probe"
@@ -198,7 +200,7 @@ def _probe(tmp_path: Path, modules: dict[str, str], entry: str, argv: list[str],
 
 def test_a_real_jobs_workers_are_confined_and_train(platform, training):
     _, job_id = training
-    pids = wait_for(lambda: len(found := _pids_of(job_id)) == 2 and found)
+    pids = wait_for(lambda: len(found := _pids_of(job_id)) == 2 and found, timeout=JOB_TIMEOUT_S)
     config = json.loads((platform.data_dir / "jobs" / job_id / "worker-0.json").read_text())
     for pid in pids:
         status = _status(pid)
@@ -231,7 +233,7 @@ def test_a_worker_cannot_trace_mount_unshare_see_the_server_or_fork_past_its_lim
     assert not report["server_visible"] and report["uids_seen"] == [report["uid"]], report
     bomb = report["fork_bomb"]
     assert bomb["errno"] == "EAGAIN" and 1 <= bomb["forked"] < limit and bomb["tasks"] <= limit, bomb
-    wait_for(lambda: client.get(job_id).step > before)  # the server and its job go on
+    wait_for(lambda: client.get(job_id).step > before, timeout=JOB_TIMEOUT_S)  # the server and its job go on
     assert client.get(job_id).state == "RUNNING"
 
 

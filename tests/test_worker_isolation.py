@@ -20,9 +20,9 @@ from cantata.sdk.job import Job
 from cantata.security.process_sandbox import SpawnRequest
 from cantata.server.sandbox import Identities, base_environment
 from cantata.server.zygote import Zygote
-from tests.platform import Platform
+from testkit.platform import Platform
+from testkit.waiting import JOB_TIMEOUT_S, wait_for
 from tests.test_jobs import _pids_of
-from tests.waiting import wait_for
 
 ROOT = os.geteuid() == 0
 SECRET = "do-not-leak-3f1c"
@@ -52,8 +52,8 @@ def running(platform):
     """A job of tenant acme whose one worker is training; (job id, worker pid)."""
     with platform.enroll("acme") as client:
         handle = client.submit(Job(name="isolated", **LONG))
-        wait_for(lambda: client.get(handle.id).state == "RUNNING")
-        (pid,) = wait_for(lambda: _pids_of(handle.id))
+        wait_for(lambda: client.get(handle.id).state == "RUNNING", timeout=JOB_TIMEOUT_S)
+        (pid,) = wait_for(lambda: _pids_of(handle.id), timeout=JOB_TIMEOUT_S)
         yield handle.id, pid
         client.cancel(handle.id)
         handle.wait()

@@ -19,7 +19,7 @@ from cantata.server.jobspec import InvalidField, parse_job_spec
 from cantata.server.store import JobRecord
 from cantata.trainer.model import build_model
 from cantata.trainer.optim.routing import route_parameters
-from tests.platform import Platform
+from testkit.platform import Platform
 
 NODE_MIB = 4096
 WORKER_MIB = 256  # what a worker may allocate once loaded

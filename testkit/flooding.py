@@ -76,7 +76,7 @@ class Flood:
     def __enter__(self) -> Flood:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:

@@ -9,11 +9,14 @@ record) kept in a table the processes share through a ``Manager``.
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from cantata.proto.v1 import common_pb2
 from cantata.security.pki import CertificateAuthority, Principal
+from cantata.trainer.checkpoint import Scope, Stateful
 from cantata.trainer.config import WorkerConfig
 from cantata.trainer.gossip import gossip_server_name
 from cantata.trainer.reporter import Peers
@@ -22,7 +25,7 @@ from cantata.trainer.reporter import Peers
 class Directory:
     """The control plane's peer directory and report sink, as a table the processes share."""
 
-    def __init__(self, table, process: int):
+    def __init__(self, table: MutableMapping[tuple, Any], process: int):
         self._table, self._process = table, process
         self.stop_requested = False
 
@@ -35,7 +38,7 @@ class Directory:
         rounds = {key[1]: value for key, value in items.items() if key[0] == "round"}
         return Peers(addresses, 0, rounds, restarts={})  # nothing here is restarted
 
-    def round(self, round_: int, peers, skipped, seconds, **figures) -> None:
+    def round(self, round_: int, peers: list[int], skipped: list[int], seconds: float, **figures: Any) -> None:
         self._table[("round", self._process)] = round_
         self._table[("report", self._process, round_)] = (list(peers), list(skipped), figures["bytes_sent"])
 
@@ -52,14 +55,14 @@ class Directory:
 class Parts:
     """What ``Decentralized.prepare`` registers (the checkpoint registry's role; nothing is sealed here)."""
 
-    def __init__(self):
-        self.parts = {}
+    def __init__(self) -> None:
+        self.parts: dict[str, Stateful] = {}
 
-    def register(self, name, scope, part) -> None:
+    def register(self, name: str, scope: Scope, part: Stateful) -> None:
         self.parts[name] = part
 
 
-def credentials(directory: Path, job: str, processes: int) -> dict:
+def credentials(directory: Path, job: str, processes: int) -> dict[str, Path]:
     """A CA and a gossip certificate for each of ``job``'s worker processes, as files; their paths by name."""
     ca = CertificateAuthority.create()
     paths = {"ca": directory / "ca.pem"}
@@ -75,7 +78,7 @@ def credentials(directory: Path, job: str, processes: int) -> dict:
 
 
 def worker_config(
-    job: str, process: int, spec: common_pb2.JobSpec, port: int, paths: dict, attack: dict | None = None
+    job: str, process: int, spec: common_pb2.JobSpec, port: int, paths: dict[str, Path], attack: dict | None = None
 ) -> WorkerConfig:
     """Process ``process``'s config, as the launcher writes it: group g meets at ``port + g``; nothing is sealed."""
     group = process // spec.ranks_per_worker

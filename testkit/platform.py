@@ -224,7 +224,7 @@ class Platform:
     def admin(self) -> Client:
         return Client.from_profile("admin")
 
-    def enroll(self, name: str, **quota) -> Client:
+    def enroll(self, name: str, **quota: int) -> Client:
         """Request, approve and fetch a tenant certificate; returns the tenant's client."""
         status = enroll.request_tenancy(name, self.address, self.ca_pem, self.enroll_address)
         with self.admin() as admin:

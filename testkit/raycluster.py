@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.waiting import wait_for
+from testkit.waiting import wait_for
 
 RAY_PORT = 6379
 # this interpreter's Ray (a console script's #! may name another environment's Python, whose nodes import its Cantata)
@@ -131,7 +131,12 @@ class RayCluster:
             raise RuntimeError("\n".join(self.failures))
         # One after the other (two raylets registering at once on a loaded machine time out more often).
         others = [(node, [f"--address={self.address}"]) for node in self.nodes[1:]]
-        joining = threading.Thread(target=lambda: [self._ray_start(node, where, cpus, gpus) for node, where in others])
+
+        def join() -> None:
+            for node, where in others:
+                self._ray_start(node, where, cpus, gpus)
+
+        joining = threading.Thread(target=join)
         joining.start()
         self._joining = [joining]
 
