@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,7 @@ from cantata.sdk.job import Job
 from cantata.server.jobspec import InvalidField, parse_job_spec
 from cantata.server.local_roots import LocalRoots
 
-QUICK = dict(model="gpt-tiny", steps=10, batch_size=2, seq_len=16)
+QUICK: dict[str, Any] = dict(model="gpt-tiny", steps=10, batch_size=2, seq_len=16)
 
 
 @pytest.fixture(scope="module")

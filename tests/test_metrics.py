@@ -16,6 +16,7 @@ import json
 import ssl
 import sys
 from pathlib import Path
+from typing import Any
 
 import promql_parser
 import pyarrow as pa
@@ -33,7 +34,9 @@ from testkit.platform import Platform, cli, free_port
 from testkit.waiting import JOB_TIMEOUT_S, wait_for
 
 TENANT = "metrics-co"
-SHORT = dict(steps=20, batch_size=4, seq_len=32, eval_every=10, eval_batches=2, checkpoint_every=10, grad_clip=1.0)
+SHORT: dict[str, Any] = dict(
+    steps=20, batch_size=4, seq_len=32, eval_every=10, eval_batches=2, checkpoint_every=10, grad_clip=1.0
+)
 Samples = dict[tuple[str, frozenset], float]
 RULES = Path(__file__).parents[1] / "docs" / "alerts" / "cantata.rules.yml"
 SCRAPE_SERIES = {"up"}  # what Prometheus itself adds to every scrape

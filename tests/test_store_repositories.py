@@ -11,6 +11,7 @@ import datetime as dt
 import sqlite3
 import sys
 from collections import defaultdict
+from types import FrameType
 
 from cantata.proto.v1 import common_pb2, jobs_pb2
 from cantata.security.audit import Unsigned
@@ -41,7 +42,7 @@ class Tracer:
     def _statement(self, sql: str) -> None:
         if sql.startswith("--"):  # a trigger's statement
             return
-        frame = sys._getframe(1)
+        frame: FrameType | None = sys._getframe(1)
         while frame is not None and not isinstance(frame.f_locals.get("self"), Repository):
             frame = frame.f_back
         if frame is None:  # the database's own (BEGIN, COMMIT, the migrations' PRAGMAs)
@@ -58,12 +59,15 @@ class Tracer:
     def _touched(self, sql: str) -> tuple[set[str], set[str]]:
         """(read, written) tables of ``sql``, as SQLite's authorizer sees them while preparing it."""
         if sql not in self._tables:
-            read, written = set(), set()
+            read: set[str] = set()
+            written: set[str] = set()
 
             def authorize(action: int, table: str | None, column: str | None, db: str | None, inner: str | None) -> int:
-                if inner is None and table in self.schema and action in WRITES:
+                if table is None or inner is not None:
+                    return sqlite3.SQLITE_OK
+                if table in self.schema and action in WRITES:
                     written.add(table)
-                elif inner is None and table in self.schema and action == sqlite3.SQLITE_READ:
+                elif table in self.schema and action == sqlite3.SQLITE_READ:
                     read.add(table)
                 return sqlite3.SQLITE_OK
 
