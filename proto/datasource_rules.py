@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from cantata.proto.vocabulary import DATA_SOURCE_SECRETS
+from cantata.storage import uri as stores
 
 KINDS = tuple(DATA_SOURCE_SECRETS)
 DATASET_KEY_SIZE = 32  # bytes of a tenant's dataset key (AES-256)
@@ -22,7 +23,10 @@ AZURE_ANY_OF = ("connection_string", "account_key", "sas_token")
 
 def credentials_problem(kind: str, secrets: Mapping[str, object]) -> str | None:
     """Why ``secrets`` are not credentials of a ``kind`` data source, as ``"FIELD: why"``; None if they are."""
-    if kind not in KINDS:
+    if kind not in KINDS:  # a store that joined the registry (cantata.storage.uri) maps its own secrets
+        scheme = stores.SCHEMES.get(kind)
+        if scheme is not None and scheme.credentials is not None:
+            return None
         return f"kind: must be one of {', '.join(KINDS)}, not {kind!r}"
     unknown = sorted(set(secrets) - set(DATA_SOURCE_SECRETS[kind]), key=str)
     if unknown:

@@ -120,7 +120,7 @@ def test_a_data_source_of_a_registered_kind_reaches_its_store(toy: dict[str, byt
         {"name": "src", "kind": "toy", "endpoint": "e", "secrets": {"token": "t"}}
     )
     assert credentials.store_options() == {"endpoint": "e", "token": "t"}
-    with pytest.raises(DataError, match="unknown kind 'file'"):
+    with pytest.raises(DataError, match="kind: must be one of s3, az, not 'file'"):
         SourceCredentials.from_dict({"name": "src", "kind": stores.LOCAL, "secrets": {}})
 
 
