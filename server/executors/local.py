@@ -93,9 +93,8 @@ class LocalExecutor(WorkerLauncher):
         super().detach()
         self._reserved.clear()
 
-    def devices_env(self, job_id: str, worker: int) -> dict[str, str]:
-        devices = self._devices.get(job_id, {}).get(worker)
-        return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devices))} if devices else {}
+    def devices(self, job_id: str, worker: int) -> list[int]:
+        return self._devices.get(job_id, {}).get(worker, [])
 
     def release(self, job_id: str) -> None:
         super().release(job_id)
