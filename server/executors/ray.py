@@ -61,6 +61,7 @@ from cantata.security.pki import CertificateAuthority
 from cantata.security.worker_confinement import DEFAULT_POLICY, ConfinementPolicy
 from cantata.server.executors.base import ExecutorBase, JobRun, NotPlaceable, WorkerExit
 from cantata.server.executors.plan import WorkerFiles, WorkerPlan
+from cantata.server.executors.registry import ExecutorSetup
 from cantata.server.groups import decentralized, group_size, processes
 from cantata.server.memory import worker_estimate
 from cantata.server.ports import CertificateRegistry, SecretsBroker
@@ -689,6 +690,25 @@ class RayExecutor(ExecutorBase[_Job]):
         for job_id in list(self._runs):
             self.release(job_id)
         ray.shutdown()
+
+
+def build(setup: ExecutorSetup) -> RayExecutor:
+    """The Ray executor of a server (:mod:`cantata.server.executors.registry`)."""
+    wildcard = setup.listen.rpartition(":")[0] in ("0.0.0.0", "", "[::]")  # noqa: S104 (workers dial the node's address)
+    return RayExecutor(
+        setup.cluster_address,
+        setup.jobs_dir,
+        setup.ca,
+        lambda node_ip: f"{node_ip if wildcard else setup.connect_host}:{setup.port}",
+        setup.cert_lifetime,
+        secrets=setup.secrets,
+        certificates=setup.certificates,
+        grace=setup.settings.cancel_grace_seconds,
+        identities=setup.identities,
+        memory_limit=setup.memory_limit,
+        note=setup.note,
+        confinement=setup.confinement,
+    )
 
 
 def _rendezvous(node: dict) -> str:
