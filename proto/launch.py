@@ -132,7 +132,7 @@ def _decode(cls: type[T], raw: object, where: str, **given: Any) -> T:
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     for name in raw:
         if name not in fields or name in given:
-            close = difflib.get_close_matches(name, fields, n=1)
+            close = difflib.get_close_matches(name, [known for known in fields if known not in given], n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise LaunchError(f"unknown field {_path(where, name)!r} in a worker launch{hint}", _path(where, name))
     hints = typing.get_type_hints(cls)
