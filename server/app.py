@@ -15,7 +15,6 @@ submit writer's, :mod:`cantata.server.submissions`).
 
 from __future__ import annotations
 
-import datetime as dt
 import gc
 import logging
 import os
@@ -66,7 +65,7 @@ from cantata.server.deletion import JobDeletion, RetentionSweeper
 from cantata.server.enrollment import RefusalDigest
 from cantata.server.errors import ErrorInterceptor
 from cantata.server.executors import Executor
-from cantata.server.executors.local import LocalExecutor
+from cantata.server.executors.registry import ExecutorSetup, executor_kind
 from cantata.server.fd_budget import reserve_descriptors
 from cantata.server.health import HealthService
 from cantata.server.heartbeats import Heartbeats
@@ -137,10 +136,7 @@ class ControlPlane:
         self.executor = executor or self.settings.executor
         self.ray_address = ray_address or self.settings.ray_address
         self.gpus = self.settings.gpus if gpus is None else gpus
-        if self.executor not in ("local", "ray"):
-            raise ValueError(f"unknown executor {self.executor!r} (local or ray)")
-        if self.executor == "ray" and not self.ray_address:
-            raise ValueError("the ray executor needs --ray-address HOST:PORT (or ray_address in server.json)")
+        self.executor_kind = executor_kind(self.executor, self.ray_address)
         self.ca = CertificateAuthority.load(self.paths.ca_cert.read_bytes(), self.paths.ca_key.read_bytes())
         self.database = Database(self.paths.database)
         self.broadcast = EventBroadcast()
@@ -281,46 +277,29 @@ class ControlPlane:
         id_ranges.register(self.paths.root.resolve(), uids, gids)
         self._registered = True
 
-    def _executor(self, secrets: SecretsBroker, connect_host: str, roots: LocalRoots) -> Executor:
+    def _executor(self, secrets: SecretsBroker, connect_host: str, port: int, roots: LocalRoots) -> Executor:
         """The executor ``server.json`` (or ``server start``) names: where and how workers start."""
         identities = self._identities(roots)
         confinement = ConfinementPolicy(self.settings.worker_seccomp, self.settings.worker_task_allowance)
         if confinement.seccomp:
             seccomp_policy.library()  # refuse to start, saying why, rather than fail every worker
-        memory_limit = lambda job: runtime_budget(job.spec, self.settings.worker_memory_mib)  # noqa: E731
-        if self.executor == "ray":
-            from cantata.server.executors.ray import RayExecutor
-
-            wildcard = self.listen.rpartition(":")[0] in ("0.0.0.0", "", "[::]")  # noqa: S104 (workers dial the node's address)
-            return RayExecutor(
-                self.ray_address,
-                self.paths.jobs,
-                self.ca,
-                lambda node_ip: f"{node_ip if wildcard else connect_host}:{self.port}",
-                dt.timedelta(hours=self.settings.worker_cert_hours),
+        return self.executor_kind.build(
+            ExecutorSetup(
+                settings=self.settings,
+                jobs_dir=self.paths.jobs,
+                ca=self.ca,
+                listen=self.listen,
+                connect_host=connect_host,
+                port=port,
+                cluster_address=self.ray_address,
+                gpus=self.gpus,
                 secrets=secrets,
                 certificates=self.store,
-                grace=self.settings.cancel_grace_seconds,
                 identities=identities,
-                memory_limit=memory_limit,
-                note=self._note,
+                memory_limit=lambda job: runtime_budget(job.spec, self.settings.worker_memory_mib),
                 confinement=confinement,
+                note=self._note,
             )
-        return LocalExecutor(
-            self.paths.jobs,
-            self.ca,
-            f"{connect_host}:{self.port}",
-            dt.timedelta(hours=self.settings.worker_cert_hours),
-            secrets=secrets,
-            certificates=self.store,
-            grace=self.settings.cancel_grace_seconds,
-            identities=identities,
-            memory_limit=memory_limit,
-            warm=self.settings.warm_workers,
-            confinement=confinement,
-            slots=self.settings.max_workers_on_node,
-            memory=node_capacity(self.settings.node_memory_mib),
-            gpus=self.gpus,
         )
 
     def _note(self, job_id: str, message: str) -> None:
@@ -360,7 +339,7 @@ class ControlPlane:
         roots = self.paths.local_roots(self.settings)
         lock_data_dir(self.paths.root, passable=(self.paths.jobs, self.paths.checkpoints))
         secrets = SecretsBroker(self.keyring, self.data_sources, self.recorder, dataset_roots=roots.datasets)
-        launcher = self._executor(secrets, connect_host, roots)
+        launcher = self._executor(secrets, connect_host, self.port, roots)
         launcher.start()
         lifecycle = JobLifecycle(
             self.store,
@@ -393,7 +372,7 @@ class ControlPlane:
             interval=self.settings.orphan_sweep_seconds,
         )
         node_memory = node_capacity(self.settings.node_memory_mib)
-        shared_roots = [Path(r).resolve() for r in self.settings.shared_roots] if self.executor == "ray" else None
+        shared_roots = [Path(r).resolve() for r in self.settings.shared_roots] if self.executor_kind.remote else None
 
         def spec_defaults(tenant: str) -> dict:
             return {

@@ -20,6 +20,15 @@ COMMAND_HELP = {
 }
 
 
+def _executor(name: str) -> str:
+    """The name of an executor of the registry (loaded only when ``--executor`` is given)."""
+    from cantata.server.executors.registry import EXECUTORS
+
+    if name not in EXECUTORS:
+        raise argparse.ArgumentTypeError(f"invalid choice: {name!r} (choose from {', '.join(EXECUTORS)})")
+    return name
+
+
 def cmd_init(args) -> int:
     from cantata.server.bootstrap import init_data_dir, parse_advertise
 
@@ -127,7 +136,9 @@ def register(groups: dict[str, argparse._SubParsersAction]) -> None:
     p = server.add_parser("start", help="serve until SIGTERM/SIGINT")
     p.add_argument("--data-dir", required=True)
     p.add_argument("--listen", help="override the address recorded by init")
-    p.add_argument("--executor", choices=["local", "ray"], help="where workers run (default: server.json, else local)")
+    p.add_argument(
+        "--executor", type=_executor, help="where workers run: local or ray (default: server.json, else local)"
+    )
     p.add_argument("--ray-address", help="HOST:PORT of the Ray cluster's GCS (default: server.json)")
     p.add_argument("--gpus", type=int, help="GPUs of this node for the local executor (default: count them)")
     p.add_argument(

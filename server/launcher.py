@@ -36,17 +36,16 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from google.protobuf import json_format
-
-from cantata.security.pki import CertificateAuthority, Principal, gossip_server_name
-from cantata.security.process_sandbox import SpawnRequest
+from cantata.proto.launch import WorkerLaunch, WorkerSecrets
+from cantata.security.pki import CertificateAuthority
 from cantata.security.worker_confinement import DEFAULT_POLICY, ConfinementPolicy
 from cantata.server import process_identity as proc_identity
 from cantata.server.config import write_private
-from cantata.server.executors.base import WorkerExit
+from cantata.server.executors.base import ExecutorBase, JobRun, WorkerExit
+from cantata.server.executors.plan import WorkerFiles
 from cantata.server.groups import group_size, processes
 from cantata.server.ports import CertificateRegistry, SecretsBroker
 from cantata.server.rendezvous import file_rendezvous, remove_rendezvous_files
@@ -57,12 +56,10 @@ from cantata.server.sandbox import (
     base_environment,
     give,
     prepare_job_folder,
-    store_environment,
 )
 from cantata.server.store import JobRecord, WorkerRecord
 from cantata.server.uid_reclaim import reclaim
 from cantata.server.zygote import ZYGOTE_GONE, ZYGOTE_MODULE, Zygote
-from cantata.storage import uri as stores
 
 log = logging.getLogger(__name__)
 _adopted_exits = itertools.count(1 << 32)  # after every exit the zygote numbered: adopted ones are seen late
@@ -127,17 +124,9 @@ class AdoptedProcess:
 
 
 @dataclass
-class _Running:
+class _Running(JobRun):
     procs: dict[int, WorkerProcess | AdoptedProcess]
     identity: Identity | None
-    rendezvous: list[str]  # per torch.distributed group
-    attack: dict | None
-    fault: dict | None  # an admin's planned fault (cantata.proto.faults), evaluation only
-    kill_at: float | None = None
-    exited: dict[int, int] = field(default_factory=dict)
-    spawned: dict[int, float] = field(default_factory=dict)  # process index -> time.monotonic() at its start
-    killed: set[int] = field(default_factory=set)  # killed one by one (hung, or a group restarting), not yet reaped
-    rejoining: dict[int, set[int]] = field(default_factory=dict)  # group -> ranks stopped for its restart, not back
 
 
 def process_alive(pid: int, job_id: str) -> bool:
@@ -169,7 +158,7 @@ def kill_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
-class WorkerLauncher:
+class WorkerLauncher(ExecutorBase[_Running]):
     """Spawns, signals and reaps worker processes; knows nothing of job states.
 
     Stopping a job's workers sends SIGTERM, then SIGKILL to what is left after ``grace`` seconds.
@@ -190,18 +179,19 @@ class WorkerLauncher:
         warm: bool = True,
         confinement: ConfinementPolicy = DEFAULT_POLICY,
     ):
-        self._jobs_dir = jobs_dir
-        self._ca = ca
+        super().__init__(
+            jobs_dir,
+            ca,
+            worker_cert_lifetime,
+            secrets=secrets,
+            certificates=certificates,
+            grace=grace,
+            identities=identities,
+            memory_limit=memory_limit,
+            confinement=confinement,
+        )
         self._server_address = server_address
-        self._cert_lifetime = worker_cert_lifetime
-        self._secrets = secrets
-        self._certificates = certificates
-        self._grace = grace
-        self._identities = identities
-        self._memory_limit = memory_limit  # bytes a worker of the job may allocate once loaded (0: no limit)
-        self._confinement = confinement
         self._zygote = Zygote(warm=warm, env=base_environment())
-        self._running: dict[str, _Running] = {}
         self._exits = jobs_dir.with_name("exits")  # the zygotes' exit statuses, the server's alone
 
     def start(self) -> None:
@@ -214,7 +204,7 @@ class WorkerLauncher:
 
     def started_at(self, job_id: str, worker: int) -> int:
         """The start time of the job's worker process (clock ticks since boot), which with its pid names it."""
-        return self._running[job_id].procs[worker].started_at
+        return self._runs[job_id].procs[worker].started_at
 
     def adopt(
         self, job: JobRecord, workers: list[WorkerRecord], *, attack: dict | None = None, fault: dict | None = None
@@ -230,15 +220,15 @@ class WorkerLauncher:
         groups = processes(job.spec) // group_size(job.spec)
         rendezvous = [""] * groups
         for w in workers:
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                config = json.loads((ws / f"worker-{w.idx}.json").read_text())
-                rendezvous[w.idx // group_size(job.spec)] = config["rendezvous"]
-        adopted = _Running({}, identity, rendezvous, attack, fault)
+            with contextlib.suppress(OSError, ValueError):  # a LaunchError is a ValueError
+                launch = WorkerLaunch.load(WorkerFiles.in_workspace(ws, w.idx).launch)
+                rendezvous[w.idx // group_size(job.spec)] = launch.rendezvous
+        adopted = _Running({}, identity, rendezvous=rendezvous, attack=attack, fault=fault)
         now = time.monotonic()  # heartbeats count from the adoption: the new server heard none yet
         for w in workers:
             adopted.procs[w.idx] = AdoptedProcess.adopt(w.pid, w.started_at, self._status(job.id, w.idx))
-            adopted.spawned[w.idx] = now
-        self._running[job.id] = adopted
+            adopted.started[w.idx] = now
+        self._runs[job.id] = adopted
         return sum(proc.poll() is None for proc in adopted.procs.values())
 
     def kill_strays(self) -> list[int]:
@@ -246,27 +236,13 @@ class WorkerLauncher:
         strays = [
             pid
             for pid, job_id in worker_pids(f"{self._jobs_dir}/").items()
-            if not (job_id in self._running and any(p.pid == pid for p in self._running[job_id].procs.values()))
+            if not (job_id in self._runs and any(p.pid == pid for p in self._runs[job_id].procs.values()))
         ]
         for pid in strays:
             kill_group(pid, signal.SIGKILL)
         for uid in self._identities.recover(reclaim_locally):
             log.warning("took back worker uid %d, which an earlier server left in use", uid)
         return strays
-
-    def workspace(self, job_id: str) -> Path:
-        return self._jobs_dir / job_id
-
-    def log_path(self, job_id: str, worker: int) -> Path:
-        return self.workspace(job_id) / f"worker-{worker}.log"
-
-    def log_tail(self, job_id: str, worker: int, lines: int = 3) -> str:
-        """The last lines of a worker's log, for failure reasons."""
-        try:
-            text = self.log_path(job_id, worker).read_text(errors="replace").strip().splitlines()
-        except FileNotFoundError:
-            return ""
-        return " | ".join(line.strip() for line in text[-lines:])
 
     def launch(self, job: JobRecord, *, attack: dict | None = None, fault: dict | None = None) -> dict[int, int]:
         """Start every worker process of ``job``; returns process index -> pid.
@@ -279,10 +255,9 @@ class WorkerLauncher:
         ws.chmod(0o700)
         (ws / "ca.pem").write_bytes(self._ca.cert_pem)
         rendezvous = [file_rendezvous(ws, g) for g in range(processes(job.spec) // group_size(job.spec))]
-        store = job.spec.checkpoint_store
-        store_root = stores.local_directory(store)
+        store_root = self.store_root(job)
         folders = (ws, *([store_root / job.tenant / job.id] if store_root else []))
-        running = self._running[job.id] = _Running({}, None, rendezvous, attack, fault)
+        running = self._runs[job.id] = _Running({}, None, rendezvous=rendezvous, attack=attack, fault=fault)
         try:
             running.identity = self._identities.acquire(job.id, job.tenant, folders)
             (ws / "tmp").mkdir(exist_ok=True)
@@ -301,7 +276,7 @@ class WorkerLauncher:
 
         Returns its pid; raises ``DataSourceError`` if the job's data source is gone.
         """
-        running = self._running[job.id]
+        running = self._runs[job.id]
         size = group_size(job.spec)
         group, ranks = worker // size, range(worker - worker % size, worker - worker % size + size)
         rejoining = running.rejoining.setdefault(group, set())
@@ -337,115 +312,54 @@ class WorkerLauncher:
         """Scrub every workspace of a job with no running worker (at start: leftovers of a crash)."""
         if self._jobs_dir.is_dir():
             for ws in self._jobs_dir.iterdir():
-                if ws.name not in self._running:
+                if ws.name not in self._runs:
                     self.scrub(ws.name)
 
-    def _spawn(self, job: JobRecord, i: int, secrets: dict) -> WorkerProcess:
-        ws = self.workspace(job.id)
-        principal = Principal.worker(job.id, i)
-        bundle = self._ca.issue_bundle(
-            principal, lifetime=self._cert_lifetime, server=True, dns_names=[gossip_server_name(job.id, i)]
-        )
-        self._certificates.record_certificate(
-            bundle.certificate.serial_number, principal.uri, bundle.certificate.not_valid_after_utc
-        )
-        (ws / f"worker-{i}.pem").write_bytes(bundle.cert_pem)
-        write_private(ws / f"worker-{i}.key", bundle.key_pem)
-        running = self._running[job.id]
-        config = {  # the layout cantata.trainer.config.WorkerConfig.load reads
-            "job_id": job.id,
-            "tenant": job.tenant,
-            "workers": job.spec.workers,
-            "attempt": job.attempts,
-            "server": self._server_address,
-            "ca": str(ws / "ca.pem"),
-            "threads": max(1, (os.cpu_count() or 1) // processes(job.spec)),
-            "attack": running.attack,
-            "fault": running.fault,
-            "spec": json_format.MessageToDict(job.spec, preserving_proto_field_name=True),
-            "rendezvous": running.rendezvous[i // group_size(job.spec)],
-            "worker": i,
-            "cert": str(ws / f"worker-{i}.pem"),
-            "key": str(ws / f"worker-{i}.key"),
-            "store_env": store_environment(job.spec.checkpoint_store),
-            **secrets,
-        }
-        config_path = ws / f"worker-{i}.json"
-        write_private(config_path, json.dumps(config, indent=2).encode())
-        log = self.log_path(job.id, i)
-        log.touch(mode=0o600)
-        for path in (ws / f"worker-{i}.pem", ws / f"worker-{i}.key", config_path, log):
-            give(path, running.identity)
-        argv = ["--config", str(config_path), "--job", job.id]
-        threads = str(config["threads"])
-        request = SpawnRequest(
-            argv=argv,
-            entry="cantata.trainer.worker:main",
-            title=" ".join(["python", "-m", "cantata.trainer.worker", *argv]),
-            env={
-                **base_environment(),
-                "OMP_NUM_THREADS": threads,
-                "HOME": str(ws),
-                "TMPDIR": str(ws / "tmp"),
-                **self.devices_env(job.id, i),
-            },
-            cwd=str(ws),
-            log=str(log),
-            uid=running.identity.uid if running.identity else None,
-            gid=running.identity.gid if running.identity else None,
-            memory_bytes=self._memory_limit(job),
+    def _spawn(self, job: JobRecord, i: int, secrets: WorkerSecrets) -> WorkerProcess:
+        files = WorkerFiles.in_workspace(self.workspace(job.id), i)
+        running = self._runs[job.id]
+        threads = max(1, (os.cpu_count() or 1) // processes(job.spec))
+        plan = self._plan(
+            job,
+            i,
+            files,
+            server=self._server_address,
+            threads=threads,
+            secrets=secrets,
+            identity=running.identity,
+            devices=self.devices(job.id, i),
             status=str(self._status(job.id, i)),
-            **self._confinement.request_fields(processes(job.spec), int(threads)),
-            groups=list(running.identity.groups) if running.identity else [],
         )
+        files.cert.write_bytes(plan.certificate.cert_pem)
+        write_private(files.key, plan.certificate.key_pem)
+        write_private(files.launch, plan.launch.to_json().encode())
+        files.log.touch(mode=0o600)
+        for path in (files.cert, files.key, files.launch, files.log):
+            give(path, running.identity)
         self._status(job.id, i).unlink(missing_ok=True)
-        running.spawned[i] = time.monotonic()
-        pid = self._zygote.spawn(request)
+        running.started[i] = time.monotonic()
+        pid = self._zygote.spawn(plan.request)
         return WorkerProcess(pid, proc_identity.start_time(pid), self._zygote)
 
-    def devices_env(self, job_id: str, worker: int) -> dict[str, str]:
-        """What a worker's environment says of the devices it may use (none here)."""
-        return {}
-
-    def alive_workers(self, job_id: str) -> int:
-        running = self._running.get(job_id)
-        return len(running.procs) - len(running.exited) if running else 0
-
-    def running_workers(self) -> int:
-        return sum(len(r.procs) - len(r.exited) for r in self._running.values())
-
-    def is_running(self, job_id: str) -> bool:
-        return job_id in self._running
-
-    def live_workers(self) -> list[tuple[str, int, float]]:
-        """(job id, process index, monotonic start time) of every worker not exited and not killed."""
-        return [
-            (job_id, i, running.spawned[i])
-            for job_id, running in self._running.items()
-            for i in running.procs
-            if i not in running.exited and i not in running.killed
-        ]
+    def devices(self, job_id: str, worker: int) -> list[int]:
+        """The GPUs a worker may use (none here)."""
+        return []
 
     def kill(self, job_id: str, worker: int) -> None:
         """SIGKILL one worker's process group now (it hung); ``poll`` reaps it like any exit."""
-        running = self._running[job_id]
+        running = self._runs[job_id]
         running.killed.add(worker)
         kill_group(running.procs[worker].pid, signal.SIGKILL)
 
-    def terminate(self, job_id: str) -> None:
-        """SIGTERM every worker of the job now; SIGKILL whatever is left after the grace period."""
-        running = self._running.get(job_id)
-        if running is None or running.kill_at is not None:
-            return
-        running.kill_at = time.monotonic() + self._grace
-        for i, proc in running.procs.items():
-            if i not in running.exited:
-                kill_group(proc.pid, signal.SIGTERM)
+    def _signal(self, job_id: str, run: _Running, sig: int) -> None:
+        for i, proc in run.procs.items():
+            if i not in run.exited:
+                kill_group(proc.pid, sig)
 
     def poll(self) -> list[WorkerExit]:
         """Reap exited workers, and SIGKILL those still there past a terminate's grace."""
         exits = []
-        for job_id, running in self._running.items():
+        for job_id, running in self._runs.items():
             ended = [
                 (i, proc, code)
                 for i, proc in running.procs.items()
@@ -453,17 +367,14 @@ class WorkerLauncher:
             ]
             # In the order they died: the worker killed first is the cause, not a peer that failed because of it.
             for i, _proc, code in sorted(ended, key=lambda e: e[1].exit_order()):
-                running.exited[i] = code
-                exits.append(WorkerExit(job_id, i, code))
+                exits.append(running.exit(job_id, i, code))
             if running.kill_at is not None and time.monotonic() >= running.kill_at:
-                for i, proc in running.procs.items():
-                    if i not in running.exited:
-                        kill_group(proc.pid, signal.SIGKILL)
+                self._signal(job_id, running, signal.SIGKILL)
         return exits
 
     def finished_jobs(self) -> list[str]:
         """Jobs whose workers have all exited; ``release`` them once settled."""
-        return [job_id for job_id, r in self._running.items() if len(r.exited) == len(r.procs)]
+        return [job_id for job_id, r in self._runs.items() if len(r.exited) == len(r.procs)]
 
     def release(self, job_id: str) -> None:
         """Forget a job whose workers have all exited, take its uid back, and scrub its secrets from the workspace.
@@ -471,7 +382,7 @@ class WorkerLauncher:
         The uid is free again only once no process of it is left and the job's folders are the server's
         (:func:`reclaim_locally`); a uid that cannot be taken back is never used again.
         """
-        running = self._running.pop(job_id)
+        running = self._runs.pop(job_id)
         for i, proc in running.procs.items():
             if proc_identity.start_time(proc.pid) in (0, proc.started_at):  # not a process that reused the pid since
                 kill_group(proc.pid, signal.SIGKILL)  # stray children of a worker
@@ -482,10 +393,10 @@ class WorkerLauncher:
 
     def stop_all(self) -> None:
         """Stop every job's workers and wait until they are gone."""
-        for job_id in list(self._running):
+        for job_id in list(self._runs):
             self.terminate(job_id)
         deadline = time.monotonic() + self._grace + 5
-        while self._running and time.monotonic() < deadline:
+        while self._runs and time.monotonic() < deadline:
             self.poll()
             for job_id in self.finished_jobs():
                 self.release(job_id)
@@ -494,5 +405,5 @@ class WorkerLauncher:
 
     def detach(self) -> None:
         """Let go of every worker, leaving them running (a server that stops for an upgrade): the next adopts them."""
-        self._running.clear()
+        self._runs.clear()
         self._zygote.detach()

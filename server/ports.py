@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
+from cantata.proto.launch import WorkerSecrets
 from cantata.security.audit import AuditEntry
 from cantata.server.store import JobRecord
 
@@ -43,7 +44,7 @@ class AuditSink(Protocol):
 class SecretsBroker(Protocol):
     """What only a job's workers may hold (its keys, its data source's credentials), released for them."""
 
-    def worker_secrets(self, job: JobRecord) -> dict[str, Any]: ...
+    def worker_secrets(self, job: JobRecord) -> WorkerSecrets: ...
 
 
 class CertificateRegistry(Protocol):

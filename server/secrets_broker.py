@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cantata.proto.launch import DataSecrets, WorkerSecrets
 from cantata.security.audit import Action
 from cantata.security.keys import KeyProvider
 from cantata.server.datasource_store import DataSourceStore
@@ -29,11 +30,11 @@ class SecretsBroker:
         self._audit = audit
         self._dataset_roots = dataset_roots  # tenant -> where its file:// datasets may be
 
-    def worker_secrets(self, job: JobRecord) -> dict[str, Any]:
-        """The secret part of a worker's config: the job's keys and its data sources' credentials.
+    def worker_secrets(self, job: JobRecord) -> WorkerSecrets:
+        """The secret part of a worker's launch: the job's keys and its data sources' credentials.
 
-        The sources are those its ``dataset`` and ``init_from`` name, each released, and audited, once. The layout is what ``cantata.trainer.config.WorkerConfig.load`` reads; raises
-        ``DataSourceError`` if the job's data source is gone.
+        The sources are those its ``dataset`` and ``init_from`` name, each released, and audited, once;
+        raises ``DataSourceError`` if the job's data source is gone.
         """
         keys = self._keyring.job_keys(job.tenant, job.id)
         self._audit.append(
@@ -43,18 +44,13 @@ class SecretsBroker:
             tenant=job.tenant,
             details={"purpose": "job keys for workers", "versions": keys.versions},
         )
-        data: dict[str, Any] = {
-            "roots": [str(root) for root in self._dataset_roots(job.tenant)],
-            "credentials": None,
-            "dataset_key": None,
-            "init_credentials": None,
-        }
+        dataset_key = None
         sources = job_sources(job.spec)
         released: dict[str, dict[str, Any]] = {}
         for source in dict.fromkeys(sources.values()):  # each source once, however many fields name it
             released[source] = self._data_sources.worker_credentials(job.tenant, source)
             if source == sources.get("dataset"):
-                data["dataset_key"] = self._data_sources.worker_dataset_key(job.tenant, source)
+                dataset_key = self._data_sources.worker_dataset_key(job.tenant, source)
             self._audit.append(
                 "server",
                 Action.DATA_SOURCE_RELEASED,
@@ -63,11 +59,13 @@ class SecretsBroker:
                 details={
                     "job": job.id,
                     "for": [field for field, named in sources.items() if named == source],
-                    "with_shard_decryption": source == sources.get("dataset") and data["dataset_key"] is not None,
+                    "with_shard_decryption": source == sources.get("dataset") and dataset_key is not None,
                 },
             )
-        if "dataset" in sources:
-            data["credentials"] = released[sources["dataset"]]
-        if "init_from" in sources:
-            data["init_credentials"] = released[sources["init_from"]]
-        return {"checkpoint_keys": keys.to_dict(), "data": data}
+        data = DataSecrets(
+            roots=tuple(str(root) for root in self._dataset_roots(job.tenant)),
+            credentials=released[sources["dataset"]] if "dataset" in sources else None,
+            dataset_key=dataset_key,
+            init_credentials=released[sources["init_from"]] if "init_from" in sources else None,
+        )
+        return WorkerSecrets(keys.to_dict(), data)

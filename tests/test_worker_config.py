@@ -50,7 +50,7 @@ def broker(tmp_path: Path, audit: FakeAudit) -> SecretsBroker:
 @pytest.fixture
 def secrets(broker: SecretsBroker) -> dict:
     """What the broker hands the launcher for the workers of a job reading ``s3://corpus@bucket``."""
-    return broker.worker_secrets(_job("s3://corpus@bucket/prefix"))
+    return broker.worker_secrets(_job("s3://corpus@bucket/prefix")).to_dict()
 
 
 def _write(tmp_path: Path, secret_parts: dict) -> Path:
@@ -92,7 +92,7 @@ def test_secrets_are_nested_objects_parsed_once_into_their_types(tmp_path, secre
 
 
 def test_a_job_without_a_data_source_gets_no_dataset_secrets(tmp_path, broker):
-    cfg = WorkerConfig.load(_write(tmp_path, broker.worker_secrets(_job("builtin:pystdlib"))))
+    cfg = WorkerConfig.load(_write(tmp_path, broker.worker_secrets(_job("builtin:pystdlib")).to_dict()))
     assert cfg.dataset_access.credentials is None and cfg.dataset_access.dataset_key is None
 
 
@@ -105,7 +105,7 @@ def test_malformed_secrets_are_refused_at_load(tmp_path, secrets):
 
 
 def test_init_from_s_data_source_is_released_to_the_workers_typed_and_audited_once_per_source(tmp_path, broker, audit):
-    cfg = WorkerConfig.load(_write(tmp_path, broker.worker_secrets(_job("s3://corpus@b/p", "az://hub@c/w"))))
+    cfg = WorkerConfig.load(_write(tmp_path, broker.worker_secrets(_job("s3://corpus@b/p", "az://hub@c/w")).to_dict()))
     access = cfg.dataset_access
     assert access.credentials == CREDENTIALS and access.dataset_key == DatasetKey("acme", bytes(range(32)))
     assert access.init_credentials == SourceCredentials(
@@ -116,10 +116,12 @@ def test_init_from_s_data_source_is_released_to_the_workers_typed_and_audited_on
     assert released == [("corpus", ["dataset"], True), ("hub", ["init_from"], False)]
 
     audit.records.clear()
-    cfg = WorkerConfig.load(_write(tmp_path, broker.worker_secrets(_job("s3://corpus@b/p", "s3://corpus@b/w"))))
+    cfg = WorkerConfig.load(
+        _write(tmp_path, broker.worker_secrets(_job("s3://corpus@b/p", "s3://corpus@b/w")).to_dict())
+    )
     assert cfg.dataset_access.init_credentials == cfg.dataset_access.credentials == CREDENTIALS
     assert [(r["resource"], r["details"]["for"]) for r in audit.records[1:]] == [("corpus", ["dataset", "init_from"])]
 
-    cfg = WorkerConfig.load(_write(tmp_path, broker.worker_secrets(_job("builtin:pystdlib", "az://hub@c/w"))))
+    cfg = WorkerConfig.load(_write(tmp_path, broker.worker_secrets(_job("builtin:pystdlib", "az://hub@c/w")).to_dict()))
     assert cfg.dataset_access.credentials is None and cfg.dataset_access.dataset_key is None
     assert cfg.dataset_access.init_credentials is not None and cfg.dataset_access.init_credentials.name == "hub"

@@ -1,18 +1,5 @@
-"""A worker's configuration: the JSON file the launcher writes, parsed once at start.
-
-The file (mode 0600, deleted once the job's workers are gone) holds::
-
-    {"job_id": ..., "tenant": ..., "attempt": ..., "worker": ..., "workers": ...,
-     "threads": ..., "rendezvous": ..., "server": ..., "ca": ..., "cert": ..., "key": ...,
-     "gossip_host": ... (the node's cluster address; absent: 127.0.0.1),
-     "spec": {JobSpec as JSON},
-     "attack": {...} | null,
-     "fault": {...} | null,
-     "checkpoint_keys": {"tenant": ..., "job_id": ..., "keys": {VERSION: base64}},
-     "data": {"roots": [...],
-              "credentials": {"name": ..., "kind": ..., "endpoint": ..., "secrets": {...}} | null,
-              "dataset_key": {"tenant": ..., "key": base64} | null,
-              "init_credentials": {like "credentials", for an init_from store} | null}}
+"""A worker's configuration: its launch (:mod:`cantata.proto.launch`, the 0600 file the executor writes,
+deleted once the job's workers are gone), with the job's spec completed and its secrets typed.
 
 Each secret is a JSON object of its own, parsed here into its type
 (``JobKeys``, ``SourceCredentials``, ``DatasetKey``), none of which shows its
@@ -21,14 +8,11 @@ secrets in a ``repr``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from google.protobuf import json_format
 
 from cantata.proto import jobfields
+from cantata.proto.launch import DataSecrets, WorkerLaunch
 from cantata.proto.v1 import common_pb2
 from cantata.security.keys import JobKeys
 from cantata.trainer.data import DatasetAccess, DatasetKey, SourceCredentials
@@ -87,39 +71,45 @@ class WorkerConfig:
 
     @classmethod
     def load(cls, path: Path) -> WorkerConfig:
-        raw = json.loads(Path(path).read_text())
+        """The configuration in the launch file at ``path``; a :class:`~cantata.proto.launch.LaunchError` if it is
+        not a launch."""
+        return cls.of(WorkerLaunch.load(path))
+
+    @classmethod
+    def of(cls, launch: WorkerLaunch) -> WorkerConfig:
         return cls(
-            job_id=raw["job_id"],
-            tenant=raw["tenant"],
-            worker=raw["worker"],
-            workers=raw["workers"],
-            attempt=raw["attempt"],
-            server=raw["server"],
-            ca=Path(raw["ca"]),
-            cert=Path(raw["cert"]),
-            key=Path(raw["key"]),
-            rendezvous=raw["rendezvous"],
-            threads=raw["threads"],
-            spec=_spec(raw["spec"]),
-            checkpoint_keys=JobKeys.from_dict(raw["checkpoint_keys"]),
-            dataset_access=_dataset_access(raw["data"]),
-            attack=raw.get("attack"),
-            fault=raw.get("fault"),
-            gossip_host=raw.get("gossip_host", "127.0.0.1"),
+            job_id=launch.job_id,
+            tenant=launch.tenant,
+            worker=launch.worker,
+            workers=launch.workers,
+            attempt=launch.attempt,
+            server=launch.server,
+            ca=Path(launch.ca),
+            cert=Path(launch.cert),
+            key=Path(launch.key),
+            rendezvous=launch.rendezvous,
+            threads=launch.threads,
+            spec=_spec(launch.spec),
+            checkpoint_keys=JobKeys.from_dict(launch.secrets.checkpoint_keys),
+            dataset_access=_dataset_access(launch.secrets.data),
+            attack=launch.attack,
+            fault=launch.fault,
+            gossip_host=launch.gossip_host,
         )
 
 
-def _spec(raw: dict[str, Any]) -> common_pb2.JobSpec:
+def _spec(launched: common_pb2.JobSpec) -> common_pb2.JobSpec:
     """The job's spec, with the defaults of fields newer than the server that stored it filled in."""
-    spec = json_format.ParseDict(raw, common_pb2.JobSpec())
+    spec = common_pb2.JobSpec()
+    spec.CopyFrom(launched)
     jobfields.fill_defaults(spec)
     return spec
 
 
-def _dataset_access(data: dict[str, Any]) -> DatasetAccess:
-    credentials, key, init = data.get("credentials"), data.get("dataset_key"), data.get("init_credentials")
+def _dataset_access(data: DataSecrets) -> DatasetAccess:
+    credentials, key, init = data.credentials, data.dataset_key, data.init_credentials
     return DatasetAccess(
-        roots=tuple(Path(root) for root in data.get("roots", ())),
+        roots=tuple(Path(root) for root in data.roots),
         credentials=SourceCredentials.from_dict(credentials) if credentials else None,
         dataset_key=DatasetKey.from_dict(key) if key else None,
         init_credentials=SourceCredentials.from_dict(init) if init else None,

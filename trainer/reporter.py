@@ -24,7 +24,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
-import json
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -34,6 +33,7 @@ from typing import NamedTuple, TypeVar
 
 import grpc
 
+from cantata.proto.launch import WorkerLaunch
 from cantata.proto.v1 import worker_pb2, worker_pb2_grpc
 from cantata.trainer.recovery import Trip
 from cantata.trainer.usage import Usage
@@ -87,9 +87,8 @@ class Endpoint:
     worker: int
 
     @classmethod
-    def load(cls, path: Path) -> Endpoint:
-        raw = json.loads(Path(path).read_text())
-        return cls(raw["server"], Path(raw["ca"]), Path(raw["cert"]), Path(raw["key"]), raw["job_id"], raw["worker"])
+    def of(cls, launch: WorkerLaunch) -> Endpoint:
+        return cls(launch.server, Path(launch.ca), Path(launch.cert), Path(launch.key), launch.job_id, launch.worker)
 
 
 class Peers(NamedTuple):

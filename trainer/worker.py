@@ -10,7 +10,7 @@ average failed (``ConsensusFailed``: its peers are done).
 
 The process is forked from the zygote (:mod:`cantata.trainer.zygote`) into
 its sandbox; what it needs of the server's environment to reach the job's
-checkpoint store comes in its config file (``store_env``), not its environment.
+checkpoint store comes in its launch file (``store_env``), not its environment.
 
 The heartbeat starts first; the training modules (and torch) load after it.
 """
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -29,6 +28,7 @@ import time
 from pathlib import Path
 
 from cantata.logformat import LogFormat, configure, log_format
+from cantata.proto.launch import WorkerLaunch
 from cantata.proto.vocabulary import DECENTRALIZED
 from cantata.storage.base import StoreConfigError, StorePermissionError
 from cantata.storage.logs import set_third_party_log_level
@@ -99,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--job", help="job id (shown in the process list)")
     args = parser.parse_args(argv)
-    os.environ.update(json.loads(args.config.read_text()).get("store_env", {}))
-    endpoint = Endpoint.load(args.config)
+    launch = WorkerLaunch.load(args.config)  # the one parse of the launch file
+    os.environ.update(launch.store_env)
+    endpoint = Endpoint.of(launch)
     start_logging(endpoint)
     set_third_party_log_level()  # the server's setting, from the environment it passed on
 
@@ -110,19 +111,19 @@ def main(argv: list[str] | None = None) -> int:
     reporter = Reporter(endpoint)
     reporter.start_heartbeat()
     try:
-        return train_job(args.config, reporter, stop)
+        return train_job(launch, reporter, stop)
     finally:
         # Stopped by a signal (a cancel, a requeueing server): what is left to say matters less than stopping.
         reporter.close(STOPPING_FLUSH_S if stop.is_set() else None)
 
 
-def train_job(config: Path, reporter: Reporter, stop: threading.Event) -> int:
-    """Train the job of ``config`` and report how it ended; returns the exit code."""
+def train_job(launch: WorkerLaunch, reporter: Reporter, stop: threading.Event) -> int:
+    """Train the job of ``launch`` and report how it ended; returns the exit code."""
     # Loaded once the heartbeat beats: importing torch can outlast the server's heartbeat timeout.
     from cantata.trainer.config import WorkerConfig
     from cantata.trainer.loop import Stopped, train
 
-    cfg = WorkerConfig.load(config)
+    cfg = WorkerConfig.of(launch)
     spec = cfg.spec
     log.info(
         "worker %d of %d started (attempt %d): %s, %s, %d steps of %d x %d x %d tokens",

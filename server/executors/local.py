@@ -19,9 +19,10 @@ import sys
 from pathlib import Path
 
 from cantata.server.executors.base import NotPlaceable
+from cantata.server.executors.registry import ExecutorSetup
 from cantata.server.groups import processes
 from cantata.server.launcher import WorkerLauncher
-from cantata.server.memory import job_estimate, size
+from cantata.server.memory import job_estimate, node_capacity, size
 from cantata.server.store import JobRecord, WorkerRecord
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one folder per GPU the driver sees; absent without the driver
@@ -93,9 +94,8 @@ class LocalExecutor(WorkerLauncher):
         super().detach()
         self._reserved.clear()
 
-    def devices_env(self, job_id: str, worker: int) -> dict[str, str]:
-        devices = self._devices.get(job_id, {}).get(worker)
-        return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devices))} if devices else {}
+    def devices(self, job_id: str, worker: int) -> list[int]:
+        return self._devices.get(job_id, {}).get(worker, [])
 
     def release(self, job_id: str) -> None:
         super().release(job_id)
@@ -106,3 +106,24 @@ class LocalExecutor(WorkerLauncher):
         for devices in self._devices.pop(job_id, {}).values():
             self._free_gpus.extend(devices)
         self._free_gpus.sort()
+
+
+def build(setup: ExecutorSetup) -> LocalExecutor:
+    """The local executor of a server (:mod:`cantata.server.executors.registry`)."""
+    settings = setup.settings
+    return LocalExecutor(
+        setup.jobs_dir,
+        setup.ca,
+        f"{setup.connect_host}:{setup.port}",
+        setup.cert_lifetime,
+        secrets=setup.secrets,
+        certificates=setup.certificates,
+        grace=settings.cancel_grace_seconds,
+        identities=setup.identities,
+        memory_limit=setup.memory_limit,
+        warm=settings.warm_workers,
+        confinement=setup.confinement,
+        slots=settings.max_workers_on_node,
+        memory=node_capacity(settings.node_memory_mib),
+        gpus=setup.gpus,
+    )

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import logging
 import os
 import signal
@@ -57,18 +56,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import json_format
-
-from cantata.security.pki import CertificateAuthority, Principal, gossip_server_name
+from cantata.proto.launch import WorkerSecrets
+from cantata.security.pki import CertificateAuthority
 from cantata.security.worker_confinement import DEFAULT_POLICY, ConfinementPolicy
-from cantata.server.executors.base import NotPlaceable, WorkerExit
+from cantata.server.executors.base import ExecutorBase, JobRun, NotPlaceable, WorkerExit
+from cantata.server.executors.plan import WorkerFiles, WorkerPlan
+from cantata.server.executors.registry import ExecutorSetup
 from cantata.server.groups import decentralized, group_size, processes
 from cantata.server.memory import worker_estimate
 from cantata.server.ports import CertificateRegistry, SecretsBroker
-from cantata.server.sandbox import Identities, Identity, Lease, base_environment, prepare_job_folder, store_environment
+from cantata.server.sandbox import Identities, Identity, Lease, prepare_job_folder
 from cantata.server.store import JobRecord, WorkerRecord
 from cantata.server.uid_reclaim import ReclaimError, reclaim
-from cantata.storage import uri as stores
 
 log = logging.getLogger(__name__)
 NAMESPACE = "cantata"
@@ -138,27 +137,20 @@ class _Worker:
     pid: int
     generation: int
     done: Any  # the ObjectRef of NodeHost.wait (None: the worker is gone)
-    spawned: float
     log_offset: int = 0
     log_ref: Any = None
 
 
 @dataclass
-class _Job:
+class _Job(JobRun):
     group: Any  # the placement group (None: an adopted job's was gone)
     reserved: dict[str, float] = field(default_factory=dict)  # what its bundles hold, all together
     workers: dict[int, _Worker] = field(default_factory=dict)
-    rendezvous: list[str] = field(default_factory=list)
-    attack: dict | None = None
-    fault: dict | None = None  # an admin's planned fault (cantata.proto.faults), evaluation only
-    exited: dict[int, int] = field(default_factory=dict)
-    killed: set[int] = field(default_factory=set)
-    kill_at: float | None = None
     generations: dict[int, int] = field(default_factory=dict)  # starts of each worker, less one
     dead: dict[int, float] = field(default_factory=dict)  # worker -> when its host was seen dead, its node not yet
 
 
-class RayExecutor:
+class RayExecutor(ExecutorBase[_Job]):
     """Workers as Ray actors on a locked cluster; the control plane is the driver."""
 
     def __init__(
@@ -177,19 +169,20 @@ class RayExecutor:
         note: Callable[[str, str], None] = lambda job_id, message: None,
         confinement: ConfinementPolicy = DEFAULT_POLICY,
     ):
+        super().__init__(
+            jobs_dir,
+            ca,
+            worker_cert_lifetime,
+            secrets=secrets,
+            certificates=certificates,
+            grace=grace,
+            identities=identities,
+            memory_limit=memory_limit,
+            confinement=confinement,
+        )
         self._address = address
-        self._jobs_dir = jobs_dir
-        self._ca = ca
         self._server_address = server_address  # given the driver's node address: where workers reach the server
-        self._cert_lifetime = worker_cert_lifetime
-        self._secrets = secrets
-        self._certificates = certificates
-        self._grace = grace
-        self._identities = identities
-        self._memory_limit = memory_limit
         self._note = note  # a line in the job's events (where it was placed)
-        self._confinement = confinement
-        self._jobs: dict[str, _Job] = {}
         self._resources: tuple[float, dict, dict, dict] = (0.0, {}, {}, {})
         self._hosts: dict[str, Any] = {}  # node id -> its NodeHost actor
         self._probe: Any = None  # bundle_gpus as a Ray task, once made remote
@@ -293,7 +286,7 @@ class RayExecutor:
     def _reserved(self) -> dict[str, float]:
         """What the placement groups of this executor's jobs hold, all together."""
         held: dict[str, float] = {}
-        for running in self._jobs.values():
+        for running in self._runs.values():
             for resource, amount in running.reserved.items():
                 held[resource] = held.get(resource, 0.0) + amount
         return held
@@ -309,12 +302,11 @@ class RayExecutor:
         group = placement_group(
             [self.bundle(job)] * n, strategy=strategy, name=f"cantata-{job.id}-a{job.attempts}", lifetime="detached"
         )
-        running = self._jobs[job.id] = _Job(group, _times(self.bundle(job), n), attack=attack, fault=fault)
+        running = self._runs[job.id] = _Job(group, _times(self.bundle(job), n), attack=attack, fault=fault)
         self._resources = (0.0, {}, {}, {})
         nodes: dict[int, dict] = {}
         try:
-            store = job.spec.checkpoint_store
-            store_root = stores.local_directory(store)
+            store_root = self.store_root(job)
             folders = (store_root / job.tenant / job.id,) if store_root else ()
             identity = self._identities.acquire(job.id, job.tenant, folders)
             if store_root is not None:  # under a root every node mounts (parse_job_spec saw to it)
@@ -337,7 +329,7 @@ class RayExecutor:
         except BaseException:
             for i, node in nodes.items():  # release stops those of them that started
                 host, generation = self._host(node["node_id"]), running.generations.get(i, 0)
-                running.workers[i] = _Worker(host, node, 0, generation, None, time.monotonic())
+                running.workers[i] = _Worker(host, node, 0, generation, None)
             self.release(job.id)
             raise
         return {i: w.pid for i, w in running.workers.items()}
@@ -366,7 +358,7 @@ class RayExecutor:
 
         from cantata.server.executors.ray_actor import bundle_gpus
 
-        group = self._jobs[job.id].group
+        group = self._runs[job.id].group
         if group is None:
             raise RayClusterError(f"the placement group of {job.id} is gone: its workers cannot be placed again")
         where = self._bundle_nodes(group, workers)
@@ -397,81 +389,46 @@ class RayExecutor:
             }
         return places
 
-    def _start(self, job: JobRecord, i: int, node: dict, secrets: dict, identity: Identity | None) -> Any:
-        """Mint worker ``i``'s certificate for its node, build its config and files, and have its node's host
-        start it; the ObjectRef of its pid."""
-        principal = Principal.worker(job.id, i)
-        bundle = self._ca.issue_bundle(
-            principal,
-            lifetime=self._cert_lifetime,
-            server=True,
-            dns_names=[gossip_server_name(job.id, i)],
-            ips=[node["ip"]],
-        )
-        self._certificates.record_certificate(
-            bundle.certificate.serial_number, principal.uri, bundle.certificate.not_valid_after_utc
-        )
-        folder = Path(node["folder"])
-        size = group_size(job.spec)
-        threads = max(1, int(self.bundle(job)["CPU"]))
-        config = {  # the layout cantata.trainer.config.WorkerConfig.load reads
-            "job_id": job.id,
-            "tenant": job.tenant,
-            "workers": job.spec.workers,
-            "attempt": job.attempts,
-            "server": self._server,
-            "ca": str(folder / "ca.pem"),
-            "threads": threads,
-            "attack": self._jobs[job.id].attack,
-            "fault": self._jobs[job.id].fault,
-            "spec": json_format.MessageToDict(job.spec, preserving_proto_field_name=True),
-            "rendezvous": self._jobs[job.id].rendezvous[i // size],
-            "worker": i,
-            "cert": str(folder / "worker.pem"),
-            "key": str(folder / "worker.key"),
-            "gossip_host": node["ip"],
-            "store_env": store_environment(job.spec.checkpoint_store),
-            **secrets,
-        }
-        files = {
-            "ca.pem": self._ca.cert_pem,
-            "worker.pem": bundle.cert_pem,
-            "worker.key": bundle.key_pem,
-            "worker.json": json.dumps(config, indent=2).encode(),
-        }
-        argv = ["--config", str(folder / "worker.json"), "--job", job.id]
-        env = {
-            **base_environment(),
-            "OMP_NUM_THREADS": str(threads),
-            "HOME": str(folder),
-            "TMPDIR": str(folder / "tmp"),
-        }
-        if node["gpus"]:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(node["gpus"])
-        request = {
-            "argv": argv,
-            "entry": "cantata.trainer.worker:main",
-            "title": " ".join(["python", "-m", "cantata.trainer.worker", *argv]),
-            "env": env,
-            "cwd": str(folder),
-            "log": str(folder / "worker.log"),
-            "uid": identity.uid if identity else None,
-            "gid": identity.gid if identity else None,
-            "groups": list(identity.groups) if identity else [],
-            "memory_bytes": self._memory_limit(job),
-            **self._confinement.request_fields(processes(job.spec), threads),
-        }
-        running = self._jobs[job.id]
+    def _start(self, job: JobRecord, i: int, node: dict, secrets: WorkerSecrets, identity: Identity | None) -> Any:
+        """Have the host of worker ``i``'s node write its files and start it; the ObjectRef of its pid."""
+        plan, files = self._plan_on(job, i, node, secrets, identity)
+        running = self._runs[job.id]
         running.generations[i] = running.generations.get(i, -1) + 1
         return self._host(node["node_id"]).start.remote(
-            job.id, i, running.generations[i], files, request, running.rendezvous[i // size], node["gpus"]
+            job.id, i, running.generations[i], files, plan.request.to_dict(), plan.launch.rendezvous, node["gpus"]
         )
 
+    def _plan_on(
+        self, job: JobRecord, i: int, node: dict, secrets: WorkerSecrets, identity: Identity | None
+    ) -> tuple[WorkerPlan, dict[str, bytes]]:
+        """Worker ``i``'s launch plan on its node (its certificate names the node's address), and the files its
+        node's host writes into its folder there (by name)."""
+        files = WorkerFiles.in_folder(Path(node["folder"]))
+        plan = self._plan(
+            job,
+            i,
+            files,
+            server=self._server,
+            threads=max(1, int(self.bundle(job)["CPU"])),
+            secrets=secrets,
+            identity=identity,
+            devices=node["gpus"],
+            node_ip=node["ip"],
+        )
+        contents = {
+            files.ca: self._ca.cert_pem,
+            files.cert: plan.certificate.cert_pem,
+            files.key: plan.certificate.key_pem,
+            files.launch: plan.launch.to_json().encode(),
+        }
+        return plan, {path.name: data for path, data in contents.items()}
+
     def _watch(self, job_id: str, i: int, node: dict, pid: int) -> None:
-        running = self._jobs[job_id]
+        running = self._runs[job_id]
         host = self._host(node["node_id"])
         generation = running.generations.get(i, 0)
-        running.workers[i] = _Worker(host, node, pid, generation, host.wait.remote(job_id, i, pid), time.monotonic())
+        running.workers[i] = _Worker(host, node, pid, generation, host.wait.remote(job_id, i, pid))
+        running.started[i] = time.monotonic()
         running.exited.pop(i, None)
         running.killed.discard(i)
         running.dead.pop(i, None)
@@ -485,7 +442,7 @@ class RayExecutor:
         """Start worker ``worker`` again where its bundle is (Ray places the bundle anew if its node died)."""
         import ray
 
-        running = self._jobs[job.id]
+        running = self._runs[job.id]
         size = group_size(job.spec)
         node = self._places(job, [worker], firsts=[worker] if size == 1 else [])[worker]
         old = running.workers.get(worker)
@@ -510,11 +467,10 @@ class RayExecutor:
         import ray
 
         exits: list[tuple[float, WorkerExit]] = []
-        for job_id, running in self._jobs.items():
+        for job_id, running in self._runs.items():
             for i, w in running.workers.items():  # an adopted worker no host knew
                 if w.done is None and i not in running.exited:
-                    running.exited[i] = KILLED
-                    exits.append((time.time(), WorkerExit(job_id, i, KILLED)))
+                    exits.append((time.time(), running.exit(job_id, i, KILLED)))
             live = {w.done: i for i, w in running.workers.items() if i not in running.exited and w.done is not None}
             if live:
                 ready, _ = ray.wait(list(live), num_returns=len(live), timeout=0)
@@ -537,16 +493,15 @@ class RayExecutor:
                         w.done = w.host.wait.remote(job_id, i, w.pid)
                         continue
                     code, ended = result
-                    running.exited[i] = code
-                    exits.append((ended, WorkerExit(job_id, i, code, node_lost=lost)))
+                    exits.append((ended, running.exit(job_id, i, code, node_lost=lost)))
             self._copy_logs(job_id, running)
             if running.kill_at is not None and time.monotonic() >= running.kill_at:
                 self._signal(job_id, running, signal.SIGKILL)
         return [e for _, e in sorted(exits, key=lambda e: e[0])]  # in the order they died
 
-    def _signal(self, job_id: str, running: _Job, sig: int) -> None:
-        for i, w in running.workers.items():
-            if i not in running.exited and w.host is not None:
+    def _signal(self, job_id: str, run: _Job, sig: int) -> None:
+        for i, w in run.workers.items():
+            if i not in run.exited and w.host is not None:
                 w.host.signal.remote(job_id, i, sig)
 
     def _node_lost(self, node_id: str) -> bool:
@@ -582,13 +537,13 @@ class RayExecutor:
                 w.log_ref = w.host.read_log.remote(job_id, i, w.log_offset)
 
     def finished_jobs(self) -> list[str]:
-        return [job_id for job_id, r in self._jobs.items() if r.workers and len(r.exited) == len(r.workers)]
+        return [job_id for job_id, r in self._runs.items() if r.workers and len(r.exited) == len(r.workers)]
 
     def release(self, job_id: str) -> None:
         import ray
         from ray.util.placement_group import remove_placement_group
 
-        running = self._jobs.pop(job_id, None)
+        running = self._runs.pop(job_id, None)
         if running is None:
             return
         stopping = [w.host.stop.remote(job_id, i, w.generation) for i, w in running.workers.items() if w.host]
@@ -620,51 +575,13 @@ class RayExecutor:
         reclaim(lease.uid, lease.groups, [Path(f) for f in lease.folders])
         return time.monotonic() - started
 
-    def terminate(self, job_id: str) -> None:
-        running = self._jobs.get(job_id)
-        if running is None or running.kill_at is not None:
-            return
-        running.kill_at = time.monotonic() + self._grace
-        self._signal(job_id, running, signal.SIGTERM)
-
     def kill(self, job_id: str, worker: int) -> None:
-        running = self._jobs[job_id]
+        running = self._runs[job_id]
         running.killed.add(worker)
         if running.workers[worker].host is not None:
             running.workers[worker].host.signal.remote(job_id, worker, signal.SIGKILL)
 
-    def alive_workers(self, job_id: str) -> int:
-        running = self._jobs.get(job_id)
-        return len(running.workers) - len(running.exited) if running else 0
-
-    def running_workers(self) -> int:
-        return sum(len(r.workers) - len(r.exited) for r in self._jobs.values())
-
-    def is_running(self, job_id: str) -> bool:
-        return job_id in self._jobs
-
-    def live_workers(self) -> list[tuple[str, int, float]]:
-        return [
-            (job_id, i, w.spawned)
-            for job_id, r in self._jobs.items()
-            for i, w in r.workers.items()
-            if i not in r.exited and i not in r.killed
-        ]
-
     # ---- files on this server -------------------------------------------------
-    def workspace(self, job_id: str) -> Path:
-        return self._jobs_dir / job_id
-
-    def log_path(self, job_id: str, worker: int) -> Path:
-        return self.workspace(job_id) / f"worker-{worker}.log"
-
-    def log_tail(self, job_id: str, worker: int, lines: int = 3) -> str:
-        try:
-            text = self.log_path(job_id, worker).read_text(errors="replace").strip().splitlines()
-        except FileNotFoundError:
-            return ""
-        return " | ".join(line.strip() for line in text[-lines:])
-
     def scrub(self, job_id: str) -> None:
         """Nothing secret is kept here: configs and keys live on the nodes, deleted as each worker exits."""
 
@@ -698,7 +615,7 @@ class RayExecutor:
             group = None
         reserved = _times(self.bundle(job), processes(job.spec)) if group is not None else {}
         self._identities.claim(job.id, None, job.tenant)  # its workers' uid: never reclaimed as a stray's
-        running = self._jobs[job.id] = _Job(group, reserved, attack=attack, fault=fault)
+        running = self._runs[job.id] = _Job(group, reserved, attack=attack, fault=fault)
         size = group_size(job.spec)
         running.rendezvous = [""] * (len(workers) // size + 1)
         found: dict[int, dict] = {}
@@ -708,7 +625,8 @@ class RayExecutor:
         for record in workers:
             hosted = found.get(record.idx)
             if hosted is None:  # its node is gone, or it never started
-                running.workers[record.idx] = _Worker(None, {"node_id": ""}, record.pid, 0, None, time.monotonic())
+                running.workers[record.idx] = _Worker(None, {"node_id": ""}, record.pid, 0, None)
+                running.started[record.idx] = time.monotonic()
                 continue
             running.generations[record.idx] = hosted["generation"]
             node = {
@@ -730,10 +648,10 @@ class RayExecutor:
         import ray
         from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-        killed = sorted({job for jobs in self._ask_hosts("stop_jobs", keep=list(self._jobs)).values() for job in jobs})
+        killed = sorted({job for jobs in self._ask_hosts("stop_jobs", keep=list(self._runs)).values() for job in jobs})
         for uid in self._identities.recover(self._reclaim):
             log.warning("took back worker uid %d, which an earlier control plane left in use", uid)
-        owned = {r.group.id.hex() for r in self._jobs.values() if r.group is not None}
+        owned = {r.group.id.hex() for r in self._runs.values() if r.group is not None}
         for group_id, group in ray.util.placement_group_table().items():
             if (
                 (group.get("name") or "").startswith("cantata-")
@@ -751,7 +669,7 @@ class RayExecutor:
         """Let go of the cluster and leave the workers training, for the next control plane to adopt."""
         import ray
 
-        self._jobs.clear()
+        self._runs.clear()
         ray.shutdown()
 
     def kill_orphan(self, worker: WorkerRecord, job_id: str) -> None:
@@ -761,17 +679,36 @@ class RayExecutor:
     def stop_all(self) -> None:
         import ray
 
-        for job_id in list(self._jobs):
+        for job_id in list(self._runs):
             self.terminate(job_id)
         deadline = time.monotonic() + self._grace + 5
-        while self._jobs and time.monotonic() < deadline:
+        while self._runs and time.monotonic() < deadline:
             self.poll()
             for job_id in self.finished_jobs():
                 self.release(job_id)
             time.sleep(0.05)
-        for job_id in list(self._jobs):
+        for job_id in list(self._runs):
             self.release(job_id)
         ray.shutdown()
+
+
+def build(setup: ExecutorSetup) -> RayExecutor:
+    """The Ray executor of a server (:mod:`cantata.server.executors.registry`)."""
+    wildcard = setup.listen.rpartition(":")[0] in ("0.0.0.0", "", "[::]")  # noqa: S104 (workers dial the node's address)
+    return RayExecutor(
+        setup.cluster_address,
+        setup.jobs_dir,
+        setup.ca,
+        lambda node_ip: f"{node_ip if wildcard else setup.connect_host}:{setup.port}",
+        setup.cert_lifetime,
+        secrets=setup.secrets,
+        certificates=setup.certificates,
+        grace=setup.settings.cancel_grace_seconds,
+        identities=setup.identities,
+        memory_limit=setup.memory_limit,
+        note=setup.note,
+        confinement=setup.confinement,
+    )
 
 
 def _rendezvous(node: dict) -> str:
