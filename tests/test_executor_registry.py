@@ -24,8 +24,8 @@ def test_each_registered_executor_builds_one_of_the_shared_base(tmp_path):
         port=7443,
         cluster_address="10.0.0.1:6379",
         gpus=0,
-        secrets=None,  # type: ignore[arg-type]  # nothing is launched
-        certificates=None,  # type: ignore[arg-type]
+        secrets=None,  # nothing is launched
+        certificates=None,
         identities=Identities(60000, 1, root=False),
         memory_limit=lambda job: 0,
         confinement=ConfinementPolicy(),

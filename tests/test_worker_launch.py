@@ -19,7 +19,7 @@ from cantata.security.pki import CertificateAuthority, Principal
 from cantata.server.executors.ray import RayExecutor, _Job
 from cantata.server.sandbox import Identities
 from cantata.server.store import JobRecord
-from tests.waiting import wait_for
+from testkit.waiting import wait_for
 
 SECRET = "s3cr3t-access-key-value"
 SECRETS = WorkerSecrets(
@@ -114,8 +114,8 @@ def test_the_ray_executor_builds_a_worker_launch_for_the_node_it_placed_the_work
         ca,
         lambda node_ip: f"{node_ip}:7000",
         dt.timedelta(hours=1),
-        secrets=None,  # type: ignore[arg-type]  # the secrets come as an argument
-        certificates=Registry(),  # type: ignore[arg-type]
+        secrets=None,  # the secrets come as an argument
+        certificates=Registry(),
         grace=1.0,
         identities=Identities(60000, 1, root=False),
         memory_limit=lambda job: 0,
