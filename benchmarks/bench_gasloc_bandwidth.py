@@ -5,7 +5,12 @@ Every worker is a real process (``netns_worker.py``) in its own network
 namespace (``ip netns``), joined to the others by a veth pair on one bridge.
 A worker's NIC is its veth: shaped egress on its namespace side and ingress on
 the bridge side (``tc htb`` for the rate, ``netem`` for delay), so a shaped
-NIC limits what the worker sends and what it receives, whoever the peer. The
+NIC limits what the worker sends and what it receives, whoever the peer. Where
+the kernel has no ``netem``, the wan scenario's delay comes from a user-space
+relay instead (``delay_relay.py``, one per namespace in front of its worker's
+gossip port, peers dialling it): it holds each direction's bytes ``--delay-ms``,
+so the RTT is the same, but TCP's own handshake and ACKs are not delayed; the
+JSON's ``setup.wan_delay`` says which ran. The
 workers run the platform's own mutual-TLS gossip transport, outer step,
 streamed all-reduce (``GossipNode.allreduce``) and round deadline (see
 ``netns_worker.py``); nothing about time is modelled.
@@ -32,6 +37,9 @@ against DiLoCo, a difference counts only when the two methods' ranges over
 seeds do not overlap (``SIGNIFICANCE``).
 
     sudo nice .venv/bin/python benchmarks/bench_gasloc_bandwidth.py [--quick] [--seeds 3] [--rounds 10]
+
+``--keep-other-scenarios`` re-runs only ``--scenarios`` and keeps the other
+scenarios' runs from the results file (its settings must match).
 """
 
 from __future__ import annotations
@@ -61,6 +69,11 @@ SCENARIOS = ("control", "slow-nic", "wan", "slow-all")
 SIGNIFICANCE = "a difference counts only when the two methods' ranges (min to max) over seeds do not overlap"
 JOB = "bench-netns"
 PORT = 7100
+RELAY_PORT = 7101
+WAN_DELAY = {
+    "netem": "netem on each NIC's egress",
+    "relay": "a user-space TCP relay before each worker (delay_relay.py), as this kernel has no netem",
+}
 HERE = Path(__file__).resolve().parent
 
 
@@ -78,6 +91,7 @@ class ShapedNetwork:
         self.ifs = [f"{tag}p{i}" for i in range(n)]
         self.ips = [f"10.{77 + os.getpid() % 100}.0.{i + 1}" for i in range(n)]
         self._made: list[tuple[str, ...]] = []
+        self.netem = True  # whether shape() delays with netem; else only rates are shaped (relays add the delay)
 
     def open(self) -> ShapedNetwork:
         sh("ip", "link", "add", self.bridge, "type", "bridge")
@@ -118,7 +132,7 @@ class ShapedNetwork:
                 limit = f"{rate}mbit" if rate is not None else "10gbit"
                 sh(*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", limit,
                    "ceil", limit)  # fmt: skip
-                if delay and tc == egress:  # one-way delay once per path: on the sender's egress
+                if delay and self.netem and tc == egress:  # one-way delay once per path: on the sender's egress
                     sh(*tc, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "netem", "delay",
                        f"{delay}ms", "limit", "100000")  # fmt: skip
 
@@ -133,6 +147,47 @@ class ShapedNetwork:
         for undo in reversed(self._made):
             subprocess.run(undo, capture_output=True)
         self._made.clear()
+
+
+class Relays:
+    """One ``delay_relay.py`` per namespace, from ``RELAY_PORT`` to its worker's gossip port."""
+
+    def __init__(self, net: ShapedNetwork, delay_ms: float):
+        self.addresses = [f"{ip}:{RELAY_PORT}" for ip in net.ips]
+        self.procs = [
+            subprocess.Popen(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    sys.executable,
+                    str(HERE / "delay_relay.py"),
+                    "--listen",
+                    f"{ip}:{RELAY_PORT}",
+                    "--to",
+                    f"{ip}:{PORT}",
+                    "--delay-ms",
+                    str(delay_ms),
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for ns, ip in zip(net.ns, net.ips, strict=True)
+        ]
+        for proc in self.procs:
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() != "READY":
+                raise RuntimeError(f"a delay relay exited (code {proc.wait()})")
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 class Workers:
@@ -273,9 +328,11 @@ def summarize(runs: list[dict]) -> list[dict]:
     return rows
 
 
-def one_run(workers: Workers, n: int, scenario: str, method: str, seed: int, args) -> dict:
+def one_run(
+    workers: Workers, n: int, scenario: str, method: str, seed: int, args, dial: list[str] | None = None
+) -> dict:
     load = os.getloadavg()[0]
-    command = {
+    command: dict = {
         "method": method,
         "seed": seed,
         "rounds": args.rounds,
@@ -283,6 +340,8 @@ def one_run(workers: Workers, n: int, scenario: str, method: str, seed: int, arg
         "eval_every": args.eval_every,
         "deadline_s": args.deadline_s,
     }
+    if dial is not None:
+        command["addresses"] = dial
     results = workers.run([command] * n)
     evals = len(results[0]["evals"])
     curve = [
@@ -355,6 +414,11 @@ def main(argv=None) -> None:
     parser.add_argument("--delay-ms", type=float, default=25.0, help="one-way delay of the wan scenario")
     parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument(
+        "--keep-other-scenarios",
+        action="store_true",
+        help="keep the results file's runs of the scenarios not in --scenarios (same settings), re-run only these",
+    )
     harness.add_output_argument(parser)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))  # so the network is removed on kill too
@@ -364,25 +428,49 @@ def main(argv=None) -> None:
         args.seeds, args.rounds, args.eval_every = 1, 4, 2
         args.scenarios = [s for s in args.scenarios if s in ("control", "slow-all")]
     out = harness.output_dir(args.out, args.quick)
+    setup = {
+        "workers": args.workers,
+        "rounds": args.rounds,
+        "local_steps": args.local_steps,
+        "eval_every": args.eval_every,
+        "seeds": args.seeds,
+        "fast_mbit": args.fast_mbit,
+        "slow_mbit": args.slow_mbit,
+        "delay_ms": args.delay_ms,
+        "round_deadline_s": args.deadline_s,
+        "methods": args.methods,
+    }
     runs: list[dict] = []
     not_run: dict[str, str] = {}  # scenario -> why
+    minutes = 0.0
+    if args.keep_other_scenarios:
+        kept = json.loads(harness.result_file(out, "gasloc_bandwidth").read_text())
+        if differ := {k: (kept["setup"].get(k), v) for k, v in setup.items() if kept["setup"].get(k) != v}:
+            sys.exit(f"--keep-other-scenarios: the results file ran other settings (theirs, these): {differ}")
+        runs = [r for r in kept["runs"] if r["scenario"] not in args.scenarios]
+        not_run = {k: why for k, why in kept.get("not_run", {}).items() if k not in args.scenarios}
+        minutes = kept["minutes"]
+        setup.update({k: kept["setup"][k] for k in ("wan_delay",) if k in kept["setup"]})
     began = time.perf_counter()
     net = ShapedNetwork(args.workers, args.fast_mbit, args.slow_mbit, args.delay_ms)
-    workers = None
+    workers = relays = None
     try:
         with tempfile.TemporaryDirectory() as certs:
             write_certs(Path(certs), args.workers)
             net.open()
-            if "wan" in args.scenarios and not net.can_delay():
-                args.scenarios.remove("wan")
-                not_run["wan"] = "this kernel has no netem qdisc to delay packets with"
+            if "wan" in args.scenarios:
+                net.netem = net.can_delay()
+                setup["wan_delay"] = WAN_DELAY["netem" if net.netem else "relay"]
+                if not net.netem:
+                    relays = Relays(net, args.delay_ms)
             workers = Workers(net, Path(certs))
             for seed in range(1, args.seeds + 1):
                 for scenario in args.scenarios:
                     net.shape(scenario)
+                    dial = relays.addresses if relays is not None and scenario == "wan" else None
                     turn = (seed - 1) % len(args.methods)
                     for method in args.methods[turn:] + args.methods[:turn]:
-                        run = one_run(workers, args.workers, scenario, method, seed, args)
+                        run = one_run(workers, args.workers, scenario, method, seed, args, dial)
                         runs.append(run)
                         print(
                             f"seed {seed} {scenario:9s} {method:16s} {run['seconds']:7.2f} s "
@@ -393,28 +481,21 @@ def main(argv=None) -> None:
     finally:
         if workers is not None:
             workers.close()
+        if relays is not None:
+            relays.close()
         net.close()
     rows = summarize(runs)
     report = {
         "quick": args.quick,
         "setup": {
-            "workers": args.workers,
-            "rounds": args.rounds,
-            "local_steps": args.local_steps,
-            "eval_every": args.eval_every,
-            "seeds": args.seeds,
-            "fast_mbit": args.fast_mbit,
-            "slow_mbit": args.slow_mbit,
-            "delay_ms": args.delay_ms,
-            "methods": args.methods,
+            **setup,
             "model": "gpt-tiny",
             "parameters": runs[0]["parameters"] if runs else 0,
             "outer": [1.0, 0.5],
-            "round_deadline_s": args.deadline_s,
             "significance": SIGNIFICANCE,
             "run_with": "nice, as root, on the 2 cores of the development machine, shared with other work",
         },
-        "minutes": (time.perf_counter() - began) / 60,
+        "minutes": minutes + (time.perf_counter() - began) / 60,
         "not_run": not_run,
         "rows": rows,
         "runs": runs,

@@ -3,7 +3,8 @@
 It trains the platform's ``gpt-tiny`` with the platform's pieces: its mutual-TLS
 ``GossipNode``, its ``GASLoCOuter`` (gossip rounds, or DiLoCo rounds over
 ``GossipNode.allreduce``) and its ``RoundDeadline``. The benchmark sends one
-JSON command a line on stdin (a run: method, seed, rounds, local steps); the worker answers one ``RESULT {json}`` line on stdout per run with
+JSON command a line on stdin (a run: method, seed, rounds, local steps, and
+optionally the addresses to dial peers at for that run); the worker answers one ``RESULT {json}`` line on stdout per run with
 its wall-clock per round, bytes sent, its own validation loss and, at every
 evaluation, the loss of the workers' average (the consensus the platform ends
 a job with) and that all-reduce's time. The process lives for all runs, so
@@ -69,7 +70,8 @@ class Worker:
         outer = GASLoCOuter(model.parameters(), make_topology(TOPOLOGY[c["method"]], n, c["seed"]), me, *OUTER)
         deadline = RoundDeadline(c["deadline_s"])
         base, self.base = self.base, self.base + 2 * (c["rounds"] + 1)  # rounds only grow over the process's runs
-        others = {p: a for p, a in self.addresses.items() if p != me}
+        dial = dict(enumerate(c["addresses"])) if "addresses" in c else self.addresses  # e.g. through delay relays
+        others = {p: a for p, a in dial.items() if p != me}
         sent0 = self.node.bytes_sent
 
         def allreduce(round_: int, vector: torch.Tensor, seconds: float | None = None) -> torch.Tensor | None:

@@ -455,19 +455,25 @@ def spread(stat: dict, digits: int, unit: str = "") -> str:
 
 def bandwidth_setup(result: dict) -> str:
     setup = result["setup"]
-    loads = [r["load_average_1m"] for r in result["runs"]]
+    loads = {
+        BANDWIDTH_SCENARIOS[k]: [r["load_average_1m"] for r in result["runs"] if r["scenario"] == k]
+        for k in BANDWIDTH_SCENARIOS
+    }
     return (
         f"{setup['workers']} worker processes, each in its own network namespace with one veth NIC; the platform's "
         f"mutual-TLS gossip transport, `{setup['model']}` ({setup['parameters'] / 1e3:.0f}k parameters), "
         f"{setup['rounds']} rounds of H={setup['local_steps']}, {setup['seeds']} seeds. Shaping (`tc htb`, egress "
         f"and ingress of the NIC): control none; one slow NIC: worker 0 at {setup['slow_mbit'] / 8:g} MB/s, the "
         f"others at {setup['fast_mbit'] / 8:g} MB/s; WAN latency: every NIC at {setup['fast_mbit'] / 8:g} MB/s "
-        f"with `netem` {setup['delay_ms']:g} ms each way; every NIC slow: all at {setup['slow_mbit'] / 8:g} MB/s. "
+        f"with {setup['delay_ms']:g} ms each way (RTT {2 * setup['delay_ms']:g} ms) from "
+        f"{setup.get('wan_delay', 'netem')}; every NIC slow: all at {setup['slow_mbit'] / 8:g} MB/s. "
         "Wall-clock is the slowest worker's rounds plus the final consensus all-reduce (the model the user gets); "
         "loss is that consensus's validation loss after the last round (equal rounds) and at the wall-clock of the "
         f"seed's fastest method (equal wall-clock). Each cell: mean [min–max] over seeds; {setup['significance']} "
-        f"(marked ≠, else ≈ DiLoCo). Load average over the runs {min(loads):.1f}–{max(loads):.1f} on the "
-        "development machine's 2 shared cores."
+        "(marked ≠, else ≈ DiLoCo). Load average over each scenario's runs on the development machine's 2 shared "
+        "cores: "
+        + ", ".join(f"{k} {min(v):.1f}–{max(v):.1f}" for k, v in loads.items() if v)
+        + " (so compare methods within a scenario, not scenarios with each other)."
         + "".join(f" Not run: {BANDWIDTH_SCENARIOS[k]} ({why})." for k, why in result.get("not_run", {}).items())
     )
 

@@ -264,7 +264,9 @@ class GossipNode:
                     ("grpc.use_local_subchannel_pool", 1),
                     # a cut link is retried within a round, not after gRPC's default backoff of up to 2 minutes
                     ("grpc.initial_reconnect_backoff_ms", 100),
-                    ("grpc.min_reconnect_backoff_ms", 100),
+                    # gRPC reads this one as the least time a connection attempt gets (TCP, mutual TLS and
+                    # HTTP/2 settings: several round trips); at 100 ms every attempt over a 50 ms RTT timed out
+                    ("grpc.min_reconnect_backoff_ms", 5000),
                     ("grpc.max_reconnect_backoff_ms", 1000),
                 ]
                 self._channels[key] = [
