@@ -7,13 +7,18 @@ while the save was still uploading, and what the store held meanwhile.
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from cantata.security.keys import JobKey, JobKeys
 from cantata.security.sealed_checkpoint import MANIFEST, checkpoints_prefix
@@ -21,6 +26,7 @@ from cantata.storage import BlobStore, StoreUnavailableError, open_store
 from cantata.storage.base import BlobReader, BlobUpload
 from cantata.trainer.async_checkpoint import AsyncSaver
 from cantata.trainer.checkpoint import JobCheckpoints, Scope, TrainingState
+from cantata.trainer.process_exit import exit_without_finalizing
 from tests.faultproxy import FaultProxy
 from tests.services import S3_TEST_CREDENTIALS
 
@@ -28,11 +34,15 @@ TENANT = "acme"
 
 
 class GatedStore(BlobStore):
-    """``inner``, but the upload of the object named ``held`` waits for :attr:`release` (``reached`` once it waits)."""
+    """``inner``, but the upload of the object named ``held`` waits for :attr:`release` (``reached`` once it waits).
+
+    Once released, the held upload fails if :attr:`cut` is set (for processes the fault proxy cannot stand between).
+    """
 
     def __init__(self, inner: BlobStore, held: str):
         self.inner, self.held = inner, held
         self.reached, self.release = threading.Event(), threading.Event()
+        self.cut = False
 
     @property
     def uri(self) -> str:
@@ -42,6 +52,8 @@ class GatedStore(BlobStore):
         if key.endswith(f"/{self.held}.sealed"):
             self.reached.set()
             assert self.release.wait(timeout=30), "the test never released the held upload"
+            if self.cut:
+                raise StoreUnavailableError(f"{key}: the connection was cut")
         return self.inner._start_upload(key)
 
     def get(self, key: str) -> BlobReader:
@@ -70,14 +82,14 @@ class Position:
 class Training:
     """A small model, its optimizer and data position, registered as the trainer registers them."""
 
-    def __init__(self, store: BlobStore, job_id: str, keys: JobKeys):
+    def __init__(self, store: BlobStore, job_id: str, keys: JobKeys, rank: int = 0, group=None):
         self.job = (store, job_id, keys)
-        torch.manual_seed(0)
+        torch.manual_seed(rank)
         self.model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=0.05)
         self.position = Position()
         self.checkpoints = JobCheckpoints(store, TENANT, job_id, keys, keep_last=3)
-        self.state = TrainingState(self.checkpoints, rank=0, process=0, group=None, commits=True)
+        self.state = TrainingState(self.checkpoints, rank=rank, process=rank, group=group, commits=True)
         self.state.register("model", Scope.LEAD, self.model)
         self.state.register("optim", Scope.RANK, self.optimizer)
         self.state.register("data", Scope.PROCESS, self.position)
@@ -236,3 +248,55 @@ def test_a_sharded_part_is_staged_through_dcp_and_uploaded_later(tmp_path) -> No
     fresh.register("train", Scope.SHARDED, Sharded(restored))
     fresh.restore(fresh.latest_step())
     assert all(torch.equal(restored.state_dict()[name], value) for name, value in saved.items())
+
+
+def _rank(rank: int, world: int, port: int, root: str, keys: str, out: str) -> None:
+    """Two asynchronous saves: the first committed once both ranks uploaded, the second cut on rank 1."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+
+    def all_done(done: bool) -> bool:
+        flag = torch.tensor([int(done)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
+    store = GatedStore(open_store(f"file://{root}"), held=f"optim-{rank}")
+    store.release.set()
+    training = Training(store, "job-ranks", JobKeys.from_json(keys), rank=rank, group=dist.group.WORLD)
+    saver = AsyncSaver(training.state, all_done)
+    training.step()
+    saver.start(1)
+    rounds = 0
+    while saver.in_flight is not None:  # every rank polls alike, and commits in the same round
+        training.step()
+        saver.poll()
+        rounds += 1
+    store.cut = rank == 1
+    training.step()
+    saver.start(2)
+    try:
+        saver.finish()
+        error = None
+    except Exception as failed:
+        error = type(failed).__name__
+    result = {"error": error, "latest": training.checkpoints.latest_step(), "rounds": rounds}
+    Path(out, f"{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+    exit_without_finalizing()  # gloo's threads may still hold work: see cantata.trainer.process_exit
+
+
+@pytest.mark.integration  # two gloo processes
+def test_an_upload_failing_on_one_rank_fails_the_save_on_every_rank_and_commits_nothing(tmp_path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    keys = keys_of("job-ranks").to_json()
+    mp.start_processes(
+        _rank, args=(2, port, str(tmp_path / "store"), keys, str(tmp_path)), nprocs=2, start_method="spawn"
+    )
+    results = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2)]
+    assert [result["error"] for result in results] == ["CheckpointUploadError", "StoreUnavailableError"]
+    assert [result["latest"] for result in results] == [1, 1]
+    assert results[0]["rounds"] == results[1]["rounds"] >= 1
+    assert len(manifests(open_store(f"file://{tmp_path / 'store'}"), "job-ranks")) == 1
