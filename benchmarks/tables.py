@@ -873,6 +873,25 @@ def sharded_checkpoint(load: Callable[[str], dict]) -> list[str]:
     ]
 
 
+@table("async_checkpoint")
+def async_checkpoint(load: Callable[[str], dict]) -> list[str]:
+    result = load("async_checkpoint")
+    lines = header("save", "training stalled per save, s", "step between saves, s", "run, s")
+    for mode, label in (("sync", "synchronous"), ("async", "asynchronous (`async_checkpoint`)")):
+        numbers = result["modes"][mode]
+        lines.append(row(label, f"{numbers['stall_s']:.3f}", f"{numbers['step_s']:.3f}", f"{numbers['wall_s']:.2f}"))
+    return [
+        f"{result['parameters_mib']:.0f} MiB of parameters with their AdamW state, sealed into a local store every "
+        f"{result['every']} of {result['steps']} steps, median of {result['trials']} interleaved trials, load average "
+        f"{result['machine']['load_average_1m']:g} on {result['machine']['cpus']} CPUs:",
+        "",
+        *lines,
+        "",
+        f"Synchronous over asynchronous: {result['stall_ratio_sync_over_async']:.1f}× the stall of a save.",
+        reproduce(f"bench_async_checkpoint.py --trials {result['trials']}", quick=result["quick"]),
+    ]
+
+
 @table("audit")
 def audit(load: Callable[[str], dict]) -> list[str]:
     result = load("audit")

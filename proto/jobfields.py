@@ -248,6 +248,14 @@ TRAINING_FIELDS: tuple[JobField, ...] = (
         3,
         range=Range(1, MAX_KEEP_LAST),
     ),
+    JobField(
+        "async_checkpoint",
+        bool,
+        "upload checkpoints in the background: training goes on after a copy of the state to host memory (which "
+        "needs room for one more copy of the model and optimizer), and the checkpoint exists once every object "
+        "is stored",
+        False,
+    ),
 )
 
 _MESH = frozenset({Algorithm.SINGLE, Algorithm.ALLREDUCE})

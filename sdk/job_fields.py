@@ -89,6 +89,8 @@ class JobFields:
     "validation batches of batch_size per evaluation (the dataset's validation split must hold them)"
     keep_last: int = 0
     "checkpoints kept in the store; older ones are deleted once a newer one is written"
+    async_checkpoint: bool = False
+    "upload checkpoints in the background: training goes on after a copy of the state to host memory (which needs room for one more copy of the model and optimizer), and the checkpoint exists once every object is stored"
     tokenizer: str = ""
     "sha256:HEX of the tokenizer.json the dataset was prepared with (`cantata data prepare --tokenizer` prints it); every shard must record it"
     tokenizer_vocab: int = 0

@@ -45,21 +45,22 @@ def platform(tmp_path_factory, stores):
 
 @pytest.fixture(scope="module")
 def finished(platform, tenant, stores):
-    """One finished job per remote store (the default local store is covered by test_jobs)."""
+    """One finished job per remote store (the local one is covered by test_jobs), and one saving asynchronously."""
     jobs = {}
-    for kind in ("s3", "az"):
-        handle = tenant.submit(Job(name=f"on-{kind}", checkpoint_store=stores[kind][0], **QUICK))
-        status = handle.wait()
+    for kind in ("s3", "az", "s3-async"):
+        store, asynchronous = kind.removesuffix("-async"), kind.endswith("-async")
+        job = Job(name=f"on-{kind}", checkpoint_store=stores[store][0], async_checkpoint=asynchronous, **QUICK)
+        status = tenant.submit(job).wait()
         assert status.state == "SUCCEEDED", status.reason
-        jobs[kind] = handle.id
+        jobs[kind] = status.id
     return jobs
 
 
-@pytest.mark.parametrize("kind", ["s3", "az"])
+@pytest.mark.parametrize("kind", ["s3", "az", "s3-async"])
 def test_job_checkpoints_are_sealed_in_the_store(tenant, stores, finished, kind, tmp_path):
     job_id = finished[kind]
     assert [c.step for c in tenant.checkpoints(job_id)] == [10, 20]
-    store = stores[kind][1]
+    store = stores[kind.removesuffix("-async")][1]
     names = store.list("acme/")
     assert any(name.endswith("MANIFEST.sealed") for name in names)
     raw = b"".join(store.get_bytes(n) for n in names if job_id in n)

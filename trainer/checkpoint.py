@@ -11,6 +11,14 @@ Every process seals its data position beside the checkpoint, unlisted, since
 in decentralized training one worker group commits for all. The worker holds
 only its job's derived keys, handed over by the server in its 0600 config
 file.
+
+A save is :meth:`TrainingState.save` at once, or three phases for an
+asynchronous one (``cantata.trainer.async_checkpoint``): :meth:`~TrainingState.stage`
+copies the state to host memory on the training thread (DCP's collective
+planning included), :meth:`~TrainingState.upload` seals and uploads the copies
+on another thread, and :meth:`~TrainingState.publish`, back on the training
+thread, commits the manifest once every rank's objects are durable, or fails
+on every rank if any rank's upload failed.
 """
 
 from __future__ import annotations
@@ -22,8 +30,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypedDict, TypeVar
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.utils._pytree import tree_map_only
 
 from cantata.security.keys import JobKeys
 from cantata.security.sealed_checkpoint import (
@@ -40,7 +50,7 @@ from cantata.security.sealed_checkpoint import (
     write_shard,
     write_shard_parts,
 )
-from cantata.storage import open_store
+from cantata.storage import BlobStore, open_store
 from cantata.storage.outage import OutageListener
 from cantata.trainer.sealed_dcp import SafeLoadPlanner, SealedReader, SealedWriter, first_failure
 
@@ -49,6 +59,32 @@ T = TypeVar("T")
 
 class CheckpointFormatError(ValueError):
     """A checkpoint holds neither format of a part this job restores (say which, and why)."""
+
+
+class CheckpointUploadError(RuntimeError):
+    """Another rank's upload of an asynchronous save failed: the checkpoint was not committed."""
+
+
+@dataclass(frozen=True)
+class StagedObject:
+    """One DCP object of a rank (``PART.RANK`` or ``PART.metadata``), its parts copied to host memory."""
+
+    name: str
+    parts: list[bytes]
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A save's committed state copied off the training tensors, to be sealed and uploaded on another thread."""
+
+    step: int
+    objects: list[StagedObject]  # the SHARDED parts, as DCP lays them out
+    shards: dict[str, Any]  # the LEAD and RANK shards this rank lists, their tensors copied to the CPU
+
+
+def host_copy(state: Any) -> Any:
+    """``state`` with every tensor copied to the CPU: later training steps do not change the copy."""
+    return tree_map_only(torch.Tensor, lambda tensor: tensor.detach().to("cpu", copy=True), state)
 
 
 class _Where(TypedDict):
@@ -61,7 +97,7 @@ class _Where(TypedDict):
 class JobCheckpoints:
     def __init__(
         self,
-        store_uri: str,
+        store: str | BlobStore,
         tenant: str,
         job_id: str,
         keys: JobKeys,
@@ -70,9 +106,10 @@ class JobCheckpoints:
     ):
         """``keep_last``: the newest checkpoints kept; older ones are deleted once a newer manifest is written.
 
-        ``outages`` hears when the store stops answering while its calls are retried, and when it answers again.
+        ``store``: the job's checkpoint store, or its URI; ``outages`` hears when a store opened from a URI stops
+        answering while its calls are retried, and when it answers again.
         """
-        self._store = open_store(store_uri, outages=outages)
+        self._store = store if isinstance(store, BlobStore) else open_store(store, outages=outages)
         self._keep_last = keep_last
         self._where: _Where = {"tenant": tenant, "job_id": job_id}
         self._keys = keys
@@ -115,6 +152,28 @@ class JobCheckpoints:
         self.last_sharded = (time.perf_counter() - began, sum(info.sealed_size for info in writer.written))
         return writer.written
 
+    def stage_sharded(self, step: int, part: str, state: dict, group) -> list[StagedObject]:
+        """Copy this rank's shards of ``state`` as DCP lays them out in ``PART.*`` objects (collective; no upload)."""
+        writer = SealedWriter(lambda name, parts: StagedObject(name, [bytes(part) for part in parts]), part)
+        with first_failure():
+            dcp.save(state, storage_writer=writer, process_group=group)
+        return writer.written
+
+    def upload(self, step: int, staged: Staged) -> list[ShardInfo]:
+        """Seal and upload what :meth:`TrainingState.stage` copied (any thread); returns this rank's objects."""
+        began = time.perf_counter()
+        written = [
+            write_shard_parts(
+                self._store, step=step, name=item.name, parts=item.parts, kek=self._keys.current, **self._where
+            )
+            for item in staged.objects
+        ]
+        self.last_sharded = (time.perf_counter() - began, sum(info.sealed_size for info in written))
+        return written + [
+            write_shard(self._store, step=step, name=name, state=state, kek=self._keys.current, **self._where)
+            for name, state in staged.shards.items()
+        ]
+
     def load_sharded(self, step: int, info: CheckpointInfo, part: str, state: dict, group) -> None:
         """Fill ``state`` in place from the ``PART.*`` objects of checkpoint ``step`` (any mesh; collective)."""
         listed = {shard.name: shard for shard in info.shards}
@@ -133,14 +192,27 @@ class JobCheckpoints:
             write_shard(self._store, step=step, name=name, state=state, kek=self._keys.current, **self._where)
             for name, state in shards.items()
         ]
+        return self.publish(step, rank, group, infos)
+
+    def publish(self, step: int, rank: int, group, uploaded: list[ShardInfo] | BaseException) -> int | None:
+        """The lead commits every rank's ``uploaded`` objects (collective); returns the size on the lead.
+
+        Where any rank's upload failed (``uploaded`` is its error) nothing is committed: that rank raises its
+        error, every other one :class:`CheckpointUploadError`.
+        """
+        mine = uploaded if isinstance(uploaded, list) else f"{type(uploaded).__name__}: {uploaded}"
+        everyone: list[list[ShardInfo] | str] = [mine]
         if group is not None:
-            gathered: list[list[ShardInfo]] | None = (
-                [[] for _ in range(dist.get_world_size(group))] if rank == 0 else None
-            )
-            dist.gather_object(infos, gathered, dst=0, group=group)
-            infos = [info for rank_infos in (gathered or []) for info in rank_infos]
+            everyone = [[] for _ in range(dist.get_world_size(group))]
+            dist.all_gather_object(everyone, mine, group=group)
+        if isinstance(uploaded, BaseException):
+            raise uploaded
+        failed = [f"rank {r}: {error}" for r, error in enumerate(everyone) if isinstance(error, str)]
+        if failed:
+            raise CheckpointUploadError(f"checkpoint at step {step} not committed: {'; '.join(failed)}")
         if rank != 0:
             return None
+        infos = [info for rank_infos in everyone if isinstance(rank_infos, list) for info in rank_infos]
         commit_checkpoint(
             self._store, step=step, shards=infos, kek=self._keys.current, keep_last=self._keep_last, **self._where
         )
@@ -272,6 +344,40 @@ class TrainingState:
             if part.scope is Scope.RANK or self._rank == 0
         }
         return self._checkpoints.commit(step, self._rank, shards, self._group, written)
+
+    def stage(self, step: int) -> Staged | None:
+        """An asynchronous save's first phase: seal the ``PROCESS`` parts, copy the committed ones (collective).
+
+        None where this process does not commit. No checkpoint exists at ``step`` from here until :meth:`publish`.
+        """
+        for part in self._parts:
+            if part.scope is Scope.PROCESS:
+                self._checkpoints.save_beside(step, self.shard_name(part), part.holder.state_dict())
+        if not self._commits:
+            return None
+        self._checkpoints.begin(step, self._rank, self._group)
+        objects = [
+            staged
+            for part in self._parts
+            if part.scope is Scope.SHARDED
+            for staged in self._checkpoints.stage_sharded(step, part.name, part.holder.state_dict(), self._group)
+        ]
+        listed = [part for part in self._parts if part.scope in (Scope.LEAD, Scope.RANK)]
+        states = [part.holder.state_dict() for part in listed]  # on every rank: a sharded model's is collective
+        shards = {
+            self.shard_name(part): host_copy(state)
+            for part, state in zip(listed, states, strict=True)
+            if part.scope is Scope.RANK or self._rank == 0
+        }
+        return Staged(step, objects, shards)
+
+    def upload(self, staged: Staged) -> list[ShardInfo]:
+        """The second phase, on any thread: seal and upload this rank's staged objects."""
+        return self._checkpoints.upload(staged.step, staged)
+
+    def publish(self, staged: Staged, uploaded: list[ShardInfo] | BaseException) -> int | None:
+        """The last phase (collective): commit the manifest once every rank uploaded, or fail on every rank."""
+        return self._checkpoints.publish(staged.step, self._rank, self._group, uploaded)
 
 
 def share_from_rank0(value: T, group: dist.ProcessGroup | None) -> T:

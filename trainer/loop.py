@@ -34,6 +34,7 @@ from cantata.proto.jobfields import server_default
 from cantata.proto.vocabulary import DECENTRALIZED, LrSchedule, MixedPrecision
 from cantata.security.sealed_checkpoint import SHARDED_PART
 from cantata.storage import uri as stores
+from cantata.trainer.async_checkpoint import AsyncSaver, Committed
 from cantata.trainer.checkpoint import JobCheckpoints, Scope, TrainingState, share_from_rank0
 from cantata.trainer.config import WorkerConfig
 from cantata.trainer.data import DataEvent, Feed, Utf8Policy, Vocabulary, open_feed
@@ -422,6 +423,11 @@ class Trainer:
         self.state = TrainingState(
             self.checkpoints, rank=strategy.rank, process=cfg.worker, group=strategy.group, commits=strategy.commits
         )
+        self.saver = (
+            AsyncSaver(self.state, lambda done: mean_over(float(done), strategy.group, self.device) == 1.0)
+            if spec.async_checkpoint
+            else None
+        )
         self.recovery = Recovery(RecoveryPolicy.of(spec))  # inactive for gasloc and diloco, which refuse its fields
         self.fault = Fault.from_dict(cfg.fault) if cfg.fault else None
         self.faults_fired = 0
@@ -461,12 +467,17 @@ class Trainer:
                 # rejoining later than the checkpoint (or it holds no position): where that round's batches begin
                 feed.seek(first_round * local_steps * spec.grad_accum)
             began = time.perf_counter()
-            self.rounds(first_round)
+            try:
+                self.rounds(first_round)
+            except Stopped:  # a stop waits for the save in flight: its checkpoint is committed
+                self.finish_save()
+                raise
             val_loss = strategy.finish(self.evaluate)
             log_eval(spec.steps, val_loss)
             if self.lead:
                 self.reporter.eval(spec.steps, val_loss)
             self.save(spec.steps)
+            self.finish_save()
             if self.lead:
                 report_data_wait(self.reporter, feed, time.perf_counter() - began)
             return val_loss
@@ -525,6 +536,8 @@ class Trainer:
                     self.reporter.eval(step, val_loss)
             if crossed(step, local_steps, spec.checkpoint_every):
                 self.save(step)
+            elif self.saver is not None:
+                self.reported(self.saver.poll())
             t += 1
 
     def roll_back(self, tripped: LossTripped) -> int:
@@ -533,6 +546,7 @@ class Trainer:
         The data feed stays where it is: the batches of the steps since the checkpoint are skipped.
         """
         step, trip = tripped.step, tripped.trip
+        self.finish_save()  # the save in flight holds the latest checkpoint
         checkpoint = self.state.latest_step()
         self.recovery.roll_back(step, trip, checkpoint)  # raises past max_rollbacks: alike on every rank
         self.state.restore(checkpoint)
@@ -596,8 +610,24 @@ class Trainer:
         return evaluate(self.model, self.feed, self.spec.eval_batches, self.device)
 
     def save(self, step: int) -> None:
+        """Checkpoint ``step``: at once, or with ``async_checkpoint`` staged here and committed once uploaded."""
+        if self.saver is not None:
+            self.reported(self.saver.start(step))
+            return
         saving = time.perf_counter()
         size = self.state.save(step)
+        self.reported(Committed(step, size, time.perf_counter() - saving))
+
+    def finish_save(self) -> None:
+        """Wait for the asynchronous save in flight, if any, and commit it (its error is raised here)."""
+        if self.saver is not None:
+            self.reported(self.saver.finish())
+
+    def reported(self, committed: Committed | None) -> None:
+        """Tell of a saved checkpoint: the shards' note on every rank, the checkpoint's on the lead."""
+        if committed is None:
+            return
+        step = committed.step
         if self.strategy.mesh is not None:
             seconds, sealed = self.checkpoints.last_sharded
             note(
@@ -608,9 +638,9 @@ class Trainer:
                 seconds=seconds,
             )
         if self.lead:
-            assert size is not None  # the lead is rank 0 of the committing group
-            log_checkpoint(step, size, self.spec.keep_last)
-            self.reporter.checkpoint(step, self.spec.checkpoint_store, size, time.perf_counter() - saving)
+            assert committed.size is not None  # the lead is rank 0 of the committing group
+            log_checkpoint(step, committed.size, self.spec.keep_last)
+            self.reporter.checkpoint(step, self.spec.checkpoint_store, committed.size, committed.seconds)
 
 
 def train(cfg: WorkerConfig, reporter: Reporter, stop: threading.Event) -> float:

@@ -27,7 +27,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch.distributed.checkpoint import (
@@ -53,9 +53,8 @@ from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from cantata.security.sealed_checkpoint import ShardInfo
-
 Plaintext = bytes | bytearray | memoryview  # an object's verified plaintext
+Written = TypeVar("Written")  # what ``seal`` returns for an object: its ShardInfo, or its staged copy
 
 METADATA = "metadata"  # the coordinator's object: ``PART.metadata``
 FORMAT = 1
@@ -82,13 +81,16 @@ def _raw(data: torch.Tensor | io.BytesIO) -> memoryview:
     return data.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().data
 
 
-class SealedWriter(StorageWriter):
-    """Each rank seals its own items as ``PART.RANK``; the coordinator seals the metadata as ``PART.metadata``."""
+class SealedWriter(StorageWriter, Generic[Written]):
+    """Each rank seals its own items as ``PART.RANK``; the coordinator seals the metadata as ``PART.metadata``.
 
-    def __init__(self, seal: Callable[[str, Iterable[bytes | memoryview]], ShardInfo], part: str):
+    ``seal`` may instead copy an object's parts to seal them later (an asynchronous save).
+    """
+
+    def __init__(self, seal: Callable[[str, Iterable[bytes | memoryview]], Written], part: str):
         super().__init__()
         self._seal, self._part = seal, part
-        self.written: list[ShardInfo] = []  # what this rank sealed, for the manifest
+        self.written: list[Written] = []  # what ``seal`` returned for each object of this rank
 
     def reset(self, checkpoint_id=None) -> None:
         self.written = []
