@@ -24,6 +24,7 @@ from cantata.security.keys import JobKey, JobKeys
 from cantata.security.sealed_checkpoint import MANIFEST, checkpoints_prefix
 from cantata.storage import BlobStore, StoreUnavailableError, open_store
 from cantata.storage.base import BlobReader, BlobUpload
+from cantata.storage.s3 import S3Store
 from cantata.trainer.async_checkpoint import AsyncSaver
 from cantata.trainer.checkpoint import JobCheckpoints, Scope, TrainingState
 from cantata.trainer.process_exit import exit_without_finalizing
@@ -133,6 +134,7 @@ def s3(moto_service) -> Iterator[tuple[BlobStore, FaultProxy]]:
     """An S3 bucket seen through the fault proxy (no retries: a cut connection fails the call)."""
     bucket = f"async-{uuid.uuid4().hex[:12]}"
     direct = open_store(f"s3://{bucket}/ckpt", endpoint_url=moto_service.endpoint, **S3_TEST_CREDENTIALS)
+    assert isinstance(direct, S3Store)
     direct.client.create_bucket(Bucket=bucket)
     proxy = FaultProxy(int(moto_service.endpoint.rsplit(":", 1)[1]))
     yield open_store(f"s3://{bucket}/ckpt", endpoint_url=proxy.endpoint, retries=0, **S3_TEST_CREDENTIALS), proxy
