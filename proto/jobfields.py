@@ -464,7 +464,7 @@ SPEED_FIELDS: tuple[JobField, ...] = (
         "pp",
         int,
         "pipeline-parallel ranks (torch.distributed.pipelining): the decoder's layers split into stages, "
-        "workers = pp; untied Llama/Qwen3 decoders, alone on the mesh for now",
+        "workers = pp x dp_shard (each stage sharded with FSDP2); untied Llama/Qwen3 decoders, not yet with tp",
         0,
         1,
         range=Range(1, MAX_WORKERS),

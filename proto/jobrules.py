@@ -99,7 +99,7 @@ def checked(
 
 
 def check_pipeline(s: common_pb2.JobSpec) -> None:
-    """A pipeline (``pp`` > 1) splits an untied decoder's layers into stages, one process per rank, alone on the mesh.
+    """A pipeline (``pp`` > 1) splits an untied decoder's layers into stages, each sharded over ``dp_shard`` ranks.
 
     The stages share out the decoder's layers with the embedding and the head
     counted as one layer each, so there are at most that many stages; each
@@ -118,11 +118,10 @@ def check_pipeline(s: common_pb2.JobSpec) -> None:
         "use an untied decoder (llama-*, qwen3-8b and larger)",
     )
     require(
-        s.dp_replicate * s.dp_shard * s.tp == 1,
+        s.dp_replicate * s.tp == 1,
         "pp",
-        "pipeline parallelism does not compose with dp_replicate, dp_shard or tp yet: give pp alone",
+        "pipeline parallelism composes with dp_shard, not yet with dp_replicate or tp: give them 1",
     )
-    require(s.workers == s.pp, "workers", f"pp = {s.pp} ranks, so the job needs workers = {s.pp}, not {s.workers}")
     stages, units = jobfields.pipeline_stages(s), int(shape["n_layers"]) + 2
     require(
         stages <= units,
@@ -163,13 +162,13 @@ def check_mesh(s: common_pb2.JobSpec) -> None:
             f"({s.ranks_per_worker}), not {s.dp_shard}",
         )
     else:
-        mesh = s.dp_replicate * s.dp_shard * s.tp
+        mesh = s.dp_replicate * s.dp_shard * s.tp * (s.pp or 1)
         if mesh == 1:
             return
         require(
             mesh == s.workers,
             "workers",
-            f"dp_replicate x dp_shard x tp = {mesh} ranks, so the job needs workers = {mesh}, not {s.workers}",
+            f"dp_replicate x dp_shard x tp x pp = {mesh} ranks, so the job needs workers = {mesh}, not {s.workers}",
         )
     shape = MODEL_SHAPES[Model(s.model)]
     require(Model(s.model) not in BYTE_GPTS, "model", f"{s.model} is not sharded: use a decoder (llama-*, qwen3-*)")

@@ -5,7 +5,8 @@ checked as at submit, the built-in corpus, sealed DCP checkpoints in a
 ``file://`` store; only the control plane's report sink is stood in for. Two
 gloo processes run a ``pp`` 2 job with 1F1B, then one with interleaved 1F1B
 (four stages), then try to resume the first job's checkpoint with the second's
-layout; the test process runs the same job unpipelined.
+layout; the test process runs the same job unpipelined. Four processes run
+a pipeline of FSDP2-sharded stages (pp 2 x dp_shard 2) against the dp_shard 2 job.
 """
 
 from __future__ import annotations
@@ -102,6 +103,12 @@ def _ranks(rank: int, ports: list[int], scratch: str, keys: str) -> None:
     exit_without_finalizing()  # gloo's threads may still hold work: see cantata.trainer.process_exit
 
 
+def _one_job(rank: int, fields: dict, port: int, job: str, scratch: str, keys: str) -> None:
+    result = _job(_spec(**fields), rank, port, job, Path(scratch), keys)
+    (Path(scratch) / f"{job}{rank}.json").write_text(json.dumps(result))
+    exit_without_finalizing()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -136,8 +143,9 @@ def test_stages_share_out_the_embedding_layers_and_head():
     [
         ({"model": "qwen3-tiny"}, "pp", "ties its output head"),
         ({"model": "gpt-tiny"}, "pp", "use a decoder"),
-        ({"dp_shard": 2, "workers": 4}, "pp", "does not compose with dp_replicate, dp_shard or tp"),
-        ({"tp": 2, "workers": 4}, "pp", "does not compose"),
+        ({"dp_replicate": 2, "workers": 4}, "pp", "composes with dp_shard, not yet with dp_replicate or tp"),
+        ({"tp": 2, "workers": 4}, "pp", "not yet with dp_replicate or tp"),
+        ({"dp_shard": 2, "workers": 2}, "workers", "x pp = 4 ranks, so the job needs workers = 4"),
         ({"workers": 3}, "workers", "needs workers = 2"),
         ({"pp": 3, "workers": 3, "pp_schedule": "interleaved-1f1b"}, "pp", "6 stages, more than llama-tiny's 2"),
         ({"pp_microbatches": 3}, "pp_microbatches", "must divide batch_size (4)"),
@@ -161,3 +169,17 @@ def test_a_pipeline_job_resumes_on_its_own_pp_degree_only():
     with pytest.raises(InvalidField, match="pp"):
         resumed_spec(spec, {"pp": 4, "workers": 4})
     assert resumed_spec(spec, {"steps": STEPS + 5}).pp == 2
+
+
+def test_a_pipeline_of_fsdp2_stages_trains_like_the_fsdp2_job(tmp_path):
+    """pp 2 x dp_shard 2 (four processes) against dp_shard 2: each data-parallel rank reads the same batches."""
+    ring = LocalKeyring(tmp_path / "keyring", MasterKey(bytes(range(32))))
+    ring.ensure_tenant("tenant")
+    keys = ring.job_keys("tenant", "job").to_json()
+    for job, fields in (("piped", {"workers": 4, "pp": 2, "dp_shard": 2}), ("flat", {"workers": 2, "dp_shard": 2})):
+        args = (fields, _free_port(), job, str(tmp_path), keys)
+        mp.start_processes(_one_job, args=args, nprocs=fields["workers"], start_method="spawn")
+    flat, piped = (json.loads((tmp_path / f"{job}0.json").read_text()) for job in ("flat", "piped"))
+    assert piped["losses"] == pytest.approx(flat["losses"], abs=1e-5)
+    assert piped["val_loss"] == pytest.approx(flat["val_loss"], abs=1e-5)
+    assert flat["losses"][-1] < flat["losses"][0]

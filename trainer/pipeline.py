@@ -5,7 +5,8 @@ stages share out the decoder's units in order (the embedding, each layer, the
 final norm with the head; the embedding and the head weigh one layer each, as
 torchtitan counts them), as evenly as they go. Rank r of ``pp`` holds stage r
 (``1f1b``: ``Schedule1F1B``), or stages r and r + pp (``interleaved-1f1b``:
-``ScheduleInterleaved1F1B``, torchtitan's "loop" placement).
+``ScheduleInterleaved1F1B``, torchtitan's "loop" placement). With ``dp_shard`` > 1
+each stage is sharded with FSDP2 over its data-parallel ranks.
 
 Each stage keeps the whole decoder's module names, so a rank's part of a
 checkpoint holds the unpipelined model's keys: its parameters and its
@@ -25,16 +26,17 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 from torch.utils.checkpoint import checkpoint
 
-from cantata.proto.jobfields import pipeline_stages
-from cantata.proto.vocabulary import PipelineSchedule
+from cantata.proto.jobfields import pipeline_stages, server_default
+from cantata.proto.vocabulary import MixedPrecision, PipelineSchedule
 from cantata.trainer.checkpoint import CheckpointFormatError
 from cantata.trainer.data import Feed
 from cantata.trainer.decoder import Decoder, rotary
-from cantata.trainer.parallel import MeshState
+from cantata.trainer.parallel import PRECISIONS, MeshState
 
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)  # per-parameter keys: each rank's are its own
 
@@ -83,6 +85,9 @@ class DecoderStage(nn.Module):
 class Pipeline:
     """This rank's stages of ``model`` on the mesh's ``pp`` dimension and the job's schedule over them.
 
+    With ``dp_shard`` > 1 each stage is sharded with FSDP2 over its data-parallel ranks (the schedule
+    reduces its gradients once, after the last micro-batch).
+
     ``part`` is the rank's modules as one (what the optimizer steps and the checkpoint holds).
     """
 
@@ -95,6 +100,13 @@ class Pipeline:
         units = stage_units(model.cfg.n_layers, self.stages)
         checkpointing = spec.activation_checkpointing
         modules = [DecoderStage(model, units[i], checkpointing) for i in mine]
+        if mesh["dp_shard"].size() > 1:  # FSDP2 on each stage: its layers, then the rest of it
+            precision = MixedPrecision(spec.mixed_precision or server_default("mixed_precision"))
+            policy = MixedPrecisionPolicy(param_dtype=PRECISIONS[precision], reduce_dtype=torch.float32)
+            for module in modules:
+                for layer in module.layers.values():
+                    fully_shard(layer, mesh=mesh["dp_shard"], mp_policy=policy)
+                fully_shard(module, mesh=mesh["dp_shard"], mp_policy=policy)
         self.part = DecoderStage(model, [u for i in mine for u in units[i]], checkpointing)
         self.layout = {"pp": size, "stages": self.stages}
         self.first, self.last = 0 in mine, self.stages - 1 in mine
