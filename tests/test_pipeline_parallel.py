@@ -93,6 +93,7 @@ def _ranks(rank: int, ports: list[int], scratch: str, keys: str) -> None:
     result = {
         "1f1b": _job(_spec(workers=2, pp=2), rank, ports[0], "one", out, keys),
         "interleaved": _job(_spec(workers=2, pp=2, pp_schedule="interleaved-1f1b"), rank, ports[1], "two", out, keys),
+        "flat": _job(_spec(workers=2, dp_shard=2), rank, ports[3], "flat", out, keys),  # FSDP2 alone
     }
     try:  # job "one"'s checkpoint (2 stages) resumed by a pipeline of 4 stages
         _job(_spec(workers=2, pp=2, pp_schedule="interleaved-1f1b", steps=STEPS + 1), rank, ports[2], "one", out, keys)
@@ -115,15 +116,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_pipelined_jobs_train_like_the_unpipelined_one_and_refuse_another_layout(tmp_path):
-    ring = LocalKeyring(tmp_path / "keyring", MasterKey(bytes(range(32))))
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory) -> tuple[Path, str]:
+    """A directory for the jobs' stores and results, and the jobs' checkpoint keys."""
+    path = tmp_path_factory.mktemp("pp")
+    ring = LocalKeyring(path / "keyring", MasterKey(bytes(range(32))))
     ring.ensure_tenant("tenant")
-    keys = ring.job_keys("tenant", "job").to_json()
-    ports = [_free_port() for _ in range(3)]
-    mp.start_processes(_ranks, args=(ports, str(tmp_path), keys), nprocs=2, start_method="spawn")
-    reference = _job(_spec(workers=1), 0, _free_port(), "reference", tmp_path, keys)
-    for rank in range(2):
-        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+    return path, ring.job_keys("tenant", "job").to_json()
+
+
+@pytest.fixture(scope="module")
+def two_ranks(scratch) -> list[dict]:
+    """What each of the two processes' jobs gave (see ``_ranks``)."""
+    path, keys = scratch
+    ports = [_free_port() for _ in range(4)]
+    mp.start_processes(_ranks, args=(ports, str(path), keys), nprocs=2, start_method="spawn")
+    return [json.loads((path / f"rank{rank}.json").read_text()) for rank in range(2)]
+
+
+def test_pipelined_jobs_train_like_the_unpipelined_one_and_refuse_another_layout(scratch, two_ranks):
+    path, keys = scratch
+    reference = _job(_spec(workers=1), 0, _free_port(), "reference", path, keys)
+    for rank, result in enumerate(two_ranks):
         for schedule in ("1f1b", "interleaved"):
             if rank == 0:  # the lead reports the loss the last stage broadcast
                 assert result[schedule]["losses"] == pytest.approx(reference["losses"], abs=1e-5), schedule
@@ -171,15 +185,12 @@ def test_a_pipeline_job_resumes_on_its_own_pp_degree_only():
     assert resumed_spec(spec, {"steps": STEPS + 5}).pp == 2
 
 
-def test_a_pipeline_of_fsdp2_stages_trains_like_the_fsdp2_job(tmp_path):
+def test_a_pipeline_of_fsdp2_stages_trains_like_the_fsdp2_job(scratch, two_ranks):
     """pp 2 x dp_shard 2 (four processes) against dp_shard 2: each data-parallel rank reads the same batches."""
-    ring = LocalKeyring(tmp_path / "keyring", MasterKey(bytes(range(32))))
-    ring.ensure_tenant("tenant")
-    keys = ring.job_keys("tenant", "job").to_json()
-    for job, fields in (("piped", {"workers": 4, "pp": 2, "dp_shard": 2}), ("flat", {"workers": 2, "dp_shard": 2})):
-        args = (fields, _free_port(), job, str(tmp_path), keys)
-        mp.start_processes(_one_job, args=args, nprocs=fields["workers"], start_method="spawn")
-    flat, piped = (json.loads((tmp_path / f"{job}0.json").read_text()) for job in ("flat", "piped"))
+    path, keys = scratch
+    args = ({"workers": 4, "pp": 2, "dp_shard": 2}, _free_port(), "piped", str(path), keys)
+    mp.start_processes(_one_job, args=args, nprocs=4, start_method="spawn")
+    flat, piped = two_ranks[0]["flat"], json.loads((path / "piped0.json").read_text())
     assert piped["losses"] == pytest.approx(flat["losses"], abs=1e-5)
     assert piped["val_loss"] == pytest.approx(flat["val_loss"], abs=1e-5)
     assert flat["losses"][-1] < flat["losses"][0]
