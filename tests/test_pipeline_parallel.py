@@ -58,7 +58,9 @@ class Reports:
 
 def _spec(**fields) -> common_pb2.JobSpec:
     base = {"name": "pp", "model": "llama-tiny", "steps": STEPS, "batch_size": 4, "seq_len": 32, "lr": 1e-2}
-    return jobrules.checked(common_pb2.JobSpec(**{**base, "grad_clip": 1.0, **fields}))
+    # a constant learning rate: the first STEPS steps of a longer job are those of a job of STEPS
+    constant = {"lr_schedule": "constant", "warmup_steps": 0, "grad_clip": 1.0}
+    return jobrules.checked(common_pb2.JobSpec(**{**base, **constant, **fields}))
 
 
 def _config(spec: common_pb2.JobSpec, rank: int, port: int, job: str, scratch: Path, keys: str) -> WorkerConfig:
@@ -85,7 +87,7 @@ def _job(spec: common_pb2.JobSpec, rank: int, port: int, job: str, scratch: Path
     reports = Reports()
     cfg = _config(spec, rank, port, job, scratch, keys)
     val_loss = loop.train(cfg, reports, threading.Event())  # type: ignore[arg-type]  # the stand-in sink
-    return {"losses": [reports.losses.get(s) for s in range(1, STEPS + 1)], "val_loss": val_loss}  # the lead's
+    return {"losses": [reports.losses.get(s) for s in range(1, spec.steps + 1)], "val_loss": val_loss}  # the lead's
 
 
 def _ranks(rank: int, ports: list[int], scratch: str, keys: str) -> None:
@@ -100,6 +102,7 @@ def _ranks(rank: int, ports: list[int], scratch: str, keys: str) -> None:
         result["refused"] = ""
     except PipelineLayoutError as error:
         result["refused"] = str(error)
+    result["resumed"] = _job(_spec(workers=2, pp=2, steps=STEPS + 1), rank, ports[4], "one", out, keys)
     (out / f"rank{rank}.json").write_text(json.dumps(result))
     exit_without_finalizing()  # gloo's threads may still hold work: see cantata.trainer.process_exit
 
@@ -129,19 +132,22 @@ def scratch(tmp_path_factory) -> tuple[Path, str]:
 def two_ranks(scratch) -> list[dict]:
     """What each of the two processes' jobs gave (see ``_ranks``)."""
     path, keys = scratch
-    ports = [_free_port() for _ in range(4)]
+    ports = [_free_port() for _ in range(5)]
     mp.start_processes(_ranks, args=(ports, str(path), keys), nprocs=2, start_method="spawn")
     return [json.loads((path / f"rank{rank}.json").read_text()) for rank in range(2)]
 
 
 def test_pipelined_jobs_train_like_the_unpipelined_one_and_refuse_another_layout(scratch, two_ranks):
     path, keys = scratch
-    reference = _job(_spec(workers=1), 0, _free_port(), "reference", path, keys)
+    reference = _job(_spec(workers=1, steps=STEPS + 1), 0, _free_port(), "reference", path, keys)
     for rank, result in enumerate(two_ranks):
-        for schedule in ("1f1b", "interleaved"):
-            if rank == 0:  # the lead reports the loss the last stage broadcast
-                assert result[schedule]["losses"] == pytest.approx(reference["losses"], abs=1e-5), schedule
-            assert result[schedule]["val_loss"] == pytest.approx(reference["val_loss"], abs=1e-5), schedule
+        if rank == 0:  # the lead reports the loss the last stage broadcast
+            for schedule in ("1f1b", "interleaved"):
+                assert result[schedule]["losses"] == pytest.approx(reference["losses"][:STEPS], abs=1e-5), schedule
+            assert result["resumed"]["losses"][:STEPS] == [None] * STEPS  # resumed at STEPS from the checkpoint
+            assert result["resumed"]["losses"][STEPS] == pytest.approx(reference["losses"][STEPS], abs=1e-5)
+        assert result["interleaved"]["val_loss"] == pytest.approx(result["1f1b"]["val_loss"], abs=1e-5)
+        assert result["resumed"]["val_loss"] == pytest.approx(reference["val_loss"], abs=1e-5)
         assert "pp 2 with 2 stages" in result["refused"] and "pp 2 with 4 stages" in result["refused"]
     assert reference["losses"][-1] < reference["losses"][0]
 
