@@ -386,8 +386,7 @@ class Trainer:
         if spec.float8:  # before anything is built: a worker without float8 tensor cores fails at once
             check_float8_device(self.device.torch)
         if strategy.mesh is not None and "pp" in (strategy.mesh.mesh_dim_names or ()):
-            model = build_model(spec.model, spec.seed)
-            self.pipeline = Pipeline(model, strategy.mesh, spec, self.device.torch)  # type: ignore[arg-type]
+            self.pipeline = Pipeline.build(spec, strategy.mesh, self.device.torch)
             self.model = self.pipeline.part  # type: ignore[assignment]  # its stages, under the decoder's names
         elif strategy.mesh is None:
             self.model = build_model(spec.model, spec.seed).to(self.device.torch)

@@ -36,6 +36,8 @@ from cantata.proto.vocabulary import MixedPrecision, PipelineSchedule
 from cantata.trainer.checkpoint import CheckpointFormatError
 from cantata.trainer.data import Feed
 from cantata.trainer.decoder import Decoder, rotary
+from cantata.trainer.deferred_init import allocate, materialize
+from cantata.trainer.model import build_meta_model
 from cantata.trainer.parallel import PRECISIONS, MeshState
 
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)  # per-parameter keys: each rank's are its own
@@ -120,6 +122,19 @@ class Pipeline:
             self.schedule = ScheduleInterleaved1F1B(stages, spec.pp_microbatches, loss_fn=self._loss)
         else:
             self.schedule = Schedule1F1B(stages[0], spec.pp_microbatches, loss_fn=self._loss)
+
+    @classmethod
+    def build(cls, spec, mesh: DeviceMesh, device: torch.device) -> Pipeline:
+        """The job's pipeline with ``build_model(spec.model, spec.seed)``'s values in this rank's stages.
+
+        Built on the meta device: a rank allocates and initialises only its stages (or its shards
+        of them), drawing the same stream of initial values as the whole model would.
+        """
+        model, plan = build_meta_model(spec.model)
+        pipeline = cls(model, mesh, spec, device)  # type: ignore[arg-type]  # the submit rules allow decoders only
+        allocate(pipeline.part, device.type)
+        materialize(model, plan, spec.seed, only=frozenset(name for name, _ in pipeline.part.named_parameters()))
+        return pipeline
 
     def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
