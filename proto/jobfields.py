@@ -464,7 +464,8 @@ SPEED_FIELDS: tuple[JobField, ...] = (
         "pp",
         int,
         "pipeline-parallel ranks (torch.distributed.pipelining): the decoder's layers split into stages, "
-        "workers = pp x dp_shard (each stage sharded with FSDP2); untied Llama/Qwen3 decoders, not yet with tp",
+        "workers = pp x dp_shard x tp (each stage sharded with FSDP2 and tensor parallelism); untied Llama/Qwen3 "
+        "decoders, not yet with dp_replicate",
         0,
         1,
         range=Range(1, MAX_WORKERS),

@@ -99,7 +99,7 @@ def checked(
 
 
 def check_pipeline(s: common_pb2.JobSpec) -> None:
-    """A pipeline (``pp`` > 1) splits an untied decoder's layers into stages, each sharded over ``dp_shard`` ranks.
+    """A pipeline (``pp`` > 1) splits an untied decoder's layers into stages, each sharded over ``dp_shard`` and ``tp`` ranks.
 
     The stages share out the decoder's layers with the embedding and the head
     counted as one layer each, so there are at most that many stages; each
@@ -118,9 +118,9 @@ def check_pipeline(s: common_pb2.JobSpec) -> None:
         "use an untied decoder (llama-*, qwen3-8b and larger)",
     )
     require(
-        s.dp_replicate * s.tp == 1,
+        s.dp_replicate == 1,
         "pp",
-        "pipeline parallelism composes with dp_shard, not yet with dp_replicate or tp: give them 1",
+        "pipeline parallelism composes with dp_shard and tp, not yet with dp_replicate (HSDP): give it 1",
     )
     stages, units = jobfields.pipeline_stages(s), int(shape["n_layers"]) + 2
     require(

@@ -96,6 +96,7 @@ def _ranks(rank: int, ports: list[int], scratch: str, keys: str) -> None:
         "1f1b": _job(_spec(workers=2, pp=2), rank, ports[0], "one", out, keys),
         "interleaved": _job(_spec(workers=2, pp=2, pp_schedule="interleaved-1f1b"), rank, ports[1], "two", out, keys),
         "flat": _job(_spec(workers=2, dp_shard=2), rank, ports[3], "flat", out, keys),  # FSDP2 alone
+        "tp": _job(_spec(workers=2, tp=2), rank, ports[5], "tp", out, keys),  # tensor parallelism alone
     }
     try:  # job "one"'s checkpoint (2 stages) resumed by a pipeline of 4 stages
         _job(_spec(workers=2, pp=2, pp_schedule="interleaved-1f1b", steps=STEPS + 1), rank, ports[2], "one", out, keys)
@@ -107,9 +108,13 @@ def _ranks(rank: int, ports: list[int], scratch: str, keys: str) -> None:
     exit_without_finalizing()  # gloo's threads may still hold work: see cantata.trainer.process_exit
 
 
-def _one_job(rank: int, fields: dict, port: int, job: str, scratch: str, keys: str) -> None:
-    result = _job(_spec(**fields), rank, port, job, Path(scratch), keys)
-    (Path(scratch) / f"{job}{rank}.json").write_text(json.dumps(result))
+def _four_ranks(rank: int, ports: list[int], scratch: str, keys: str) -> None:
+    out = Path(scratch)
+    result = {
+        "dp_shard": _job(_spec(workers=4, pp=2, dp_shard=2), rank, ports[0], "pp-dp", out, keys),
+        "tp": _job(_spec(workers=4, pp=2, tp=2, pp_schedule="interleaved-1f1b"), rank, ports[1], "pp-tp", out, keys),
+    }
+    (out / f"four{rank}.json").write_text(json.dumps(result))
     exit_without_finalizing()
 
 
@@ -132,7 +137,7 @@ def scratch(tmp_path_factory) -> tuple[Path, str]:
 def two_ranks(scratch) -> list[dict]:
     """What each of the two processes' jobs gave (see ``_ranks``)."""
     path, keys = scratch
-    ports = [_free_port() for _ in range(5)]
+    ports = [_free_port() for _ in range(6)]
     mp.start_processes(_ranks, args=(ports, str(path), keys), nprocs=2, start_method="spawn")
     return [json.loads((path / f"rank{rank}.json").read_text()) for rank in range(2)]
 
@@ -163,8 +168,8 @@ def test_stages_share_out_the_embedding_layers_and_head():
     [
         ({"model": "qwen3-tiny"}, "pp", "ties its output head"),
         ({"model": "gpt-tiny"}, "pp", "use a decoder"),
-        ({"dp_replicate": 2, "workers": 4}, "pp", "composes with dp_shard, not yet with dp_replicate or tp"),
-        ({"tp": 2, "workers": 4}, "pp", "not yet with dp_replicate or tp"),
+        ({"dp_replicate": 2, "workers": 4}, "pp", "composes with dp_shard and tp, not yet with dp_replicate"),
+        ({"tp": 4, "workers": 8}, "tp", "must divide llama-tiny's 2 key/value heads"),
         ({"dp_shard": 2, "workers": 2}, "workers", "x pp = 4 ranks, so the job needs workers = 4"),
         ({"workers": 3}, "workers", "needs workers = 2"),
         ({"pp": 3, "workers": 3, "pp_schedule": "interleaved-1f1b"}, "pp", "6 stages, more than llama-tiny's 2"),
@@ -191,12 +196,14 @@ def test_a_pipeline_job_resumes_on_its_own_pp_degree_only():
     assert resumed_spec(spec, {"steps": STEPS + 5}).pp == 2
 
 
-def test_a_pipeline_of_fsdp2_stages_trains_like_the_fsdp2_job(scratch, two_ranks):
-    """pp 2 x dp_shard 2 (four processes) against dp_shard 2: each data-parallel rank reads the same batches."""
+def test_pipelines_of_fsdp2_and_tensor_parallel_stages_train_like_those_jobs(scratch, two_ranks):
+    """pp 2 x dp_shard 2 against dp_shard 2, interleaved pp 2 x tp 2 against tp 2: four processes each."""
     path, keys = scratch
-    args = ({"workers": 4, "pp": 2, "dp_shard": 2}, _free_port(), "piped", str(path), keys)
-    mp.start_processes(_one_job, args=args, nprocs=4, start_method="spawn")
-    flat, piped = two_ranks[0]["flat"], json.loads((path / "piped0.json").read_text())
-    assert piped["losses"] == pytest.approx(flat["losses"], abs=1e-5)
-    assert piped["val_loss"] == pytest.approx(flat["val_loss"], abs=1e-5)
-    assert flat["losses"][-1] < flat["losses"][0]
+    mp.start_processes(
+        _four_ranks, args=([_free_port(), _free_port()], str(path), keys), nprocs=4, start_method="spawn"
+    )
+    piped = json.loads((path / "four0.json").read_text())
+    for dim, alone in (("dp_shard", two_ranks[0]["flat"]), ("tp", two_ranks[0]["tp"])):
+        assert piped[dim]["losses"] == pytest.approx(alone["losses"], abs=1e-5), dim
+        assert piped[dim]["val_loss"] == pytest.approx(alone["val_loss"], abs=1e-5), dim
+        assert alone["losses"][-1] < alone["losses"][0]

@@ -5,8 +5,9 @@ stages share out the decoder's units in order (the embedding, each layer, the
 final norm with the head; the embedding and the head weigh one layer each, as
 torchtitan counts them), as evenly as they go. Rank r of ``pp`` holds stage r
 (``1f1b``: ``Schedule1F1B``), or stages r and r + pp (``interleaved-1f1b``:
-``ScheduleInterleaved1F1B``, torchtitan's "loop" placement). With ``dp_shard`` > 1
-each stage is sharded with FSDP2 over its data-parallel ranks.
+``ScheduleInterleaved1F1B``, torchtitan's "loop" placement). With ``tp`` > 1 each
+stage's layers are tensor-parallel, with ``dp_shard`` > 1 each stage is sharded
+with FSDP2 over its data-parallel ranks (mesh ``pp`` x ``dp_shard`` x ``tp``).
 
 Each stage keeps the whole decoder's module names, so a rank's part of a
 checkpoint holds the unpipelined model's keys: its parameters and its
@@ -29,6 +30,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 from torch.distributed.pipelining.schedules import _PipelineSchedule
+from torch.distributed.tensor.parallel import parallelize_module
 from torch.utils.checkpoint import checkpoint
 
 from cantata.proto.jobfields import pipeline_stages, server_default
@@ -38,6 +40,7 @@ from cantata.trainer.data import Feed
 from cantata.trainer.decoder import Decoder, rotary
 from cantata.trainer.deferred_init import allocate, materialize
 from cantata.trainer.model import build_meta_model
+from cantata.trainer.models.decoder import tp_plan
 from cantata.trainer.parallel import PRECISIONS, MeshState
 
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)  # per-parameter keys: each rank's are its own
@@ -87,8 +90,9 @@ class DecoderStage(nn.Module):
 class Pipeline:
     """This rank's stages of ``model`` on the mesh's ``pp`` dimension and the job's schedule over them.
 
-    With ``dp_shard`` > 1 each stage is sharded with FSDP2 over its data-parallel ranks (the schedule
-    reduces its gradients once, after the last micro-batch).
+    With ``tp`` > 1 each stage's layers are tensor-parallel; with ``dp_shard`` > 1 each stage is
+    sharded with FSDP2 over its data-parallel ranks (the schedule reduces its gradients once, after
+    the last micro-batch).
 
     ``part`` is the rank's modules as one (what the optimizer steps and the checkpoint holds).
     """
@@ -102,7 +106,13 @@ class Pipeline:
         units = stage_units(model.cfg.n_layers, self.stages)
         checkpointing = spec.activation_checkpointing
         modules = [DecoderStage(model, units[i], checkpointing) for i in mine]
-        if mesh["dp_shard"].size() > 1:  # FSDP2 on each stage: its layers, then the rest of it
+        if mesh["tp"].size() > 1:  # each layer's projections column/row-parallel, as in a mesh job
+            plan = tp_plan(model.cfg, mesh["tp"].size())
+            for module in modules:
+                for layer in module.layers.values():
+                    parallelize_module(layer, mesh["tp"], plan)
+        if mesh["dp_shard"].size() > 1 or mesh["tp"].size() > 1:  # FSDP2 on each stage: its layers, then the rest
+            # (over one rank beside tp: every parameter a DTensor, as in a mesh job)
             precision = MixedPrecision(spec.mixed_precision or server_default("mixed_precision"))
             policy = MixedPrecisionPolicy(param_dtype=PRECISIONS[precision], reduce_dtype=torch.float32)
             for module in modules:
