@@ -41,6 +41,7 @@ from cantata.proto.vocabulary import (
     NsDtype,
     OnNonfinite,
     Optimizer,
+    PipelineSchedule,
     Topology,
     Utf8Policy,
 )
@@ -467,7 +468,42 @@ SPEED_FIELDS: tuple[JobField, ...] = (
         "(H100, H200, L40S); refused for a job that would train on the CPU",
         False,
     ),
+    JobField(
+        "pp",
+        int,
+        "pipeline-parallel ranks (torch.distributed.pipelining): the decoder's layers split into stages, "
+        "workers = pp x dp_shard x tp (each stage sharded with FSDP2 and tensor parallelism); untied Llama/Qwen3 "
+        "decoders, not yet with dp_replicate",
+        0,
+        1,
+        range=Range(1, MAX_WORKERS),
+        algorithms=_MESH,
+    ),
+    JobField(
+        "pp_schedule",
+        str,
+        "the pipeline's schedule: 1f1b (one stage per rank) or interleaved-1f1b (two stages per rank)",
+        "",
+        PipelineSchedule.ONE_F_ONE_B.value,
+        choices=PipelineSchedule,
+        algorithms=_MESH,
+    ),
+    JobField(
+        "pp_microbatches",
+        int,
+        "micro-batches each batch is split into through the pipeline (with pp > 1); must divide batch_size",
+        0,
+        Rule("the pipeline's stages, with pp > 1", lambda spec: pipeline_stages(spec) if spec.pp > 1 else None),
+        range=Range(1, MAX_WORKERS),
+        algorithms=_MESH,
+    ),
 )
+
+
+def pipeline_stages(spec: Any) -> int:
+    """The stages of a job's pipeline: ``pp``, twice that for the interleaved schedule."""
+    return spec.pp * (2 if spec.pp_schedule == PipelineSchedule.INTERLEAVED_1F1B else 1)
+
 
 FIELDS: tuple[JobField, ...] = (
     JobField("name", str, "the job's name, shown in listings", REQUIRED, max_length=128, required=True),

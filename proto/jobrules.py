@@ -27,6 +27,7 @@ from cantata.proto.vocabulary import (
     Compression,
     Model,
     Optimizer,
+    PipelineSchedule,
     Topology,
 )
 from cantata.storage import uri as stores
@@ -91,9 +92,61 @@ def checked(
             "worker groups are for gasloc or diloco (allreduce already spreads one model over its workers)",
         )
     check_vocabulary(s)
+    check_pipeline(s)
     check_mesh(s)
     check_float8(s)
     return s
+
+
+def check_pipeline(s: common_pb2.JobSpec) -> None:
+    """A pipeline (``pp`` > 1) splits an untied decoder's layers into stages, each sharded over ``dp_shard`` and ``tp`` ranks.
+
+    The stages share out the decoder's layers with the embedding and the head
+    counted as one layer each, so there are at most that many stages; each
+    batch splits into ``pp_microbatches`` equal micro-batches.
+    """
+    if s.pp <= 1:
+        require(not s.pp_microbatches, "pp_microbatches", "only with pp > 1")
+        return
+    model = Model(s.model)
+    shape = MODEL_SHAPES[model]
+    require(model not in BYTE_GPTS, "pp", f"{s.model} is not split into stages: use a decoder (llama-*, qwen3-*)")
+    require(
+        not shape["tie_embeddings"],
+        "pp",
+        f"{s.model} ties its output head to its embedding, which the first and last stages would both hold: "
+        "use an untied decoder (llama-*, qwen3-8b and larger)",
+    )
+    require(
+        s.dp_replicate == 1,
+        "pp",
+        "pipeline parallelism composes with dp_shard and tp, not yet with dp_replicate (HSDP): give it 1",
+    )
+    stages, units = jobfields.pipeline_stages(s), int(shape["n_layers"]) + 2
+    require(
+        stages <= units,
+        "pp",
+        f"{s.pp_schedule} over pp = {s.pp} makes {stages} stages, more than {s.model}'s {units - 2} layers "
+        "plus its embedding and head",
+    )
+    require(
+        s.batch_size % s.pp_microbatches == 0,
+        "pp_microbatches",
+        f"must divide batch_size ({s.batch_size}), not {s.pp_microbatches}",
+    )
+    per_round = s.pp if s.pp_schedule == PipelineSchedule.INTERLEAVED_1F1B else 1
+    require(
+        s.pp_microbatches >= s.pp and s.pp_microbatches % per_round == 0,
+        "pp_microbatches",
+        f"{s.pp_schedule} needs at least pp ({s.pp}) micro-batches"
+        + (", a multiple of pp" if per_round > 1 else "")
+        + f", not {s.pp_microbatches}",
+    )
+    require(s.grad_accum == 1, "grad_accum", "a pipeline's micro-batches (pp_microbatches) take grad_accum's place")
+    require(s.optimizer != Optimizer.MUON, "optimizer", "muon on a pipeline is not supported yet: use adamw")
+    require(not s.compile, "compile", "regional compilation of a pipeline's stages is not supported yet")
+    require(not s.init_from, "init_from", "initial weights for a pipeline's stages are not supported yet")
+    require(not s.float8, "float8", "a pipeline trains on the CPU for now: float8 needs a single-GPU job")
 
 
 def check_mesh(s: common_pb2.JobSpec) -> None:
@@ -109,13 +162,13 @@ def check_mesh(s: common_pb2.JobSpec) -> None:
             f"({s.ranks_per_worker}), not {s.dp_shard}",
         )
     else:
-        mesh = s.dp_replicate * s.dp_shard * s.tp
+        mesh = s.dp_replicate * s.dp_shard * s.tp * (s.pp or 1)
         if mesh == 1:
             return
         require(
             mesh == s.workers,
             "workers",
-            f"dp_replicate x dp_shard x tp = {mesh} ranks, so the job needs workers = {mesh}, not {s.workers}",
+            f"dp_replicate x dp_shard x tp x pp = {mesh} ranks, so the job needs workers = {mesh}, not {s.workers}",
         )
     shape = MODEL_SHAPES[Model(s.model)]
     require(Model(s.model) not in BYTE_GPTS, "model", f"{s.model} is not sharded: use a decoder (llama-*, qwen3-*)")

@@ -95,6 +95,13 @@ class MixedPrecision(enum.StrEnum):
     BF16 = "bf16"
 
 
+class PipelineSchedule(enum.StrEnum):
+    """How a pipeline-parallel job's stages interleave micro-batches (``torch.distributed.pipelining``)."""
+
+    ONE_F_ONE_B = "1f1b"  # one stage per rank
+    INTERLEAVED_1F1B = "interleaved-1f1b"  # two stages per rank: a smaller bubble
+
+
 class Model(enum.StrEnum):
     """The model configurations the server accepts: two byte GPTs, then the Llama/Qwen3 decoder family."""
 

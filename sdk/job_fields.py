@@ -135,4 +135,10 @@ class JobFields:
     "torch.compile each transformer block (regional compilation): faster steps after a first step that compiles"
     float8: bool = False
     "float8 matmuls in training (torchao) on NVIDIA GPUs of compute capability 8.9 or newer (H100, H200, L40S); refused for a job that would train on the CPU"
+    pp: int = 0
+    "pipeline-parallel ranks (torch.distributed.pipelining): the decoder's layers split into stages, workers = pp x dp_shard x tp (each stage sharded with FSDP2 and tensor parallelism); untied Llama/Qwen3 decoders, not yet with dp_replicate"
+    pp_schedule: str = ""
+    "the pipeline's schedule: 1f1b (one stage per rank) or interleaved-1f1b (two stages per rank)"
+    pp_microbatches: int = 0
+    "micro-batches each batch is split into through the pipeline (with pp > 1); must divide batch_size"
     request_id: str = dataclasses.field(default_factory=_request_id)

@@ -158,6 +158,12 @@ def resumed_spec(s: common_pb2.JobSpec, changes: dict[str, int]) -> common_pb2.J
         if value:
             setattr(resumed, field, value)
     _require(resumed.steps >= s.steps, "steps", f"a resumed job trains on: at least {s.steps}, not {resumed.steps}")
+    _require(
+        resumed.pp == s.pp,
+        "pp",
+        f"a pipeline-parallel job resumes on its own pp degree ({s.pp}, not {resumed.pp}): each rank's checkpoint "
+        "holds its stages' layers and optimizer state, which are not resharded",
+    )
     moved = any(getattr(resumed, f) != getattr(s, f) for f in ("workers", *MESH_FIELDS))
 
     def ranks(spec: common_pb2.JobSpec) -> int:

@@ -139,13 +139,16 @@ def allocate(model: torch.nn.Module, device: str = "cpu") -> None:
 
 
 @torch.no_grad()
-def materialize(model: torch.nn.Module, plan: InitPlan, seed: int) -> None:
-    """Give ``model`` (built under the recorder, then sharded and ``to_empty``'d) its initial values for ``seed``."""
-    params = dict(model.named_parameters())
-    if set(params) != plan.names:
+def materialize(model: torch.nn.Module, plan: InitPlan, seed: int, only: frozenset[str] | None = None) -> None:
+    """Give ``model`` (built under the recorder, then sharded and ``to_empty``'d) its initial values for ``seed``.
+
+    With ``only`` (a pipeline rank's parameters) the others' values are drawn and dropped: they stay on meta.
+    """
+    params = {name: p for name, p in model.named_parameters() if only is None or name in only}
+    if set(params) != (plan.names if only is None else plan.names & only):
         raise DeferredInitError(f"the plan initialises {sorted(plan.names ^ set(params))[:5]}, the model differs")
     last = {w.name: i for i, w in enumerate(plan.writes) if w.name is not None}
     torch.manual_seed(seed)
     for index, write in enumerate(plan.writes):
-        keep = write.name is not None and last[write.name] == index
+        keep = write.name in params and last[write.name] == index
         replay(write, params[write.name] if keep and write.name is not None else None)

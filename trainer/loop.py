@@ -44,6 +44,7 @@ from cantata.trainer.model import LanguageModel, build_model
 from cantata.trainer.models import family_of_module
 from cantata.trainer.optim import build_optimizer, spec_settings
 from cantata.trainer.parallel import MeshState, Parallelism, build_sharded, data_rank
+from cantata.trainer.pipeline import Pipeline, PipelineState
 from cantata.trainer.recovery import Recovery, RecoveryPolicy, Trip
 from cantata.trainer.regional_compile import compile_blocks
 from cantata.trainer.reporter import Reporter
@@ -382,9 +383,13 @@ class Trainer:
         self.device = strategy.device
         note("device", f"training on {self.device.kind} ({visible_devices()}), collectives over {self.device.backend}")
         self.model: LanguageModel
+        self.pipeline: Pipeline | None = None  # a pipeline-parallel job's stages of this rank
         if spec.float8:  # before anything is built: a worker without float8 tensor cores fails at once
             check_float8_device(self.device.torch)
-        if strategy.mesh is None:
+        if strategy.mesh is not None and "pp" in (strategy.mesh.mesh_dim_names or ()):
+            self.pipeline = Pipeline.build(spec, strategy.mesh, self.device.torch)
+            self.model = self.pipeline.part  # type: ignore[assignment]  # its stages, under the decoder's names
+        elif strategy.mesh is None:
             self.model = build_model(spec.model, spec.seed).to(self.device.torch)
             if spec.float8:
                 swapped = convert_to_float8(self.model, self.device.torch)
@@ -397,7 +402,7 @@ class Trainer:
                 spec.model, spec.seed, strategy.mesh, precision, spec.activation_checkpointing, spec.compile
             )
         self.seq_len = min(spec.seq_len, self.model.cfg.block_size)
-        checkpointing = family_of_module(self.model).checkpointing
+        checkpointing = family_of_module(self.model).checkpointing if self.pipeline is None else None
         if checkpointing is not None:
             checkpointing(self.model, spec.activation_checkpointing)
         self.optimizer = build_optimizer(  # where the optimizer is built: on the sharded model, if any
@@ -407,8 +412,9 @@ class Trainer:
             weight_decay=spec.weight_decay,
             grad_clip=spec.grad_clip,
             process_group=strategy.group if strategy.mesh is None else None,  # with a mesh FSDP2 reduces gradients
-            mesh=strategy.mesh,  # muon: Canzona on DTensor over the whole mesh, TP-Canzona across "tp"
-            tp_dim="tp" if strategy.mesh is not None else None,
+            mesh=strategy.mesh if self.pipeline is None else None,  # muon: Canzona on DTensor over the whole mesh
+            tp_dim="tp" if strategy.mesh is not None and self.pipeline is None else None,  # TP-Canzona across "tp"
+            clip_group=self.pipeline.group if self.pipeline is not None else None,
             **spec_settings(spec),
         )
         self.schedule = Schedule.of(spec)
@@ -444,7 +450,9 @@ class Trainer:
             start = self.state.latest_step()
             if not start and spec.init_from:  # before the strategy takes its copy (the outer step's theta)
                 self.load_initial_weights()
-            if strategy.mesh is None:
+            if self.pipeline is not None:  # every rank writes its stages' parameters and optimizer state
+                self.state.register(SHARDED_PART, Scope.SHARDED, PipelineState(self.pipeline, self.optimizer))
+            elif strategy.mesh is None:
                 self.state.register("model", Scope.LEAD, self.model)
                 self.state.register("optim", Scope.RANK, self.optimizer)
             else:  # every rank writes its own shards; a checkpoint taken on one mesh loads on another
@@ -582,17 +590,21 @@ class Trainer:
             lr = self.schedule.lr(min(step, spec.steps)) * self.recovery.lr_scale
             factor = self.fault.factor(step, self.cfg.worker, self.faults_fired) if self.fault else 1.0
             self.faults_fired += factor != 1.0
-            loss = train_step(
-                self.model,
-                self.optimizer,
-                self.feed,
-                step,
-                lr,
-                accumulate=spec.grad_accum,
-                trace=spec.trace_samples,
-                device=self.device,
-                loss_factor=factor,
-            )
+            if self.pipeline is not None:
+                self.pipeline.loss_factor = factor
+                loss = self.pipeline.train_step(self.optimizer, self.feed, step, lr, trace=spec.trace_samples)
+            else:
+                loss = train_step(
+                    self.model,
+                    self.optimizer,
+                    self.feed,
+                    step,
+                    lr,
+                    accumulate=spec.grad_accum,
+                    trace=spec.trace_samples,
+                    device=self.device,
+                    loss_factor=factor,
+                )
             if self.recovery.policy.active:
                 trip = self.recovery.check(step, mean_over(loss, strategy.group, self.device))
                 if trip is not None:
@@ -607,6 +619,8 @@ class Trainer:
                 return done, loss
 
     def evaluate(self) -> float:
+        if self.pipeline is not None:
+            return self.pipeline.evaluate(self.feed, self.spec.eval_batches)
         return evaluate(self.model, self.feed, self.spec.eval_batches, self.device)
 
     def save(self, step: int) -> None:

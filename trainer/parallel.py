@@ -9,7 +9,8 @@ summed), each layer is compiled if the job asks (:mod:`cantata.trainer.regional_
 then every layer and the root are sharded with ``fully_shard`` over
 the data-parallel dimensions (HSDP when ``dp_replicate`` > 1). Ranks of one
 tensor-parallel group read the same batches: the data is split over the
-data-parallel ranks only.
+data-parallel ranks only. A pipeline-parallel job (``pp`` > 1, alone for now)
+adds a leading ``pp`` dimension: :mod:`cantata.trainer.pipeline`.
 """
 
 from __future__ import annotations
@@ -44,14 +45,15 @@ class Parallelism:
     dp_replicate: int = 1
     dp_shard: int = 1
     tp: int = 1
+    pp: int = 1
 
     @classmethod
     def of(cls, spec) -> Parallelism:
-        return cls(spec.dp_replicate or 1, spec.dp_shard or 1, spec.tp or 1)
+        return cls(spec.dp_replicate or 1, spec.dp_shard or 1, spec.tp or 1, spec.pp or 1)
 
     @property
     def world(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.tp
+        return self.pp * self.dp_replicate * self.dp_shard * self.tp
 
     @property
     def sharded(self) -> bool:
@@ -59,8 +61,11 @@ class Parallelism:
         return self.dp_shard > 1 or self.tp > 1
 
     def mesh(self) -> DeviceMesh:
-        """The job's mesh over the default process group (gloo on CPU)."""
-        return init_device_mesh("cpu", (self.dp_replicate, self.dp_shard, self.tp), mesh_dim_names=DIMS)
+        """The job's mesh over the default process group (gloo on CPU); a pipeline's has a leading ``pp`` dimension."""
+        shape = (self.dp_replicate, self.dp_shard, self.tp)
+        if self.pp > 1:
+            return init_device_mesh("cpu", (self.pp, *shape), mesh_dim_names=("pp", *DIMS))
+        return init_device_mesh("cpu", shape, mesh_dim_names=DIMS)
 
 
 def data_rank(mesh: DeviceMesh) -> tuple[int, int]:

@@ -61,6 +61,7 @@ class TrainingOptimizer:
         cost_unit: str = "flops",
         mesh: DeviceMesh | None = None,
         tp_dim: str | None = None,
+        clip_group: dist.ProcessGroup | None = None,
     ) -> None:
         kind = kind_of(name)
         if cost_unit not in COST_UNITS:
@@ -79,6 +80,7 @@ class TrainingOptimizer:
         self.lr = lr
         self.weight_decay = weight_decay
         self.grad_clip = grad_clip
+        self.clip_group = clip_group  # a pipeline's ranks: each holds other parameters, the norm is over all
         self.last_grad_norm: float | None = None  # before clipping, when grad_clip is set
         self.steps = 0
         self.last_stats = StepStats()
@@ -102,7 +104,8 @@ class TrainingOptimizer:
         if self.world_size > 1 and self.mesh is None:
             self._all_reduce_mean(self._all_params if self.grad_clip else self._synced_params, stats)
         if self.grad_clip:
-            self.last_grad_norm = clip_global_norm([p for p in self._all_params if p.grad is not None], self.grad_clip)
+            params = [p for p in self._all_params if p.grad is not None]
+            self.last_grad_norm = clip_global_norm(params, self.grad_clip, self.clip_group)
         if self.muon is not None:
             stats.add(self.muon.step(lr=self.lr, weight_decay=self.weight_decay))
         self.adamw.step()
@@ -236,6 +239,7 @@ def build_optimizer(
     splits: Mapping[str, Sequence[int]] | None = None,
     mesh: DeviceMesh | None = None,
     tp_dim: str | None = None,
+    clip_group: dist.ProcessGroup | None = None,
 ) -> TrainingOptimizer:
     """AdamW or Muon (hidden matrices; AdamW for the rest) for `model`.
 
@@ -243,7 +247,7 @@ def build_optimizer(
     (and `parallelize_module` on the mesh dim `tp_dim`) gives its `mesh` instead. Name patterns
     (fnmatch) override the routing rule and `splits` declares fused projections (added to the
     model's `muon_splits`); see `route_parameters`. `grad_clip` > 0 clips the global norm of the
-    (averaged) gradients to it.
+    (averaged) gradients to it; over the parameters of every rank of `clip_group` (a pipeline's) too.
     """
     return TrainingOptimizer(
         name,
@@ -258,20 +262,24 @@ def build_optimizer(
         cost_unit=cost_unit,
         mesh=mesh,
         tp_dim=tp_dim,
+        clip_group=clip_group,
     )
 
 
-def clip_global_norm(params: Sequence[Tensor], max_norm: float) -> float:
+def clip_global_norm(params: Sequence[Tensor], max_norm: float, group: dist.ProcessGroup | None = None) -> float:
     """Scale the gradients so that their global norm is at most ``max_norm``; returns the norm before.
 
     Sharded (DTensor) gradients may live on different meshes (FSDP's data-parallel one, FSDP and
     tensor parallelism's 2-D one), which ``clip_grad_norm_`` cannot stack: each one's squared norm
-    is reduced over its own mesh first.
+    is reduced over its own mesh first; with ``group`` (each rank holding other parameters) the
+    squares are summed over its ranks.
     """
     total = torch.zeros(())
     for param in params:
         square = torch.linalg.vector_norm(param.grad) ** 2
         total += square.full_tensor() if isinstance(square, DTensor) else square
+    if group is not None:
+        dist.all_reduce(total, group=group)
     norm = float(total.sqrt())
     scale = max_norm / (norm + 1e-6)
     if scale < 1:
