@@ -16,6 +16,7 @@ import re
 import socket
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch.multiprocessing as mp
@@ -92,7 +93,7 @@ def _job(spec: common_pb2.JobSpec, rank: int, port: int, job: str, scratch: Path
 
 def _ranks(rank: int, ports: list[int], scratch: str, keys: str) -> None:
     out = Path(scratch)
-    result = {
+    result: dict[str, Any] = {
         "1f1b": _job(_spec(workers=2, pp=2), rank, ports[0], "one", out, keys),
         "interleaved": _job(_spec(workers=2, pp=2, pp_schedule="interleaved-1f1b"), rank, ports[1], "two", out, keys),
         "flat": _job(_spec(workers=2, dp_shard=2), rank, ports[3], "flat", out, keys),  # FSDP2 alone
