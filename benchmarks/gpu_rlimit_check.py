@@ -1,6 +1,6 @@
 """Does CUDA start under the address-space cap a CPU worker gets? (Why GPU workers get none.)
 
-``server/memory.py`` gives a worker of a job with ``gpus_per_worker`` no
+``server/jobs/memory.py`` gives a worker of a job with ``gpus_per_worker`` no
 ``RLIMIT_AS``. This starts CUDA in a fresh process three times: uncapped, and
 capped at the process's size once torch is loaded plus 4 GiB and plus 32 GiB,
 and prints what each did. Needs a CUDA device:

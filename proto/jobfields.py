@@ -7,7 +7,7 @@ text. A field is *unset* when it holds its type's zero (``""``, ``0``,
 ``False``), or, for proto3 ``optional`` fields, when it is absent (an explicit
 0 is then a value). Rules that tie fields together (``single`` runs one
 worker, diloco's fixed graph, the process limit) and the checks of dataset and
-store locations stay explicit code in :mod:`cantata.server.jobspec`.
+store locations stay explicit code in :mod:`cantata.server.jobs.jobspec`.
 
     python -m cantata.proto.jobfields --write docs   # regenerate docs/job.schema.json and docs/job-fields.md
     python -m cantata.proto.jobfields --check docs   # exit 1 if they are stale
@@ -262,7 +262,7 @@ TRAINING_FIELDS: tuple[JobField, ...] = (
 _MESH = frozenset({Algorithm.SINGLE, Algorithm.ALLREDUCE})
 # Tokenizer, mesh and initial weights (issue 19). The mesh of an allreduce job's workers:
 # workers = dp_replicate x dp_shard x tp; a decentralized job's worker groups: dp_shard = ranks_per_worker
-# (checked in cantata.server.jobspec).
+# (checked in cantata.server.jobs.jobspec).
 MODEL_FIELDS: tuple[JobField, ...] = (
     JobField(
         "tokenizer",

@@ -6,7 +6,7 @@ the process limit, the mesh, the tokenizer, float8) and fills the defaults in.
 ``Job.validate()`` and the server's ``parse_job_spec`` both call it, so a spec
 the SDK accepts is refused by the server only for what the SDK cannot know:
 the tenant's ``file://`` roots, its data sources, the store prefixes and a
-node's memory (:mod:`cantata.server.jobspec`). :func:`check_sources` is the
+node's memory (:mod:`cantata.server.jobs.jobspec`). :func:`check_sources` is the
 part of the location checks both run: a store location names a data source.
 """
 

@@ -1,6 +1,6 @@
 """How a freshly forked process becomes a worker: session, descriptors, user, confinement, directory, environment, memory.
 
-The server decides what a worker gets (:mod:`cantata.server.sandbox`) and
+The server decides what a worker gets (:mod:`cantata.server.workers.sandbox`) and
 sends it as a :class:`SpawnRequest`; the zygote's child applies it with
 :func:`enter` before running a line of the worker, then
 :func:`limit_memory` once the worker's modules are loaded. The confinement

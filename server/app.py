@@ -3,14 +3,14 @@
 Reading :meth:`ControlPlane.start` top-down shows the whole wiring: the one
 database and the stores on it, the audit log, the secrets broker, the
 launcher, the job lifecycle, the scheduler, the gatekeeper and the services,
-each given its collaborators (:mod:`cantata.server.ports`) in its constructor.
+each given its collaborators (:mod:`cantata.server.network.ports`) in its constructor.
 
-gRPC is served by its asyncio server (:mod:`cantata.server.serving`): streams
+gRPC is served by its asyncio server (:mod:`cantata.server.network.serving`): streams
 (event watches, log follows, downloads, health watches) wait on its event
 loop, so an idle one holds no thread; unary calls run in a pool of
 ``RPC_THREADS`` threads, as does every blocking step of a stream, except
 ``GetJob`` and ``SubmitJob``, which run on the loop (a submit's write is the
-submit writer's, :mod:`cantata.server.submissions`).
+submit writer's, :mod:`cantata.server.jobs.submissions`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ from cantata.security import seccomp_policy
 from cantata.security.audit import Action, AuditLog, AuditLogUnavailable
 from cantata.security.pki import CertificateAuthority, Principal
 from cantata.security.worker_confinement import ConfinementPolicy
-from cantata.server import id_ranges
 from cantata.server.auth import AuthInterceptor, Gatekeeper, request_id
 from cantata.server.broadcast import EventBroadcast
 from cantata.server.config import (
@@ -56,28 +55,30 @@ from cantata.server.config import (
     settings_ports,
     signin_limits,
 )
-from cantata.server.connection_reaper import ConnectionReaper
 from cantata.server.dashboard.signin import Session, SignIn
 from cantata.server.dashboard.sweeps import SweepViews
 from cantata.server.database import Database
 from cantata.server.datasource_store import DataSourceStore
-from cantata.server.deletion import JobDeletion, RetentionSweeper
 from cantata.server.enrollment import RefusalDigest
 from cantata.server.errors import ErrorInterceptor
 from cantata.server.executors import Executor
 from cantata.server.executors.registry import ExecutorSetup, executor_kind
-from cantata.server.fd_budget import reserve_descriptors
-from cantata.server.health import HealthService
-from cantata.server.heartbeats import Heartbeats
-from cantata.server.lifecycle import JobLifecycle
-from cantata.server.local_roots import LocalRoots
-from cantata.server.memory import node_capacity, runtime_budget
-from cantata.server.metrics_endpoint import MetricsEndpoint
+from cantata.server.jobs.deletion import JobDeletion, RetentionSweeper
+from cantata.server.jobs.lifecycle import JobLifecycle
+from cantata.server.jobs.memory import node_capacity, runtime_budget
+from cantata.server.jobs.restarts import RestartPolicy
+from cantata.server.jobs.scheduler import Scheduler
+from cantata.server.jobs.stragglers import StragglerDetector
+from cantata.server.jobs.submissions import SubmitWriter
+from cantata.server.jobs.voided_submissions import submitted_jobs, to_void
+from cantata.server.network.connection_reaper import ConnectionReaper
+from cantata.server.network.fd_budget import reserve_descriptors
+from cantata.server.network.health import HealthService
+from cantata.server.network.metrics_endpoint import MetricsEndpoint
+from cantata.server.network.serving import ServingLoop
+from cantata.server.network.streams import StreamCounter
+from cantata.server.network.tls import RotatingCredentials
 from cantata.server.request_audit import RequestAudit
-from cantata.server.restarts import RestartPolicy
-from cantata.server.sandbox import Identities, Lease, check_passable, lock_data_dir
-from cantata.server.scheduler import Scheduler
-from cantata.server.secrets_broker import SecretsBroker
 from cantata.server.services.admin import AdminService
 from cantata.server.services.audit import AuditService
 from cantata.server.services.checkpoints import CheckpointsService
@@ -88,21 +89,20 @@ from cantata.server.services.sweeps import SweepsService, check_job
 from cantata.server.services.tenancy import TenancyService
 from cantata.server.services.webhooks import WebhooksService
 from cantata.server.services.worker import WorkerService
-from cantata.server.serving import ServingLoop
 from cantata.server.store import Store
-from cantata.server.stragglers import StragglerDetector
-from cantata.server.streams import StreamCounter
-from cantata.server.submissions import SubmitWriter
 from cantata.server.sweeper import OrphanSweeper
 from cantata.server.sweeps.runner import SweepRunner, optuna_storage, submit_from_thread
 from cantata.server.sweeps.store import SweepStore
 from cantata.server.telemetry import Telemetry
-from cantata.server.tenant_groups import TenantGroups
-from cantata.server.tls import RotatingCredentials
-from cantata.server.voided_submissions import submitted_jobs, to_void
-from cantata.server.webhook_delivery import WebhookDeliverer
-from cantata.server.webhook_store import WebhookStore
-from cantata.server.webhook_targets import AddressPolicy
+from cantata.server.webhooks.delivery import WebhookDeliverer
+from cantata.server.webhooks.store import WebhookStore
+from cantata.server.webhooks.targets import AddressPolicy
+from cantata.server.workers import id_ranges
+from cantata.server.workers.heartbeats import Heartbeats
+from cantata.server.workers.local_roots import LocalRoots
+from cantata.server.workers.sandbox import Identities, Lease, check_passable, lock_data_dir
+from cantata.server.workers.secrets_broker import SecretsBroker
+from cantata.server.workers.tenant_groups import TenantGroups
 
 if TYPE_CHECKING:
     from cantata.server.dashboard.serving import DashboardServer

@@ -26,14 +26,14 @@ import grpc
 from cantata.proto.vocabulary import REQUEST_ID_KEY, ErrorReason
 from cantata.security.audit import Action, AuditLogUnavailable
 from cantata.security.pki import PeerCertificate, Principal, peer_certificate
-from cantata.server.call_log import DeferredCalls, write_line
 from cantata.server.errors import WrappedHandlers, abort, abort_async, ended_with, status, wrap_handler
-from cantata.server.ports import CertificateRegistry, JobDirectory, TenantDirectory
-from cantata.server.streams import StreamCounter
+from cantata.server.network.call_log import DeferredCalls, write_line
+from cantata.server.network.ports import CertificateRegistry, JobDirectory, TenantDirectory
+from cantata.server.network.streams import StreamCounter
 
 PUBLIC = "public"  # no client certificate required (TLS still authenticates the server)
 ADMIN, TENANT, WORKER = "admin", "tenant", "worker"
-SCRAPER = "scraper"  # reads /metrics (cantata.server.metrics_endpoint); no RPC names it, so it may call none
+SCRAPER = "scraper"  # reads /metrics (cantata.server.network.metrics_endpoint); no RPC names it, so it may call none
 
 RULES: dict[str, frozenset[str]] = {
     "/cantata.v1.Tenancy/RequestTenancy": frozenset({PUBLIC}),

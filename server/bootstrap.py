@@ -25,8 +25,8 @@ from cantata.server.config import (
     settings_ports,
     write_private,
 )
-from cantata.server.sandbox import check_passable
 from cantata.server.store import Store
+from cantata.server.workers.sandbox import check_passable
 
 _DNS_NAME = re.compile(r"(?=.{1,253}$)(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
 

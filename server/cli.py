@@ -89,7 +89,7 @@ def cmd_start(args) -> int:
 
 def cmd_tenant_gid(args) -> int:
     from cantata.server.config import DataDir
-    from cantata.server.tenant_groups import TenantGroups
+    from cantata.server.workers.tenant_groups import TenantGroups
 
     paths = DataDir(Path(args.data_dir))
     settings = paths.load_settings()
@@ -100,7 +100,7 @@ def cmd_tenant_gid(args) -> int:
 def cmd_rotate_cert(args) -> int:
     from cantata.server.bootstrap import parse_advertise, server_names
     from cantata.server.config import DataDir
-    from cantata.server.tls import rotate_server_certificate
+    from cantata.server.network.tls import rotate_server_certificate
 
     paths = DataDir(Path(args.data_dir))
     settings = paths.load_settings()

@@ -17,7 +17,7 @@ D/checkpoints/       the default local checkpoint store (<tenant>/<job>/...)
 
 At start the server makes ``D``, ``D/jobs`` and ``D/checkpoints`` passable but
 not listable (0711), certificates 0644, every other file 0600 and every other
-directory 0700 (:func:`cantata.server.sandbox.lock_data_dir`).
+directory 0700 (:func:`cantata.server.workers.sandbox.lock_data_dir`).
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from pathlib import Path
 
 from cantata.security.keys import MASTER_KEY_ENV, LocalKeyring, MasterKey
 from cantata.security.worker_confinement import DEFAULT_TASK_ALLOWANCE
-from cantata.server.admission import ConnectionLimits
 from cantata.server.dashboard.signin import SignInLimits
 from cantata.server.enrollment import EnrollmentLimits
-from cantata.server.local_roots import LocalRoots
+from cantata.server.jobs.admission import ConnectionLimits
+from cantata.server.workers.local_roots import LocalRoots
 
 CONFIG_NAME = "server.json"
 RETIRED_SETTINGS = frozenset({"max_job_attempts"})  # read from older server.json files and ignored

@@ -206,7 +206,7 @@ END;
 
 # 12 (branch fair): each tenant's latest job start, as a counter every start bumps (a trigger, so every way a job
 # starts counts), so the scheduler gives the next start to the tenant that started least recently
-# (:mod:`cantata.server.fairness`); the index makes the counter's maximum a seek. Tenants keep 0: none yet.
+# (:mod:`cantata.server.jobs.fairness`); the index makes the counter's maximum a seek. Tenants keep 0: none yet.
 _V12_LAST_START = """
 ALTER TABLE tenants ADD COLUMN last_start INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX tenants_by_last_start ON tenants (last_start);
@@ -217,7 +217,7 @@ END;
 
 # 13: tenants' webhook endpoints (signing secret sealed under the tenant's key), the
 # deliveries of each event to each endpoint (the outbox the deliverer works through, in the transaction that
-# wrote the event) and every attempt of each (:mod:`cantata.server.webhook_store`).
+# wrote the event) and every attempt of each (:mod:`cantata.server.webhooks.store`).
 _V13_WEBHOOKS = """
 CREATE TABLE webhook_endpoints (
     id TEXT PRIMARY KEY,

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cantata.security.audit import AuditLogUnavailable, Outcome
-from cantata.server.admission import source_group
+from cantata.server.jobs.admission import source_group
 
 log = logging.getLogger(__name__)
 

@@ -35,9 +35,9 @@ from cantata.server.dashboard.signin import LoginsLimited
 from cantata.server.database import DatabaseUnavailable
 from cantata.server.datasource_store import DataSourceExists, DataSourceNotFound, InvalidDataSource
 from cantata.server.enrollment import EnrollmentLimited
-from cantata.server.jobspec import InvalidField
+from cantata.server.jobs.jobspec import InvalidField
 from cantata.server.store import Conflict, NotFound, QuotaExceeded, RequestIdReused
-from cantata.server.webhook_targets import InvalidWebhook
+from cantata.server.webhooks.targets import InvalidWebhook
 from cantata.storage import StoreFull, StoreNotFound, StorePermissionError, StoreUnavailableError
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ training values as ``cantata_job_<metric>`` gauges from the metrics history
 (:mod:`cantata.server.store.metrics`), in base units (``_seconds``), and
 ``cantata_job_store_unreachable``: how many of its workers last reported
 their checkpoint store unreachable (0 once it answers again), and
-``cantata_job_stragglers`` (:mod:`cantata.server.stragglers`). No series has
+``cantata_job_stragglers`` (:mod:`cantata.server.jobs.stragglers`). No series has
 a ``_created`` sample.
 """
 
@@ -45,9 +45,9 @@ import cantata
 from cantata.proto.v1 import common_pb2
 from cantata.proto.vocabulary import STATE_NAMES
 from cantata.security.audit import Action
+from cantata.server.jobs.stragglers import StragglerDetector
 from cantata.server.store import ACTIVE, JobRecord, Store
 from cantata.server.store.metrics import MetricsStore
-from cantata.server.stragglers import StragglerDetector
 from cantata.storage import uri as stores
 
 # Per-job gauges: the metrics of the history that describe a job's training now -> ``cantata_job_<name>``.

@@ -2,8 +2,8 @@
 without processes.
 
 Each fake is typed against the protocol the server code takes
-(:class:`~cantata.server.ports.AuditSink`,
-:class:`~cantata.server.ports.WorkerProcesses`,
+(:class:`~cantata.server.network.ports.AuditSink`,
+:class:`~cantata.server.network.ports.WorkerProcesses`,
 :class:`~cantata.server.executors.Executor`), so mypy says when a protocol
 grows and a fake falls behind.
 """

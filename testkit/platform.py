@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from cantata.sdk import enroll
 from cantata.sdk.client import Client
 from cantata.server.config import DataDir
-from cantata.server.launcher import worker_pids
+from cantata.server.workers.launcher import worker_pids
 
 
 def free_port() -> int:

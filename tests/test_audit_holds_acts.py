@@ -9,11 +9,11 @@ import pytest
 from cantata.proto.v1 import common_pb2 as pb
 from cantata.security.audit import Action, AuditLogUnavailable
 from cantata.server.executors import WorkerExit
-from cantata.server.heartbeats import Heartbeats
-from cantata.server.lifecycle import JobLifecycle
-from cantata.server.restarts import RestartPolicy
-from cantata.server.scheduler import Scheduler
+from cantata.server.jobs.lifecycle import JobLifecycle
+from cantata.server.jobs.restarts import RestartPolicy
+from cantata.server.jobs.scheduler import Scheduler
 from cantata.server.store import JobRecord, Store
+from cantata.server.workers.heartbeats import Heartbeats
 from testkit.fakes import FULL, FakeAudit, FakeExecutor, FakeWorkers
 
 TENANT = "acme"

@@ -18,8 +18,8 @@ import pytest
 from cantata.proto.v1 import common_pb2
 from cantata.proto.vocabulary import Model
 from cantata.sdk.job import Job
-from cantata.server import memory
-from cantata.server.jobspec import parse_job_spec
+from cantata.server.jobs import memory
+from cantata.server.jobs.jobspec import parse_job_spec
 from testkit.platform import Platform
 
 CAP_MIB = 6656  # each worker's address space past its loaded size

@@ -24,7 +24,7 @@ from cantata.proto import jobfields
 from cantata.proto.v1 import common_pb2
 from cantata.sdk.cli import _job_from_args, build_parser
 from cantata.sdk.job import Job
-from cantata.server.jobspec import InvalidField, parse_job_spec
+from cantata.server.jobs.jobspec import InvalidField, parse_job_spec
 from cantata.trainer import loop
 from cantata.trainer.config import WorkerConfig
 from cantata.trainer.data import Utf8Policy, open_feed

@@ -20,8 +20,8 @@ from cantata.server.datasource_store import (
     SealedSecretsError,
 )
 from cantata.server.errors import ErrorInterceptor
+from cantata.server.network.serving import ServingLoop
 from cantata.server.services.datasources import DataSourcesService
-from cantata.server.serving import ServingLoop
 from cantata.trainer.data import DatasetKey, SourceCredentials
 
 SECRET_KEY = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"

@@ -15,9 +15,9 @@ from benchmarks import tables
 from cantata.proto import jobfields
 from cantata.sdk import cli
 from cantata.server.database import Database
+from cantata.server.jobs.stragglers import StragglerDetector
 from cantata.server.store import Store
 from cantata.server.store.metrics import MetricsStore
-from cantata.server.stragglers import StragglerDetector
 from cantata.server.telemetry import Telemetry
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -28,10 +28,10 @@ from cantata.server.datasource_store import (
 )
 from cantata.server.enrollment import EnrollmentLimited
 from cantata.server.errors import ErrorInterceptor
-from cantata.server.jobspec import InvalidField
-from cantata.server.serving import ServingLoop
+from cantata.server.jobs.jobspec import InvalidField
+from cantata.server.network.serving import ServingLoop
 from cantata.server.store import Conflict, NotFound, QuotaExceeded, RequestIdReused, StoreError
-from cantata.server.webhook_targets import InvalidWebhook
+from cantata.server.webhooks.targets import InvalidWebhook
 from cantata.storage import StoreFull, StoreNotFound, StorePermissionError, StoreUnavailableError
 from testkit.platform import free_port
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from cantata.sdk.job import Job
-from cantata.server.jobspec import parse_job_spec
+from cantata.server.jobs.jobspec import parse_job_spec
 
 EXAMPLES = sorted((Path(__file__).parents[1] / "examples").rglob("*.yaml"))
 

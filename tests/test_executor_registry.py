@@ -11,7 +11,7 @@ from cantata.server.executors.base import ExecutorBase
 from cantata.server.executors.local import LocalExecutor
 from cantata.server.executors.ray import RayExecutor
 from cantata.server.executors.registry import EXECUTORS, ExecutorSetup, executor_kind
-from cantata.server.sandbox import Identities
+from cantata.server.workers.sandbox import Identities
 
 
 def test_each_registered_executor_builds_one_of_the_shared_base(tmp_path):

@@ -1,8 +1,8 @@
-"""The start order across tenants (cantata.server.fairness), on its own: no store, no server."""
+"""The start order across tenants (cantata.server.jobs.fairness), on its own: no store, no server."""
 
 from __future__ import annotations
 
-from cantata.server.fairness import QueueHead, turn
+from cantata.server.jobs.fairness import QueueHead, turn
 
 
 def _head(

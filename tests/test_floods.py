@@ -14,7 +14,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cantata.server.fd_budget import DescriptorBudgetTooSmall, reserve_descriptors
+from cantata.server.network.fd_budget import DescriptorBudgetTooSmall, reserve_descriptors
 from testkit.flooding import (
     HALF_SENT_HEAD,
     PARTIAL_CLIENT_HELLO,

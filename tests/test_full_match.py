@@ -28,7 +28,7 @@ from cantata.security.sealed_checkpoint import _checked_name
 from cantata.security.stream_aead import IntegrityError, StreamContext
 from cantata.server import datasource_store
 from cantata.server.datasource_store import DataSourceSpec
-from cantata.server.jobspec import BUCKET, check_store
+from cantata.server.jobs.jobspec import BUCKET, check_store
 from cantata.storage.base import _KEY_SEGMENT, validate_key
 
 REPO = Path(__file__).resolve().parent.parent

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from cantata.proto.v1 import common_pb2 as pb
-from cantata.server import memory
 from cantata.server.executors import NotPlaceable
 from cantata.server.executors.local import LocalExecutor
-from cantata.server.sandbox import Identities
+from cantata.server.jobs import memory
 from cantata.server.store import JobRecord, QuotaExceeded, Store
+from cantata.server.workers.sandbox import Identities
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from cantata.sdk.client import data_source_request
 from cantata.sdk.errors import InvalidArgument, InvalidJob
 from cantata.sdk.job import Job
 from cantata.server.datasource_store import DataSourceSpec, InvalidDataSource
-from cantata.server.jobspec import InvalidField, parse_job_spec
+from cantata.server.jobs.jobspec import InvalidField, parse_job_spec
 
 SHA = "sha256:" + "ab" * 32
 # Specs the SDK accepted and the server refused before the rules were shared (each breaks one rule).

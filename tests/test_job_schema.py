@@ -18,7 +18,7 @@ from cantata.proto.v1 import common_pb2
 from cantata.sdk.cli import S3_ENV, build_parser
 from cantata.sdk.errors import InvalidJob
 from cantata.sdk.job import Job
-from cantata.server.jobspec import InvalidField, parse_job_spec
+from cantata.server.jobs.jobspec import InvalidField, parse_job_spec
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 PROTO_TYPES = {

@@ -8,7 +8,7 @@ import pytest
 
 from cantata.proto.v1 import common_pb2
 from cantata.sdk.job import Job
-from cantata.server.jobspec import InvalidField, parse_job_spec
+from cantata.server.jobs.jobspec import InvalidField, parse_job_spec
 
 
 def _parse(**fields) -> common_pb2.JobSpec:

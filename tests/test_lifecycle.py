@@ -13,8 +13,8 @@ from cantata.proto.v1 import jobs_pb2
 from cantata.security.audit import Action
 from cantata.server.database import DatabaseUnavailable
 from cantata.server.datasource_store import DataSourceNotFound
-from cantata.server.lifecycle import JobLifecycle
-from cantata.server.restarts import RestartPolicy
+from cantata.server.jobs.lifecycle import JobLifecycle
+from cantata.server.jobs.restarts import RestartPolicy
 from cantata.server.store import AnomalyRecord, JobRecord, Store, utcnow
 from testkit.fakes import FakeAudit, FakeWorkers
 from tests.fullfs import fill, small_tmpfs

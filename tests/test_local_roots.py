@@ -17,8 +17,8 @@ import pytest
 from cantata.proto.v1 import common_pb2
 from cantata.sdk import errors
 from cantata.sdk.job import Job
-from cantata.server.jobspec import InvalidField, parse_job_spec
-from cantata.server.local_roots import LocalRoots
+from cantata.server.jobs.jobspec import InvalidField, parse_job_spec
+from cantata.server.workers.local_roots import LocalRoots
 
 QUICK: dict[str, Any] = dict(model="gpt-tiny", steps=10, batch_size=2, seq_len=16)
 

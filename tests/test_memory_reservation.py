@@ -15,8 +15,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from cantata.proto.v1 import common_pb2
 from cantata.sdk.client import Client
 from cantata.sdk.job import Job
-from cantata.server import memory
-from cantata.server.jobspec import parse_job_spec
+from cantata.server.jobs import memory
+from cantata.server.jobs.jobspec import parse_job_spec
 from testkit.platform import Platform
 from testkit.waiting import JOB_TIMEOUT_S, wait_for
 

@@ -9,7 +9,7 @@ import torch
 
 from cantata.sdk.errors import InvalidJob
 from cantata.sdk.job import Job
-from cantata.server.jobspec import InvalidField, parse_job_spec
+from cantata.server.jobs.jobspec import InvalidField, parse_job_spec
 from cantata.trainer.optim import spec_settings
 
 

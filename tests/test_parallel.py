@@ -26,7 +26,7 @@ from cantata.proto.vocabulary import MixedPrecision
 from cantata.sdk.job import Job
 from cantata.security.keys import JobKeys, LocalKeyring, MasterKey
 from cantata.security.sealed_checkpoint import IntegrityError, MissingShardError, object_key, read_shard_bytes
-from cantata.server.jobspec import InvalidField, parse_job_spec, resumed_spec
+from cantata.server.jobs.jobspec import InvalidField, parse_job_spec, resumed_spec
 from cantata.storage import open_store
 from cantata.trainer.checkpoint import JobCheckpoints, Scope, TrainingState
 from cantata.trainer.decoder import Decoder

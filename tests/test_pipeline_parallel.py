@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 from cantata.proto import jobrules
 from cantata.proto.v1 import common_pb2
 from cantata.security.keys import JobKeys, LocalKeyring, MasterKey
-from cantata.server.jobspec import InvalidField, resumed_spec
+from cantata.server.jobs.jobspec import InvalidField, resumed_spec
 from cantata.trainer import loop
 from cantata.trainer.config import WorkerConfig
 from cantata.trainer.pipeline import PipelineLayoutError, stage_units

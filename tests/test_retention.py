@@ -15,7 +15,7 @@ from cantata.proto.v1 import common_pb2
 from cantata.security.audit import AuditLog, init_audit, read_records
 from cantata.security.sealed_checkpoint import checkpoints_prefix
 from cantata.server.database import Database
-from cantata.server.deletion import RETENTION_ACTOR, JobDeletion, RetentionSweeper
+from cantata.server.jobs.deletion import RETENTION_ACTOR, JobDeletion, RetentionSweeper
 from cantata.server.store import JobRecord, NotEnded, NotFound, Store
 from cantata.storage import open_store
 

@@ -10,11 +10,11 @@ import pytest
 
 from cantata.proto.v1 import common_pb2 as pb
 from cantata.server.executors import NotPlaceable
-from cantata.server.heartbeats import Heartbeats
-from cantata.server.lifecycle import JobLifecycle
-from cantata.server.restarts import RestartPolicy
-from cantata.server.scheduler import Scheduler
+from cantata.server.jobs.lifecycle import JobLifecycle
+from cantata.server.jobs.restarts import RestartPolicy
+from cantata.server.jobs.scheduler import Scheduler
 from cantata.server.store import UNFINISHED_OF_TENANT, JobRecord, Store, queue_head_query
+from cantata.server.workers.heartbeats import Heartbeats
 from testkit.fakes import FakeAudit, FakeExecutor, FakeWorkers
 
 

@@ -19,9 +19,9 @@ import pytest
 
 from cantata.sdk.job import Job
 from cantata.security.audit import Action, read_records, verify
-from cantata.server.launcher import AdoptedProcess
-from cantata.server.process_identity import running, start_time
-from cantata.server.zygote import ZYGOTE_GONE, ZYGOTE_MODULE
+from cantata.server.workers.launcher import AdoptedProcess
+from cantata.server.workers.process_identity import running, start_time
+from cantata.server.workers.zygote import ZYGOTE_GONE, ZYGOTE_MODULE
 from testkit.platform import Platform
 from testkit.waiting import JOB_TIMEOUT_S, wait_for
 from tests.test_jobs import _pids_of

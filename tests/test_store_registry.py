@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from cantata.security.keys import LocalKeyring, MasterKey
-from cantata.server import jobspec, sandbox, telemetry
+from cantata.server import telemetry
+from cantata.server.jobs import jobspec
+from cantata.server.workers import sandbox
 from cantata.storage import uri as stores
 from cantata.storage.base import BlobNotFoundError, BlobReader, BlobStore, BlobUpload, ChunkReader, StoreConfigError
 from cantata.storage.outage import OutageListener
@@ -25,7 +27,7 @@ from cantata.trainer.data.sources import SourceCredentials
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("cantata", "proto", "sdk", "server", "trainer", "security")  # storage/ is the registry's folder
 # Not a blob store: torch.distributed's own file:// rendezvous (init_method) URL.
-NOT_STORES = {"server/rendezvous.py"}
+NOT_STORES = {"server/workers/rendezvous.py"}
 
 
 class MemoryStore(BlobStore):

@@ -21,7 +21,7 @@ from cantata.server.store import AnomalyRecord, Store, utcnow
 from cantata.server.store.base import Repository
 from cantata.server.store.workers import Workers
 from cantata.server.sweeps.store import SweepStore
-from cantata.server.webhook_store import WebhookStore
+from cantata.server.webhooks.store import WebhookStore
 
 WRITES = {sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE}
 

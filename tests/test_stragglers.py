@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cantata.server.stragglers import StragglerDetector
+from cantata.server.jobs.stragglers import StragglerDetector
 
 
 def _round(detector: StragglerDetector, times: dict[int, float], job: str = "j") -> list:

@@ -8,7 +8,7 @@ import pytest
 
 from cantata.proto import jobfields
 from cantata.proto.v1 import common_pb2
-from cantata.server.jobspec import parse_job_spec
+from cantata.server.jobs.jobspec import parse_job_spec
 from cantata.trainer.loop import Schedule
 from cantata.trainer.optim.muon import MuonConfig
 from cantata.trainer.optim.training import spec_settings

@@ -21,7 +21,7 @@ from cantata.sdk.profiles import Profile
 from cantata.security import pki
 from cantata.security.pki import CertificateAuthority, PeerCertificate, Principal
 from cantata.server.auth import ADMIN, PUBLIC, RULES, TENANT, WORKER, Gatekeeper
-from cantata.server.tls import rotate_server_certificate
+from cantata.server.network.tls import rotate_server_certificate
 from testkit.platform import cli
 from testkit.waiting import JOB_TIMEOUT_S, wait_for
 from tests.test_auth import all_methods, call_raw

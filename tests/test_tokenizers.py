@@ -16,7 +16,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from cantata.proto.v1 import common_pb2
 from cantata.sdk.job import Job
-from cantata.server.jobspec import InvalidField, parse_job_spec
+from cantata.server.jobs.jobspec import InvalidField, parse_job_spec
 from cantata.trainer.data import ShardHeaderError, TextTokenizer, Vocabulary, VocabularyError, open_dataset
 from cantata.trainer.data.prepare import prepare_shards
 from cantata.trainer.data.shards import ShardHeader, decode_shard, dtype_for, encode_shard, open_shard

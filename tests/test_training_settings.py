@@ -16,7 +16,7 @@ import yaml
 from cantata.proto.vocabulary import LrSchedule
 from cantata.sdk.errors import InvalidJob
 from cantata.sdk.job import Job
-from cantata.server.jobspec import InvalidField, parse_job_spec
+from cantata.server.jobs.jobspec import InvalidField, parse_job_spec
 from cantata.trainer.data.corpus import BatchSampler
 from cantata.trainer.loop import Schedule, train_step
 from cantata.trainer.model import build_model

@@ -21,10 +21,10 @@ import pytest
 
 from cantata.sdk import errors
 from cantata.sdk.job import Job
-from cantata.server.id_ranges import IdRangeInUse, register, unregister
-from cantata.server.launcher import reclaim_locally
-from cantata.server.sandbox import Identities
-from cantata.server.uid_reclaim import processes_of
+from cantata.server.workers.id_ranges import IdRangeInUse, register, unregister
+from cantata.server.workers.launcher import reclaim_locally
+from cantata.server.workers.sandbox import Identities
+from cantata.server.workers.uid_reclaim import processes_of
 from testkit.platform import Platform, cli, passable
 from testkit.waiting import JOB_TIMEOUT_S, wait_for
 from tests.test_jobs import _pids_of

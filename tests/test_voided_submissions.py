@@ -1,9 +1,9 @@
-"""Which job_submitted records start-up reconciliation voids (cantata.server.voided_submissions), on its own."""
+"""Which job_submitted records start-up reconciliation voids (cantata.server.jobs.voided_submissions), on its own."""
 
 from __future__ import annotations
 
 from cantata.security.audit import Action, Unsigned
-from cantata.server.voided_submissions import submitted_jobs, to_void
+from cantata.server.jobs.voided_submissions import submitted_jobs, to_void
 
 
 def _submitted(job: str, outcome: str = "ok") -> Unsigned:

@@ -29,9 +29,9 @@ from cantata.sdk.webhooks import InvalidSignature, verify_signature
 from cantata.security.keys import LocalKeyring, MasterKey
 from cantata.server.database import Database
 from cantata.server.store import Store
-from cantata.server.webhook_delivery import signature
-from cantata.server.webhook_store import WebhookStore
-from cantata.server.webhook_targets import AddressPolicy, InvalidWebhook, parse_url
+from cantata.server.webhooks.delivery import signature
+from cantata.server.webhooks.store import WebhookStore
+from cantata.server.webhooks.targets import AddressPolicy, InvalidWebhook, parse_url
 from testkit.platform import Platform, cli
 from testkit.waiting import JOB_TIMEOUT_S, wait_for
 

@@ -11,8 +11,8 @@ from cantata.proto.v1 import common_pb2
 from cantata.security.keys import KeyringError, LocalKeyring, MasterKey
 from cantata.server.database import Database
 from cantata.server.datasource_store import DataSourceSpec, DataSourceStore
-from cantata.server.secrets_broker import SecretsBroker
 from cantata.server.store import JobRecord
+from cantata.server.workers.secrets_broker import SecretsBroker
 from cantata.trainer.config import WorkerConfig
 from cantata.trainer.data import DataError, DatasetKey, SourceCredentials
 from testkit.fakes import FakeAudit

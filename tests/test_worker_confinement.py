@@ -25,8 +25,8 @@ import pytest
 from cantata.sdk.job import Job
 from cantata.security.process_sandbox import SpawnRequest
 from cantata.security.worker_confinement import ConfinementPolicy
-from cantata.server.sandbox import Identities, base_environment
-from cantata.server.zygote import Zygote
+from cantata.server.workers.sandbox import Identities, base_environment
+from cantata.server.workers.zygote import Zygote
 from testkit.platform import Platform, passable
 from testkit.waiting import JOB_TIMEOUT_S, wait_for
 from tests.test_jobs import _pids_of

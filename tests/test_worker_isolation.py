@@ -3,7 +3,7 @@
 Checked from inside real worker processes: a job's worker on a real server
 started with ``$CANTATA_MASTER_KEY`` and cloud credentials in its
 environment, and a probe forked through the same spawn path (the zygote and
-:mod:`cantata.server.sandbox`) as a worker of another job, which tries to
+:mod:`cantata.server.workers.sandbox`) as a worker of another job, which tries to
 read every secret of the data directory.
 """
 
@@ -18,8 +18,8 @@ import pytest
 
 from cantata.sdk.job import Job
 from cantata.security.process_sandbox import SpawnRequest
-from cantata.server.sandbox import Identities, base_environment
-from cantata.server.zygote import Zygote
+from cantata.server.workers.sandbox import Identities, base_environment
+from cantata.server.workers.zygote import Zygote
 from testkit.platform import Platform
 from testkit.waiting import JOB_TIMEOUT_S, wait_for
 from tests.test_jobs import _pids_of

@@ -17,8 +17,8 @@ from cantata.proto.v1 import common_pb2
 from cantata.sdk.job import Job
 from cantata.security.pki import CertificateAuthority, Principal
 from cantata.server.executors.ray import RayExecutor, _Job
-from cantata.server.sandbox import Identities
 from cantata.server.store import JobRecord
+from cantata.server.workers.sandbox import Identities
 from testkit.waiting import wait_for
 
 SECRET = "s3cr3t-access-key-value"

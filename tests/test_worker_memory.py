@@ -13,9 +13,9 @@ from cantata.proto.v1 import common_pb2
 from cantata.proto.vocabulary import Model
 from cantata.sdk import errors
 from cantata.sdk.job import Job
-from cantata.server import memory
 from cantata.server.executors.ray import RayExecutor
-from cantata.server.jobspec import InvalidField, parse_job_spec
+from cantata.server.jobs import memory
+from cantata.server.jobs.jobspec import InvalidField, parse_job_spec
 from cantata.server.store import JobRecord
 from cantata.trainer.model import build_model
 from cantata.trainer.optim.routing import route_parameters

@@ -1,13 +1,13 @@
-"""The zygote: the process every worker is forked from (the server's end is :mod:`cantata.server.zygote`).
+"""The zygote: the process every worker is forked from (the server's end is :mod:`cantata.server.workers.zygote`).
 
 The server starts ``python -m cantata.trainer.zygote [--warm]`` once, with the
-allow-listed environment (:func:`cantata.server.sandbox.base_environment`), as
+allow-listed environment (:func:`cantata.server.workers.sandbox.base_environment`), as
 a plain ``fork``+``exec`` (safe from the server's threads). With ``--warm`` the
 zygote imports torch and the training modules, and builds one throwaway AdamW
 (which lazily imports ``torch._dynamo``), before it serves; it never starts a
 thread, and it refuses to fork if one exists. For each request (a JSON line
 on its stdin) it forks a child that (after :func:`preload`, a no-op when warm) enters the sandbox
-(:func:`cantata.server.sandbox.enter`: session, descriptors, user, directory,
+(:func:`cantata.server.workers.sandbox.enter`: session, descriptors, user, directory,
 environment), sets its process title to the worker command line, caps its
 memory and runs the request's entry point (:func:`cantata.trainer.worker.main`). The zygote answers with
 the child's pid, reaps its children and reports each exit status (a JSON line
@@ -15,7 +15,7 @@ on its stdout, and the request's ``status`` file, which a server started later
 reads). When its stdin closes (the server stopped or died) it starts nothing
 more, but it stays with its workers, which train on, and reaps them; it exits
 once the last one has. A restarted server re-adopts the workers
-(:meth:`cantata.server.launcher.WorkerLauncher.adopt`) and starts a zygote of
+(:meth:`cantata.server.workers.launcher.WorkerLauncher.adopt`) and starts a zygote of
 its own. Workers whose zygote dies see their parent change and stop
 (``watch_parent``).
 

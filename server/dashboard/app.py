@@ -48,8 +48,8 @@ from cantata.server.dashboard.sweeps import SweepViews
 from cantata.server.dashboard.sweeps import state_name as sweep_state_name
 from cantata.server.dashboard.views import JobRow, Views
 from cantata.server.enrollment import ANONYMOUS
+from cantata.server.network.streams import StreamCounter
 from cantata.server.store import NotFound
-from cantata.server.streams import StreamCounter
 
 LAST_EVENT_ID = re.compile(r"[0-9]{1,19}")  # a job event's sequence number (SQLite INTEGER): ASCII digits only
 LOG_CURSOR = re.compile(r"[0-9]{1,12}(\.[0-9]{1,12}){0,1023}")  # lines read per worker process, dot-separated

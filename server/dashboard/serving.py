@@ -34,7 +34,7 @@ from pathlib import Path
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from cantata.server.admission import Admission, ConnectionLimits
+from cantata.server.jobs.admission import Admission, ConnectionLimits
 
 GRACE_SECONDS = 1  # open event streams get this long to end when the server stops
 KEEP_ALIVE_SECONDS = 5  # an idle connection between requests is closed after this long

@@ -20,7 +20,7 @@ from google.protobuf import json_format
 
 from cantata.proto.v1 import common_pb2, jobs_pb2
 from cantata.security.audit import build_report
-from cantata.server.groups import decentralized, processes
+from cantata.server.jobs.groups import decentralized, processes
 from cantata.server.store import JobRecord, Store
 from cantata.server.store.metrics import METRICS, SYSTEM_METRICS, MetricsStore
 

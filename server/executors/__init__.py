@@ -1,6 +1,6 @@
 """Executors: where a job's worker processes run, and how they are started, stopped and reaped.
 
-The scheduler (:mod:`cantata.server.scheduler`) decides *what* runs next; an
+The scheduler (:mod:`cantata.server.jobs.scheduler`) decides *what* runs next; an
 executor decides *where* and starts it. Two implement :class:`Executor`:
 
 - ``local`` (:mod:`cantata.server.executors.local`): child processes of this

@@ -15,10 +15,10 @@ from cantata.proto.launch import WorkerSecrets
 from cantata.security.pki import CertificateAuthority
 from cantata.security.worker_confinement import ConfinementPolicy
 from cantata.server.executors.plan import LaunchSettings, WorkerFiles, WorkerPlan, plan_worker
-from cantata.server.groups import group_size
-from cantata.server.ports import CertificateRegistry, SecretsBroker
-from cantata.server.sandbox import Identities, Identity
+from cantata.server.jobs.groups import group_size
+from cantata.server.network.ports import CertificateRegistry, SecretsBroker
 from cantata.server.store import JobRecord, WorkerRecord
+from cantata.server.workers.sandbox import Identities, Identity
 from cantata.storage import uri as stores
 
 

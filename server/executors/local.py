@@ -1,11 +1,11 @@
 """The local executor: a job's workers are child processes of this server, forked from its zygote.
 
-It is :class:`~cantata.server.launcher.WorkerLauncher` (the sandbox, the
+It is :class:`~cantata.server.workers.launcher.WorkerLauncher` (the sandbox, the
 per-worker certificates and configs), plus placement on this node: at most
 ``slots`` worker processes at once, the node's GPUs, each worker of a job
 with ``gpus_per_worker`` getting devices of its own through
 ``CUDA_VISIBLE_DEVICES``, and the node's memory: a job reserves its ranks'
-estimate (:func:`~cantata.server.memory.job_estimate`) from its launch until
+estimate (:func:`~cantata.server.jobs.memory.job_estimate`) from its launch until
 its workers are all gone, and one that does not fit beside the running jobs
 waits. The GPUs are counted once at start, by
 ``torch.cuda.device_count()`` in a subprocess (the server never imports
@@ -20,10 +20,10 @@ from pathlib import Path
 
 from cantata.server.executors.base import NotPlaceable
 from cantata.server.executors.registry import ExecutorSetup
-from cantata.server.groups import processes
-from cantata.server.launcher import WorkerLauncher
-from cantata.server.memory import job_estimate, node_capacity, size
+from cantata.server.jobs.groups import processes
+from cantata.server.jobs.memory import job_estimate, node_capacity, size
 from cantata.server.store import JobRecord, WorkerRecord
+from cantata.server.workers.launcher import WorkerLauncher
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one folder per GPU the driver sees; absent without the driver
 

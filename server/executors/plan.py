@@ -20,10 +20,10 @@ from cantata.proto.launch import WorkerLaunch, WorkerSecrets
 from cantata.security.pki import Bundle, CertificateAuthority, Principal, gossip_server_name
 from cantata.security.process_sandbox import SpawnRequest
 from cantata.security.worker_confinement import ConfinementPolicy
-from cantata.server.groups import processes
-from cantata.server.ports import CertificateRegistry
-from cantata.server.sandbox import Identity, base_environment, store_environment
+from cantata.server.jobs.groups import processes
+from cantata.server.network.ports import CertificateRegistry
 from cantata.server.store import JobRecord
+from cantata.server.workers.sandbox import Identity, base_environment, store_environment
 
 ENTRY = "cantata.trainer.worker:main"
 

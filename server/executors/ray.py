@@ -3,7 +3,7 @@
 The control plane is a Ray driver (it runs beside a Ray node, usually the
 head). Each job gets one placement group of one bundle per worker process,
 ``{"CPU": cpus_per_worker, "GPU": gpus_per_worker, "memory": its rank's estimate}``
-(:func:`~cantata.server.memory.worker_estimate`, which shrinks as the mesh shards the model):
+(:func:`~cantata.server.jobs.memory.worker_estimate`, which shrinks as the mesh shards the model):
 all of its bundles or none. ``PACK`` for an all-reduce or single job (one
 ``torch.distributed`` group, on as few nodes as fit), ``SPREAD`` for a
 decentralized one (a node's loss costs one worker group). The group only
@@ -62,12 +62,12 @@ from cantata.security.worker_confinement import DEFAULT_POLICY, ConfinementPolic
 from cantata.server.executors.base import ExecutorBase, JobRun, NotPlaceable, WorkerExit
 from cantata.server.executors.plan import WorkerFiles, WorkerPlan
 from cantata.server.executors.registry import ExecutorSetup
-from cantata.server.groups import decentralized, group_size, processes
-from cantata.server.memory import worker_estimate
-from cantata.server.ports import CertificateRegistry, SecretsBroker
-from cantata.server.sandbox import Identities, Identity, Lease, prepare_job_folder
+from cantata.server.jobs.groups import decentralized, group_size, processes
+from cantata.server.jobs.memory import worker_estimate
+from cantata.server.network.ports import CertificateRegistry, SecretsBroker
 from cantata.server.store import JobRecord, WorkerRecord
-from cantata.server.uid_reclaim import ReclaimError, reclaim
+from cantata.server.workers.sandbox import Identities, Identity, Lease, prepare_job_folder
+from cantata.server.workers.uid_reclaim import ReclaimError, reclaim
 
 log = logging.getLogger(__name__)
 NAMESPACE = "cantata"

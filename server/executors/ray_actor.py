@@ -1,7 +1,7 @@
 """Cantata's one Ray actor on each node: it starts, watches and stops the workers Ray reserved room for there.
 
 :class:`NodeHost` is one named, detached actor per node (no CPU of its own).
-It keeps a warm zygote (:mod:`cantata.server.zygote`: torch and the training
+It keeps a warm zygote (:mod:`cantata.server.workers.zygote`: torch and the training
 modules imported once) that forks every worker of its node into the same
 sandbox as on the local executor (allow-listed environment, the job's uid, a
 memory limit). A job's placement group only reserves the job's bundles (gang
@@ -47,10 +47,10 @@ from pathlib import Path
 
 from cantata.security.process_sandbox import SpawnRequest
 from cantata.server.config import write_private
-from cantata.server.process_identity import running, start_time
-from cantata.server.sandbox import base_environment
-from cantata.server.uid_reclaim import reclaim
-from cantata.server.zygote import Zygote
+from cantata.server.workers.process_identity import running, start_time
+from cantata.server.workers.sandbox import base_environment
+from cantata.server.workers.uid_reclaim import reclaim
+from cantata.server.workers.zygote import Zygote
 
 NODE_ROOT_ENV = "CANTATA_RAY_WORKSPACES"  # where workers' folders go on a node (default: <tmp>/cantata-ray)
 SECRET_SUFFIXES = (".json", ".key")
@@ -247,7 +247,7 @@ class NodeHost:
     async def reclaim(self, uid: int, groups: list[int], job_id: str, folders: list[str]) -> float:
         """Take ``uid`` back on this node once the job's workers are gone: kill every process of it, hand the job's
         folders here (its workspace, and ``folders``: its ``file://`` checkpoint folder, where this node mounts it)
-        back to root, delete what it left in the scratch places (:mod:`cantata.server.uid_reclaim`): a checkpoint
+        back to root, delete what it left in the scratch places (:mod:`cantata.server.workers.uid_reclaim`): a checkpoint
         folder under ``/tmp`` is handed back before that, never deleted. Raises ``ReclaimError`` if it cannot; the
         seconds it took."""
         return await asyncio.to_thread(reclaim, uid, groups, [self.root / job_id, *map(Path, folders)])

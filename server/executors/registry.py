@@ -17,9 +17,9 @@ from cantata.security.pki import CertificateAuthority
 from cantata.security.worker_confinement import ConfinementPolicy
 from cantata.server.config import ServerSettings
 from cantata.server.executors.base import Executor
-from cantata.server.ports import CertificateRegistry, SecretsBroker
-from cantata.server.sandbox import Identities
+from cantata.server.network.ports import CertificateRegistry, SecretsBroker
 from cantata.server.store import JobRecord
+from cantata.server.workers.sandbox import Identities
 
 
 @dataclass(frozen=True)

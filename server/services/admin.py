@@ -25,11 +25,11 @@ from cantata.security.sealed_checkpoint import key_versions_in_use, rewrap_check
 from cantata.server.auth import caller
 from cantata.server.datasource_store import DataSourceStore
 from cantata.server.errors import InvalidRequest
-from cantata.server.groups import processes
-from cantata.server.lifecycle import JobLifecycle
-from cantata.server.ports import AuditSink
+from cantata.server.jobs.groups import processes
+from cantata.server.jobs.lifecycle import JobLifecycle
+from cantata.server.network.ports import AuditSink
 from cantata.server.store import Conflict, Store, Tenant
-from cantata.server.webhook_store import WebhookStore
+from cantata.server.webhooks.store import WebhookStore
 from cantata.storage import open_store
 
 # Which AttackConfig field SimulateAttackRequest.strength sets, per attack.

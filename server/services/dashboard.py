@@ -11,7 +11,7 @@ from cantata.security.audit import Action, Outcome
 from cantata.security.pki import peer_certificate
 from cantata.server.dashboard.signin import LoginsLimited, SignIn
 from cantata.server.enrollment import RefusalDigest
-from cantata.server.ports import AuditSink
+from cantata.server.network.ports import AuditSink
 from cantata.server.store import Conflict
 
 

@@ -19,15 +19,15 @@ from cantata.server.auth import caller, request_id
 from cantata.server.broadcast import EventBroadcast
 from cantata.server.cache import Cache
 from cantata.server.datasource_store import DataSourceNotFound
-from cantata.server.deletion import JobDeletion
 from cantata.server.errors import InvalidRequest
-from cantata.server.jobspec import InvalidField, job_sources, parse_job_spec, processes
-from cantata.server.lifecycle import JobLifecycle
-from cantata.server.ports import DataSourceDirectory
+from cantata.server.jobs.deletion import JobDeletion
+from cantata.server.jobs.jobspec import InvalidField, job_sources, parse_job_spec, processes
+from cantata.server.jobs.lifecycle import JobLifecycle
+from cantata.server.jobs.submissions import SubmitWriter
+from cantata.server.network.ports import DataSourceDirectory
 from cantata.server.request_audit import RequestAudit
 from cantata.server.store import JobRecord, NotFound, QuotaExceeded, RequestIdReused, Store
 from cantata.server.store.metrics import MetricsStore, UnknownMetric
-from cantata.server.submissions import SubmitWriter
 
 LOG_POLL = 0.5  # seconds between looks at a followed job's log files
 # Submissions refused for what they ask (not for an outage): each is recorded in the audit log.
@@ -113,7 +113,7 @@ class JobsService(jobs_pb2_grpc.JobsServicer):
 
     async def SubmitJob(self, request, context):
         """On the event loop: checked here, written by the submit writer's thread with others in one batch
-        (:mod:`cantata.server.submissions`), answered once the job and its audit record are both durable."""
+        (:mod:`cantata.server.jobs.submissions`), answered once the job and its audit record are both durable."""
         who = caller(context)
         try:
             if not valid_request_id(request.request_id):

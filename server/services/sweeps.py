@@ -15,8 +15,8 @@ from cantata.security.audit import Action, AuditLogUnavailable, Outcome
 from cantata.server.auth import caller
 from cantata.server.datasource_store import DataSourceNotFound
 from cantata.server.errors import InvalidRequest
-from cantata.server.jobspec import InvalidField, job_sources, parse_job_spec
-from cantata.server.ports import DataSourceDirectory
+from cantata.server.jobs.jobspec import InvalidField, job_sources, parse_job_spec
+from cantata.server.network.ports import DataSourceDirectory
 from cantata.server.request_audit import RequestAudit
 from cantata.server.store import RequestIdReused
 from cantata.server.sweeps import space

@@ -26,7 +26,7 @@ from cantata.security.pki import (
 from cantata.server.auth import caller
 from cantata.server.enrollment import EnrollmentLimited, EnrollmentLimits, RateLimiter, RefusalDigest, source_address
 from cantata.server.errors import AlreadyExists, InvalidRequest
-from cantata.server.ports import AuditSink
+from cantata.server.network.ports import AuditSink
 from cantata.server.store import Conflict, NotFound, Store, Tenant
 
 STATUS_CLOCK_SKEW = 300  # seconds a status proof may be old or early

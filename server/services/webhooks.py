@@ -2,7 +2,7 @@
 
 Only tenants call it (the authorization table says so), each about its own
 endpoints: another tenant's id is ``NOT_FOUND`` like a missing one. An added
-URL must pass the address policy (:mod:`cantata.server.webhook_targets`) now,
+URL must pass the address policy (:mod:`cantata.server.webhooks.targets`) now,
 and again at every delivery. The signing secret is in the reply to
 ``AddWebhook`` only; the audit log records each add and remove without it.
 """
@@ -14,8 +14,8 @@ import datetime as dt
 from cantata.proto.v1 import webhooks_pb2, webhooks_pb2_grpc
 from cantata.security.audit import Action
 from cantata.server.auth import caller
-from cantata.server.webhook_store import DeliveryRecord, WebhookRecord, WebhookStore
-from cantata.server.webhook_targets import AddressPolicy, parse_url
+from cantata.server.webhooks.store import DeliveryRecord, WebhookRecord, WebhookStore
+from cantata.server.webhooks.targets import AddressPolicy, parse_url
 
 
 def _info(record: WebhookRecord) -> webhooks_pb2.WebhookInfo:

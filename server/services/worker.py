@@ -10,13 +10,13 @@ from cantata.security.audit import Action, Outcome
 from cantata.security.pki import Principal
 from cantata.server.auth import caller
 from cantata.server.errors import InvalidRequest, Refused, Unavailable
-from cantata.server.groups import processes
-from cantata.server.heartbeats import Heartbeats
-from cantata.server.lifecycle import JobLifecycle
-from cantata.server.ports import AuditSink
+from cantata.server.jobs.groups import processes
+from cantata.server.jobs.lifecycle import JobLifecycle
+from cantata.server.jobs.stragglers import StragglerDetector
+from cantata.server.network.ports import AuditSink
 from cantata.server.store import AnomalyRecord, JobRecord, Store, utcnow
 from cantata.server.store.metrics import METRICS, SYSTEM_METRICS, MetricsStore
-from cantata.server.stragglers import StragglerDetector
+from cantata.server.workers.heartbeats import Heartbeats
 
 
 class WorkerService(worker_pb2_grpc.WorkerServicer):

@@ -16,7 +16,7 @@ from cantata.proto.v1 import common_pb2, jobs_pb2
 from cantata.proto.vocabulary import TERMINAL_STATES as TERMINAL
 from cantata.security.audit import Action, Unsigned
 from cantata.server.database import Database
-from cantata.server.groups import processes
+from cantata.server.jobs.groups import processes
 from cantata.server.store.anomalies import Anomalies
 from cantata.server.store.base import Repository, Signal
 from cantata.server.store.errors import Conflict, NotEnded, NotFound, NotResumable, QuotaExceeded, RequestIdReused

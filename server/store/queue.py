@@ -10,7 +10,7 @@ from collections.abc import Collection, Sequence
 
 from cantata.proto.v1 import common_pb2, jobs_pb2
 from cantata.server.database import Database
-from cantata.server.fairness import QueueHead, turn
+from cantata.server.jobs.fairness import QueueHead, turn
 from cantata.server.store.base import Repository, Signal
 from cantata.server.store.events import Events
 from cantata.server.store.jobs import Jobs
@@ -18,7 +18,7 @@ from cantata.server.store.records import ACTIVE, JobRecord, sql_in, utcnow
 
 
 # The scheduler's look at the queue: each tenant's oldest queued job that is not parked, with what its turn depends
-# on (:mod:`cantata.server.fairness`): its tenant's active jobs and last start; every part of it a seek in an index
+# on (:mod:`cantata.server.jobs.fairness`): its tenant's active jobs and last start; every part of it a seek in an index
 # (jobs_queue, jobs_by_state), so it costs the same whatever the queue's length and however many jobs are parked.
 # ``skipped`` placeholders name queued jobs to pass over (those about to be parked).
 def queue_head_query(skipped: int) -> str:
@@ -43,7 +43,7 @@ class Queue(Repository):
         self._jobs, self._events, self._queue_changed = jobs, events, queue_changed
 
     def head(self, skip: Collection[str] = ()) -> JobRecord | None:
-        """The next job to place: the head of the tenant whose turn it is (:func:`~cantata.server.fairness.turn`).
+        """The next job to place: the head of the tenant whose turn it is (:func:`~cantata.server.jobs.fairness.turn`).
 
         Each tenant's head and active jobs are index seeks (``jobs_queue``, ``jobs_by_state``), so the look costs
         the same whatever the queue's length. Parked jobs (:meth:`park`), those in ``skip`` and those whose

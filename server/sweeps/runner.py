@@ -31,9 +31,9 @@ from optuna.trial import TrialState
 from cantata.proto.v1 import common_pb2, sweeps_pb2
 from cantata.security.audit import Action
 from cantata.server.datasource_store import DataSourceNotFound
-from cantata.server.jobspec import InvalidField
+from cantata.server.jobs.jobspec import InvalidField
+from cantata.server.network.ports import AuditSink
 from cantata.server.periodic import PeriodicTask
-from cantata.server.ports import AuditSink
 from cantata.server.store import JobRecord, NotFound, QuotaExceeded, RequestIdReused, Store
 from cantata.server.store.metrics import MetricsStore
 from cantata.server.sweeps import space

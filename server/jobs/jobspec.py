@@ -5,11 +5,11 @@ The SDK validates too, but only this check is authoritative. A bad field is an
 field applies to come from the job-field table (:mod:`cantata.proto.jobfields`),
 the rules that tie fields together from :mod:`cantata.proto.jobrules`, which the
 SDK runs too; what only the server knows is checked here. ``file://``
-locations must lie under one of the tenant's roots (:mod:`cantata.server.local_roots`),
+locations must lie under one of the tenant's roots (:mod:`cantata.server.workers.local_roots`),
 never in the platform's data directory, with no ``..`` and no symbolic link on
 the way; a location outside them is refused with one message whether it exists
 or not. ``s3://`` and ``az://`` stores are reached with the server's own SDK
-configuration. A job that would not fit in a node's memory (:mod:`cantata.server.memory`: on one
+configuration. A job that would not fit in a node's memory (:mod:`cantata.server.jobs.memory`: on one
 machine all its ranks together, on a cluster each rank) is refused naming the cause and the changes that
 would fit.
 """
@@ -25,8 +25,8 @@ from cantata.proto.jobrules import BUCKET, InvalidField, check_mesh, check_sourc
 from cantata.proto.jobrules import require as _require
 from cantata.proto.v1 import common_pb2
 from cantata.proto.vocabulary import DECENTRALIZED, Algorithm
-from cantata.server import memory
-from cantata.server.local_roots import within
+from cantata.server.jobs import memory
+from cantata.server.workers.local_roots import within
 from cantata.storage import uri as stores
 from cantata.storage.base import StoreConfigError, store_prefix
 

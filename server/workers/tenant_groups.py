@@ -1,7 +1,7 @@
 """A gid of its own per tenant, which its workers hold and its ``file://`` folders belong to.
 
 As root, every worker of a tenant's jobs has the tenant's gid as its one
-supplementary group (:class:`cantata.server.sandbox.Identities`). The gids come
+supplementary group (:class:`cantata.server.workers.sandbox.Identities`). The gids come
 from ``tenant_gid_base`` up, given out in the order tenants first run a job and
 recorded in ``D/tenant-gids.json`` (the server's, 0600): a tenant keeps its gid
 for good, so that an operator may ``chgrp`` its data to it.

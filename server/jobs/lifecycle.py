@@ -13,7 +13,7 @@ that a tenant may resume a FAILED or CANCELLED job (:meth:`~JobLifecycle.resume_
   error is a failure. An all-reduce or single job restarts its worker group
   (:meth:`~JobLifecycle.restart`) from its latest checkpoint (back to QUEUED, placed again
   after a backoff) until it has had more than its budget of failures
-  (:mod:`cantata.server.restarts`), then fails (a worker lost with its node, on
+  (:mod:`cantata.server.jobs.restarts`), then fails (a worker lost with its node, on
   a cluster, restarts the group without counting against that budget: the
   job did not fail, the machine did); a decentralized job restarts
   the dead worker alone, or goes on while a quorum of worker groups lives.
@@ -61,10 +61,10 @@ from cantata.proto.v1 import common_pb2 as pb
 from cantata.proto.v1 import jobs_pb2
 from cantata.security.audit import Action
 from cantata.server.datasource_store import DataSourceError
-from cantata.server.groups import decentralized, processes, quorum
-from cantata.server.jobspec import resumed_spec
-from cantata.server.ports import AuditSink, WorkerProcesses
-from cantata.server.restarts import RestartPolicy
+from cantata.server.jobs.groups import decentralized, processes, quorum
+from cantata.server.jobs.jobspec import resumed_spec
+from cantata.server.jobs.restarts import RestartPolicy
+from cantata.server.network.ports import AuditSink, WorkerProcesses
 from cantata.server.store import ACTIVE, JobRecord, Store, WorkerRecord
 
 STARTED = (pb.STARTING, pb.RUNNING)
@@ -350,7 +350,7 @@ class JobLifecycle:
         Its workers resume from its latest checkpoint, as after a requeue. ``changes``
         (workers, mesh sizes, steps) move a mesh job to another mesh or train it
         further, a SUCCEEDED one too when they add steps; they are checked as at
-        submit (:func:`~cantata.server.jobspec.resumed_spec`). Refused (and not
+        submit (:func:`~cantata.server.jobs.jobspec.resumed_spec`). Refused (and not
         audited) for any other state, or over the tenant's quotas; audited, with
         the changes, before it happens.
         """

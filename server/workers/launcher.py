@@ -8,19 +8,19 @@ and the certificate's key (recorded in the certificate registry) exist only
 while the job's workers run: :meth:`WorkerLauncher.scrub`
 deletes them once every worker has exited, and a restarted worker gets a
 config written afresh from the secrets as they are now. Workers are forked
-from the zygote (:mod:`cantata.server.zygote`) into the sandbox of
-:mod:`cantata.server.sandbox` (allow-listed environment, no inherited
+from the zygote (:mod:`cantata.server.workers.zygote`) into the sandbox of
+:mod:`cantata.server.workers.sandbox` (allow-listed environment, no inherited
 descriptors, the workspace as working directory, the job's own uid, a memory
 limit); each shows as ``python -m cantata.trainer.worker --config FILE --job ID``
 and leads its own process group, so stopping a job reaches every process it started. Processes
 that share a ``torch.distributed`` group (all of an all-reduce job, or the
-ranks of one decentralized worker group) share its rendezvous, a file in the workspace (:mod:`cantata.server.rendezvous`).
+ranks of one decentralized worker group) share its rendezvous, a file in the workspace (:mod:`cantata.server.workers.rendezvous`).
 
 Workers outlive the server: neither they nor the zygote are in its process
 group or session, and the zygote stays with its workers when the server goes
 (:mod:`cantata.trainer.zygote`), writing each one's exit status to
 ``D/exits/<job-id>-<worker>.json``. A restarted server adopts (:meth:`~WorkerLauncher.adopt`)
-the workers its store names, each by pid and start time (:mod:`cantata.server.process_identity`),
+the workers its store names, each by pid and start time (:mod:`cantata.server.workers.process_identity`),
 and learns how those that exit meanwhile ended from those files. :meth:`~WorkerLauncher.detach`
 lets a stopping server leave its workers running.
 """
@@ -42,14 +42,15 @@ from pathlib import Path
 from cantata.proto.launch import WorkerLaunch, WorkerSecrets
 from cantata.security.pki import CertificateAuthority
 from cantata.security.worker_confinement import DEFAULT_POLICY, ConfinementPolicy
-from cantata.server import process_identity as proc_identity
 from cantata.server.config import write_private
 from cantata.server.executors.base import ExecutorBase, JobRun, WorkerExit
 from cantata.server.executors.plan import WorkerFiles
-from cantata.server.groups import group_size, processes
-from cantata.server.ports import CertificateRegistry, SecretsBroker
-from cantata.server.rendezvous import file_rendezvous, remove_rendezvous_files
-from cantata.server.sandbox import (
+from cantata.server.jobs.groups import group_size, processes
+from cantata.server.network.ports import CertificateRegistry, SecretsBroker
+from cantata.server.store import JobRecord, WorkerRecord
+from cantata.server.workers import process_identity as proc_identity
+from cantata.server.workers.rendezvous import file_rendezvous, remove_rendezvous_files
+from cantata.server.workers.sandbox import (
     Identities,
     Identity,
     Lease,
@@ -57,9 +58,8 @@ from cantata.server.sandbox import (
     give,
     prepare_job_folder,
 )
-from cantata.server.store import JobRecord, WorkerRecord
-from cantata.server.uid_reclaim import reclaim
-from cantata.server.zygote import ZYGOTE_GONE, ZYGOTE_MODULE, Zygote
+from cantata.server.workers.uid_reclaim import reclaim
+from cantata.server.workers.zygote import ZYGOTE_GONE, ZYGOTE_MODULE, Zygote
 
 log = logging.getLogger(__name__)
 _adopted_exits = itertools.count(1 << 32)  # after every exit the zygote numbered: adopted ones are seen late
@@ -149,7 +149,7 @@ def worker_pids(config_prefix: str) -> dict[int, str]:
 
 
 def reclaim_locally(lease: Lease) -> float:
-    """Take a job's uid back on this machine (:func:`cantata.server.uid_reclaim.reclaim`); the seconds it took."""
+    """Take a job's uid back on this machine (:func:`cantata.server.workers.uid_reclaim.reclaim`); the seconds it took."""
     return reclaim(lease.uid, lease.groups, [Path(f) for f in lease.folders])
 
 

@@ -5,7 +5,7 @@ their handshakes and their idleness, but it accepts in C and has no per-peer
 limit, and grpcio offers no hook at accept. The accepted sockets are this
 process's file descriptors, though: :class:`ConnectionReaper` looks at them
 (``/proc/self/fd``) a few times a second, groups the connections to the gRPC
-ports by source address (:func:`cantata.server.admission.source_group`), and
+ports by source address (:func:`cantata.server.jobs.admission.source_group`), and
 shuts down, with ``shutdown(2)`` on a duplicate of the descriptor, the newest
 connections of any address past ``per_address``; grpc then sees the
 connection end and closes it. Older connections of that address (the ones it
@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Collection
 
-from cantata.server.admission import source_group
+from cantata.server.jobs.admission import source_group
 
 SWEEP_SECONDS = 0.25
 LOG_EVERY_S = 60.0  # at most one warning line per this long, however many connections are shed

@@ -10,17 +10,17 @@
 - Identity: when the server runs as root, the workers of each job run as a
   user of their own, a uid (and gid) from ``worker_uid_base`` up with no entry
   in ``/etc/passwd``, for the job's workers' lifetime only, and their tenant's
-  gid (:mod:`cantata.server.tenant_groups`) as their one supplementary group
+  gid (:mod:`cantata.server.workers.tenant_groups`) as their one supplementary group
   (:class:`Identities`). The job's workspace and its ``file://`` checkpoint
   folder belong to that uid while they run, the server's again once they have
-  exited (:mod:`cantata.server.uid_reclaim`); the data directory's keys,
+  exited (:mod:`cantata.server.workers.uid_reclaim`); the data directory's keys,
   database and audit log are the server's, 0600/0700 (:func:`lock_data_dir`),
   and every directory above it must let other users pass (:func:`check_passable`).
 - Memory: ``RLIMIT_AS``, the process's size once its modules are loaded plus
   the job's budget (:func:`cantata.security.process_sandbox.limit_memory`).
 
 :func:`cantata.security.process_sandbox.enter` applies it in each freshly forked
-worker, before the worker runs a line of its own (see :mod:`cantata.server.zygote`).
+worker, before the worker runs a line of its own (see :mod:`cantata.server.workers.zygote`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from cantata.server.config import write_private
-from cantata.server.tenant_groups import TenantGroups
+from cantata.server.workers.tenant_groups import TenantGroups
 from cantata.storage import uri as stores
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class Identities:
     The ids have no ``/etc/passwd`` entry. A uid is handed out round-robin (the next one after the
     last given, not the lowest free) and recorded in a lease (``leases``/``<uid>.json``) with the
     folders the job's workers may write; :meth:`release` takes it back once the job's workers have
-    exited (:func:`cantata.server.uid_reclaim.reclaim`: no process of it left, nothing it wrote its
+    exited (:func:`cantata.server.workers.uid_reclaim.reclaim`: no process of it left, nothing it wrote its
     own) and only then is it free. A uid whose cleanup failed is retired, for good (its lease says
     why): fail closed. :meth:`recover` reclaims the uids of leases an earlier server left.
     """

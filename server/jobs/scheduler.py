@@ -3,15 +3,15 @@
 Which job runs next is decided here; whether it fits now, where it runs and
 how its processes start is the executor's (:mod:`cantata.server.executors`);
 what a placement or a worker's exit means for the job is the lifecycle's
-(:mod:`cantata.server.lifecycle`). One background thread ticks every ``interval`` seconds: reap
+(:mod:`cantata.server.jobs.lifecycle`). One background thread ticks every ``interval`` seconds: reap
 exited workers, settle jobs whose workers are all gone, kill workers silent
-past the heartbeat timeout (:mod:`cantata.server.heartbeats`), then place
+past the heartbeat timeout (:mod:`cantata.server.workers.heartbeats`), then place
 queued jobs, but only after something that can change a placement: a job
 queued (submitted, resumed, requeued), a quota or tenant change (both
 :meth:`Scheduler.wake` it at once), a worker exit, or a head that was not due
 yet. Placement looks only at the queue's heads, the oldest queued job of each
 tenant (:meth:`~cantata.server.store.Store.queue_head`), and whose turn it
-is (:mod:`cantata.server.fairness`): the tenant with the fewest active jobs,
+is (:mod:`cantata.server.jobs.fairness`): the tenant with the fewest active jobs,
 then the one that started a job least recently, so one with a thousand queued
 jobs does not starve one with a single job, tenants take turns when slots are
 scarce, and a quiet server's cost does not grow with its queue. A head that does not fit yet waits (with its reason recorded), and so
@@ -27,7 +27,7 @@ jobs and new placements wait, so no job changes state unrecorded. A worker exit
 or a settled job whose record failed mid-tick (the audit log, or a full data disk:
 :class:`~cantata.server.database.DatabaseUnavailable`) is kept and handled again
 at the next tick. Meanwhile a started job whose workers have all exited is shown
-as not running (:meth:`~cantata.server.lifecycle.JobLifecycle.shown`).
+as not running (:meth:`~cantata.server.jobs.lifecycle.JobLifecycle.shown`).
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ from cantata.proto.v1 import common_pb2 as pb
 from cantata.security.audit import AuditLogUnavailable
 from cantata.server.database import DatabaseUnavailable
 from cantata.server.executors import Executor, NotPlaceable
-from cantata.server.heartbeats import Heartbeats
-from cantata.server.lifecycle import JobLifecycle
+from cantata.server.jobs.lifecycle import JobLifecycle
 from cantata.server.store import ACTIVE, JobRecord, Store
+from cantata.server.workers.heartbeats import Heartbeats
 
 log = logging.getLogger(__name__)
 UNFIT_RECHECK_S = 30.0  # how long a "never fits" verdict is trusted before its reason is checked again

@@ -1,9 +1,9 @@
 """The deliverer: POSTs each due webhook delivery, signed, and retries failures with backoff.
 
-One thread takes due deliveries from the outbox (:class:`~cantata.server.webhook_store.WebhookStore`)
+One thread takes due deliveries from the outbox (:class:`~cantata.server.webhooks.store.WebhookStore`)
 and hands them to a small pool, so a slow receiver holds one slot, never the
 others. An attempt resolves the endpoint's host, checks every address against
-the :class:`~cantata.server.webhook_targets.AddressPolicy` and connects to the
+the :class:`~cantata.server.webhooks.targets.AddressPolicy` and connects to the
 checked ones in turn until one accepts (TLS still verifies the host name,
 against the system's CAs or ``ca_file``), without following redirects, within
 ``timeout_s``. A 2xx answer
@@ -30,8 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import urllib3
 
-from cantata.server.webhook_store import DueDelivery, WebhookStore
-from cantata.server.webhook_targets import AddressPolicy, InvalidWebhook, Target, parse_url
+from cantata.server.webhooks.store import DueDelivery, WebhookStore
+from cantata.server.webhooks.targets import AddressPolicy, InvalidWebhook, Target, parse_url
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from cantata.proto.launch import DataSecrets, WorkerSecrets
 from cantata.security.audit import Action
 from cantata.security.keys import KeyProvider
 from cantata.server.datasource_store import DataSourceStore
-from cantata.server.jobspec import job_sources
-from cantata.server.ports import AuditSink
+from cantata.server.jobs.jobspec import job_sources
+from cantata.server.network.ports import AuditSink
 from cantata.server.store import JobRecord
 
 

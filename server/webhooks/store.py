@@ -11,7 +11,7 @@ not found, like a missing one.
 event (the store's ``on_event`` hook), so a delivery exists exactly when its
 event does and survives a restart. Each endpoint holds at most ``max_pending``
 pending deliveries: a delivery beyond that is recorded dead at once ("queue
-full"), where the tenant sees it. The deliverer (:mod:`cantata.server.webhook_delivery`)
+full"), where the tenant sees it. The deliverer (:mod:`cantata.server.webhooks.delivery`)
 takes due deliveries and records every attempt.
 """
 
@@ -34,8 +34,8 @@ from cantata.security.stream_aead import DATA_KEY_SIZE, IntegrityError
 from cantata.server.database import Database
 from cantata.server.store import NotFound, QuotaExceeded
 from cantata.server.store.base import Repository
-from cantata.server.webhook_events import EVENT_TYPES, body, event_id, event_type
-from cantata.server.webhook_targets import InvalidWebhook, parse_url
+from cantata.server.webhooks.events import EVENT_TYPES, body, event_id, event_type
+from cantata.server.webhooks.targets import InvalidWebhook, parse_url
 
 NONCE_SIZE = 12
 MAX_DESCRIPTION = 200

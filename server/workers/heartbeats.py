@@ -4,7 +4,7 @@ Every report a worker sends (a heartbeat, which its reporter sends in the
 background, or any other) counts as a sign of life. The scheduler asks on each
 tick which live workers have been silent for longer than the timeout, counting
 from their start when they have not reported yet; the lifecycle kills them as
-hung (:meth:`~cantata.server.lifecycle.JobLifecycle.worker_silent`). Kept in
+hung (:meth:`~cantata.server.jobs.lifecycle.JobLifecycle.worker_silent`). Kept in
 memory: after a server restart every worker is new.
 """
 

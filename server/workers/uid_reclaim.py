@@ -1,7 +1,7 @@
 """Take a job's uid back once its workers are gone: no process of it left, nothing it wrote still its own.
 
 Run as root on the node the workers ran on, before the uid is handed to another job
-(:class:`cantata.server.sandbox.Identities`):
+(:class:`cantata.server.workers.sandbox.Identities`):
 
 1. :func:`kill_uid`: a process of that uid (``/bin/sh``, which every host has) runs
    ``kill -KILL -1`` until none is left: ``kill(-1)`` from an unprivileged uid reaches

@@ -8,7 +8,7 @@ and that is not revoked gets the exposition text; no certificate is ``401``,
 any other principal (an admin, a tenant, a worker) or a revoked scraper is
 ``403``, and each refusal is audited (anonymous ones are counted) and counted
 in ``cantata_refused_calls_total``. Connections are counted at accept by an
-:class:`~cantata.server.admission.Admission` (per source address and in
+:class:`~cantata.server.jobs.admission.Admission` (per source address and in
 all; one past a cap is closed before any TLS work); each runs in its own
 thread, and its TLS handshake and request head must be done within the
 handshake timeout, so a slow client holds up nobody else and a slowloris one
@@ -32,7 +32,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from cantata.security.audit import Action, AuditLogUnavailable
 from cantata.security.pki import certificate_principal
-from cantata.server.admission import Admission, ConnectionLimits
+from cantata.server.jobs.admission import Admission, ConnectionLimits
 
 SCRAPER = "scraper"
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from cantata.security.audit import Action
 from cantata.security.sealed_checkpoint import delete_job_checkpoints
+from cantata.server.network.ports import AuditSink
 from cantata.server.periodic import PeriodicTask
-from cantata.server.ports import AuditSink
 from cantata.server.store import Conflict, JobRecord, NotEnded, Store
 from cantata.storage import open_store
 

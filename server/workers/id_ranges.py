@@ -1,7 +1,7 @@
 """One server per worker uid range on a host: two whose ranges overlap would kill each other's workers.
 
 A root server takes back a job's uid by killing every process of it
-(:mod:`cantata.server.uid_reclaim`), and gives its tenants' gids to their workers.
+(:mod:`cantata.server.workers.uid_reclaim`), and gives its tenants' gids to their workers.
 A second server on the same host whose ``worker_uid_base``/``worker_uid_count`` or
 ``tenant_gid_base``/``tenant_gid_count`` overlapped the first's would kill the
 first's workers, or let its tenants read the first's tenants' data. Each root server
@@ -20,7 +20,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from cantata.server import process_identity
+from cantata.server.workers import process_identity
 
 REGISTRY = Path("/run/cantata/id-ranges.json")
 

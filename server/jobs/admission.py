@@ -6,7 +6,7 @@ connections on a port, and the port ``total`` of them from everyone. The
 listeners that accept in Python (the dashboard, ``/metrics``) ask an
 :class:`Admission` at accept, before any TLS work, and close a connection
 past a limit at once; the gRPC ports are held to them by grpc core (the
-total, handshake and idle timeouts) and :mod:`cantata.server.connection_reaper`
+total, handshake and idle timeouts) and :mod:`cantata.server.network.connection_reaper`
 (per address).
 """
 

@@ -9,7 +9,7 @@ goes on while ``min_workers`` of them are alive (:func:`quorum`).
 from __future__ import annotations
 
 from cantata.proto.v1 import common_pb2
-from cantata.server.jobspec import DECENTRALIZED, processes
+from cantata.server.jobs.jobspec import DECENTRALIZED, processes
 
 __all__ = ["decentralized", "group_size", "processes", "quorum"]
 

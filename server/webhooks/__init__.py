@@ -1,0 +1,1 @@
+"""Webhook subscriptions: their targets, the events they get, the store, and signed delivery."""
