@@ -1,9 +1,13 @@
-"""Generate ``cantata.proto.v1`` from ``proto/cantata/v1/*.proto``, and the SDK's typed job fields from the table.
+"""Generate ``cantata.proto.v1`` from ``proto/cantata/v1/*.proto``, the SDK's typed job fields from the table,
+and the catalog of models from the trainer's model families.
 
 protoc emits imports rooted at the proto package (``from cantata.v1 import``);
 they are rewritten to the installed package (``from cantata.proto.v1 import``).
 ``sdk/job_fields.py`` is written from :mod:`cantata.proto.jobfields`, so that
 mypy and IDEs know each field of ``Job`` (``Job(wokers=2)`` is a type error).
+``proto/models.py`` is written from the model families (:mod:`cantata.trainer.models`),
+which own their models' shapes: the torch-free server and SDK read the models
+there, so a new family is a module in ``trainer/models/`` and a regeneration.
 
     python -m cantata.proto.codegen          # regenerate in place
     python -m cantata.proto.codegen --check  # exit 1 if the committed code is stale
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import importlib
 import json
 import sys
 import tempfile
@@ -24,6 +29,7 @@ PROTO_ROOT = Path(__file__).resolve().parent
 SOURCES = PROTO_ROOT / "cantata" / "v1"
 GENERATED = PROTO_ROOT / "v1"
 JOB_FIELDS = PROTO_ROOT.parent / "sdk" / "job_fields.py"
+MODELS = PROTO_ROOT / "models.py"
 
 
 def generate(out_dir: Path) -> list[Path]:
@@ -101,6 +107,51 @@ def job_fields_source() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _member(model: str) -> str:
+    return model.upper().replace("-", "_").replace(".", "_")
+
+
+def models_source() -> str:
+    """The text of ``proto/models.py``: every model of every registered family, with its shape."""
+    # The families live with the trainer (and torch), which no module of proto imports: read them at build time.
+    families = importlib.import_module("cantata.trainer.models").registry.FAMILIES.values()
+    models = [(family, model, shape) for family in families for model, shape in family.models.items()]
+    lines = [
+        '"""The models the server accepts, each with its shape: what the trainer builds and what a downloaded',
+        "checkpoint's config.json describes.",
+        "",
+        "Generated from the model families (:mod:`cantata.trainer.models`) by ``python -m cantata.proto.codegen``;",
+        "do not edit: a family's models and shapes are written in its module.",
+        '"""',
+        "",
+        "from __future__ import annotations",
+        "",
+        "import enum",
+        "",
+        "",
+        "class Model(enum.StrEnum):",
+        '    """The model configurations the server accepts, family by family."""',
+        "",
+        *(f"    {_member(model)} = {json.dumps(model)}" for _, model, _ in models),
+        "",
+        "",
+        "MODEL_SHAPES: dict[Model, dict[str, int | float | bool]] = {",
+        *(f"    Model.{_member(model)}: {dict(shape)!r}," for _, model, shape in models),
+        "}",
+        "# models of a family that is neither sharded nor exported to Hugging Face: byte-level GPTs",
+        "BYTE_GPTS = frozenset(",
+        "    {",
+        *(
+            f"        Model.{_member(model)},"
+            for family, model, _ in models
+            if family.tp_plan is None and family.hf_names is None
+        ),
+        "    }",
+        ")",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def stale_files() -> list[str]:
     """Names of generated files that differ from a fresh generation."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -114,6 +165,8 @@ def stale_files() -> list[str]:
         stale += [f.name for f in GENERATED.glob("*.py*") if f.name not in known]
         if not JOB_FIELDS.is_file() or JOB_FIELDS.read_text() != job_fields_source():
             stale.append(JOB_FIELDS.name)
+        if not MODELS.is_file() or MODELS.read_text() != models_source():
+            stale.append(MODELS.name)
         return sorted(stale)
 
 
@@ -129,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     generate(GENERATED)
     JOB_FIELDS.write_text(job_fields_source())
+    MODELS.write_text(models_source())
     return 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import re
 
+from cantata.proto.models import BYTE_GPTS, MODEL_SHAPES, Model  # noqa: F401  (the generated catalog, read from here)
 from cantata.proto.v1 import common_pb2
 
 
@@ -102,71 +103,12 @@ class PipelineSchedule(enum.StrEnum):
     INTERLEAVED_1F1B = "interleaved-1f1b"  # two stages per rank: a smaller bubble
 
 
-class Model(enum.StrEnum):
-    """The model configurations the server accepts: two byte GPTs, then the Llama/Qwen3 decoder family."""
-
-    GPT_TINY = "gpt-tiny"
-    GPT_SMALL = "gpt-small"
-    LLAMA_TINY = "llama-tiny"
-    QWEN3_TINY = "qwen3-tiny"
-    QWEN3_0_6B = "qwen3-0.6b"
-    QWEN3_1_7B = "qwen3-1.7b"
-    QWEN3_4B = "qwen3-4b"
-    QWEN3_8B = "qwen3-8b"
-    QWEN3_14B = "qwen3-14b"
-    QWEN3_32B = "qwen3-32b"
-    LLAMA3_8B = "llama3-8b"
-    LLAMA3_70B = "llama3-70b"
-
-
-BYTE_GPTS = frozenset({Model.GPT_TINY, Model.GPT_SMALL})  # cantata.trainer.model.GPT; the rest: Decoder
 Shape = int | float | bool  # a value of a model's shape
 
 
 def model_architecture(model: Model) -> str:
     """The ``architecture`` a downloaded checkpoint's config.json names."""
     return "cantata-gpt" if model in BYTE_GPTS else "cantata-decoder"
-
-
-def _decoder(dim: int, layers: int, heads: int, ffn: int, *, tie: bool, qwen3: bool) -> dict[str, Shape]:
-    """A shape of the published configs, with head_dim 128 and 8 key/value heads in both families.
-
-    Qwen3: vocabulary 151936, rope theta 1e6, RMSNorm of queries and keys;
-    Llama 3: vocabulary 128256, rope theta 500000.
-    """
-    return {
-        "dim": dim,
-        "n_layers": layers,
-        "n_heads": heads,
-        "n_kv_heads": 8,
-        "head_dim": 128,
-        "ffn_dim": ffn,
-        "vocab_size": 151936 if qwen3 else 128256,
-        "block_size": 40960 if qwen3 else 8192,
-        "rope_theta": 1_000_000.0 if qwen3 else 500_000.0,
-        "norm_eps": 1e-6 if qwen3 else 1e-5,
-        "tie_embeddings": tie,
-        "qk_norm": qwen3,
-    }
-
-
-_TINY = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 192, "vocab_size": 512, "block_size": 512}
-# Each model's shape: what the trainer builds and what a downloaded checkpoint's config.json describes.
-MODEL_SHAPES: dict[Model, dict[str, Shape]] = {
-    Model.GPT_TINY: {"n_layer": 2, "n_head": 4, "n_embd": 64, "block_size": 256, "vocab_size": 256},
-    Model.GPT_SMALL: {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 512, "vocab_size": 256},
-    Model.LLAMA_TINY: {**_decoder(0, 0, 0, 0, tie=False, qwen3=False), **_TINY, "head_dim": 16},
-    # heads x head_dim != dim, as in Qwen3-0.6B and 32B
-    Model.QWEN3_TINY: {**_decoder(0, 0, 0, 0, tie=True, qwen3=True), **_TINY, "head_dim": 32},
-    Model.QWEN3_0_6B: _decoder(1024, 28, 16, 3072, tie=True, qwen3=True),
-    Model.QWEN3_1_7B: _decoder(2048, 28, 16, 6144, tie=True, qwen3=True),
-    Model.QWEN3_4B: _decoder(2560, 36, 32, 9728, tie=True, qwen3=True),
-    Model.QWEN3_8B: _decoder(4096, 36, 32, 12288, tie=False, qwen3=True),
-    Model.QWEN3_14B: _decoder(5120, 40, 40, 17408, tie=False, qwen3=True),
-    Model.QWEN3_32B: _decoder(5120, 64, 64, 25600, tie=False, qwen3=True),
-    Model.LLAMA3_8B: _decoder(4096, 32, 32, 14336, tie=False, qwen3=False),
-    Model.LLAMA3_70B: _decoder(8192, 80, 64, 28672, tie=False, qwen3=False),
-}
 
 
 # Every job state's name, in lifecycle order (what filters and listings accept).

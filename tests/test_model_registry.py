@@ -7,11 +7,13 @@ import ast
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
+from cantata.proto import codegen
 from cantata.proto.vocabulary import BYTE_GPTS, Model, Shape
 from cantata.trainer import models
 from cantata.trainer.deferred_init import allocate, materialize
@@ -115,6 +117,21 @@ def test_the_platform_vocabulary_agrees_with_the_registry() -> None:
     # the server refuses to shard BYTE_GPTS, the SDK to export them as Hugging Face folders
     assert {m for m in Model if models.family_of(m).tp_plan is None} == BYTE_GPTS
     assert {m for m in Model if models.family_of(m).hf_names is None} == BYTE_GPTS
+
+
+def test_a_new_family_reaches_the_server_through_the_generated_catalog(toy: models.ModelFamily) -> None:
+    """A family is one module of trainer/models/: the torch-free catalog the server and SDK read is generated."""
+    catalog: dict[str, Any] = {}
+    exec(compile(codegen.models_source(), "models.py", "exec"), catalog)  # the generated module
+    assert catalog["Model"]("toy-mlp").name == "TOY_MLP"
+    assert catalog["MODEL_SHAPES"][catalog["Model"].TOY_MLP] == {
+        "width": 8,
+        "n_layer": 3,
+        "vocab_size": 32,
+        "block_size": 16,
+    }
+    assert catalog["Model"].TOY_MLP in catalog["BYTE_GPTS"]  # neither sharded nor exported: as the byte GPTs
+    assert [m.value for m in catalog["Model"]][: len(Model)] == [m.value for m in Model]  # the families before it
 
 
 def test_only_the_families_test_their_classes() -> None:

@@ -1,9 +1,14 @@
 """Model families, one module each, registered on import (:mod:`.registry` says what a family answers).
 
-A new family is a module here that calls :func:`register`, imported below.
+A new family is a module here that owns its models' shapes and calls :func:`register`, imported below;
+``make proto`` then writes its models into the torch-free catalog the server and SDK read (``proto/models.py``).
 """
 
-from cantata.trainer.models import decoder, gpt
+# isort: off
+from cantata.trainer.models import gpt  # registered first: the byte GPTs lead the list of models
+from cantata.trainer.models import decoder
+
+# isort: on
 from cantata.trainer.models.registry import (
     FAMILIES,
     ModelFamily,

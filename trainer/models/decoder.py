@@ -13,11 +13,50 @@ from collections.abc import Mapping
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, SequenceParallel
 
-from cantata.proto.vocabulary import BYTE_GPTS, MODEL_SHAPES, Shape
+from cantata.proto.vocabulary import Shape
 from cantata.trainer.decoder import Decoder, DecoderConfig
 from cantata.trainer.models.registry import ModelFamily, register
 
 HF_NAMES = {False: ("llama", "LlamaForCausalLM"), True: ("qwen3", "Qwen3ForCausalLM")}  # by qk_norm
+
+
+def _published(dim: int, layers: int, heads: int, ffn: int, *, tie: bool, qwen3: bool) -> dict[str, Shape]:
+    """A shape of the published configs, with head_dim 128 and 8 key/value heads in both families.
+
+    Qwen3: vocabulary 151936, rope theta 1e6, RMSNorm of queries and keys;
+    Llama 3: vocabulary 128256, rope theta 500000.
+    """
+    return {
+        "dim": dim,
+        "n_layers": layers,
+        "n_heads": heads,
+        "n_kv_heads": 8,
+        "head_dim": 128,
+        "ffn_dim": ffn,
+        "vocab_size": 151936 if qwen3 else 128256,
+        "block_size": 40960 if qwen3 else 8192,
+        "rope_theta": 1_000_000.0 if qwen3 else 500_000.0,
+        "norm_eps": 1e-6 if qwen3 else 1e-5,
+        "tie_embeddings": tie,
+        "qk_norm": qwen3,
+    }
+
+
+_TINY = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 192, "vocab_size": 512, "block_size": 512}
+# Each model's shape: what the trainer builds and what a downloaded checkpoint's config.json describes.
+MODELS: dict[str, dict[str, Shape]] = {
+    "llama-tiny": {**_published(0, 0, 0, 0, tie=False, qwen3=False), **_TINY, "head_dim": 16},
+    # heads x head_dim != dim, as in Qwen3-0.6B and 32B
+    "qwen3-tiny": {**_published(0, 0, 0, 0, tie=True, qwen3=True), **_TINY, "head_dim": 32},
+    "qwen3-0.6b": _published(1024, 28, 16, 3072, tie=True, qwen3=True),
+    "qwen3-1.7b": _published(2048, 28, 16, 6144, tie=True, qwen3=True),
+    "qwen3-4b": _published(2560, 36, 32, 9728, tie=True, qwen3=True),
+    "qwen3-8b": _published(4096, 36, 32, 12288, tie=False, qwen3=True),
+    "qwen3-14b": _published(5120, 40, 40, 17408, tie=False, qwen3=True),
+    "qwen3-32b": _published(5120, 64, 64, 25600, tie=False, qwen3=True),
+    "llama3-8b": _published(4096, 32, 32, 14336, tie=False, qwen3=False),
+    "llama3-70b": _published(8192, 80, 64, 28672, tie=False, qwen3=False),
+}
 
 
 def tp_plan(cfg: DecoderConfig, tp: int) -> dict[str, ParallelStyle]:
@@ -63,7 +102,7 @@ FAMILY = register(
     ModelFamily(
         name="decoder",
         title="a Llama/Qwen3 decoder",
-        models={model: shape for model, shape in MODEL_SHAPES.items() if model not in BYTE_GPTS},
+        models=MODELS,
         config_type=DecoderConfig,
         config=_config,
         module_type=Decoder,

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from cantata.proto.vocabulary import BYTE_GPTS, MODEL_SHAPES, Shape
+from cantata.proto.vocabulary import Shape
 from cantata.trainer.models.registry import ModelFamily, register
 
 
@@ -91,11 +91,17 @@ def _blocks(model: nn.Module) -> nn.ModuleList:
     return model.blocks
 
 
+# Each model's shape: what the trainer builds and what a downloaded checkpoint's config.json describes.
+MODELS: dict[str, dict[str, Shape]] = {
+    "gpt-tiny": {"n_layer": 2, "n_head": 4, "n_embd": 64, "block_size": 256, "vocab_size": 256},
+    "gpt-small": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 512, "vocab_size": 256},
+}
+
 FAMILY = register(
     ModelFamily(
         name="gpt",
         title="a byte GPT",
-        models={model: shape for model, shape in MODEL_SHAPES.items() if model in BYTE_GPTS},
+        models=MODELS,
         config_type=GPTConfig,
         config=_config,
         module_type=GPT,
