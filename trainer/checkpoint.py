@@ -26,7 +26,7 @@ from __future__ import annotations
 import enum
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypedDict, TypeVar
 
@@ -322,54 +322,57 @@ class TrainingState:
                 part.holder.load_state_dict(states[part.name])
         return True
 
-    def save(self, step: int) -> int | None:
-        """Seal this process's parts at ``step``; returns the committed size on the lead, else None."""
+    def _begin(self, step: int) -> bool:
+        """Seal the ``PROCESS`` parts at ``step`` and open the checkpoint; whether this process commits it."""
         for part in self._parts:
             if part.scope is Scope.PROCESS:
                 self._checkpoints.save_beside(step, self.shard_name(part), part.holder.state_dict())
         if not self._commits:
-            return None
+            return False
         self._checkpoints.begin(step, self._rank, self._group)
+        return True
+
+    def _listed_states(self, copy: Callable[[dict], dict]) -> dict[str, dict]:
+        """The ``LEAD`` (on rank 0) and ``RANK`` parts' states by shard name, each through ``copy``.
+
+        Every rank takes every listed state: a sharded model's ``state_dict`` is collective.
+        """
+        listed = [part for part in self._parts if part.scope in (Scope.LEAD, Scope.RANK)]
+        states = [part.holder.state_dict() for part in listed]
+        return {
+            self.shard_name(part): copy(state)
+            for part, state in zip(listed, states, strict=True)
+            if part.scope is Scope.RANK or self._rank == 0
+        }
+
+    def save(self, step: int) -> int | None:
+        """Seal this process's parts at ``step``; returns the committed size on the lead, else None."""
+        if not self._begin(step):
+            return None
         written = [
             info
             for part in self._parts
             if part.scope is Scope.SHARDED
             for info in self._checkpoints.save_sharded(step, part.name, part.holder.state_dict(), self._group)
         ]
-        listed = [part for part in self._parts if part.scope in (Scope.LEAD, Scope.RANK)]
-        states = [part.holder.state_dict() for part in listed]  # on every rank: a sharded model's is collective
-        shards = {
-            self.shard_name(part): state
-            for part, state in zip(listed, states, strict=True)
-            if part.scope is Scope.RANK or self._rank == 0
-        }
-        return self._checkpoints.commit(step, self._rank, shards, self._group, written)
+        return self._checkpoints.commit(
+            step, self._rank, self._listed_states(lambda state: state), self._group, written
+        )
 
     def stage(self, step: int) -> Staged | None:
         """An asynchronous save's first phase: seal the ``PROCESS`` parts, copy the committed ones (collective).
 
         None where this process does not commit. No checkpoint exists at ``step`` from here until :meth:`publish`.
         """
-        for part in self._parts:
-            if part.scope is Scope.PROCESS:
-                self._checkpoints.save_beside(step, self.shard_name(part), part.holder.state_dict())
-        if not self._commits:
+        if not self._begin(step):
             return None
-        self._checkpoints.begin(step, self._rank, self._group)
         objects = [
             staged
             for part in self._parts
             if part.scope is Scope.SHARDED
             for staged in self._checkpoints.stage_sharded(step, part.name, part.holder.state_dict(), self._group)
         ]
-        listed = [part for part in self._parts if part.scope in (Scope.LEAD, Scope.RANK)]
-        states = [part.holder.state_dict() for part in listed]  # on every rank: a sharded model's is collective
-        shards = {
-            self.shard_name(part): host_copy(state)
-            for part, state in zip(listed, states, strict=True)
-            if part.scope is Scope.RANK or self._rank == 0
-        }
-        return Staged(step, objects, shards)
+        return Staged(step, objects, self._listed_states(host_copy))
 
     def upload(self, staged: Staged) -> list[ShardInfo]:
         """The second phase, on any thread: seal and upload this rank's staged objects."""
