@@ -265,13 +265,15 @@ class GossipExchange:
 
         The final average must reach ``min_workers`` groups; a group the control plane is restarting
         has withdrawn its endpoint and rejoins at the job's round, so the others wait for it here
-        instead of summing without it.
+        instead of summing without it. Once every group has an endpoint, there is no one to wait for.
         """
         others = [self._cfg.shard_peer(g) for g in range(self._cfg.workers) if g != self._cfg.group]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self._refresh(round_)
             if 1 + sum(self._trusted(p) and self._in_round(p, round_) for p in others) >= self._cfg.spec.min_workers:
+                return
+            if all(p in self.addresses for p in others):  # none away: a laggard is waited for as in any round
                 return
             time.sleep(0.2)
 
