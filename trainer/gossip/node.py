@@ -13,7 +13,6 @@ import torch
 
 from cantata.security.pki import Bundle
 
-from .allreduce import AllReduceFailed
 from .bandwidth import TokenBucket
 from .chunks import DEFAULT_CHUNK_BYTES, CorruptPayload, dtype_name
 from .client import commit_with, exchange_with
@@ -214,8 +213,7 @@ class GossipNode:
                 reduction.take(peer, chunk)
         except Exception as failure:  # refused, unreachable, cut, corrupt: the all-reduce fails closed
             error = failure
-            if isinstance(failure, grpc.RpcError):  # its code and details, not the call's multi-line repr
-                error = AllReduceFailed(f"{failure.code().name}: {failure.details()}")
+            if isinstance(failure, grpc.RpcError):
                 log.warning(
                     "all-reduce round %d: worker %d -> %d failed: %s",
                     reduction.round,

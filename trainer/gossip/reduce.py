@@ -238,7 +238,7 @@ class Reduction:
                 self._settled.add(peer)
                 self._cond.notify_all()
                 return
-        self.fail(f"the stream with worker {peer} ended early: {error or 'closed'}")
+        self.fail(f"the stream with worker {peer} ended early: {_why(error)}")
 
     def fail(self, reason: str) -> None:
         """Give up (unless done): streams end, calls are cancelled, ``wait`` raises ``AllReduceFailed``."""
@@ -312,3 +312,13 @@ class Reductions:
             self._cond.wait_for(lambda: self._latest >= round, timeout=timeout)
             current = self._current
             return current if current is not None and current.round == round else None
+
+
+def _why(error: BaseException | None) -> str:
+    """What ended a stream, in one line: a gRPC error's code and details (not the call's repr), else the error."""
+    if error is None:
+        return "closed"
+    code, details = getattr(error, "code", None), getattr(error, "details", None)
+    if callable(code) and callable(details):  # grpc.RpcError
+        return f"{getattr(code(), 'name', code())}: {details()}"
+    return str(error) or type(error).__name__
