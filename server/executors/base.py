@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import signal
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,7 +165,7 @@ class JobRun:
 Run = TypeVar("Run", bound=JobRun)
 
 
-class ExecutorBase(Generic[Run]):
+class ExecutorBase(ABC, Generic[Run]):
     """What both executors do alike: plan each worker's launch, keep the job's folder and logs on this server,
     and count its workers from their starts and exits (``self._runs``)."""
 
@@ -268,6 +269,6 @@ class ExecutorBase(Generic[Run]):
         run.kill_at = time.monotonic() + self._grace
         self._signal(job_id, run, signal.SIGTERM)
 
+    @abstractmethod
     def _signal(self, job_id: str, run: Run, sig: int) -> None:
         """Send ``sig`` to each worker of the job that has not exited."""
-        raise NotImplementedError
